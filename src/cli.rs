@@ -1,0 +1,96 @@
+//! The command line: `hookbox serve` and `hookbox migrate`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, ProcessEnv};
+use crate::startup::{Application, Handlers};
+
+/// hookbox: a webhook receiver that processes every event exactly once.
+///
+/// It verifies each delivery's signature (Stripe, Standard Webhooks, GitHub, Shopify, Slack or a
+/// generic HMAC), claims the event id with a unique insert in PostgreSQL, processes the event and
+/// stores the response in one transaction, and answers every redelivery with the stored response.
+#[derive(Parser, Debug)]
+#[command(name = "hookbox", version, about, long_about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the receiver: apply pending migrations, then serve POST /webhooks/{source}.
+    ///
+    /// Listens on [server].listen (or HOOKBOX_LISTEN) and stops gracefully on SIGTERM or
+    /// Ctrl-C, letting in-flight deliveries finish.
+    Serve(ConfigArg),
+    /// Apply pending database migrations and exit.
+    ///
+    /// Instances take turns through an advisory lock, so running this while servers start is
+    /// safe. Needs only [database].url or DATABASE_URL.
+    Migrate(ConfigArg),
+}
+
+#[derive(Args, Debug)]
+struct ConfigArg {
+    /// The config file [default: $HOOKBOX_CONFIG, then ./hookbox.toml]
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+/// Runs the command line and returns the exit code: 0 success, 1 runtime failure, 2 bad usage
+/// or bad config.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    crate::telemetry::init();
+    let config_path = match &cli.command {
+        Command::Serve(arg) | Command::Migrate(arg) => arg.config.as_deref(),
+    };
+    let config = match Config::load(config_path, &ProcessEnv) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("hookbox: config error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Serve(_) => serve(config),
+        Command::Migrate(_) => migrate(&config),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hookbox: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn serve(config: Config) -> anyhow::Result<()> {
+    actix_web::rt::System::new().block_on(async move {
+        let app = Application::build(config, Handlers::default())?;
+        app.run_until_stopped().await?;
+        Ok(())
+    })
+}
+
+fn migrate(config: &Config) -> anyhow::Result<()> {
+    let applied = crate::db::migrate(&config.database, |_| Ok(()))?;
+    if applied.is_empty() {
+        println!(
+            "database schema is up to date ({})",
+            config.database.display_url()
+        );
+    } else {
+        println!(
+            "applied {} migration(s) to {}: {}",
+            applied.len(),
+            config.database.display_url(),
+            applied.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,641 @@
+//! The configuration: `hookbox.toml` as the contract gives it, with environment overrides.
+//!
+//! Parsing is strict: an unknown key, a bad duration, a source without secrets or an unknown
+//! scheme is a [`ConfigError`] that names the key, and `main` turns it into exit code 2 before
+//! anything listens.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::ids::SourceName;
+use crate::secret::Secret;
+use crate::signature::{Encoding, GenericRule, Locator, Scheme};
+
+/// Where the config file is looked for when `--config` is not given.
+pub const DEFAULT_CONFIG_FILE: &str = "hookbox.toml";
+
+/// The whole configuration, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `[server]`
+    pub server: ServerConfig,
+    /// `[database]`
+    pub database: DatabaseConfig,
+    /// `[retention]`
+    pub retention: RetentionConfig,
+    /// `[admin]`: the bearer token, when the variable `token_env` names is set and not empty.
+    pub admin_token: Option<Secret>,
+    /// `[sources.NAME]`, in name order.
+    pub sources: Vec<SourceConfig>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The address to listen on (`HOOKBOX_LISTEN` overrides). Port 0 picks a free port.
+    pub listen: String,
+    /// Larger bodies are answered 413.
+    pub max_body_bytes: usize,
+    /// How long a duplicate waits for the first delivery's transaction before a 409.
+    pub in_flight_wait: Duration,
+}
+
+/// `[database]`
+#[derive(Clone)]
+pub struct DatabaseConfig {
+    /// A libpq connection URL (`DATABASE_URL` overrides). It may hold a password, so it is
+    /// shown only through [`DatabaseConfig::display_url`].
+    pub url: String,
+    /// The most connections this process opens.
+    pub pool_size: u32,
+}
+
+impl DatabaseConfig {
+    /// The URL with any password replaced, for logs and error messages.
+    pub fn display_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+impl fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("url", &self.display_url())
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+/// `[retention]`
+#[derive(Debug, Clone)]
+pub struct RetentionConfig {
+    /// How long stored responses live.
+    pub window: Duration,
+    /// How often the purge runs.
+    pub purge_interval: Duration,
+}
+
+/// `[sources.NAME]`: one provider posting to `POST /webhooks/NAME`.
+#[derive(Debug, Clone)]
+pub struct SourceConfig {
+    /// The `NAME`.
+    pub name: SourceName,
+    /// How its deliveries are signed and where their ids live.
+    pub scheme: Scheme,
+    /// One or more secrets; any may match (rotation). Never empty.
+    pub secrets: Vec<Secret>,
+    /// How far a signed timestamp may be from now, either way.
+    pub tolerance: Duration,
+    /// This source's own retention window, when it overrides `[retention].window`.
+    pub retention: Option<Duration>,
+}
+
+/// A configuration that cannot be used: one line naming the key and the problem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+impl ConfigError {
+    fn at(key: impl fmt::Display, problem: impl fmt::Display) -> Self {
+        ConfigError(format!("{key}: {problem}"))
+    }
+}
+
+/// What the process environment contributes: the overrides and the variables secrets are read
+/// from. Taken as a function so tests can load a config without touching the real environment.
+pub trait Env {
+    /// The variable's value, if it is set.
+    fn var(&self, name: &str) -> Option<String>;
+}
+
+/// The real process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl<F: Fn(&str) -> Option<String>> Env for F {
+    fn var(&self, name: &str) -> Option<String> {
+        self(name)
+    }
+}
+
+impl Config {
+    /// Finds and loads the config file: `path`, else `$HOOKBOX_CONFIG`, else `./hookbox.toml`.
+    /// A file that was asked for by name must exist; a missing default file means an empty
+    /// configuration (defaults and environment only), which is enough for `migrate`.
+    pub fn load(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
+        let named = path
+            .map(Path::to_path_buf)
+            .or_else(|| env.var("HOOKBOX_CONFIG").map(PathBuf::from));
+        let (path, required) = match named {
+            Some(path) => (path, true),
+            None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Config::parse(&text, env)
+                .map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                Config::parse("", env)
+            }
+            Err(e) => Err(ConfigError(format!(
+                "{}: cannot read the config file: {e} (pass --config FILE or set HOOKBOX_CONFIG)",
+                path.display()
+            ))),
+        }
+    }
+
+    /// Parses and validates a config text, then applies the environment overrides.
+    pub fn parse(text: &str, env: &dyn Env) -> Result<Config, ConfigError> {
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let line = e
+                .span()
+                .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+            let message = e.message().trim().replace('\n', " ");
+            match line {
+                Some(line) => ConfigError(format!("line {line}: not valid TOML: {message}")),
+                None => ConfigError(format!("not valid TOML: {message}")),
+            }
+        })?;
+        let raw: RawConfig =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+                let key = e.path().to_string();
+                // toml appends "in `table`" on a line of its own; the path already says where.
+                let inner = e.inner().to_string();
+                let problem = inner.lines().next().unwrap_or_default().trim().to_owned();
+                if key == "." || key.is_empty() {
+                    ConfigError(problem)
+                } else {
+                    ConfigError::at(key, problem)
+                }
+            })?;
+        raw.validate(env)
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    database: RawDatabase,
+    #[serde(default)]
+    retention: RawRetention,
+    #[serde(default)]
+    admin: RawAdmin,
+    #[serde(default)]
+    sources: BTreeMap<String, RawSource>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<String>,
+    max_body_bytes: Option<usize>,
+    #[serde(default, deserialize_with = "duration")]
+    in_flight_wait: Option<Duration>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawDatabase {
+    url: Option<String>,
+    pool_size: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRetention {
+    #[serde(default, deserialize_with = "duration")]
+    window: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    purge_interval: Option<Duration>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    token_env: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSource {
+    scheme: String,
+    secrets: Option<Vec<String>>,
+    secrets_env: Option<String>,
+    #[serde(default, deserialize_with = "duration")]
+    tolerance: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    retention: Option<Duration>,
+    signature_header: Option<String>,
+    signature_prefix: Option<String>,
+    encoding: Option<String>,
+    event_id: Option<String>,
+    event_type: Option<String>,
+}
+
+/// Reads a humantime duration (`90s`, `5m`, `72h`, `30d`).
+fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_duration(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// Parses a humantime duration, with an error that says what a good one looks like.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        format!(
+            "invalid duration {text:?} ({e}); write it like \"90s\", \"5m\", \"72h\" or \"30d\""
+        )
+    })
+}
+
+const SCHEMES: &str = "stripe, standard, github, shopify, slack, hmac-sha256";
+
+impl RawConfig {
+    fn validate(self, env: &dyn Env) -> Result<Config, ConfigError> {
+        let server = ServerConfig {
+            listen: env
+                .var("HOOKBOX_LISTEN")
+                .or(self.server.listen)
+                .unwrap_or_else(|| "127.0.0.1:8080".to_owned()),
+            max_body_bytes: self.server.max_body_bytes.unwrap_or(1024 * 1024),
+            in_flight_wait: self
+                .server
+                .in_flight_wait
+                .unwrap_or(Duration::from_secs(10)),
+        };
+        if server.max_body_bytes == 0 {
+            return Err(ConfigError::at(
+                "server.max_body_bytes",
+                "must be at least 1",
+            ));
+        }
+        if server.in_flight_wait.is_zero() {
+            return Err(ConfigError::at(
+                "server.in_flight_wait",
+                "must be longer than 0s",
+            ));
+        }
+        let database = DatabaseConfig {
+            url: env
+                .var("DATABASE_URL")
+                .or(self.database.url)
+                .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/hookbox".to_owned()),
+            pool_size: self.database.pool_size.unwrap_or(16),
+        };
+        if database.pool_size == 0 {
+            return Err(ConfigError::at("database.pool_size", "must be at least 1"));
+        }
+        let retention = RetentionConfig {
+            window: self
+                .retention
+                .window
+                .unwrap_or(Duration::from_secs(72 * 3600)),
+            purge_interval: self
+                .retention
+                .purge_interval
+                .unwrap_or(Duration::from_secs(600)),
+        };
+        if retention.purge_interval.is_zero() {
+            return Err(ConfigError::at(
+                "retention.purge_interval",
+                "must be longer than 0s",
+            ));
+        }
+        let admin_token = match &self.admin.token_env {
+            Some(name) => env.var(name).filter(|v| !v.is_empty()).map(Secret::new),
+            None => None,
+        };
+        let sources = self
+            .sources
+            .into_iter()
+            .map(|(name, raw)| raw.validate(&name, env))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Config {
+            server,
+            database,
+            retention,
+            admin_token,
+            sources,
+        })
+    }
+}
+
+impl RawSource {
+    fn validate(self, name: &str, env: &dyn Env) -> Result<SourceConfig, ConfigError> {
+        let key = |field: &str| format!("sources.{name}.{field}");
+        let source_name = SourceName::try_from(name)
+            .map_err(|e| ConfigError::at(format!("sources.{name}"), e))?;
+        let generic_only = [
+            ("signature_header", self.signature_header.is_some()),
+            ("signature_prefix", self.signature_prefix.is_some()),
+            ("encoding", self.encoding.is_some()),
+            ("event_id", self.event_id.is_some()),
+            ("event_type", self.event_type.is_some()),
+        ];
+        let scheme = match self.scheme.as_str() {
+            "stripe" => Scheme::Stripe,
+            "standard" => Scheme::Standard,
+            "github" => Scheme::Github,
+            "shopify" => Scheme::Shopify,
+            "slack" => Scheme::Slack,
+            "hmac-sha256" => Scheme::HmacSha256(self.generic_rule(name)?),
+            other => {
+                return Err(ConfigError::at(
+                    key("scheme"),
+                    format!("unknown scheme {other:?}; expected one of {SCHEMES}"),
+                ))
+            }
+        };
+        if !matches!(scheme, Scheme::HmacSha256(_)) {
+            if let Some((field, _)) = generic_only.iter().find(|(_, set)| *set) {
+                return Err(ConfigError::at(
+                    key(field),
+                    format!(
+                        "only an hmac-sha256 source takes this key; the {} scheme has it built in",
+                        self.scheme
+                    ),
+                ));
+            }
+        }
+        let secrets = match (self.secrets, self.secrets_env) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::at(
+                    key("secrets_env"),
+                    "give either secrets or secrets_env, not both",
+                ))
+            }
+            (Some(list), None) => list,
+            (None, Some(var)) => match env.var(&var) {
+                Some(value) => value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                None => {
+                    return Err(ConfigError::at(
+                        key("secrets_env"),
+                        format!("the environment variable {var} is not set"),
+                    ))
+                }
+            },
+            (None, None) => return Err(ConfigError::at(
+                key("secrets"),
+                "a source needs at least one secret (secrets = [\"...\"] or secrets_env = \"VAR\")",
+            )),
+        };
+        if secrets.is_empty() || secrets.iter().any(|s| s.is_empty()) {
+            return Err(ConfigError::at(
+                key("secrets"),
+                "a source needs at least one secret, and no secret may be empty",
+            ));
+        }
+        Ok(SourceConfig {
+            name: source_name,
+            scheme,
+            secrets: secrets.into_iter().map(Secret::new).collect(),
+            tolerance: self.tolerance.unwrap_or(Duration::from_secs(300)),
+            retention: self.retention,
+        })
+    }
+
+    fn generic_rule(&self, name: &str) -> Result<GenericRule, ConfigError> {
+        let key = |field: &str| format!("sources.{name}.{field}");
+        let signature_header = self.signature_header.clone().ok_or_else(|| {
+            ConfigError::at(
+                key("signature_header"),
+                "an hmac-sha256 source must name the header that carries the signature",
+            )
+        })?;
+        let event_id = self.event_id.as_deref().ok_or_else(|| {
+            ConfigError::at(
+                key("event_id"),
+                "an hmac-sha256 source must say where the event id is (\"header:NAME\" or \"json:/pointer\")",
+            )
+        })?;
+        Ok(GenericRule {
+            signature_header,
+            signature_prefix: self.signature_prefix.clone().filter(|p| !p.is_empty()),
+            encoding: match self.encoding.as_deref() {
+                None => Encoding::Hex,
+                Some(text) => text
+                    .parse()
+                    .map_err(|e| ConfigError::at(key("encoding"), e))?,
+            },
+            event_id: event_id
+                .parse()
+                .map_err(|e| ConfigError::at(key("event_id"), e))?,
+            event_type: match self.event_type.as_deref() {
+                None => None,
+                Some(text) => Some(
+                    text.parse::<Locator>()
+                        .map_err(|e| ConfigError::at(key("event_type"), e))?,
+                ),
+            },
+        })
+    }
+}
+
+/// Replaces the password in a `postgres://user:password@host/db` URL with `***`.
+fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}://{}:***{}",
+            &url[..scheme_end],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn error(text: &str) -> String {
+        Config::parse(text, &no_env)
+            .expect_err("config should be refused")
+            .0
+    }
+
+    #[test]
+    fn the_contract_example_parses() {
+        let env = |name: &str| match name {
+            "ACME_SECRET" => Some("s1,s2".to_owned()),
+            "HOOKBOX_ADMIN_TOKEN" => Some("tok".to_owned()),
+            _ => None,
+        };
+        let config = Config::parse(
+            r#"
+            [server]
+            listen = "127.0.0.1:8080"
+            max_body_bytes = 1048576
+            in_flight_wait = "10s"
+            [database]
+            url = "postgres://postgres@127.0.0.1:5432/hookbox"
+            pool_size = 16
+            [retention]
+            window = "72h"
+            purge_interval = "10m"
+            [admin]
+            token_env = "HOOKBOX_ADMIN_TOKEN"
+            [sources.stripe]
+            scheme = "stripe"
+            secrets = ["whsec_abc"]
+            tolerance = "5m"
+            retention = "30d"
+            [sources.acme]
+            scheme = "hmac-sha256"
+            secrets_env = "ACME_SECRET"
+            signature_header = "X-Acme-Signature"
+            signature_prefix = "sha256="
+            encoding = "hex"
+            event_id = "header:X-Acme-Event-Id"
+            event_type = "json:/type"
+            "#,
+            &env,
+        )
+        .expect("the contract's example is valid");
+        assert_eq!(config.server.in_flight_wait, Duration::from_secs(10));
+        assert_eq!(config.retention.window, Duration::from_secs(72 * 3600));
+        assert!(config.admin_token.is_some());
+        let names: Vec<_> = config.sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["acme", "stripe"]);
+        assert_eq!(config.sources[0].secrets.len(), 2);
+        assert_eq!(
+            config.sources[1].retention,
+            Some(Duration::from_secs(30 * 86400))
+        );
+    }
+
+    #[test]
+    fn environment_overrides_listen_and_database_url() {
+        let env = |name: &str| match name {
+            "HOOKBOX_LISTEN" => Some("0.0.0.0:9000".to_owned()),
+            "DATABASE_URL" => Some("postgres://other/db".to_owned()),
+            _ => None,
+        };
+        let config = Config::parse(
+            "[server]\nlisten = \"127.0.0.1:1\"\n[database]\nurl = \"postgres://x/y\"\n",
+            &env,
+        )
+        .expect("valid");
+        assert_eq!(config.server.listen, "0.0.0.0:9000");
+        assert_eq!(config.database.url, "postgres://other/db");
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let message = error("[server]\nlisten = \"x\"\nlistne = \"y\"\n");
+        assert!(
+            message.starts_with("server.listne: unknown field `listne`"),
+            "{message}"
+        );
+        assert!(!message.contains('\n'), "{message}");
+        let message =
+            error("[sources.s]\nscheme = \"github\"\nsecrets = [\"x\"]\ntolerence = \"5m\"\n");
+        assert!(
+            message.contains("sources.s") && message.contains("tolerence"),
+            "{message}"
+        );
+        let message = error("[serer]\n");
+        assert!(message.contains("unknown field `serer`"), "{message}");
+    }
+
+    #[test]
+    fn bad_durations_are_named() {
+        let message = error("[server]\nin_flight_wait = \"ten seconds\"\n");
+        assert!(
+            message.starts_with("server.in_flight_wait: invalid duration"),
+            "{message}"
+        );
+        let message = error(
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\ntolerance = \"5 parsecs\"\n",
+        );
+        assert!(
+            message.starts_with("sources.s.tolerance: invalid duration"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_source_needs_secrets_and_a_known_scheme() {
+        let message = error("[sources.s]\nscheme = \"stripe\"\n");
+        assert!(message.starts_with("sources.s.secrets:"), "{message}");
+        let message = error("[sources.s]\nscheme = \"stripe\"\nsecrets = []\n");
+        assert!(message.starts_with("sources.s.secrets:"), "{message}");
+        let message = error("[sources.s]\nscheme = \"paypal\"\nsecrets = [\"x\"]\n");
+        assert!(
+            message.starts_with("sources.s.scheme: unknown scheme \"paypal\""),
+            "{message}"
+        );
+        let message = error("[sources.s]\nscheme = \"stripe\"\nsecrets_env = \"NOPE_UNSET\"\n");
+        assert!(message.contains("NOPE_UNSET is not set"), "{message}");
+    }
+
+    #[test]
+    fn generic_sources_need_a_header_and_an_id_location() {
+        let message = error(
+            "[sources.s]\nscheme = \"hmac-sha256\"\nsecrets = [\"x\"]\nevent_id = \"json:/id\"\n",
+        );
+        assert!(
+            message.starts_with("sources.s.signature_header:"),
+            "{message}"
+        );
+        let message = error("[sources.s]\nscheme = \"hmac-sha256\"\nsecrets = [\"x\"]\nsignature_header = \"X-Sig\"\n");
+        assert!(message.starts_with("sources.s.event_id:"), "{message}");
+        let message = error("[sources.s]\nscheme = \"hmac-sha256\"\nsecrets = [\"x\"]\nsignature_header = \"X-Sig\"\nevent_id = \"body:id\"\n");
+        assert!(message.starts_with("sources.s.event_id:"), "{message}");
+        let message = error(
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\nsignature_header = \"X\"\n",
+        );
+        assert!(
+            message.starts_with("sources.s.signature_header:"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_give_the_line() {
+        let message = error("[server]\nlisten = \n");
+        assert!(message.starts_with("line 2: not valid TOML"), "{message}");
+    }
+
+    #[test]
+    fn secrets_and_passwords_stay_out_of_debug() {
+        let config = Config::parse(
+            "[database]\nurl = \"postgres://u:hunter2@h/db\"\n[sources.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_topsecret\"]\n",
+            &no_env,
+        )
+        .expect("valid");
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("topsecret") && !shown.contains("hunter2"),
+            "{shown}"
+        );
+        assert_eq!(config.database.display_url(), "postgres://u:***@h/db");
+    }
+}

@@ -1,0 +1,91 @@
+//! Handlers: what hookbox does with an event it has claimed.
+//!
+//! A [`Handler`] runs inside the claim transaction, on the same diesel connection, so its
+//! database writes commit with the claim and the stored response, or not at all. An error (or a
+//! panic) rolls everything back and the delivery is answered 500 `processing_failed`, so the
+//! provider's retry processes the event again from scratch.
+//!
+//! Keep a handler database-only: an effect outside the database (an e-mail, a call to another
+//! service) cannot be rolled back, and would repeat when a crash makes the provider retry.
+
+mod record;
+
+pub use record::Record;
+
+use chrono::{DateTime, Utc};
+use diesel::pg::PgConnection;
+
+use crate::ids::{EventId, SourceName};
+
+/// An event that this delivery has claimed, as the handler sees it.
+#[derive(Debug)]
+pub struct Event<'a> {
+    /// The claim's row in `events`, for handler tables that reference it
+    /// (`REFERENCES events (id) ON DELETE CASCADE` lets the retention purge take them along).
+    pub row_id: i64,
+    /// The source it arrived at.
+    pub source: &'a SourceName,
+    /// The provider's event id.
+    pub event_id: &'a EventId,
+    /// The provider's event type, where the scheme carries one.
+    pub event_type: Option<&'a str>,
+    /// When the claim was made (the database's clock).
+    pub received_at: DateTime<Utc>,
+    /// The raw body, byte for byte as it was signed.
+    pub body: &'a [u8],
+    /// The body parsed as JSON, when it is JSON.
+    pub json: Option<&'a serde_json::Value>,
+}
+
+/// What a handler answers: stored with the claim and sent, byte for byte, to every delivery of
+/// the event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// The HTTP status, 100 to 599.
+    pub status: u16,
+    /// The `Content-Type` of `body`.
+    pub content_type: String,
+    /// The response body.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// A JSON response with the given status.
+    pub fn json(status: u16, value: &serde_json::Value) -> Self {
+        Response {
+            status,
+            content_type: "application/json".to_owned(),
+            body: serde_json::to_vec(value).expect("a JSON value always serializes"),
+        }
+    }
+
+    /// The standard answer for a processed event: 200 and
+    /// `{"event_id", "event_type", "received_at", "source", "status": "processed"}`.
+    pub fn processed(event: &Event<'_>) -> Self {
+        Response::json(
+            200,
+            &serde_json::json!({
+                "status": "processed",
+                "source": event.source.as_str(),
+                "event_id": event.event_id.as_str(),
+                "event_type": event.event_type,
+                "received_at": event.received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            }),
+        )
+    }
+}
+
+/// Processes claimed events. Implement it to give a source its own behaviour, and register it
+/// with [`crate::startup::Handlers::with`].
+pub trait Handler: Send + Sync + 'static {
+    /// Runs once at startup, after hookbox's migrations and under the same advisory lock: the
+    /// place to create the handler's own tables (`CREATE TABLE IF NOT EXISTS ...`).
+    fn prepare(&self, conn: &mut PgConnection) -> anyhow::Result<()> {
+        let _ = conn;
+        Ok(())
+    }
+
+    /// Processes one claimed event inside the claim transaction and returns the response to
+    /// store. An `Err` rolls the claim back and answers 500 `processing_failed`.
+    fn handle(&self, conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response>;
+}

@@ -1,0 +1,196 @@
+//! The admin API: stored events, behind a bearer token. Off (404) while no token is set.
+
+use actix_web::http::header;
+use actix_web::{web, HttpRequest, HttpResponse};
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::parse_duration;
+use crate::db::schema::events;
+use crate::http::ApiError;
+use crate::startup::AppState;
+
+const DEFAULT_LIMIT: i64 = 100;
+const MAX_LIMIT: i64 = 1000;
+
+/// Checks `Authorization: Bearer <token>`. The comparison is over SHA-256 digests with
+/// `subtle`, so it takes the same time whatever the token's length or first wrong byte.
+fn authorize(state: &AppState, request: &HttpRequest) -> Result<(), ApiError> {
+    let Some(expected) = &state.admin_token else {
+        return Err(ApiError::NotFound);
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let same =
+        Sha256::digest(given.as_bytes()).ct_eq(&Sha256::digest(expected.expose().as_bytes()));
+    if bool::from(same) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+/// `GET /admin/events` query.
+#[derive(Deserialize)]
+pub struct ListQuery {
+    source: Option<String>,
+    since: Option<String>,
+    limit: Option<i64>,
+}
+
+/// Parses `since`: an RFC 3339 time, or a duration meaning that long ago.
+fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
+    if let Ok(time) = DateTime::parse_from_rfc3339(text) {
+        return Ok(time.with_timezone(&Utc));
+    }
+    let ago = parse_duration(text).map_err(|_| {
+        ApiError::InvalidQuery(format!(
+            "since must be an RFC 3339 time or a duration like 1h, not {text:?}"
+        ))
+    })?;
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|ago| Utc::now().checked_sub_signed(ago))
+        .ok_or_else(|| ApiError::InvalidQuery("since is too far in the past".to_owned()))
+}
+
+type Summary = (String, String, Option<String>, DateTime<Utc>, Option<i16>);
+
+/// `GET /admin/events?source=&since=&limit=`: newest first.
+pub async fn list_events(
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&state, &request)?;
+    let query = query.into_inner();
+    let since = query.since.as_deref().map(parse_since).transpose()?;
+    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::InvalidQuery(format!(
+            "limit must be between 1 and {MAX_LIMIT}"
+        )));
+    }
+    let rows: Vec<Summary> = web::block(move || {
+        let mut conn = state.pool.get().map_err(|_| ApiError::Unavailable)?;
+        let mut select = events::table
+            .select((
+                events::source,
+                events::event_id,
+                events::event_type,
+                events::received_at,
+                events::response_status,
+            ))
+            .order((events::received_at.desc(), events::id.desc()))
+            .limit(limit)
+            .into_boxed();
+        if let Some(source) = query.source {
+            select = select.filter(events::source.eq(source));
+        }
+        if let Some(since) = since {
+            select = select.filter(events::received_at.ge(since));
+        }
+        select.load(&mut conn).map_err(|e| {
+            tracing::warn!(error = %e, "admin query failed");
+            ApiError::Unavailable
+        })
+    })
+    .await
+    .map_err(|_| ApiError::Unavailable)??;
+    let events: Vec<_> = rows
+        .into_iter()
+        .map(|(source, event_id, event_type, received_at, status)| {
+            serde_json::json!({
+                "source": source,
+                "event_id": event_id,
+                "event_type": event_type,
+                "received_at": received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                "status": status,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "events": events })))
+}
+
+type Stored = (
+    Option<String>,
+    DateTime<Utc>,
+    Vec<u8>,
+    serde_json::Value,
+    Option<i16>,
+    Option<String>,
+    Option<Vec<u8>>,
+);
+
+/// `GET /admin/events/{source}/{event_id}`: the stored event and its stored answer.
+pub async fn get_event(
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&state, &request)?;
+    let (source, event_id) = path.into_inner();
+    let row: Option<Stored> = web::block({
+        let (source, event_id) = (source.clone(), event_id.clone());
+        move || {
+            let mut conn = state.pool.get().map_err(|_| ApiError::Unavailable)?;
+            events::table
+                .filter(events::source.eq(source))
+                .filter(events::event_id.eq(event_id))
+                .select((
+                    events::event_type,
+                    events::received_at,
+                    events::payload,
+                    events::headers,
+                    events::response_status,
+                    events::response_content_type,
+                    events::response_body,
+                ))
+                .first(&mut conn)
+                .optional()
+                .map_err(|e| {
+                    tracing::warn!(error = %e, "admin query failed");
+                    ApiError::Unavailable
+                })
+        }
+    })
+    .await
+    .map_err(|_| ApiError::Unavailable)??;
+    let Some((event_type, received_at, payload, headers, status, content_type, body)) = row else {
+        return Err(ApiError::NotFound);
+    };
+    let mut event = serde_json::json!({
+        "source": source,
+        "event_id": event_id,
+        "event_type": event_type,
+        "received_at": received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "headers": headers,
+        "status": status,
+        "content_type": content_type,
+    });
+    let fields = event.as_object_mut().expect("built as an object above");
+    put_bytes(fields, "payload", payload);
+    put_bytes(fields, "body", body.unwrap_or_default());
+    Ok(HttpResponse::Ok().json(event))
+}
+
+/// Bytes as a string under `name`, or as base64 under `name_base64` when they are not UTF-8.
+fn put_bytes(fields: &mut serde_json::Map<String, serde_json::Value>, name: &str, bytes: Vec<u8>) {
+    match String::from_utf8(bytes) {
+        Ok(text) => fields.insert(name.to_owned(), text.into()),
+        Err(e) => fields.insert(
+            format!("{name}_base64"),
+            base64::engine::general_purpose::STANDARD
+                .encode(e.into_bytes())
+                .into(),
+        ),
+    };
+}

@@ -1,0 +1,126 @@
+//! The one place an error becomes an HTTP answer: each variant's status and error code, as the
+//! contract's table gives them. Bodies are `{"error": code, "message": sentence}` and never
+//! carry a signature, a secret or a header value.
+
+use std::time::Duration;
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+
+use crate::ids::EventIdError;
+
+/// Every way a request can be refused or fail.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 404 `unknown_source`.
+    #[error("no source of that name is configured")]
+    UnknownSource,
+    /// 413 `payload_too_large`.
+    #[error("the body is larger than the {0} bytes this server accepts")]
+    PayloadTooLarge(usize),
+    /// 401 `invalid_signature`.
+    #[error("the signature is missing or does not match")]
+    InvalidSignature,
+    /// 401 `stale_timestamp`.
+    #[error("the signed timestamp is outside the allowed tolerance")]
+    StaleTimestamp,
+    /// 400 `malformed_payload`.
+    #[error("the body could not be read as the JSON this scheme needs")]
+    MalformedPayload,
+    /// 400 `missing_event_id`.
+    #[error("the delivery carries no event id")]
+    MissingEventId,
+    /// 400 `invalid_event_id`.
+    #[error("{0}")]
+    InvalidEventId(EventIdError),
+    /// 422 `event_id_reused`.
+    #[error("this event id was already stored with a different payload")]
+    EventIdReused,
+    /// 409 `in_progress`, with `Retry-After`.
+    #[error("another delivery of this event is still being processed; retry later")]
+    InProgress(Duration),
+    /// 500 `processing_failed`.
+    #[error("processing the event failed; nothing was stored, so a retry processes it again")]
+    ProcessingFailed,
+    /// 503 `unavailable`, with `Retry-After`.
+    #[error("the database is unreachable; nothing was stored, retry later")]
+    Unavailable,
+    /// 401 `unauthorized` (admin API).
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// 404 `not_found`.
+    #[error("nothing is here")]
+    NotFound,
+    /// 400 `invalid_query` (admin API).
+    #[error("{0}")]
+    InvalidQuery(String),
+}
+
+/// How long a provider is asked to wait after a 503.
+const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 5;
+
+impl ApiError {
+    /// The contract's error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::UnknownSource => "unknown_source",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::InvalidSignature => "invalid_signature",
+            ApiError::StaleTimestamp => "stale_timestamp",
+            ApiError::MalformedPayload => "malformed_payload",
+            ApiError::MissingEventId | ApiError::InvalidEventId(EventIdError::Missing) => {
+                "missing_event_id"
+            }
+            ApiError::InvalidEventId(_) => "invalid_event_id",
+            ApiError::EventIdReused => "event_id_reused",
+            ApiError::InProgress(_) => "in_progress",
+            ApiError::ProcessingFailed => "processing_failed",
+            ApiError::Unavailable => "unavailable",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::NotFound => "not_found",
+            ApiError::InvalidQuery(_) => "invalid_query",
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::InProgress(wait) => Some(wait.as_secs().max(1)),
+            ApiError::Unavailable => Some(UNAVAILABLE_RETRY_AFTER_SECS),
+            _ => None,
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::UnknownSource | ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::InvalidSignature | ApiError::StaleTimestamp | ApiError::Unauthorized => {
+                StatusCode::UNAUTHORIZED
+            }
+            ApiError::MalformedPayload
+            | ApiError::MissingEventId
+            | ApiError::InvalidEventId(_)
+            | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
+            ApiError::EventIdReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::InProgress(_) => StatusCode::CONFLICT,
+            ApiError::ProcessingFailed => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_code());
+        if let Some(seconds) = self.retry_after() {
+            response.insert_header((header::RETRY_AFTER, seconds.to_string()));
+        }
+        if matches!(self, ApiError::Unauthorized) {
+            response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        response.json(serde_json::json!({
+            "error": self.code(),
+            "message": self.to_string(),
+        }))
+    }
+}

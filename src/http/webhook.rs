@@ -1,0 +1,221 @@
+//! `POST /webhooks/{source}`: request bytes → verified delivery → claim → HTTP answer.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::http::header::{self, HeaderMap};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use futures_util::StreamExt;
+
+use crate::ids::EventId;
+use crate::inbox::{self, ClaimError, Delivery, Outcome, StoredResponse};
+use crate::metrics::{self, Outcome as Counted};
+use crate::signature::{Headers, Scheme, SignatureError};
+use crate::startup::{AppState, Source};
+
+use super::ApiError;
+
+/// Lets the signature schemes read actix's headers.
+struct RequestHeaders<'a>(&'a HeaderMap);
+
+impl Headers for RequestHeaders<'_> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.get(name).map(|v| v.as_bytes())
+    }
+}
+
+/// Receives one delivery and answers it, counting the outcome.
+#[tracing::instrument(
+    name = "webhook",
+    skip_all,
+    fields(source = %path.as_str(), event.id = tracing::field::Empty)
+)]
+pub async fn receive(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    request: HttpRequest,
+    payload: web::Payload,
+) -> HttpResponse {
+    let started = Instant::now();
+    let source_name = path.into_inner();
+    let (response, counted) = match answer(&state, &source_name, &request, payload).await {
+        Ok(answer) => answer,
+        Err(error) => {
+            let counted = if error.status_code().is_server_error() {
+                Counted::Failed
+            } else {
+                Counted::Rejected
+            };
+            tracing::info!(
+                status = error.status_code().as_u16(),
+                error = error.code(),
+                "delivery refused"
+            );
+            (error.error_response(), counted)
+        }
+    };
+    let label = if state.sources.contains_key(&source_name) {
+        source_name.as_str()
+    } else {
+        metrics::UNKNOWN_SOURCE
+    };
+    state.metrics.record(label, counted, started.elapsed());
+    response
+}
+
+async fn answer(
+    state: &web::Data<AppState>,
+    source_name: &str,
+    request: &HttpRequest,
+    payload: web::Payload,
+) -> Result<(HttpResponse, Counted), ApiError> {
+    let source = state
+        .sources
+        .get(source_name)
+        .ok_or(ApiError::UnknownSource)?
+        .clone();
+    let body = read_body(request, payload, state.max_body_bytes).await?;
+    let headers = RequestHeaders(request.headers());
+
+    source
+        .verifier
+        .verify(&headers, &body, unix_now())
+        .map_err(|e| match e {
+            SignatureError::Invalid => ApiError::InvalidSignature,
+            SignatureError::Stale => ApiError::StaleTimestamp,
+        })?;
+
+    let json: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
+    if json.is_none() && source.verifier.needs_json() {
+        return Err(ApiError::MalformedPayload);
+    }
+    if let Some(challenge) = slack_challenge(source.verifier.scheme(), json.as_ref()) {
+        return Ok((
+            HttpResponse::Ok().json(serde_json::json!({ "challenge": challenge })),
+            Counted::Processed,
+        ));
+    }
+
+    let identity = source.verifier.identify(&headers, json.as_ref());
+    let event_id = EventId::try_from(identity.event_id.ok_or(ApiError::MissingEventId)?)
+        .map_err(ApiError::InvalidEventId)?;
+    tracing::Span::current().record("event.id", tracing::field::display(&event_id));
+
+    let delivery = Delivery {
+        fingerprint: inbox::fingerprint(source.verifier.scheme(), &body, json.as_ref()),
+        headers: kept_headers(&source, request.headers()),
+        source: source.name.clone(),
+        event_id,
+        event_type: identity.event_type,
+        body: body.to_vec(),
+        json,
+    };
+    let outcome = claim(state, source, delivery).await?;
+    match outcome {
+        Outcome::Claimed(stored) => Ok((respond(stored, false), Counted::Processed)),
+        Outcome::Replay(stored) => Ok((respond(stored, true), Counted::Replayed)),
+        Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait)),
+        Outcome::Mismatch => Err(ApiError::EventIdReused),
+    }
+}
+
+/// Runs the claim transaction on a blocking thread with a pooled connection.
+async fn claim(
+    state: &web::Data<AppState>,
+    source: Arc<Source>,
+    delivery: Delivery,
+) -> Result<Outcome, ApiError> {
+    let state = state.clone();
+    let result = web::block(move || {
+        let mut conn = state.pool.get().map_err(|e| {
+            tracing::warn!(error = %e, "no database connection");
+            ApiError::Unavailable
+        })?;
+        inbox::claim(&mut conn, &delivery, source.handler.as_ref()).map_err(|e| match e {
+            ClaimError::Handler(e) => {
+                tracing::error!(error = %format!("{e:#}"), "handler failed; rolled back");
+                ApiError::ProcessingFailed
+            }
+            ClaimError::Database(e) => {
+                tracing::warn!(error = %e, "database error; rolled back");
+                ApiError::Unavailable
+            }
+        })
+    })
+    .await;
+    match result {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            tracing::error!("the claim's thread panicked; rolled back");
+            Err(ApiError::ProcessingFailed)
+        }
+    }
+}
+
+/// The stored answer, byte for byte; a replay says so in `Idempotent-Replayed`.
+fn respond(stored: StoredResponse, replayed: bool) -> HttpResponse {
+    let status = actix_web::http::StatusCode::from_u16(stored.status)
+        .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::build(status);
+    response.insert_header((header::CONTENT_TYPE, stored.content_type));
+    if replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    response.body(stored.body)
+}
+
+/// Reads the body, refusing more than `limit` bytes before reading them where the client
+/// announced its length, and as soon as the limit is passed otherwise.
+async fn read_body(
+    request: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<web::Bytes, ApiError> {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::PayloadTooLarge(limit));
+    }
+    let mut body =
+        web::BytesMut::with_capacity(announced.map_or(8 * 1024, |length| length as usize));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| ApiError::MalformedPayload)?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// The headers kept with the event: the scheme's and `Content-Type`, lowercase names.
+fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
+    let kept = source
+        .kept_headers
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(name.as_str())?.to_str().ok()?;
+            Some((name.clone(), serde_json::Value::String(value.to_owned())))
+        })
+        .collect();
+    serde_json::Value::Object(kept)
+}
+
+/// Slack's `url_verification` handshake: answered with its challenge, never stored.
+fn slack_challenge<'a>(scheme: &Scheme, json: Option<&'a serde_json::Value>) -> Option<&'a str> {
+    let json = json?;
+    if !matches!(scheme, Scheme::Slack) || json.get("type")?.as_str()? != "url_verification" {
+        return None;
+    }
+    json.get("challenge")?.as_str()
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

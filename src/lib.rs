@@ -1,0 +1,24 @@
+//! hookbox: a webhook receiver that verifies each delivery's signature, claims its event id with
+//! a unique insert, processes it and stores the response in one transaction, and answers every
+//! redelivery with the stored response.
+//!
+//! The path of a request: [`http`] reads the bytes, [`signature`] verifies them, [`inbox`]
+//! claims the event and runs its [`handlers::Handler`], and the stored response goes back out.
+//! [`startup::Application`] puts it together; [`cli`] is the command line.
+
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod handlers;
+pub mod http;
+pub mod ids;
+pub mod inbox;
+pub mod metrics;
+pub mod secret;
+pub mod signature;
+pub mod startup;
+pub mod telemetry;
+
+pub use config::Config;
+pub use handlers::{Event, Handler, Response};
+pub use startup::{Application, Handlers};

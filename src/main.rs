@@ -1,0 +1,5 @@
+//! The `hookbox` command: see `hookbox --help`.
+
+fn main() -> std::process::ExitCode {
+    hookbox::cli::main()
+}

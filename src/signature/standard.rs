@@ -1,0 +1,370 @@
+//! Standard Webhooks (and Svix, which uses the same scheme under `svix-*` names):
+//! `webhook-signature: v1,<base64> [v1,<base64> ...]`, an HMAC-SHA256 of `{id}.{timestamp}.{body}`
+//! keyed by the base64-decoded secret.
+
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
+use base64::engine::DecodePaddingMode;
+use base64::{alphabet, Engine};
+
+use super::{any_matches, header_text, json_text, parse_timestamp, required_header, tag_of};
+use super::{Clock, Headers, Identity, SignatureError};
+
+/// The two spellings of the scheme's headers: id, timestamp, signature.
+const WEBHOOK: [&str; 3] = ["webhook-id", "webhook-timestamp", "webhook-signature"];
+const SVIX: [&str; 3] = ["svix-id", "svix-timestamp", "svix-signature"];
+
+/// What a capture keeps: both spellings, since a capture may come from either.
+pub(super) const KEPT_HEADERS: &[&str] = &[
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "svix-id",
+    "svix-timestamp",
+    "svix-signature",
+];
+
+/// Secrets are pasted by hand from a dashboard; accept them with or without `=` padding, since
+/// padding carries no key bits.
+const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// The MAC key of a Standard Webhooks secret: the base64 after `whsec_`, or the whole string
+/// when it has no prefix.
+pub(super) fn derive_key(secret: &str) -> Result<Vec<u8>, String> {
+    let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
+    let key = SECRET_BASE64
+        .decode(encoded)
+        .map_err(|_| "a standard secret must be base64 after \"whsec_\"".to_owned())?;
+    if key.is_empty() {
+        return Err("a standard secret must not be empty after \"whsec_\"".to_owned());
+    }
+    Ok(key)
+}
+
+/// The header names in use: the `webhook-*` set when all three are there, else the `svix-*` set.
+/// Names are never mixed across sets, as the reference libraries do not mix them.
+fn names_in_use(headers: &dyn Headers) -> Option<[&'static str; 3]> {
+    [WEBHOOK, SVIX]
+        .into_iter()
+        .find(|set| set.iter().all(|name| headers.get(name).is_some()))
+}
+
+/// Checks a Standard Webhooks delivery. Entries of other versions (`v1a,` is the asymmetric
+/// scheme) are skipped: this verifier holds only symmetric keys.
+pub(super) fn verify(
+    keys: &[Vec<u8>],
+    headers: &dyn Headers,
+    body: &[u8],
+    clock: Clock,
+) -> Result<(), SignatureError> {
+    let [id_name, timestamp_name, signature_name] =
+        names_in_use(headers).ok_or(SignatureError::Invalid)?;
+    let id = required_header(headers, id_name)?;
+    let raw_timestamp = required_header(headers, timestamp_name)?;
+    let signatures = required_header(headers, signature_name)?;
+    let timestamp = parse_timestamp(raw_timestamp)?;
+    let tags: Vec<Vec<u8>> = signatures
+        .split_ascii_whitespace()
+        .filter_map(|entry| entry.split_once(','))
+        .filter(|(version, _)| *version == "v1")
+        .filter_map(|(_, encoded)| STANDARD.decode(encoded).ok())
+        .collect();
+    let signed = [id.as_bytes(), b".", raw_timestamp.as_bytes(), b".", body];
+    if !any_matches(keys, &signed, &tags) {
+        return Err(SignatureError::Invalid);
+    }
+    clock.check(timestamp)
+}
+
+/// The id travels in a header, the type in the body.
+pub(super) fn identify(headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
+    let event_id = match names_in_use(headers) {
+        Some([id_name, ..]) => header_text(headers, id_name),
+        None => header_text(headers, WEBHOOK[0]).or_else(|| header_text(headers, SVIX[0])),
+    };
+    Identity {
+        event_id,
+        event_type: json_text(json, "/type"),
+    }
+}
+
+/// The headers a Standard Webhooks sender would send; the spec spells them in lowercase.
+pub(super) fn sign(
+    key: &[u8],
+    body: &[u8],
+    timestamp: i64,
+    event_id: &str,
+) -> Vec<(String, String)> {
+    let stamp = timestamp.to_string();
+    let tag = tag_of(
+        key,
+        &[event_id.as_bytes(), b".", stamp.as_bytes(), b".", body],
+    );
+    vec![
+        (WEBHOOK[0].to_owned(), event_id.to_owned()),
+        (WEBHOOK[1].to_owned(), stamp),
+        (
+            WEBHOOK[2].to_owned(),
+            format!("v1,{}", STANDARD.encode(tag)),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::tests::{headers, verifier};
+    use super::super::{Scheme, SignatureError, Verifier};
+    use crate::secret::Secret;
+
+    // From the standard-webhooks Rust library's tests (also in the shared vectors).
+    const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+    const BODY: &[u8] = br#"{"email":"test@example.com","username":"test_user"}"#;
+    const ID: &str = "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk";
+    const NOW: i64 = 1_649_367_553;
+    const GOOD: &str = "v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw=";
+    const WRONG: &str = "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+
+    fn standard(secrets: &[&str]) -> Verifier {
+        verifier(Scheme::Standard, secrets)
+    }
+
+    fn delivery(signature: &str) -> Vec<(String, String)> {
+        let stamp = NOW.to_string();
+        headers(&[
+            ("webhook-id", ID),
+            ("webhook-timestamp", &stamp),
+            ("webhook-signature", signature),
+        ])
+    }
+
+    #[test]
+    fn a_valid_signature_passes() {
+        assert_eq!(
+            standard(&[SECRET]).verify(&delivery(GOOD), BODY, NOW),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_secret_without_prefix_or_padding_is_decoded_whole() {
+        let bare = SECRET.trim_start_matches("whsec_");
+        assert_eq!(standard(&[bare]).verify(&delivery(GOOD), BODY, NOW), Ok(()));
+        // 16 bytes: base64 with two padding characters, accepted with or without them.
+        let padded = "whsec_AAECAwQFBgcICQoLDA0ODw==";
+        let unpadded = "whsec_AAECAwQFBgcICQoLDA0ODw";
+        let signed = standard(&[padded]).sign(BODY, NOW, ID, None);
+        assert_eq!(standard(&[unpadded]).verify(&signed, BODY, NOW), Ok(()));
+    }
+
+    fn refusal(secret: &str) -> String {
+        Verifier::new(
+            Scheme::Standard,
+            &[Secret::new(secret)],
+            Duration::from_secs(300),
+        )
+        .unwrap_err()
+    }
+
+    #[test]
+    fn a_secret_that_is_not_base64_is_refused_without_echoing_it() {
+        for bad in ["whsec_not base64!", "whsec_%%%%", "plain-text-secret"] {
+            let error = refusal(bad);
+            assert!(error.contains("standard secret"), "{error}");
+            assert!(!error.contains(bad.trim_start_matches("whsec_")), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_secret_that_decodes_to_nothing_is_refused() {
+        assert!(refusal("whsec_").contains("empty"));
+    }
+
+    #[test]
+    fn a_wrong_secret_is_invalid() {
+        let other = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        assert_eq!(
+            standard(&[other]).verify(&delivery(GOOD), BODY, NOW),
+            Err(SignatureError::Invalid)
+        );
+    }
+
+    #[test]
+    fn a_tampered_body_or_id_is_invalid() {
+        let verifier = standard(&[SECRET]);
+        let tampered = br#"{"email":"test@example.com","username":"test_usex"}"#;
+        assert_eq!(
+            verifier.verify(&delivery(GOOD), tampered, NOW),
+            Err(SignatureError::Invalid)
+        );
+        let mut other_id = delivery(GOOD);
+        other_id[0].1 = "msg_other".to_owned();
+        assert_eq!(
+            verifier.verify(&other_id, BODY, NOW),
+            Err(SignatureError::Invalid)
+        );
+    }
+
+    #[test]
+    fn a_reserialized_body_is_invalid() {
+        let spaced = br#"{"email": "test@example.com", "username": "test_user"}"#;
+        assert_eq!(
+            standard(&[SECRET]).verify(&delivery(GOOD), spaced, NOW),
+            Err(SignatureError::Invalid)
+        );
+    }
+
+    #[test]
+    fn a_missing_header_is_invalid() {
+        let verifier = standard(&[SECRET]);
+        for missing in 0..3 {
+            let mut partial = delivery(GOOD);
+            partial.remove(missing);
+            assert_eq!(
+                verifier.verify(&partial, BODY, NOW),
+                Err(SignatureError::Invalid),
+                "without header #{missing}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_or_truncated_signature_never_matches() {
+        let verifier = standard(&[SECRET]);
+        for signature in [
+            "",
+            "v1,",
+            "v1",
+            ",",
+            &GOOD[..GOOD.len() - 4],
+            "v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw",
+            "v1,!!!!",
+        ] {
+            assert_eq!(
+                verifier.verify(&delivery(signature), BODY, NOW),
+                Err(SignatureError::Invalid),
+                "{signature:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_versions_are_skipped() {
+        let verifier = standard(&[SECRET]);
+        let other_version = GOOD.replacen("v1,", "v1a,", 1);
+        assert_eq!(
+            verifier.verify(&delivery(&other_version), BODY, NOW),
+            Err(SignatureError::Invalid)
+        );
+        let mixed = format!("{other_version} {GOOD}");
+        assert_eq!(verifier.verify(&delivery(&mixed), BODY, NOW), Ok(()));
+    }
+
+    #[test]
+    fn the_second_of_several_signatures_may_be_the_right_one() {
+        let list = format!("{WRONG} {GOOD}");
+        assert_eq!(
+            standard(&[SECRET]).verify(&delivery(&list), BODY, NOW),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_second_of_two_secrets_may_be_the_right_one() {
+        let old = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        assert_eq!(
+            standard(&[old, SECRET]).verify(&delivery(GOOD), BODY, NOW),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn svix_headers_are_accepted() {
+        let stamp = NOW.to_string();
+        let svix = headers(&[
+            ("Svix-Id", ID),
+            ("Svix-Timestamp", &stamp),
+            ("Svix-Signature", GOOD),
+        ]);
+        let verifier = standard(&[SECRET]);
+        assert_eq!(verifier.verify(&svix, BODY, NOW), Ok(()));
+        assert_eq!(verifier.identify(&svix, None).event_id.as_deref(), Some(ID));
+    }
+
+    #[test]
+    fn an_incomplete_webhook_set_falls_back_to_a_complete_svix_set() {
+        let stamp = NOW.to_string();
+        let mixed = headers(&[
+            ("webhook-id", "msg_decoy"),
+            ("svix-id", ID),
+            ("svix-timestamp", &stamp),
+            ("svix-signature", GOOD),
+        ]);
+        let verifier = standard(&[SECRET]);
+        assert_eq!(verifier.verify(&mixed, BODY, NOW), Ok(()));
+        assert_eq!(
+            verifier.identify(&mixed, None).event_id.as_deref(),
+            Some(ID)
+        );
+    }
+
+    #[test]
+    fn a_valid_signature_too_old_or_too_new_is_stale() {
+        let verifier = standard(&[SECRET]);
+        assert_eq!(verifier.verify(&delivery(GOOD), BODY, NOW + 300), Ok(()));
+        assert_eq!(
+            verifier.verify(&delivery(GOOD), BODY, NOW + 301),
+            Err(SignatureError::Stale)
+        );
+        assert_eq!(
+            verifier.verify(&delivery(GOOD), BODY, NOW - 301),
+            Err(SignatureError::Stale)
+        );
+    }
+
+    #[test]
+    fn a_wrong_signature_with_a_stale_timestamp_is_invalid() {
+        assert_eq!(
+            standard(&[SECRET]).verify(&delivery(WRONG), BODY, NOW - 10_000),
+            Err(SignatureError::Invalid)
+        );
+    }
+
+    #[test]
+    fn a_malformed_timestamp_is_invalid() {
+        let verifier = standard(&[SECRET]);
+        for stamp in ["", "abc", "-1649367553", "1649367553.5"] {
+            let mut bad = delivery(GOOD);
+            bad[1].1 = stamp.to_owned();
+            assert_eq!(
+                verifier.verify(&bad, BODY, NOW),
+                Err(SignatureError::Invalid),
+                "{stamp:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn sign_output_verifies() {
+        let verifier = standard(&[SECRET]);
+        let signed = verifier.sign(BODY, NOW, ID, Some("user.created"));
+        assert_eq!(signed, delivery(GOOD));
+        assert_eq!(verifier.verify(&signed, BODY, NOW), Ok(()));
+    }
+
+    #[test]
+    fn identify_reads_the_id_header_and_the_body_type() {
+        let verifier = standard(&[SECRET]);
+        let json = serde_json::json!({"type": "user.created", "id": "ignored"});
+        let identity = verifier.identify(&delivery(GOOD), Some(&json));
+        assert_eq!(identity.event_id.as_deref(), Some(ID));
+        assert_eq!(identity.event_type.as_deref(), Some("user.created"));
+        let none: Vec<(String, String)> = Vec::new();
+        assert_eq!(verifier.identify(&none, None), Default::default());
+        assert!(!verifier.needs_json());
+        assert_eq!(verifier.kept_headers().len(), 6);
+    }
+}

@@ -1,0 +1,200 @@
+//! Building and running the server: migrations, the pool, the sources, the HTTP listener.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::Server;
+use actix_web::{web, App, HttpServer};
+use anyhow::Context;
+
+use crate::config::Config;
+use crate::db::{self, DbPool};
+use crate::handlers::{Handler, Record};
+use crate::http;
+use crate::ids::SourceName;
+use crate::metrics::Metrics;
+use crate::secret::Secret;
+use crate::signature::Verifier;
+
+/// Which handler processes each source's events: [`Record`] unless a source is given its own.
+#[derive(Clone)]
+pub struct Handlers {
+    default: Arc<dyn Handler>,
+    by_source: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl Default for Handlers {
+    fn default() -> Self {
+        Handlers {
+            default: Arc::new(Record),
+            by_source: HashMap::new(),
+        }
+    }
+}
+
+impl Handlers {
+    /// Gives `source` its own handler.
+    pub fn with(mut self, source: &str, handler: impl Handler) -> Self {
+        self.by_source.insert(source.to_owned(), Arc::new(handler));
+        self
+    }
+
+    fn for_source(&self, source: &SourceName) -> Arc<dyn Handler> {
+        self.by_source
+            .get(source.as_str())
+            .unwrap_or(&self.default)
+            .clone()
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Arc<dyn Handler>> {
+        std::iter::once(&self.default).chain(self.by_source.values())
+    }
+}
+
+/// A configured source, ready to take deliveries.
+pub struct Source {
+    /// Its name.
+    pub name: SourceName,
+    /// Its scheme and keys.
+    pub verifier: Verifier,
+    /// What processes its events.
+    pub handler: Arc<dyn Handler>,
+    /// The lowercase names of the headers kept with each event.
+    pub kept_headers: Vec<String>,
+}
+
+/// What every request handler shares.
+pub struct AppState {
+    /// The connection pool.
+    pub pool: DbPool,
+    /// Configured sources by name.
+    pub sources: HashMap<String, Arc<Source>>,
+    /// Counters and histograms.
+    pub metrics: Metrics,
+    /// `[server].max_body_bytes`.
+    pub max_body_bytes: usize,
+    /// `[server].in_flight_wait`.
+    pub in_flight_wait: Duration,
+    /// The admin API's token; `None` turns the admin API off.
+    pub admin_token: Option<Secret>,
+}
+
+/// A built server, bound to its port and ready to run.
+pub struct Application {
+    port: u16,
+    server: Server,
+}
+
+impl Application {
+    /// Applies migrations (and each handler's setup), builds the pool and binds the listen
+    /// address; with port 0, a free port is picked (tests do this).
+    pub fn build(config: Config, handlers: Handlers) -> anyhow::Result<Application> {
+        for name in handlers.by_source.keys() {
+            if !config.sources.iter().any(|s| s.name.as_str() == name) {
+                anyhow::bail!(
+                    "a handler is registered for source {name:?}, which is not configured"
+                );
+            }
+        }
+        let sources = config
+            .sources
+            .iter()
+            .map(|source| {
+                let verifier =
+                    Verifier::new(source.scheme.clone(), &source.secrets, source.tolerance)
+                        .map_err(|e| anyhow::anyhow!("sources.{}.secrets: {e}", source.name))?;
+                let mut kept_headers = verifier.kept_headers();
+                kept_headers.push("content-type".to_owned());
+                Ok((
+                    source.name.as_str().to_owned(),
+                    Arc::new(Source {
+                        name: source.name.clone(),
+                        handler: handlers.for_source(&source.name),
+                        verifier,
+                        kept_headers,
+                    }),
+                ))
+            })
+            .collect::<anyhow::Result<HashMap<_, _>>>()?;
+
+        let applied = db::migrate(&config.database, |conn| {
+            handlers.all().try_for_each(|handler| handler.prepare(conn))
+        })?;
+        if applied.is_empty() {
+            tracing::info!("database schema is up to date");
+        } else {
+            tracing::info!(migrations = ?applied, "applied database migrations");
+        }
+
+        let listener = TcpListener::bind(&config.server.listen).with_context(|| {
+            format!(
+                "cannot listen on {} (set [server].listen or HOOKBOX_LISTEN)",
+                config.server.listen
+            )
+        })?;
+        let address = listener
+            .local_addr()
+            .context("the listener has no address")?;
+
+        let state = web::Data::new(AppState {
+            pool: db::pool(&config.database, config.server.in_flight_wait),
+            metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
+            sources,
+            max_body_bytes: config.server.max_body_bytes,
+            in_flight_wait: config.server.in_flight_wait,
+            admin_token: config.admin_token.clone(),
+        });
+
+        tracing::info!(
+            database = %config.database.display_url(),
+            pool_size = config.database.pool_size,
+            "database ready"
+        );
+        for source in &config.sources {
+            tracing::info!(
+                source = %source.name,
+                scheme = source.scheme.name(),
+                secrets = source.secrets.len(),
+                "source live at POST /webhooks/{}",
+                source.name
+            );
+        }
+        if config.sources.is_empty() {
+            tracing::warn!("no sources are configured: every delivery will be answered 404 (add [sources.NAME] to the config)");
+        }
+        if state.admin_token.is_some() {
+            tracing::info!("admin API on at /admin (bearer token)");
+        } else {
+            tracing::info!("admin API off (set [admin].token_env to a variable holding a token)");
+        }
+
+        let server = HttpServer::new({
+            let state = state.clone();
+            move || App::new().app_data(state.clone()).configure(http::routes)
+        })
+        .shutdown_timeout(30)
+        .listen(listener)
+        .context("cannot start the HTTP server")?
+        .run();
+        tracing::info!("hookbox listening on http://{address}");
+        Ok(Application {
+            port: address.port(),
+            server,
+        })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Serves until SIGTERM or SIGINT, then stops accepting and lets in-flight requests (and
+    /// their transactions) finish.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await?;
+        tracing::info!("hookbox stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,117 @@
+//! The admin API: off without a token, 401 on a wrong one, the stored events with the right one.
+
+use hookbox::Handlers;
+
+use crate::helpers::*;
+
+#[actix_web::test]
+async fn the_admin_api_is_404_while_no_token_is_configured() {
+    let db = TestDb::create();
+    let text = config_text(&db.url, "").replace(
+        "token_env = \"TEST_ADMIN_TOKEN\"",
+        "token_env = \"HOOKBOX_TEST_UNSET_TOKEN\"",
+    );
+    let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+    for token in [None, Some(ADMIN_TOKEN), Some("")] {
+        let answer = app.get("/admin/events", token).await;
+        assert_eq!(answer.status, 404, "{token:?}");
+    }
+}
+
+#[actix_web::test]
+async fn a_wrong_or_missing_token_is_401_without_a_hint() {
+    let app = TestApp::spawn().await;
+    let near_miss = &ADMIN_TOKEN[..ADMIN_TOKEN.len() - 1];
+    for token in [None, Some("nope"), Some(near_miss), Some("")] {
+        let answer = app.get("/admin/events", token).await;
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (401, "unauthorized"),
+            "{token:?}"
+        );
+        assert!(!answer.text().contains(ADMIN_TOKEN));
+    }
+    let id = unique_id("evt");
+    let answer = app
+        .get(&format!("/admin/events/stripe/{id}"), Some("nope"))
+        .await;
+    assert_eq!(answer.status, 401);
+}
+
+#[actix_web::test]
+async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
+    let app = TestApp::spawn().await;
+    let ids: Vec<String> = (0..3).map(|_| unique_id("evt")).collect();
+    for id in &ids {
+        let answer = app
+            .send(&app.delivery("stripe", &stripe_event(id, "charge.succeeded", 1), id))
+            .await;
+        assert_eq!(answer.status, 200);
+    }
+    let gh = unique_id("gh");
+    assert_eq!(
+        app.send(&app.delivery("github", "{\"zen\":\"hi\"}", &gh))
+            .await
+            .status,
+        200
+    );
+
+    let all = app
+        .get("/admin/events?source=stripe", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    let listed: Vec<&str> = all["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["event_id"].as_str().expect("id"))
+        .collect();
+    let newest_first: Vec<&str> = ids.iter().rev().map(String::as_str).collect();
+    assert_eq!(listed, newest_first);
+
+    let limited = app
+        .get("/admin/events?limit=1", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(limited["events"].as_array().expect("events").len(), 1);
+    assert_eq!(limited["events"][0]["event_id"], gh.as_str());
+
+    let since_future = app
+        .get(
+            "/admin/events?since=2999-01-01T00:00:00Z",
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json();
+    assert_eq!(since_future["events"].as_array().expect("events").len(), 0);
+    let since_hour = app
+        .get("/admin/events?since=1h", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(since_hour["events"].as_array().expect("events").len(), 4);
+    let bad = app
+        .get("/admin/events?since=yesterday-ish", Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!((bad.status, bad.error().as_str()), (400, "invalid_query"));
+
+    let one = app
+        .get(&format!("/admin/events/github/{gh}"), Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(one["payload"], "{\"zen\":\"hi\"}");
+    assert_eq!(one["event_type"], "test.event");
+    assert!(one["headers"]["x-hub-signature-256"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("sha256=")));
+    assert!(one["headers"]["x-github-delivery"] == gh.as_str());
+    assert_eq!(one["status"], 200);
+    assert!(one["received_at"].as_str().is_some());
+
+    let missing = app
+        .get("/admin/events/github/nope", Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!(
+        (missing.status, missing.error().as_str()),
+        (404, "not_found")
+    );
+}

@@ -1,0 +1,103 @@
+//! A bad config exits 2, naming the key and the problem, before anything listens.
+
+use crate::helpers::*;
+
+fn serve_with(config: &str) -> (i32, String) {
+    let file = TempFile::new(config);
+    let path = file.0.to_string_lossy().into_owned();
+    let (code, _stdout, stderr) = run_hookbox(&["serve", "--config", &path], &[]);
+    (code, stderr)
+}
+
+#[test]
+fn each_kind_of_bad_config_exits_2_and_names_the_key() {
+    let cases = [
+        (
+            "[server]\nlisten = \"127.0.0.1:0\"\nlisten_addr = \"x\"\n",
+            "listen_addr",
+        ),
+        (
+            "[server]\nin_flight_wait = \"forever\"\n",
+            "server.in_flight_wait",
+        ),
+        (
+            "[sources.stripe]\nscheme = \"stripe\"\n",
+            "sources.stripe.secrets",
+        ),
+        (
+            "[sources.pp]\nscheme = \"paypal\"\nsecrets = [\"x\"]\n",
+            "sources.pp.scheme",
+        ),
+        (
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\ntolerance = \"5 fortnights\"\n",
+            "sources.s.tolerance",
+        ),
+        (
+            "[sources.s]\nscheme = \"stripe\"\nsecrets_env = \"HOOKBOX_TEST_NOT_SET\"\n",
+            "sources.s.secrets_env",
+        ),
+        ("[retention]\nwindow = \"-1h\"\n", "retention.window"),
+        ("[server\n", "line 1"),
+    ];
+    for (config, key) in cases {
+        let (code, stderr) = serve_with(config);
+        assert_eq!(code, 2, "{config:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "one line: {stderr}");
+        assert!(
+            lines[0].contains(key),
+            "{config:?} should name {key}: {stderr}"
+        );
+        assert!(!stderr.contains("listening"), "nothing listens");
+    }
+}
+
+#[test]
+fn a_config_file_that_does_not_exist_is_exit_2_with_what_to_do() {
+    let (code, _, stderr) = run_hookbox(&["serve", "--config", "/nonexistent/hookbox.toml"], &[]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("--config") && stderr.contains("/nonexistent/hookbox.toml"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_secret_in_a_bad_config_is_never_printed() {
+    let (code, stderr) = serve_with(
+        "[sources.s]\nscheme = \"standard\"\nsecrets = [\"whsec_!!notbase64-topsecret\"]\n",
+    );
+    assert_ne!(code, 0);
+    assert!(!stderr.contains("topsecret"), "{stderr}");
+}
+
+#[test]
+fn migrate_applies_the_schema_and_says_so() {
+    let db = TestDb::create();
+    let (code, stdout, stderr) = run_hookbox(
+        &["migrate", "--config", "/dev/null"],
+        &[("DATABASE_URL", &db.url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("applied"), "{stdout}");
+    assert_eq!(db.count("events"), 0, "the events table exists");
+    let (code, stdout, _) = run_hookbox(
+        &["migrate", "--config", "/dev/null"],
+        &[("DATABASE_URL", &db.url)],
+    );
+    assert_eq!(code, 0);
+    assert!(stdout.contains("up to date"), "{stdout}");
+}
+
+#[test]
+fn an_unreachable_database_is_exit_1_with_what_to_check() {
+    let (code, _, stderr) = run_hookbox(
+        &["migrate", "--config", "/dev/null"],
+        &[("DATABASE_URL", "postgres://postgres@127.0.0.1:1/hookbox")],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot connect to the database") && stderr.contains("DATABASE_URL"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,96 @@
+//! Concurrent duplicates: exactly one delivery processes, every one gets the same answer.
+
+use futures_util::future::join_all;
+use hookbox::Handlers;
+
+use crate::helpers::*;
+
+#[path = "../../examples/payments_ledger/ledger.rs"]
+mod ledger;
+
+fn assert_one_processed_and_identical(answers: &[Answer]) {
+    let processed = answers.iter().filter(|a| !a.replayed()).count();
+    assert_eq!(processed, 1, "exactly one delivery processes the event");
+    let first = &answers[0];
+    for answer in answers {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!((answer.status, &answer.body), (first.status, &first.body));
+    }
+}
+
+#[actix_web::test]
+async fn fifty_identical_deliveries_at_once_book_the_payment_once_and_get_identical_answers() {
+    let app = TestApp::spawn_with("", Handlers::default().with("stripe", ledger::Ledger)).await;
+    let id = unique_id("evt");
+    // Stripe signs each retry afresh and counts down pending_webhooks: fifty different requests
+    // for one event.
+    let deliveries: Vec<Delivery> = (0..50)
+        .map(|i| {
+            let body = stripe_event(&id, "payment_intent.succeeded", 50 - i);
+            delivery_for(&app.config, "stripe", &body, &id, unix_now() - i64::from(i))
+        })
+        .collect();
+    let answers = join_all(deliveries.iter().map(|d| app.send(d))).await;
+
+    assert_one_processed_and_identical(&answers);
+    assert_eq!(answers[0].json()["booked"]["order_id"], "101");
+    assert_eq!(
+        app.db.count("ledger_entries"),
+        1,
+        "order 101 is charged once"
+    );
+    assert_eq!(app.db.count("events"), 1);
+}
+
+#[actix_web::test]
+async fn two_concurrent_deliveries_of_each_scheme_process_once() {
+    let app = TestApp::spawn().await;
+    for source in SOURCES {
+        let id = unique_id(source);
+        let body = sample_body(source, &id);
+        let a = app.delivery(source, &body, &id);
+        let b = delivery_for(&app.config, source, &body, &id, unix_now() - 1);
+        let (first, second) = tokio::join!(app.send(&a), app.send(&b));
+        assert_one_processed_and_identical(&[first, second]);
+    }
+    assert_eq!(app.db.count("events"), SOURCES.len() as i64);
+}
+
+#[actix_web::test]
+async fn fifty_deliveries_split_across_two_hookbox_processes_on_one_database_process_once() {
+    let db = TestDb::create();
+    let config = config_text(&db.url, "");
+    let one = Process::serve(&config);
+    let two = Process::serve(&config);
+    let parsed = parse_config(&config);
+    let id = unique_id("evt");
+    let deliveries: Vec<(String, Delivery)> = (0..50)
+        .map(|i| {
+            let body = stripe_event(&id, "payment_intent.succeeded", 50 - i);
+            let address = if i % 2 == 0 {
+                &one.address
+            } else {
+                &two.address
+            };
+            (
+                address.clone(),
+                delivery_for(&parsed, "stripe", &body, &id, unix_now() - i64::from(i)),
+            )
+        })
+        .collect();
+    let answers = join_all(deliveries.iter().map(|(address, d)| send(address, d))).await;
+
+    assert_one_processed_and_identical(&answers);
+    assert_eq!(db.count("events"), 1);
+    let replayed_by_each = [&one.address, &two.address].map(|address| {
+        deliveries
+            .iter()
+            .zip(&answers)
+            .filter(|((a, _), answer)| a == address && answer.replayed())
+            .count()
+    });
+    assert!(
+        replayed_by_each.iter().all(|n| *n >= 24),
+        "both processes answered: {replayed_by_each:?}"
+    );
+}

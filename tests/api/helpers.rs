@@ -1,0 +1,573 @@
+//! The test harness: a fresh database per test, the real server on a real port, and signed
+//! deliveries sent over real connections.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+use hookbox::config::Config;
+use hookbox::signature::Verifier;
+use hookbox::{Application, Handlers};
+
+/// The admin token the test config enables the admin API with.
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// The PostgreSQL server the tests create their databases on: `DATABASE_URL` (any database on
+/// it), or the local default.
+pub fn server_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// `url` with its database name replaced by `database`.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[authority_start..].find('/') {
+        Some(slash) => &base[..authority_start + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{database}?{query}"),
+        None => format!("{base}/{database}"),
+    }
+}
+
+/// `host:port` of a postgres URL (for the outage proxy).
+pub fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:5432")
+    }
+}
+
+fn connect_server() -> PgConnection {
+    let url = server_url();
+    PgConnection::establish(&url).unwrap_or_else(|e| {
+        panic!(
+            "cannot reach PostgreSQL at {url} ({e}): start it, or point DATABASE_URL at one (see README, Testing)"
+        )
+    })
+}
+
+/// A database of its own for one test, dropped (with any connections left) when it goes.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDb {
+    pub fn create() -> TestDb {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .subsec_nanos();
+        let name = format!(
+            "hookbox_test_{}_{}_{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        diesel::sql_query(format!("CREATE DATABASE {name}"))
+            .execute(&mut connect_server())
+            .expect("create the test database");
+        TestDb {
+            url: with_database(&server_url(), &name),
+            name,
+        }
+    }
+
+    pub fn connect(&self) -> PgConnection {
+        PgConnection::establish(&self.url).expect("connect to the test database")
+    }
+
+    /// `SELECT count(*)` of whatever the query selects from.
+    pub fn count(&self, sql: &str) -> i64 {
+        #[derive(QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = BigInt)]
+            n: i64,
+        }
+        diesel::sql_query(format!("SELECT count(*) AS n FROM {sql}"))
+            .get_result::<Count>(&mut self.connect())
+            .expect("count query")
+            .n
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let _ = diesel::sql_query(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ))
+        .execute(&mut connect_server());
+    }
+}
+
+/// The test configuration: one source of every scheme, the secrets of the published vectors.
+pub fn config_text(database_url: &str, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+in_flight_wait = "3s"
+max_body_bytes = 65536
+
+[database]
+url = "{database_url}"
+pool_size = 4
+
+[admin]
+token_env = "TEST_ADMIN_TOKEN"
+
+[sources.stripe]
+scheme = "stripe"
+secrets = ["whsec_old_rotated_out", "whsec_test_secret"]
+
+[sources.standard]
+scheme = "standard"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+
+[sources.github]
+scheme = "github"
+secrets = ["It's a Secret to Everybody"]
+
+[sources.shopify]
+scheme = "shopify"
+secrets = ["hush"]
+
+[sources.slack]
+scheme = "slack"
+secrets = ["8f742231b10e8888abcd99yyyzzz85a5"]
+
+[sources.acme]
+scheme = "hmac-sha256"
+secrets = ["acme-secret"]
+signature_header = "X-Acme-Signature"
+signature_prefix = "sha256="
+encoding = "hex"
+event_id = "header:X-Acme-Event-Id"
+event_type = "json:/type"
+
+[sources.acmejson]
+scheme = "hmac-sha256"
+secrets = ["acme-json-secret"]
+signature_header = "X-Acme-Signature"
+encoding = "base64"
+event_id = "json:/id"
+{extra}
+"#
+    )
+}
+
+pub fn test_env(name: &str) -> Option<String> {
+    (name == "TEST_ADMIN_TOKEN").then(|| ADMIN_TOKEN.to_owned())
+}
+
+pub fn parse_config(text: &str) -> Config {
+    Config::parse(text, &test_env).expect("the test config is valid")
+}
+
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs() as i64
+}
+
+/// A server under test, in this process.
+pub struct TestApp {
+    pub address: String,
+    pub config: Config,
+    pub db: TestDb,
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        TestApp::spawn_with("", Handlers::default()).await
+    }
+
+    /// A server with `extra` appended to the config and the given handlers.
+    pub async fn spawn_with(extra: &str, handlers: Handlers) -> TestApp {
+        let db = TestDb::create();
+        let config = parse_config(&config_text(&db.url, extra));
+        TestApp::spawn_on(db, config, handlers).await
+    }
+
+    pub async fn spawn_on(db: TestDb, config: Config, handlers: Handlers) -> TestApp {
+        let app = Application::build(config.clone(), handlers).expect("the server builds");
+        let address = format!("http://127.0.0.1:{}", app.port());
+        actix_web::rt::spawn(app.run_until_stopped());
+        TestApp {
+            address,
+            config,
+            db,
+        }
+    }
+
+    /// A delivery for `source`, signed with the source's first secret at the current time.
+    pub fn delivery(&self, source: &str, body: &str, event_id: &str) -> Delivery {
+        delivery_for(&self.config, source, body, event_id, unix_now())
+    }
+
+    pub async fn send(&self, delivery: &Delivery) -> Answer {
+        send(&self.address, delivery).await
+    }
+
+    pub async fn get(&self, path: &str, token: Option<&str>) -> Answer {
+        get(&self.address, path, token).await
+    }
+}
+
+/// Signs `body` for `source` at `timestamp`.
+pub fn delivery_for(
+    config: &Config,
+    source: &str,
+    body: &str,
+    event_id: &str,
+    timestamp: i64,
+) -> Delivery {
+    let source_config = config
+        .sources
+        .iter()
+        .find(|s| s.name.as_str() == source)
+        .unwrap_or_else(|| panic!("no source {source} in the test config"));
+    // The last secret is the current one (the test stripe source has a rotated-out first).
+    let current = &source_config.secrets[source_config.secrets.len() - 1..];
+    let verifier = Verifier::new(
+        source_config.scheme.clone(),
+        current,
+        source_config.tolerance,
+    )
+    .expect("test secrets are valid");
+    let mut headers = verifier.sign(body.as_bytes(), timestamp, event_id, Some("test.event"));
+    headers.push(("Content-Type".to_owned(), "application/json".to_owned()));
+    Delivery {
+        source: source.to_owned(),
+        headers,
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+/// A request to `POST /webhooks/{source}`.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub source: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Delivery {
+    /// Replaces (or adds) a header.
+    pub fn with_header(mut self, name: &str, value: &str) -> Delivery {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn without_header(mut self, name: &str) -> Delivery {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self
+    }
+
+    pub fn header(&self, name: &str) -> &str {
+        &self
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .unwrap_or_else(|| panic!("the delivery has no {name} header"))
+            .1
+    }
+}
+
+/// An HTTP answer, read whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// The contract's error code in the body.
+    pub fn error(&self) -> String {
+        self.json()["error"].as_str().unwrap_or("").to_owned()
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("Idempotent-Replayed") == Some("true")
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A client of its own, so every call is on a connection of its own.
+fn client() -> awc::Client {
+    awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .disable_redirects()
+        .finish()
+}
+
+async fn read(
+    mut response: awc::ClientResponse<
+        impl futures_util::Stream<Item = Result<actix_web::web::Bytes, awc::error::PayloadError>>
+            + Unpin,
+    >,
+) -> Answer {
+    let body = response
+        .body()
+        .limit(16 * 1024 * 1024)
+        .await
+        .expect("read the response body");
+    Answer {
+        status: response.status().as_u16(),
+        headers: response
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+            .collect(),
+        body: body.to_vec(),
+    }
+}
+
+/// Posts a delivery to `POST {address}/webhooks/{source}`.
+pub async fn send(address: &str, delivery: &Delivery) -> Answer {
+    let mut request = client().post(format!("{address}/webhooks/{}", delivery.source));
+    for (name, value) in &delivery.headers {
+        request = request.insert_header((name.as_str(), value.as_str()));
+    }
+    let response = request
+        .send_body(delivery.body.clone())
+        .await
+        .expect("the server answers");
+    read(response).await
+}
+
+/// `GET {address}{path}`, with a bearer token if given.
+pub async fn get(address: &str, path: &str, token: Option<&str>) -> Answer {
+    let mut request = client().get(format!("{address}{path}"));
+    if let Some(token) = token {
+        request = request.insert_header(("Authorization", format!("Bearer {token}")));
+    }
+    read(request.send().await.expect("the server answers")).await
+}
+
+/// A Stripe event body, as Stripe sends it.
+pub fn stripe_event(id: &str, kind: &str, pending_webhooks: u32) -> String {
+    format!(
+        r#"{{
+  "id": "{id}",
+  "object": "event",
+  "api_version": "2024-06-20",
+  "created": 1733130000,
+  "data": {{
+    "object": {{
+      "id": "pi_{id}",
+      "object": "payment_intent",
+      "amount": 2000,
+      "currency": "usd",
+      "metadata": {{"order_id": "101"}},
+      "status": "succeeded"
+    }}
+  }},
+  "livemode": false,
+  "pending_webhooks": {pending_webhooks},
+  "request": {{"id": null, "idempotency_key": null}},
+  "type": "{kind}"
+}}"#
+    )
+}
+
+/// A `hookbox` process started from the built binary, killed when dropped.
+pub struct Process {
+    pub child: Child,
+    pub address: String,
+    pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    _config_file: TempFile,
+}
+
+/// A file removed when dropped.
+pub struct TempFile(pub std::path::PathBuf);
+
+impl TempFile {
+    pub fn new(contents: &str) -> TempFile {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "hookbox-test-{}-{}.toml",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, contents).expect("write the temp file");
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Runs `hookbox ARGS` to completion: (exit code, stdout, stderr).
+pub fn run_hookbox(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("HOOKBOX_CONFIG")
+        .env_remove("HOOKBOX_LISTEN")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run hookbox");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+impl Process {
+    /// Starts `hookbox serve` with this config and waits until it says where it listens.
+    pub fn serve(config: &str) -> Process {
+        use std::io::BufRead;
+        let config_file = TempFile::new(config);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hookbox"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_file.0)
+            .env("TEST_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("RUST_LOG", "info")
+            .env_remove("DATABASE_URL")
+            .env_remove("HOOKBOX_LISTEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start hookbox serve");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (found, address) = std::sync::mpsc::channel();
+        std::thread::spawn({
+            let log = log.clone();
+            move || {
+                for line in std::io::BufReader::new(stderr)
+                    .lines()
+                    .map_while(Result::ok)
+                {
+                    if let Some(at) = line.find("listening on ") {
+                        let _ = found.send(line[at + "listening on ".len()..].trim().to_owned());
+                    }
+                    let mut log = log.lock().expect("log lock");
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            }
+        });
+        let address = address
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!(
+                    "hookbox serve did not start listening:\n{}",
+                    log.lock().expect("log lock")
+                )
+            });
+        Process {
+            child,
+            address,
+            stderr: log,
+            _config_file: config_file,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.stderr.lock().expect("log lock").clone()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The header that carries each test source's signature.
+pub fn signature_header(source: &str) -> &'static str {
+    match source {
+        "stripe" => "Stripe-Signature",
+        "standard" => "webhook-signature",
+        "github" => "X-Hub-Signature-256",
+        "shopify" => "X-Shopify-Hmac-Sha256",
+        "slack" => "X-Slack-Signature",
+        "acme" | "acmejson" => "X-Acme-Signature",
+        other => panic!("no test source {other}"),
+    }
+}
+
+/// Every test source, one per scheme (and both id locations of the generic scheme).
+pub const SOURCES: [&str; 7] = [
+    "stripe", "standard", "github", "shopify", "slack", "acme", "acmejson",
+];
+
+/// A realistic body for `source` whose event id is `id` where the id travels in the body.
+pub fn sample_body(source: &str, id: &str) -> String {
+    match source {
+        "stripe" => stripe_event(id, "payment_intent.succeeded", 1),
+        "standard" => {
+            r#"{"type":"invoice.paid","data":{"invoice":"in_1","amount":4200}}"#.to_owned()
+        }
+        "github" => {
+            r#"{"action":"opened","number":7,"repository":{"full_name":"acme/app"}}"#.to_owned()
+        }
+        "shopify" => r#"{"id":820982911946154508,"email":"jon@example.com","total_price":"19.00"}"#
+            .to_owned(),
+        "slack" => format!(
+            r#"{{"token":"x","team_id":"T1","api_app_id":"A1","event":{{"type":"message","text":"hi"}},"type":"event_callback","event_id":"{id}","event_time":1733130000}}"#
+        ),
+        "acme" => r#"{"type":"thing.happened","n":1}"#.to_owned(),
+        "acmejson" => format!(r#"{{"id":"{id}","type":"thing.done"}}"#),
+        other => panic!("no test source {other}"),
+    }
+}
+
+/// A unique event id for this process.
+pub fn unique_id(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .subsec_nanos()
+    )
+}

@@ -1,0 +1,85 @@
+//! `/healthz`, `/readyz`, `/metrics`, and the startup log of a real process.
+
+use crate::helpers::*;
+
+#[actix_web::test]
+async fn healthz_and_readyz_answer_200_when_all_is_well() {
+    let app = TestApp::spawn().await;
+    assert_eq!(app.get("/healthz", None).await.status, 200);
+    let ready = app.get("/readyz", None).await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+}
+
+#[actix_web::test]
+async fn metrics_count_each_outcome_per_source_and_time_requests() {
+    let app = TestApp::spawn().await;
+    let id = unique_id("evt");
+    let delivery = app.delivery("stripe", &stripe_event(&id, "a", 1), &id);
+    app.send(&delivery).await;
+    app.send(&delivery).await;
+    app.send(
+        &delivery
+            .clone()
+            .with_header("Stripe-Signature", "t=1,v1=00"),
+    )
+    .await;
+    let mut unknown = delivery.clone();
+    unknown.source = "nope".to_owned();
+    app.send(&unknown).await;
+
+    let metrics = app.get("/metrics", None).await;
+    assert_eq!(metrics.status, 200);
+    assert!(metrics
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("text/plain")));
+    let text = metrics.text();
+    for line in [
+        "hookbox_webhooks_total{source=\"stripe\",outcome=\"processed\"} 1",
+        "hookbox_webhooks_total{source=\"stripe\",outcome=\"replayed\"} 1",
+        "hookbox_webhooks_total{source=\"stripe\",outcome=\"rejected\"} 1",
+        "hookbox_webhooks_total{source=\"stripe\",outcome=\"failed\"} 0",
+        "hookbox_webhooks_total{source=\"_unknown\",outcome=\"rejected\"} 1",
+        "hookbox_webhook_duration_seconds_count{source=\"stripe\"} 3",
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+    assert!(!text.contains("whsec_"), "no secret in /metrics");
+}
+
+#[actix_web::test]
+async fn a_started_server_says_where_it_listens_and_which_sources_are_live() {
+    let db = TestDb::create();
+    let process = Process::serve(&config_text(&db.url, ""));
+    let log = process.log();
+    assert!(log.contains("listening on http://127.0.0.1:"), "{log}");
+    for source in SOURCES {
+        assert!(
+            log.contains(&format!("POST /webhooks/{source}")),
+            "{source} in {log}"
+        );
+    }
+    assert!(log.contains("admin API on"), "{log}");
+    for secret in [
+        "whsec_test_secret",
+        "It's a Secret to Everybody",
+        "acme-secret",
+        ADMIN_TOKEN,
+    ] {
+        assert!(!log.contains(secret), "a secret in the startup log");
+    }
+    let health = get(&process.address, "/healthz", None).await;
+    assert_eq!(health.status, 200);
+}
+
+#[actix_web::test]
+async fn sigterm_lets_an_in_flight_request_finish_then_exits_cleanly() {
+    let db = TestDb::create();
+    let mut process = Process::serve(&config_text(&db.url, ""));
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &process.child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let exit = process.child.wait().expect("hookbox exits");
+    assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
+}
