@@ -85,6 +85,21 @@ pub struct AppState {
 pub struct Application {
     port: u16,
     server: Server,
+    stop: futures_util::future::BoxFuture<'static, &'static str>,
+}
+
+/// Resolves with the signal's name on the first SIGTERM or SIGINT. The handlers are installed
+/// when this is called, not when it is first polled.
+fn shutdown_signal() -> std::io::Result<futures_util::future::BoxFuture<'static, &'static str>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(Box::pin(async move {
+        tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        }
+    }))
 }
 
 impl Application {
@@ -175,13 +190,18 @@ impl Application {
             move || App::new().app_data(state.clone()).configure(http::routes)
         })
         .shutdown_timeout(30)
+        // Signals are taken here rather than by actix, so they are in place before the
+        // "listening" line: a SIGTERM right after it still shuts down gracefully.
+        .disable_signals()
         .listen(listener)
         .context("cannot start the HTTP server")?
         .run();
+        let stop = shutdown_signal().context("cannot listen for SIGTERM")?;
         tracing::info!("hookbox listening on http://{address}");
         Ok(Application {
             port: address.port(),
             server,
+            stop,
         })
     }
 
@@ -193,7 +213,18 @@ impl Application {
     /// Serves until SIGTERM or SIGINT, then stops accepting and lets in-flight requests (and
     /// their transactions) finish.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await?;
+        let handle = self.server.handle();
+        let server = self.server;
+        tokio::pin!(server);
+        tokio::select! {
+            result = &mut server => result?,
+            signal = self.stop => {
+                tracing::info!(signal, "shutting down: no new connections, letting in-flight deliveries finish");
+                // The server future carries out the stop, so it is polled alongside it.
+                let (_, result) = tokio::join!(handle.stop(true), &mut server);
+                result?;
+            }
+        }
         tracing::info!("hookbox stopped");
         Ok(())
     }

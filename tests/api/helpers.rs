@@ -481,12 +481,14 @@ impl Process {
                     .lines()
                     .map_while(Result::ok)
                 {
+                    {
+                        let mut log = log.lock().expect("log lock");
+                        log.push_str(&line);
+                        log.push('\n');
+                    }
                     if let Some(at) = line.find("listening on ") {
                         let _ = found.send(line[at + "listening on ".len()..].trim().to_owned());
                     }
-                    let mut log = log.lock().expect("log lock");
-                    log.push_str(&line);
-                    log.push('\n');
                 }
             }
         });
@@ -504,6 +506,22 @@ impl Process {
             address,
             stderr: log,
             _config_file: config_file,
+        }
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the process") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "hookbox did not exit within {limit:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 

@@ -72,14 +72,43 @@ async fn a_started_server_says_where_it_listens_and_which_sources_are_live() {
 }
 
 #[actix_web::test]
-async fn sigterm_lets_an_in_flight_request_finish_then_exits_cleanly() {
+async fn sigterm_lets_an_in_flight_delivery_finish_then_exits_cleanly() {
+    use std::io::{Read, Write};
     let db = TestDb::create();
-    let mut process = Process::serve(&config_text(&db.url, ""));
+    let text = config_text(&db.url, "");
+    let mut process = Process::serve(&text);
+    let id = unique_id("evt");
+    let delivery = delivery_for(&parse_config(&text), "stripe", &stripe_event(&id, "a", 1), &id, unix_now());
+
+    // A delivery whose body is still arriving when the signal comes.
+    let authority = process.address.trim_start_matches("http://").to_owned();
+    let mut stream = std::net::TcpStream::connect(&authority).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .expect("set a read timeout");
+    let mut head = format!("POST /webhooks/stripe HTTP/1.1\r\nHost: {authority}\r\nContent-Length: {}\r\nConnection: close\r\n", delivery.body.len());
+    for (name, value) in &delivery.headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let (first_half, second_half) = delivery.body.split_at(delivery.body.len() / 2);
+    stream.write_all(head.as_bytes()).expect("write head");
+    stream.write_all(first_half).expect("write half the body");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+
     let status = std::process::Command::new("kill")
         .args(["-TERM", &process.child.id().to_string()])
         .status()
         .expect("run kill");
     assert!(status.success());
-    let exit = process.child.wait().expect("hookbox exits");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stream.write_all(second_half).expect("write the rest of the body");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read the answer");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+
+    let exit = process.wait_exit(std::time::Duration::from_secs(20));
     assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
+    assert_eq!(db.count("events"), 1, "the in-flight delivery was committed");
+    assert!(process.log().contains("shutting down"), "{}", process.log());
 }
