@@ -78,7 +78,13 @@ async fn sigterm_lets_an_in_flight_delivery_finish_then_exits_cleanly() {
     let text = config_text(&db.url, "");
     let mut process = Process::serve(&text);
     let id = unique_id("evt");
-    let delivery = delivery_for(&parse_config(&text), "stripe", &stripe_event(&id, "a", 1), &id, unix_now());
+    let delivery = delivery_for(
+        &parse_config(&text),
+        "stripe",
+        &stripe_event(&id, "a", 1),
+        &id,
+        unix_now(),
+    );
 
     // A delivery whose body is still arriving when the signal comes.
     let authority = process.address.trim_start_matches("http://").to_owned();
@@ -102,13 +108,21 @@ async fn sigterm_lets_an_in_flight_delivery_finish_then_exits_cleanly() {
         .expect("run kill");
     assert!(status.success());
     std::thread::sleep(std::time::Duration::from_millis(300));
-    stream.write_all(second_half).expect("write the rest of the body");
+    stream
+        .write_all(second_half)
+        .expect("write the rest of the body");
     let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read the answer");
+    stream
+        .read_to_string(&mut response)
+        .expect("read the answer");
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
 
     let exit = process.wait_exit(std::time::Duration::from_secs(20));
     assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
-    assert_eq!(db.count("events"), 1, "the in-flight delivery was committed");
+    assert_eq!(
+        db.count("events"),
+        1,
+        "the in-flight delivery was committed"
+    );
     assert!(process.log().contains("shutting down"), "{}", process.log());
 }
