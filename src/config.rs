@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use crate::ids::SourceName;
 use crate::secret::Secret;
-use crate::signature::{Encoding, GenericRule, Locator, Scheme};
+use crate::signature::{Encoding, GenericRule, Locator, Scheme, Verifier};
 
 /// Where the config file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "hookbox.toml";
@@ -402,10 +402,15 @@ impl RawSource {
                 "a source needs at least one secret, and no secret may be empty",
             ));
         }
+        let secrets: Vec<Secret> = secrets.into_iter().map(Secret::new).collect();
+        // Deriving the keys is how a secret is found unusable (a Standard Webhooks secret
+        // that is not base64), and that is a config error like any other.
+        Verifier::new(scheme.clone(), &secrets, Duration::ZERO)
+            .map_err(|e| ConfigError::at(key("secrets"), e))?;
         Ok(SourceConfig {
             name: source_name,
             scheme,
-            secrets: secrets.into_iter().map(Secret::new).collect(),
+            secrets,
             tolerance: self.tolerance.unwrap_or(Duration::from_secs(300)),
             retention: self.retention,
         })

@@ -89,10 +89,16 @@ async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
         .await
         .json();
     assert_eq!(since_hour["events"].as_array().expect("events").len(), 4);
-    let bad = app
-        .get("/admin/events?since=yesterday-ish", Some(ADMIN_TOKEN))
-        .await;
-    assert_eq!((bad.status, bad.error().as_str()), (400, "invalid_query"));
+    for query in ["since=yesterday-ish", "limit=lots", "limit=0", "limit=1001"] {
+        let bad = app
+            .get(&format!("/admin/events?{query}"), Some(ADMIN_TOKEN))
+            .await;
+        assert_eq!(
+            (bad.status, bad.error().as_str()),
+            (400, "invalid_query"),
+            "{query}"
+        );
+    }
 
     let one = app
         .get(&format!("/admin/events/github/{gh}"), Some(ADMIN_TOKEN))
