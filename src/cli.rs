@@ -2,10 +2,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Config, ProcessEnv};
+use crate::retention::{self, Plan};
 use crate::startup::{Application, Handlers};
 
 /// hookbox: a webhook receiver that processes every event exactly once.
@@ -32,6 +35,25 @@ enum Command {
     /// Instances take turns through an advisory lock, so running this while servers start is
     /// safe. Needs only [database].url or DATABASE_URL.
     Migrate(ConfigArg),
+    /// Run one retention purge pass now; print what it removed per source and in total.
+    ///
+    /// Without --older-than, each source keeps its own window (sources.NAME.retention, else
+    /// [retention].window), exactly as the scheduled purge inside `serve` does. Waits for
+    /// nothing: if another hookbox is purging at this moment, it says so and exits 1.
+    Purge(PurgeArgs),
+}
+
+#[derive(Args, Debug)]
+struct PurgeArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Remove events of every source received longer ago than this (e.g. 30d), instead of
+    /// each source's window
+    #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_duration)]
+    older_than: Option<Duration>,
+    /// Count what would be removed, and remove nothing
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Args, Debug)]
@@ -48,6 +70,7 @@ pub fn main() -> ExitCode {
     crate::telemetry::init();
     let config_path = match &cli.command {
         Command::Serve(arg) | Command::Migrate(arg) => arg.config.as_deref(),
+        Command::Purge(args) => args.config.config.as_deref(),
     };
     let config = match Config::load(config_path, &ProcessEnv) {
         Ok(config) => config,
@@ -59,6 +82,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(_) => serve(config),
         Command::Migrate(_) => migrate(&config),
+        Command::Purge(args) => purge(&config, &args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -92,5 +116,51 @@ fn migrate(config: &Config) -> anyhow::Result<()> {
             applied.join(", ")
         );
     }
+    Ok(())
+}
+
+fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let plan = match args.older_than {
+        Some(window) => Plan::older_than(window),
+        None => Plan::from_config(config),
+    };
+    let mut conn = crate::db::connect(&config.database)?;
+    let started = Instant::now();
+    let hint = "is the schema there? run hookbox migrate";
+    let (report, verb) = if args.dry_run {
+        let report = retention::dry_run(&mut conn, &plan).context(hint)?;
+        (report, "would remove")
+    } else {
+        let mut last_progress = Instant::now();
+        let mut progress = |so_far: &retention::Report| {
+            if last_progress.elapsed() >= Duration::from_secs(2) {
+                eprintln!("purging: {} removed so far", so_far.total());
+                last_progress = Instant::now();
+            }
+        };
+        let pass =
+            retention::purge_logged(&mut conn, &plan, &AtomicBool::new(false), &mut progress)
+                .context(hint)?;
+        let Some(report) = pass else {
+            anyhow::bail!(
+                "another hookbox is purging right now; nothing was removed (try again in a moment)"
+            );
+        };
+        (report, "removed")
+    };
+    for (source, n) in &report.removed {
+        println!("{verb} {n} from {source}");
+    }
+    println!(
+        "{verb} {} in total ({} ms){}",
+        report.total(),
+        started.elapsed().as_millis(),
+        if args.dry_run {
+            "; dry run, nothing was deleted"
+        } else {
+            ""
+        }
+    );
     Ok(())
 }

@@ -14,6 +14,7 @@ pub mod http;
 pub mod ids;
 pub mod inbox;
 pub mod metrics;
+pub mod retention;
 pub mod secret;
 pub mod signature;
 pub mod startup;

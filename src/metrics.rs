@@ -53,6 +53,7 @@ const BUCKETS: [f64; 14] = [
 #[derive(Default)]
 struct Series {
     outcomes: [AtomicU64; 4],
+    purged: AtomicU64,
     buckets: [AtomicU64; BUCKETS.len()],
     count: AtomicU64,
     sum_micros: AtomicU64,
@@ -63,6 +64,8 @@ pub struct Metrics {
     labels: Vec<String>,
     index: HashMap<String, usize>,
     series: Vec<Series>,
+    /// Unix seconds when the last purge pass completed; 0 before the first.
+    last_purge: AtomicU64,
 }
 
 impl Metrics {
@@ -80,18 +83,42 @@ impl Metrics {
             labels,
             index,
             series,
+            last_purge: AtomicU64::new(0),
         }
     }
 
-    /// Counts one webhook request to `source` (a configured name or [`UNKNOWN_SOURCE`]).
-    pub fn record(&self, source: &str, outcome: Outcome, elapsed: Duration) {
+    fn series(&self, source: &str) -> &Series {
         let i = self
             .index
             .get(source)
             .or_else(|| self.index.get(UNKNOWN_SOURCE))
             .copied()
             .expect("the unknown-source series always exists");
-        let series = &self.series[i];
+        &self.series[i]
+    }
+
+    /// Counts what a purge pass removed, by source, and when it completed if it did (a pass
+    /// cut short by shutdown did not).
+    pub fn record_purge<'a>(
+        &self,
+        removed: impl IntoIterator<Item = (&'a String, &'a u64)>,
+        completed: bool,
+    ) {
+        for (source, n) in removed {
+            self.series(source).purged.fetch_add(*n, Ordering::Relaxed);
+        }
+        if !completed {
+            return;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.last_purge.store(now, Ordering::Relaxed);
+    }
+
+    /// Counts one webhook request to `source` (a configured name or [`UNKNOWN_SOURCE`]).
+    pub fn record(&self, source: &str, outcome: Outcome, elapsed: Duration) {
+        let series = self.series(source);
         let slot = Outcome::ALL
             .iter()
             .position(|o| *o == outcome)
@@ -152,6 +179,22 @@ impl Metrics {
                 "hookbox_webhook_duration_seconds_count{{source=\"{label}\"}} {count}"
             );
         }
+        out.push_str("# HELP hookbox_purged_total Events removed by the retention purge.\n");
+        out.push_str("# TYPE hookbox_purged_total counter\n");
+        for (label, series) in self.labels.iter().zip(&self.series) {
+            let _ = writeln!(
+                out,
+                "hookbox_purged_total{{source=\"{label}\"}} {}",
+                series.purged.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str("# HELP hookbox_last_purge_timestamp_seconds When the last purge pass completed (0: none yet).\n");
+        out.push_str("# TYPE hookbox_last_purge_timestamp_seconds gauge\n");
+        let _ = writeln!(
+            out,
+            "hookbox_last_purge_timestamp_seconds {}",
+            self.last_purge.load(Ordering::Relaxed)
+        );
         out
     }
 }
@@ -176,5 +219,13 @@ mod tests {
         assert!(text
             .contains("hookbox_webhook_duration_seconds_bucket{source=\"stripe\",le=\"0.05\"} 2"));
         assert!(text.contains("hookbox_webhook_duration_seconds_count{source=\"stripe\"} 2"));
+        assert!(text.contains("hookbox_last_purge_timestamp_seconds 0"));
+        let removed =
+            std::collections::BTreeMap::from([("stripe".to_owned(), 3u64), ("gone".to_owned(), 2)]);
+        metrics.record_purge(&removed, true);
+        let text = metrics.render();
+        assert!(text.contains("hookbox_purged_total{source=\"stripe\"} 3"));
+        assert!(text.contains("hookbox_purged_total{source=\"_unknown\"} 2"));
+        assert!(!text.contains("hookbox_last_purge_timestamp_seconds 0\n"));
     }
 }

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use crate::handlers::{Handler, Record};
 use crate::http;
 use crate::ids::SourceName;
 use crate::metrics::Metrics;
+use crate::retention::{self, Plan};
 use crate::secret::Secret;
 use crate::signature::Verifier;
 
@@ -85,6 +87,7 @@ pub struct AppState {
 pub struct Application {
     port: u16,
     server: Server,
+    purge: PurgeTask,
     stop: futures_util::future::BoxFuture<'static, &'static str>,
 }
 
@@ -179,6 +182,21 @@ impl Application {
         if config.sources.is_empty() {
             tracing::warn!("no sources are configured: every delivery will be answered 404 (add [sources.NAME] to the config)");
         }
+        for source in &config.sources {
+            if let Some(warning) = retention::horizon_warning(source, config.retention.window) {
+                tracing::warn!("{warning}");
+            }
+        }
+        let purge = PurgeTask::start(
+            state.clone(),
+            Plan::from_config(&config),
+            config.retention.purge_interval,
+        );
+        tracing::info!(
+            window = %humantime::format_duration(config.retention.window),
+            every = %humantime::format_duration(config.retention.purge_interval),
+            "retention purge scheduled"
+        );
         if state.admin_token.is_some() {
             tracing::info!("admin API on at /admin (bearer token)");
         } else {
@@ -201,6 +219,7 @@ impl Application {
         Ok(Application {
             port: address.port(),
             server,
+            purge,
             stop,
         })
     }
@@ -217,8 +236,12 @@ impl Application {
         let server = self.server;
         tokio::pin!(server);
         tokio::select! {
-            result = &mut server => result?,
+            result = &mut server => {
+                self.purge.stop();
+                result?
+            }
             signal = self.stop => {
+                self.purge.stop();
                 tracing::info!(signal, "shutting down: no new connections, letting in-flight deliveries finish");
                 // The server future carries out the stop, so it is polled alongside it.
                 let (_, result) = tokio::join!(handle.stop(true), &mut server);
@@ -227,5 +250,62 @@ impl Application {
         }
         tracing::info!("hookbox stopped");
         Ok(())
+    }
+}
+
+/// The scheduled retention purge: a pass every `purge_interval`, the first right after startup.
+struct PurgeTask {
+    stop: Arc<AtomicBool>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl PurgeTask {
+    fn start(state: web::Data<AppState>, plan: Plan, every: Duration) -> PurgeTask {
+        let stop = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let plan = Arc::new(plan);
+        actix_web::rt::spawn({
+            let (stop, wake) = (stop.clone(), wake.clone());
+            async move {
+                let mut ticks = tokio::time::interval(every);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = ticks.tick() => {}
+                        _ = wake.notified() => {}
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let (state, plan, stop) = (state.clone(), plan.clone(), stop.clone());
+                    let pass = web::block(move || -> anyhow::Result<()> {
+                        let mut conn = state.pool.get()?;
+                        let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut |_| {})?;
+                        if let Some(report) = pass {
+                            state
+                                .metrics
+                                .record_purge(&report.removed, !report.interrupted);
+                        }
+                        Ok(())
+                    })
+                    .await;
+                    match pass {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(
+                            error = %format!("{e:#}"),
+                            "purge pass failed; the next one is at the next interval"
+                        ),
+                        Err(_) => tracing::error!("the purge pass panicked"),
+                    }
+                }
+            }
+        });
+        PurgeTask { stop, wake }
+    }
+
+    /// Stops the task: a pass under way ends after its current batch.
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
     }
 }

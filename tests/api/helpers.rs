@@ -90,18 +90,24 @@ impl TestDb {
         PgConnection::establish(&self.url).expect("connect to the test database")
     }
 
-    /// `SELECT count(*)` of whatever the query selects from.
+    /// `SELECT count(*) FROM {sql}`.
     pub fn count(&self, sql: &str) -> i64 {
-        #[derive(QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        diesel::sql_query(format!("SELECT count(*) AS n FROM {sql}"))
-            .get_result::<Count>(&mut self.connect())
-            .expect("count query")
-            .n
+        count_at(&self.url, sql)
     }
+}
+
+/// `SELECT count(*) FROM {sql}` in the database at `url`, on a connection of its own.
+pub fn count_at(url: &str, sql: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let mut conn = PgConnection::establish(url).expect("connect to the test database");
+    diesel::sql_query(format!("SELECT count(*) AS n FROM {sql}"))
+        .get_result::<Count>(&mut conn)
+        .expect("count query")
+        .n
 }
 
 impl Drop for TestDb {

@@ -10,5 +10,6 @@ mod intake;
 mod ops;
 mod outage;
 mod proxy;
+mod retention;
 mod schemes;
 mod vectors;

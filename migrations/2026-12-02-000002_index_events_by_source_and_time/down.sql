@@ -1,0 +1,1 @@
+DROP INDEX events_source_received_at_idx;

@@ -1,0 +1,292 @@
+//! Retention: forgetting events once no provider can redeliver them.
+//!
+//! A pass deletes events received longer ago than their source's window, in batches of
+//! [`BATCH_SIZE`] rows, each its own short statement, until a batch comes back short; so a
+//! delivery never waits behind one long delete, and a pass can stop between batches. Whatever a
+//! handler hung off an event (`REFERENCES events (id) ON DELETE CASCADE`) goes with it. Only one
+//! instance purges at a time: a pass starts by taking a session advisory lock with
+//! `pg_try_advisory_lock`, and an instance that cannot take it skips its turn.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use diesel::pg::PgConnection;
+use diesel::prelude::*;
+use diesel::sql_types::{Array, BigInt, Bool, Text, Timestamptz};
+
+use crate::config::{Config, SourceConfig};
+use crate::signature::Scheme;
+
+/// Rows one DELETE removes at most.
+pub const BATCH_SIZE: i64 = 5000;
+
+/// Any number, as long as every hookbox uses the same one.
+const PURGE_LOCK_KEY: i64 = 0x686f_6f6b_626f_7802;
+
+/// Which events a pass removes: one cutoff per configured source, and the global window for
+/// events of sources no longer configured.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    targets: Vec<Target>,
+}
+
+#[derive(Debug, Clone)]
+struct Target {
+    /// `Some(name)`: that source only. `None`: every source not named by another target.
+    source: Option<String>,
+    /// Events older than this long go.
+    older_than: Duration,
+}
+
+impl Plan {
+    /// Each source's own window (`sources.NAME.retention`), else `[retention].window`.
+    pub fn from_config(config: &Config) -> Plan {
+        let mut targets: Vec<Target> = config
+            .sources
+            .iter()
+            .map(|source| Target {
+                source: Some(source.name.as_str().to_owned()),
+                older_than: source.retention.unwrap_or(config.retention.window),
+            })
+            .collect();
+        targets.push(Target {
+            source: None,
+            older_than: config.retention.window,
+        });
+        Plan { targets }
+    }
+
+    /// One window for every source (`hookbox purge --older-than`).
+    pub fn older_than(window: Duration) -> Plan {
+        Plan {
+            targets: vec![Target {
+                source: None,
+                older_than: window,
+            }],
+        }
+    }
+
+    /// The configured source names the catch-all target leaves to their own targets.
+    fn named(&self) -> Vec<String> {
+        self.targets
+            .iter()
+            .filter_map(|t| t.source.clone())
+            .collect()
+    }
+}
+
+/// What a pass removed (or, dry, would remove), by source.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Source → events.
+    pub removed: BTreeMap<String, u64>,
+    /// Whether the pass stopped early because the server is shutting down.
+    pub interrupted: bool,
+}
+
+impl Report {
+    /// Events in all.
+    pub fn total(&self) -> u64 {
+        self.removed.values().sum()
+    }
+
+    /// `stripe=3 github=1`, for a log line.
+    pub fn summary(&self) -> String {
+        if self.removed.is_empty() {
+            return "none".to_owned();
+        }
+        self.removed
+            .iter()
+            .map(|(source, n)| format!("{source}={n}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+#[derive(QueryableByName)]
+struct Removed {
+    #[diesel(sql_type = Text)]
+    source: String,
+}
+
+#[derive(QueryableByName)]
+struct Counted {
+    #[diesel(sql_type = Text)]
+    source: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct Locked {
+    #[diesel(sql_type = Bool)]
+    locked: bool,
+}
+
+/// The `WHERE` of a target, with its binds in order: `$1` the cutoff, `$2` the source or the
+/// names to leave out.
+fn filter(target: &Target) -> &'static str {
+    match target.source {
+        Some(_) => "source = $2 AND received_at < $1",
+        None => "source <> ALL($2) AND received_at < $1",
+    }
+}
+
+fn cutoff(target: &Target, now: DateTime<Utc>) -> DateTime<Utc> {
+    chrono::Duration::from_std(target.older_than)
+        .ok()
+        .and_then(|window| now.checked_sub_signed(window))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// One purge pass. `None` when another instance holds the purge lock (nothing was done).
+/// `stop` is checked between batches; `progress` sees the running tally after each batch.
+pub fn purge(
+    conn: &mut PgConnection,
+    plan: &Plan,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&Report),
+) -> QueryResult<Option<Report>> {
+    let locked = diesel::sql_query("SELECT pg_try_advisory_lock($1) AS locked")
+        .bind::<BigInt, _>(PURGE_LOCK_KEY)
+        .get_result::<Locked>(conn)?
+        .locked;
+    if !locked {
+        return Ok(None);
+    }
+    let result = purge_locked(conn, plan, stop, progress);
+    let unlocked = diesel::sql_query("SELECT pg_advisory_unlock($1) AS locked")
+        .bind::<BigInt, _>(PURGE_LOCK_KEY)
+        .get_result::<Locked>(conn);
+    let report = result?;
+    unlocked?;
+    Ok(Some(report))
+}
+
+fn purge_locked(
+    conn: &mut PgConnection,
+    plan: &Plan,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&Report),
+) -> QueryResult<Report> {
+    let now = Utc::now();
+    let named = plan.named();
+    let mut report = Report::default();
+    for target in &plan.targets {
+        let sql = format!(
+            "DELETE FROM events WHERE ctid = ANY(ARRAY(\
+                SELECT ctid FROM events WHERE {} LIMIT {BATCH_SIZE})) \
+             RETURNING source",
+            filter(target)
+        );
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                report.interrupted = true;
+                return Ok(report);
+            }
+            let query = diesel::sql_query(&sql).bind::<Timestamptz, _>(cutoff(target, now));
+            let removed: Vec<Removed> = match &target.source {
+                Some(source) => query.bind::<Text, _>(source).load(conn)?,
+                None => query.bind::<Array<Text>, _>(&named).load(conn)?,
+            };
+            for row in &removed {
+                *report.removed.entry(row.source.clone()).or_default() += 1;
+            }
+            progress(&report);
+            if (removed.len() as i64) < BATCH_SIZE {
+                break;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// What a pass would remove, without removing anything.
+pub fn dry_run(conn: &mut PgConnection, plan: &Plan) -> QueryResult<Report> {
+    let now = Utc::now();
+    let named = plan.named();
+    let mut report = Report::default();
+    for target in &plan.targets {
+        let sql = format!(
+            "SELECT source, count(*) AS n FROM events WHERE {} GROUP BY source",
+            filter(target)
+        );
+        let query = diesel::sql_query(&sql).bind::<Timestamptz, _>(cutoff(target, now));
+        let counted: Vec<Counted> = match &target.source {
+            Some(source) => query.bind::<Text, _>(source).load(conn)?,
+            None => query.bind::<Array<Text>, _>(&named).load(conn)?,
+        };
+        for row in counted {
+            *report.removed.entry(row.source).or_default() += u64::try_from(row.n).unwrap_or(0);
+        }
+    }
+    Ok(report)
+}
+
+/// How long a provider may redeliver an event, where it says so: a window shorter than this
+/// forgets ids a retry can still bring back.
+pub fn redelivery_horizon(scheme: &Scheme) -> Option<(Duration, &'static str)> {
+    const HOUR: u64 = 3600;
+    match scheme {
+        Scheme::Stripe => Some((
+            Duration::from_secs(72 * HOUR),
+            "Stripe retries automatically for up to 3 days",
+        )),
+        Scheme::Shopify => Some((
+            Duration::from_secs(4 * HOUR),
+            "Shopify retries for about 4 hours",
+        )),
+        Scheme::Github => Some((
+            Duration::from_secs(72 * HOUR),
+            "GitHub lets deliveries be redelivered for 3 days",
+        )),
+        Scheme::Standard => Some((
+            Duration::from_secs(76 * HOUR),
+            "the Standard Webhooks retry schedule runs about 76 hours",
+        )),
+        Scheme::Slack | Scheme::HmacSha256(_) => None,
+    }
+}
+
+/// The startup warning for a source whose window is shorter than its provider's horizon.
+pub fn horizon_warning(source: &SourceConfig, default_window: Duration) -> Option<String> {
+    let window = source.retention.unwrap_or(default_window);
+    let (horizon, why) = redelivery_horizon(&source.scheme)?;
+    (window < horizon).then(|| {
+        format!(
+            "source {}: retention {} is shorter than its provider's redelivery horizon ({why}); \
+             a redelivery after {} is processed as new. Set sources.{}.retention to at least {}",
+            source.name,
+            humantime::format_duration(window),
+            humantime::format_duration(window),
+            source.name,
+            humantime::format_duration(horizon),
+        )
+    })
+}
+
+/// Runs one pass and logs it, with counts and `duration_ms`. For the scheduled task and the
+/// `purge` command alike.
+pub fn purge_logged(
+    conn: &mut PgConnection,
+    plan: &Plan,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&Report),
+) -> QueryResult<Option<Report>> {
+    let started = Instant::now();
+    let report = purge(conn, plan, stop, progress)?;
+    let duration_ms = started.elapsed().as_millis() as u64;
+    match &report {
+        Some(report) => tracing::info!(
+            removed = report.total(),
+            by_source = %report.summary(),
+            interrupted = report.interrupted,
+            duration_ms,
+            "purge pass done"
+        ),
+        None => tracing::info!("purge skipped: another instance is purging"),
+    }
+    Ok(report)
+}

@@ -1,0 +1,323 @@
+//! Retention: the scheduled purge, `hookbox purge`, and what a redelivery after it means.
+
+use std::time::{Duration, Instant};
+
+use hookbox::Handlers;
+
+use crate::helpers::*;
+
+/// The test config with `github` on a window of its own and the purge running every `every`.
+fn config_with_windows(database_url: &str, github_window: &str, every: &str) -> String {
+    config_text(
+        database_url,
+        &format!("\n[retention]\npurge_interval = \"{every}\"\n"),
+    )
+    .replace(
+        "[sources.github]\nscheme = \"github\"\n",
+        &format!("[sources.github]\nscheme = \"github\"\nretention = \"{github_window}\"\n"),
+    )
+}
+
+/// Adds `n` stored events of `source`, received `age` ago, straight into the table.
+fn insert_aged(db: &TestDb, source: &str, prefix: &str, n: u32, age: &str) {
+    use diesel::RunQueryDsl;
+    diesel::sql_query(format!(
+        "INSERT INTO events (source, event_id, fingerprint, received_at, payload, headers, \
+             response_status, response_content_type, response_body) \
+         SELECT '{source}', '{prefix}_' || g, '\\x00', now() - interval '{age}', '{{}}', '{{}}', \
+             200, 'application/json', '{{}}' \
+         FROM generate_series(1, {n}) g"
+    ))
+    .execute(&mut db.connect())
+    .expect("insert aged events");
+}
+
+async fn poll_until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[actix_web::test]
+async fn an_event_past_its_window_is_purged_on_schedule_and_its_redelivery_is_new() {
+    let db = TestDb::create();
+    let config = parse_config(&config_with_windows(&db.url, "2s", "300ms"));
+    let app = TestApp::spawn_on(db, config, Handlers::default()).await;
+    let gh = unique_id("gh");
+    let short_lived = app.delivery("github", r#"{"zen":"short"}"#, &gh);
+    assert_eq!(app.send(&short_lived).await.status, 200);
+    let evt = unique_id("evt");
+    let kept = app.delivery("stripe", &stripe_event(&evt, "charge.succeeded", 1), &evt);
+    let stored = app.send(&kept).await;
+    assert_eq!(stored.status, 200);
+
+    let path = format!("/admin/events/github/{gh}");
+    poll_until("the github event is purged", || async {
+        app.get(&path, Some(ADMIN_TOKEN)).await.status == 404
+    })
+    .await;
+
+    let stripe = app
+        .get(&format!("/admin/events/stripe/{evt}"), Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!(stripe.status, 200, "an event inside its window stays");
+    let again = app.send(&kept).await;
+    assert!(again.replayed(), "and is still a replay");
+    assert_eq!(again.body, stored.body);
+
+    let redelivered = app.send(&short_lived).await;
+    assert_eq!(redelivered.status, 200);
+    assert!(
+        !redelivered.replayed(),
+        "after the window the id is forgotten: processed as new"
+    );
+
+    let metrics = app.get("/metrics", None).await.text();
+    let purged: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("hookbox_purged_total{source=\"github\"} "))
+        .and_then(|n| n.parse().ok())
+        .expect("hookbox_purged_total for github");
+    assert!(purged >= 1, "{metrics}");
+    assert!(
+        !metrics.contains("hookbox_last_purge_timestamp_seconds 0\n"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn purge_dry_run_counts_without_deleting_and_purge_removes_exactly_those() {
+    let db = TestDb::create();
+    let text = config_with_windows(&db.url, "1h", "10m").replace(
+        "[sources.standard]\nscheme = \"standard\"\n",
+        "[sources.standard]\nscheme = \"standard\"\nretention = \"30d\"\n",
+    );
+    let config = TempFile::new(&text);
+    let config_path = config.0.to_string_lossy().into_owned();
+    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    insert_aged(&db, "stripe", "old", 5, "4 days");
+    insert_aged(&db, "stripe", "new", 2, "1 hour");
+    insert_aged(&db, "github", "old", 3, "2 hours");
+    insert_aged(&db, "standard", "kept", 4, "10 days");
+    insert_aged(&db, "retired", "old", 1, "4 days");
+
+    let (code, stdout, stderr) =
+        run_hookbox(&["purge", "--config", &config_path, "--dry-run"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    for line in [
+        "would remove 5 from stripe",
+        "would remove 3 from github",
+        "would remove 1 from retired",
+        "would remove 9 in total",
+    ] {
+        assert!(stdout.contains(line), "{line} in {stdout}");
+    }
+    assert!(
+        !stdout.contains("from standard"),
+        "standard keeps 30 days: {stdout}"
+    );
+    assert_eq!(db.count("events"), 15, "a dry run deletes nothing");
+
+    let (code, stdout, stderr) = run_hookbox(&["purge", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("removed 9 in total"), "{stdout}");
+    assert_eq!(db.count("events"), 6);
+    assert_eq!(db.count("events WHERE event_id LIKE 'old_%'"), 0);
+    assert_eq!(
+        db.count("events WHERE event_id LIKE 'new_%' OR event_id LIKE 'kept_%'"),
+        6
+    );
+
+    let (code, stdout, _) = run_hookbox(
+        &["purge", "--config", &config_path, "--older-than", "5d"],
+        &[],
+    );
+    assert_eq!(code, 0);
+    assert!(stdout.contains("removed 4 from standard"), "{stdout}");
+    assert_eq!(db.count("events"), 2);
+}
+
+#[test]
+fn a_nonsense_older_than_is_exit_2_with_a_clear_message() {
+    let (code, _, stderr) = run_hookbox(&["purge", "--older-than", "a while", "--dry-run"], &[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--older-than") && stderr.contains("invalid duration"),
+        "{stderr}"
+    );
+}
+
+#[actix_web::test]
+async fn a_large_purge_runs_in_batches_while_deliveries_keep_being_answered() {
+    const EXPIRED: i64 = 200_000;
+    let db = TestDb::create();
+    let text = config_with_windows(&db.url, "1h", "1h");
+    let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+    // The server's own pass at startup must be over, or it and `hookbox purge` would take
+    // turns at the lock (correctly) and the command would find nothing to do.
+    poll_until("the startup purge pass is done", || async {
+        !app.get("/metrics", None)
+            .await
+            .text()
+            .contains("hookbox_last_purge_timestamp_seconds 0\n")
+    })
+    .await;
+    insert_aged(&app.db, "stripe", "expired", EXPIRED as u32, "10 days");
+    let config = TempFile::new(&text);
+    let config_path = config.0.to_string_lossy().into_owned();
+
+    // A watcher on its own connection: a batched purge commits as it goes, so the count of
+    // expired rows is seen somewhere between all and none; one big DELETE would jump.
+    let url = app.db.url.clone();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = std::thread::spawn({
+        let done = done.clone();
+        move || {
+            let mut seen = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                seen.push(count_at(&url, "events WHERE event_id LIKE 'expired_%'"));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            seen
+        }
+    });
+    let started = Instant::now();
+    let mut purge = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(["purge", "--config", &config_path])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start hookbox purge");
+
+    let mut latencies = Vec::new();
+    while purge.try_wait().expect("poll purge").is_none() {
+        let id = unique_id("evt");
+        let sent = Instant::now();
+        let answer = app
+            .send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
+            .await;
+        latencies.push(sent.elapsed());
+        assert_eq!(
+            answer.status,
+            200,
+            "a delivery during the purge: {}",
+            answer.text()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the purge takes too long"
+        );
+    }
+    let purge_took = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = watcher.join().expect("the watcher");
+    let output = purge.wait_with_output().expect("purge output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("removed {EXPIRED} from stripe")),
+        "{stdout}"
+    );
+    assert_eq!(app.db.count("events WHERE event_id LIKE 'expired_%'"), 0);
+    assert_eq!(
+        app.db.count("events") as usize,
+        latencies.len(),
+        "every delivery is stored"
+    );
+
+    let between = seen.iter().filter(|n| **n > 0 && **n < EXPIRED).count();
+    assert!(
+        between >= 2,
+        "the purge committed in batches: counts seen {seen:?}"
+    );
+    let slowest = latencies.iter().max().copied().unwrap_or_default();
+    assert!(
+        latencies.len() >= 5,
+        "deliveries kept flowing: {} in {purge_took:?}",
+        latencies.len()
+    );
+    assert!(
+        slowest < purge_took / 2,
+        "no delivery waited for the whole purge: slowest {slowest:?} of {purge_took:?}"
+    );
+}
+
+#[actix_web::test]
+async fn two_servers_on_one_database_purge_without_racing_and_keep_serving() {
+    let db = TestDb::create();
+    let text = config_with_windows(&db.url, "1s", "200ms");
+    let one = Process::serve(&text);
+    let two = Process::serve(&text);
+    insert_aged(&db, "github", "expired", 20_000, "1 day");
+    let config = parse_config(&text);
+    let started = Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(3)
+        || db.count("events WHERE event_id LIKE 'expired_%'") > 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the expired rows were never purged"
+        );
+        let id = unique_id("evt");
+        let address = if sent % 2 == 0 {
+            &one.address
+        } else {
+            &two.address
+        };
+        let delivery = delivery_for(
+            &config,
+            "stripe",
+            &stripe_event(&id, "a", 1),
+            &id,
+            unix_now(),
+        );
+        let answer = send(address, &delivery).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        sent += 1;
+    }
+    assert_eq!(db.count("events WHERE source = 'stripe'"), sent);
+    let logs = format!("{}{}", one.log(), two.log());
+    assert!(logs.contains("purge pass done"), "{logs}");
+    for bad in ["purge pass failed", "ERROR", "panicked"] {
+        assert!(!logs.contains(bad), "{bad} in the logs:\n{logs}");
+    }
+}
+
+#[test]
+fn a_window_shorter_than_the_providers_redelivery_horizon_is_warned_about_at_startup() {
+    let db = TestDb::create();
+    let short = config_text(&db.url, "").replace(
+        "[sources.stripe]\nscheme = \"stripe\"\n",
+        "[sources.stripe]\nscheme = \"stripe\"\nretention = \"1h\"\n",
+    );
+    let process = Process::serve(&short);
+    let log = process.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("source stripe: retention 1h"))
+        .unwrap_or_else(|| panic!("no warning for stripe in:\n{log}"));
+    assert!(
+        warning.contains("3 days") && warning.contains("sources.stripe.retention"),
+        "{warning}"
+    );
+    drop(process);
+
+    let default = Process::serve(&config_text(&db.url, ""));
+    let log = default.log();
+    assert!(
+        !log.contains("source stripe: retention"),
+        "the default 72h suits Stripe:\n{log}"
+    );
+}
