@@ -136,7 +136,6 @@ fn main() {
                     run.clone(),
                     args.mode.clone(),
                 );
-                let keep_going = keep_going.clone();
                 actix_web::rt::spawn(async move {
                     let client = awc::Client::builder().timeout(Duration::from_secs(30)).finish();
                     let mut n = 0usize;
