@@ -92,6 +92,21 @@ pub struct SourceConfig {
     pub tolerance: Duration,
     /// This source's own retention window, when it overrides `[retention].window`.
     pub retention: Option<Duration>,
+    /// `[sources.NAME.forward]`: where stored events are handed on, if anywhere.
+    pub forward: Option<ForwardConfig>,
+}
+
+/// `[sources.NAME.forward]`: the downstream every stored event of the source is sent to.
+#[derive(Debug, Clone)]
+pub struct ForwardConfig {
+    /// `http://` or `https://` URL the events are POSTed to.
+    pub url: String,
+    /// How long one attempt may take.
+    pub timeout: Duration,
+    /// Attempts before a delivery is dead-lettered.
+    pub max_attempts: u32,
+    /// The Standard Webhooks secret (`whsec_...`) hookbox signs what it sends with.
+    pub secret: Secret,
 }
 
 /// A configuration that cannot be used: one line naming the key and the problem.
@@ -241,6 +256,76 @@ struct RawSource {
     encoding: Option<String>,
     event_id: Option<String>,
     event_type: Option<String>,
+    forward: Option<RawForward>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawForward {
+    url: String,
+    #[serde(default, deserialize_with = "duration")]
+    timeout: Option<Duration>,
+    max_attempts: Option<u32>,
+    secret: Option<String>,
+    secret_env: Option<String>,
+}
+
+impl RawForward {
+    fn validate(self, source: &str, env: &dyn Env) -> Result<ForwardConfig, ConfigError> {
+        let key = |field: &str| format!("sources.{source}.forward.{field}");
+        let url = self.url.trim().to_owned();
+        let host = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"));
+        if host.is_none_or(|host| host.is_empty() || host.starts_with('/')) {
+            return Err(ConfigError::at(
+                key("url"),
+                format!("{url:?} is not an http:// or https:// URL"),
+            ));
+        }
+        let timeout = self.timeout.unwrap_or(Duration::from_secs(10));
+        if timeout.is_zero() {
+            return Err(ConfigError::at(key("timeout"), "must be longer than 0s"));
+        }
+        let max_attempts = self.max_attempts.unwrap_or(12);
+        if max_attempts == 0 {
+            return Err(ConfigError::at(key("max_attempts"), "must be at least 1"));
+        }
+        let secret = match (self.secret, self.secret_env) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::at(
+                    key("secret_env"),
+                    "give either secret or secret_env, not both",
+                ))
+            }
+            (Some(secret), None) => secret,
+            (None, Some(var)) => env.var(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
+                ConfigError::at(
+                    key("secret_env"),
+                    format!("the environment variable {var} is not set"),
+                )
+            })?,
+            (None, None) => {
+                return Err(ConfigError::at(
+                    key("secret"),
+                    "a forward target needs a Standard Webhooks secret (secret = \"whsec_...\" or secret_env = \"VAR\") to sign what hookbox sends",
+                ))
+            }
+        };
+        let secret = Secret::new(secret.trim());
+        Verifier::new(
+            Scheme::Standard,
+            std::slice::from_ref(&secret),
+            Duration::ZERO,
+        )
+        .map_err(|e| ConfigError::at(key("secret"), e))?;
+        Ok(ForwardConfig {
+            url,
+            timeout,
+            max_attempts,
+            secret,
+        })
+    }
 }
 
 /// Reads a humantime duration (`90s`, `5m`, `72h`, `30d`).
@@ -413,6 +498,10 @@ impl RawSource {
             secrets,
             tolerance: self.tolerance.unwrap_or(Duration::from_secs(300)),
             retention: self.retention,
+            forward: self
+                .forward
+                .map(|forward| forward.validate(name, env))
+                .transpose()?,
         })
     }
 
@@ -619,6 +708,42 @@ mod tests {
         );
         assert!(
             message.starts_with("sources.s.signature_header:"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_forward_target_is_validated() {
+        let base = "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[sources.s.forward]\n";
+        let ok = Config::parse(
+            &format!("{base}url = \"http://127.0.0.1:9000/hooks\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"),
+            &no_env,
+        )
+        .expect("valid");
+        let forward = ok.sources[0].forward.as_ref().expect("forward");
+        assert_eq!(
+            (forward.timeout, forward.max_attempts),
+            (Duration::from_secs(10), 12)
+        );
+        let message = error(&format!(
+            "{base}url = \"ftp://x\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"
+        ));
+        assert!(message.starts_with("sources.s.forward.url:"), "{message}");
+        let message = error(&format!("{base}url = \"http://x\"\n"));
+        assert!(
+            message.starts_with("sources.s.forward.secret:"),
+            "{message}"
+        );
+        let message = error(&format!(
+            "{base}url = \"http://x\"\nsecret = \"whsec_!!\"\n"
+        ));
+        assert!(
+            message.starts_with("sources.s.forward.secret:"),
+            "{message}"
+        );
+        let message = error(&format!("{base}url = \"http://x\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nretries = 3\n"));
+        assert!(
+            message.starts_with("sources.s.forward.retries: unknown field"),
             "{message}"
         );
     }

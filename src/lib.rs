@@ -9,6 +9,7 @@
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod forward;
 pub mod handlers;
 pub mod http;
 pub mod ids;

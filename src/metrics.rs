@@ -1,4 +1,4 @@
-//! Counters and the request-duration histogram, rendered as Prometheus text for `/metrics`.
+//! Counters, gauges and histograms, rendered as Prometheus text for `/metrics`.
 //!
 //! Sources are known at startup, so every series is allocated once and a request only bumps
 //! atomics. Requests to an unknown source count under `source="_unknown"`: a label taken from
@@ -45,18 +45,90 @@ impl Outcome {
     }
 }
 
+/// How one forward attempt ended, as `hookbox_forward_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardResult {
+    /// The downstream answered 2xx.
+    Delivered,
+    /// The attempt failed and another is scheduled.
+    Retried,
+    /// The attempt failed and no other will be made (410, another 4xx, or out of attempts).
+    Dead,
+}
+
+impl ForwardResult {
+    const ALL: [ForwardResult; 3] = [
+        ForwardResult::Delivered,
+        ForwardResult::Retried,
+        ForwardResult::Dead,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            ForwardResult::Delivered => "delivered",
+            ForwardResult::Retried => "retried",
+            ForwardResult::Dead => "dead",
+        }
+    }
+}
+
 /// Upper bounds of the duration buckets, in seconds.
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// A duration histogram with [`BUCKETS`].
 #[derive(Default)]
-struct Series {
-    outcomes: [AtomicU64; 4],
-    purged: AtomicU64,
+struct Histogram {
     buckets: [AtomicU64; BUCKETS.len()],
     count: AtomicU64,
     sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(
+            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn render(&self, out: &mut String, name: &str, label: &str) {
+        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{source=\"{label}\",le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{source=\"{label}\",le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "{name}_sum{{source=\"{label}\"}} {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count{{source=\"{label}\"}} {count}");
+    }
+}
+
+#[derive(Default)]
+struct Series {
+    outcomes: [AtomicU64; 4],
+    duration: Histogram,
+    purged: AtomicU64,
+    forwarded: [AtomicU64; 3],
+    forward_duration: Histogram,
 }
 
 /// The process's metrics.
@@ -66,6 +138,10 @@ pub struct Metrics {
     series: Vec<Series>,
     /// Unix seconds when the last purge pass completed; 0 before the first.
     last_purge: AtomicU64,
+    /// Outbox rows waiting to be sent, as last counted.
+    forward_pending: AtomicU64,
+    /// Dead-lettered outbox rows, as last counted.
+    forward_dead: AtomicU64,
 }
 
 impl Metrics {
@@ -84,6 +160,8 @@ impl Metrics {
             index,
             series,
             last_purge: AtomicU64::new(0),
+            forward_pending: AtomicU64::new(0),
+            forward_dead: AtomicU64::new(0),
         }
     }
 
@@ -95,6 +173,17 @@ impl Metrics {
             .copied()
             .expect("the unknown-source series always exists");
         &self.series[i]
+    }
+
+    /// Counts one webhook request to `source` (a configured name or [`UNKNOWN_SOURCE`]).
+    pub fn record(&self, source: &str, outcome: Outcome, elapsed: Duration) {
+        let series = self.series(source);
+        let slot = Outcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .expect("every outcome is in ALL");
+        series.outcomes[slot].fetch_add(1, Ordering::Relaxed);
+        series.duration.observe(elapsed);
     }
 
     /// Counts what a purge pass removed, by source, and when it completed if it did (a pass
@@ -116,33 +205,31 @@ impl Metrics {
         self.last_purge.store(now, Ordering::Relaxed);
     }
 
-    /// Counts one webhook request to `source` (a configured name or [`UNKNOWN_SOURCE`]).
-    pub fn record(&self, source: &str, outcome: Outcome, elapsed: Duration) {
+    /// Counts one forward attempt and how long it took.
+    pub fn record_forward(&self, source: &str, result: ForwardResult, elapsed: Duration) {
         let series = self.series(source);
-        let slot = Outcome::ALL
+        let slot = ForwardResult::ALL
             .iter()
-            .position(|o| *o == outcome)
-            .expect("every outcome is in ALL");
-        series.outcomes[slot].fetch_add(1, Ordering::Relaxed);
-        let seconds = elapsed.as_secs_f64();
-        for (bound, bucket) in BUCKETS.iter().zip(&series.buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        series.count.fetch_add(1, Ordering::Relaxed);
-        series.sum_micros.fetch_add(
-            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+            .position(|r| *r == result)
+            .expect("every result is in ALL");
+        series.forwarded[slot].fetch_add(1, Ordering::Relaxed);
+        series.forward_duration.observe(elapsed);
+    }
+
+    /// Sets the outbox gauges.
+    pub fn set_outbox(&self, pending: u64, dead: u64) {
+        self.forward_pending.store(pending, Ordering::Relaxed);
+        self.forward_dead.store(dead, Ordering::Relaxed);
     }
 
     /// The Prometheus text exposition of every series.
     pub fn render(&self) -> String {
-        let mut out = String::with_capacity(4096);
+        let mut out = String::with_capacity(8192);
+        let rows = || self.labels.iter().zip(&self.series);
+
         out.push_str("# HELP hookbox_webhooks_total Webhook requests by source and outcome.\n");
         out.push_str("# TYPE hookbox_webhooks_total counter\n");
-        for (label, series) in self.labels.iter().zip(&self.series) {
+        for (label, series) in rows() {
             for (outcome, count) in Outcome::ALL.iter().zip(&series.outcomes) {
                 let _ = writeln!(
                     out,
@@ -152,36 +239,17 @@ impl Metrics {
                 );
             }
         }
-        out.push_str(
-            "# HELP hookbox_webhook_duration_seconds Time from request to answer for webhook requests.\n",
-        );
+        out.push_str("# HELP hookbox_webhook_duration_seconds Time from request to answer for webhook requests.\n");
         out.push_str("# TYPE hookbox_webhook_duration_seconds histogram\n");
-        for (label, series) in self.labels.iter().zip(&self.series) {
-            for (bound, bucket) in BUCKETS.iter().zip(&series.buckets) {
-                let _ = writeln!(
-                    out,
-                    "hookbox_webhook_duration_seconds_bucket{{source=\"{label}\",le=\"{bound}\"}} {}",
-                    bucket.load(Ordering::Relaxed)
-                );
-            }
-            let count = series.count.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "hookbox_webhook_duration_seconds_bucket{{source=\"{label}\",le=\"+Inf\"}} {count}"
-            );
-            let _ = writeln!(
-                out,
-                "hookbox_webhook_duration_seconds_sum{{source=\"{label}\"}} {}",
-                series.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-            );
-            let _ = writeln!(
-                out,
-                "hookbox_webhook_duration_seconds_count{{source=\"{label}\"}} {count}"
-            );
+        for (label, series) in rows() {
+            series
+                .duration
+                .render(&mut out, "hookbox_webhook_duration_seconds", label);
         }
+
         out.push_str("# HELP hookbox_purged_total Events removed by the retention purge.\n");
         out.push_str("# TYPE hookbox_purged_total counter\n");
-        for (label, series) in self.labels.iter().zip(&self.series) {
+        for (label, series) in rows() {
             let _ = writeln!(
                 out,
                 "hookbox_purged_total{{source=\"{label}\"}} {}",
@@ -194,6 +262,38 @@ impl Metrics {
             out,
             "hookbox_last_purge_timestamp_seconds {}",
             self.last_purge.load(Ordering::Relaxed)
+        );
+
+        out.push_str("# HELP hookbox_forward_total Forward attempts by source and result.\n");
+        out.push_str("# TYPE hookbox_forward_total counter\n");
+        for (label, series) in rows() {
+            for (result, count) in ForwardResult::ALL.iter().zip(&series.forwarded) {
+                let _ = writeln!(
+                    out,
+                    "hookbox_forward_total{{source=\"{label}\",result=\"{}\"}} {}",
+                    result.label(),
+                    count.load(Ordering::Relaxed)
+                );
+            }
+        }
+        out.push_str("# HELP hookbox_forward_duration_seconds Time one forward attempt took.\n");
+        out.push_str("# TYPE hookbox_forward_duration_seconds histogram\n");
+        for (label, series) in rows() {
+            series
+                .forward_duration
+                .render(&mut out, "hookbox_forward_duration_seconds", label);
+        }
+        out.push_str("# HELP hookbox_forward_outbox Outbox rows by state, as last counted.\n");
+        out.push_str("# TYPE hookbox_forward_outbox gauge\n");
+        let _ = writeln!(
+            out,
+            "hookbox_forward_outbox{{state=\"pending\"}} {}",
+            self.forward_pending.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "hookbox_forward_outbox{{state=\"dead\"}} {}",
+            self.forward_dead.load(Ordering::Relaxed)
         );
         out
     }
@@ -211,21 +311,42 @@ mod tests {
         metrics.record("stripe", Outcome::Replayed, Duration::from_millis(30));
         metrics.record("nope", Outcome::Rejected, Duration::from_micros(10));
         let text = metrics.render();
-        assert!(text.contains("hookbox_webhooks_total{source=\"stripe\",outcome=\"processed\"} 1"));
-        assert!(text.contains("hookbox_webhooks_total{source=\"stripe\",outcome=\"replayed\"} 1"));
-        assert!(text.contains("hookbox_webhooks_total{source=\"_unknown\",outcome=\"rejected\"} 1"));
-        assert!(text
-            .contains("hookbox_webhook_duration_seconds_bucket{source=\"stripe\",le=\"0.005\"} 1"));
-        assert!(text
-            .contains("hookbox_webhook_duration_seconds_bucket{source=\"stripe\",le=\"0.05\"} 2"));
-        assert!(text.contains("hookbox_webhook_duration_seconds_count{source=\"stripe\"} 2"));
-        assert!(text.contains("hookbox_last_purge_timestamp_seconds 0"));
+        for line in [
+            "hookbox_webhooks_total{source=\"stripe\",outcome=\"processed\"} 1",
+            "hookbox_webhooks_total{source=\"stripe\",outcome=\"replayed\"} 1",
+            "hookbox_webhooks_total{source=\"_unknown\",outcome=\"rejected\"} 1",
+            "hookbox_webhook_duration_seconds_bucket{source=\"stripe\",le=\"0.005\"} 1",
+            "hookbox_webhook_duration_seconds_bucket{source=\"stripe\",le=\"0.05\"} 2",
+            "hookbox_webhook_duration_seconds_count{source=\"stripe\"} 2",
+            "hookbox_last_purge_timestamp_seconds 0",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    #[test]
+    fn purges_and_forwards_are_counted() {
+        let stripe = SourceName::try_from("stripe").expect("valid name");
+        let metrics = Metrics::new([&stripe]);
         let removed =
             std::collections::BTreeMap::from([("stripe".to_owned(), 3u64), ("gone".to_owned(), 2)]);
         metrics.record_purge(&removed, true);
+        metrics.record_forward("stripe", ForwardResult::Retried, Duration::from_millis(2));
+        metrics.record_forward("stripe", ForwardResult::Delivered, Duration::from_millis(2));
+        metrics.set_outbox(4, 1);
         let text = metrics.render();
-        assert!(text.contains("hookbox_purged_total{source=\"stripe\"} 3"));
-        assert!(text.contains("hookbox_purged_total{source=\"_unknown\"} 2"));
+        for line in [
+            "hookbox_purged_total{source=\"stripe\"} 3",
+            "hookbox_purged_total{source=\"_unknown\"} 2",
+            "hookbox_forward_total{source=\"stripe\",result=\"retried\"} 1",
+            "hookbox_forward_total{source=\"stripe\",result=\"delivered\"} 1",
+            "hookbox_forward_total{source=\"stripe\",result=\"dead\"} 0",
+            "hookbox_forward_duration_seconds_count{source=\"stripe\"} 2",
+            "hookbox_forward_outbox{state=\"pending\"} 4",
+            "hookbox_forward_outbox{state=\"dead\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
         assert!(!text.contains("hookbox_last_purge_timestamp_seconds 0\n"));
     }
 }

@@ -1,7 +1,6 @@
 //! Building and running the server: migrations, the pool, the sources, the HTTP listener.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +11,7 @@ use anyhow::Context;
 
 use crate::config::Config;
 use crate::db::{self, DbPool};
+use crate::forward::{self, Dispatcher};
 use crate::handlers::{Handler, Record};
 use crate::http;
 use crate::ids::SourceName;
@@ -65,6 +65,8 @@ pub struct Source {
     pub handler: Arc<dyn Handler>,
     /// The lowercase names of the headers kept with each event.
     pub kept_headers: Vec<String>,
+    /// Where its events are forwarded, if anywhere.
+    pub forward: Option<forward::Target>,
 }
 
 /// What every request handler shares.
@@ -81,6 +83,8 @@ pub struct AppState {
     pub in_flight_wait: Duration,
     /// The admin API's token; `None` turns the admin API off.
     pub admin_token: Option<Secret>,
+    /// Wakes the forward dispatcher when a claim queued a delivery.
+    pub forward: forward::Wake,
 }
 
 /// A built server, bound to its port and ready to run.
@@ -88,6 +92,7 @@ pub struct Application {
     port: u16,
     server: Server,
     purge: PurgeTask,
+    forward: forward::Wake,
     stop: futures_util::future::BoxFuture<'static, &'static str>,
 }
 
@@ -125,6 +130,12 @@ impl Application {
                         .map_err(|e| anyhow::anyhow!("sources.{}.secrets: {e}", source.name))?;
                 let mut kept_headers = verifier.kept_headers();
                 kept_headers.push("content-type".to_owned());
+                let forward = source
+                    .forward
+                    .clone()
+                    .map(forward::Target::new)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("sources.{}.forward.secret: {e}", source.name))?;
                 Ok((
                     source.name.as_str().to_owned(),
                     Arc::new(Source {
@@ -132,6 +143,7 @@ impl Application {
                         handler: handlers.for_source(&source.name),
                         verifier,
                         kept_headers,
+                        forward,
                     }),
                 ))
             })
@@ -146,16 +158,6 @@ impl Application {
             tracing::info!(migrations = ?applied, "applied database migrations");
         }
 
-        let listener = TcpListener::bind(&config.server.listen).with_context(|| {
-            format!(
-                "cannot listen on {} (set [server].listen or HOOKBOX_LISTEN)",
-                config.server.listen
-            )
-        })?;
-        let address = listener
-            .local_addr()
-            .context("the listener has no address")?;
-
         let state = web::Data::new(AppState {
             pool: db::pool(&config.database, config.server.in_flight_wait),
             metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
@@ -163,7 +165,32 @@ impl Application {
             max_body_bytes: config.server.max_body_bytes,
             in_flight_wait: config.server.in_flight_wait,
             admin_token: config.admin_token.clone(),
+            forward: forward::Wake::default(),
         });
+
+        // Bound before anything else starts, so a taken port fails the start cleanly. A
+        // provider catching up after an outage opens many connections at once: the default
+        // backlog of 128 would drop their SYNs and stall them for seconds.
+        let server = HttpServer::new({
+            let state = state.clone();
+            move || App::new().app_data(state.clone()).configure(http::routes)
+        })
+        .backlog(1024)
+        .shutdown_timeout(30)
+        // Signals are taken here rather than by actix, so they are in place before the
+        // "listening" line: a SIGTERM right after it still shuts down gracefully.
+        .disable_signals()
+        .bind(&config.server.listen)
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (set [server].listen or HOOKBOX_LISTEN)",
+                config.server.listen
+            )
+        })?;
+        let address = *server
+            .addrs()
+            .first()
+            .context("the listener has no address")?;
 
         tracing::info!(
             database = %config.database.display_url(),
@@ -178,7 +205,18 @@ impl Application {
                 "source live at POST /webhooks/{}",
                 source.name
             );
+            if let Some(target) = &source.forward {
+                tracing::info!(
+                    source = %source.name,
+                    url = %target.url,
+                    timeout = %humantime::format_duration(target.timeout),
+                    max_attempts = target.max_attempts,
+                    "forwarding {} events",
+                    source.name
+                );
+            }
         }
+        Dispatcher::start(state.clone(), state.forward.clone());
         if config.sources.is_empty() {
             tracing::warn!("no sources are configured: every delivery will be answered 404 (add [sources.NAME] to the config)");
         }
@@ -203,23 +241,14 @@ impl Application {
             tracing::info!("admin API off (set [admin].token_env to a variable holding a token)");
         }
 
-        let server = HttpServer::new({
-            let state = state.clone();
-            move || App::new().app_data(state.clone()).configure(http::routes)
-        })
-        .shutdown_timeout(30)
-        // Signals are taken here rather than by actix, so they are in place before the
-        // "listening" line: a SIGTERM right after it still shuts down gracefully.
-        .disable_signals()
-        .listen(listener)
-        .context("cannot start the HTTP server")?
-        .run();
+        let server = server.run();
         let stop = shutdown_signal().context("cannot listen for SIGTERM")?;
         tracing::info!("hookbox listening on http://{address}");
         Ok(Application {
             port: address.port(),
             server,
             purge,
+            forward: state.forward.clone(),
             stop,
         })
     }
@@ -238,10 +267,12 @@ impl Application {
         tokio::select! {
             result = &mut server => {
                 self.purge.stop();
+                self.forward.stop();
                 result?
             }
             signal = self.stop => {
                 self.purge.stop();
+                self.forward.stop();
                 tracing::info!(signal, "shutting down: no new connections, letting in-flight deliveries finish");
                 // The server future carries out the stop, so it is polled alongside it.
                 let (_, result) = tokio::join!(handle.stop(true), &mut server);

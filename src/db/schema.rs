@@ -1,6 +1,20 @@
 // @generated automatically by Diesel CLI.
 
 diesel::table! {
+    deliveries (id) {
+        id -> Int8,
+        event_row -> Int8,
+        state -> Text,
+        attempts -> Int4,
+        next_attempt_at -> Timestamptz,
+        last_status -> Nullable<Int2>,
+        last_error -> Nullable<Text>,
+        created_at -> Timestamptz,
+        delivered_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
     events (id) {
         id -> Int8,
         source -> Text,
@@ -15,3 +29,7 @@ diesel::table! {
         response_body -> Nullable<Bytea>,
     }
 }
+
+diesel::joinable!(deliveries -> events (event_row));
+
+diesel::allow_tables_to_appear_in_same_query!(deliveries, events,);

@@ -11,6 +11,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::parse_duration;
 use crate::db::schema::events;
+use crate::forward;
 use crate::http::ApiError;
 use crate::startup::AppState;
 
@@ -193,4 +194,54 @@ fn put_bytes(fields: &mut serde_json::Map<String, serde_json::Value>, name: &str
                 .into(),
         ),
     };
+}
+
+/// `GET /admin/events/{source}/{event_id}/deliveries`: the event's forward deliveries.
+pub async fn event_deliveries(
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&state, &request)?;
+    let (source, event_id) = path.into_inner();
+    let found = web::block(move || {
+        let mut conn = state.pool.get().map_err(|_| ApiError::Unavailable)?;
+        forward::store::for_event(&mut conn, &source, &event_id).map_err(|e| {
+            tracing::warn!(error = %e, "admin query failed");
+            ApiError::Unavailable
+        })
+    })
+    .await
+    .map_err(|_| ApiError::Unavailable)??;
+    let deliveries = found.ok_or(ApiError::NotFound)?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "deliveries": deliveries })))
+}
+
+/// `POST /admin/deliveries/{id}/requeue`: a dead delivery becomes pending again, due now.
+pub async fn requeue_delivery(
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&state, &request)?;
+    let id = path.into_inner();
+    let wake = state.forward.clone();
+    let result = web::block(move || {
+        let mut conn = state.pool.get().map_err(|_| ApiError::Unavailable)?;
+        forward::store::requeue(&mut conn, id).map_err(|e| {
+            tracing::warn!(error = %e, "admin requeue failed");
+            ApiError::Unavailable
+        })
+    })
+    .await
+    .map_err(|_| ApiError::Unavailable)??;
+    match result {
+        None => Err(ApiError::NotFound),
+        Some(Err(state)) => Err(ApiError::NotDead(state)),
+        Some(Ok(delivery)) => {
+            tracing::info!(delivery = id, "dead delivery re-queued by the admin API");
+            wake.queued();
+            Ok(HttpResponse::Ok().json(delivery))
+        }
+    }
 }

@@ -54,6 +54,9 @@ pub enum ApiError {
     /// 400 `invalid_query` (admin API).
     #[error("{0}")]
     InvalidQuery(String),
+    /// 409 `not_dead` (admin API): only a dead-lettered delivery can be re-queued.
+    #[error("the delivery is {0}, not dead; only a dead delivery can be re-queued")]
+    NotDead(String),
 }
 
 /// How long a provider is asked to wait after a 503.
@@ -79,6 +82,7 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound => "not_found",
             ApiError::InvalidQuery(_) => "invalid_query",
+            ApiError::NotDead(_) => "not_dead",
         }
     }
 
@@ -104,7 +108,7 @@ impl ResponseError for ApiError {
             | ApiError::InvalidEventId(_)
             | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
             ApiError::EventIdReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::InProgress(_) => StatusCode::CONFLICT,
+            ApiError::InProgress(_) | ApiError::NotDead(_) => StatusCode::CONFLICT,
             ApiError::ProcessingFailed => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }

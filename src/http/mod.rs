@@ -23,6 +23,14 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         "/admin/events/{source}/{event_id}",
         web::get().to(admin::get_event),
     )
+    .route(
+        "/admin/events/{source}/{event_id}/deliveries",
+        web::get().to(admin::event_deliveries),
+    )
+    .route(
+        "/admin/deliveries/{id}/requeue",
+        web::post().to(admin::requeue_delivery),
+    )
     .default_service(web::to(|| async {
         Err::<actix_web::HttpResponse, _>(ApiError::NotFound)
     }));

@@ -109,10 +109,16 @@ async fn answer(
         event_type: identity.event_type,
         body: body.to_vec(),
         json,
+        forward: source.forward.is_some(),
     };
-    let outcome = claim(state, source, delivery).await?;
+    let outcome = claim(state, source.clone(), delivery).await?;
     match outcome {
-        Outcome::Claimed(stored) => Ok((respond(stored, false), Counted::Processed)),
+        Outcome::Claimed(stored) => {
+            if source.forward.is_some() {
+                state.forward.queued();
+            }
+            Ok((respond(stored, false), Counted::Processed))
+        }
         Outcome::Replay(stored) => Ok((respond(stored, true), Counted::Replayed)),
         Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait)),
         Outcome::Mismatch => Err(ApiError::EventIdReused),

@@ -19,7 +19,8 @@ use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::result::Error as DieselError;
 
-use crate::db::{self, schema::events};
+use crate::db;
+use crate::db::schema::{deliveries, events};
 use crate::handlers::{Event, Handler, Response};
 use crate::ids::{EventId, SourceName};
 
@@ -40,6 +41,9 @@ pub struct Delivery {
     pub json: Option<serde_json::Value>,
     /// The kept headers, lowercase name → value, as a JSON object.
     pub headers: serde_json::Value,
+    /// Whether the source hands its events on downstream: if so, the claim queues a delivery
+    /// in the outbox in the same transaction.
+    pub forward: bool,
 }
 
 /// A response committed with its claim.
@@ -169,6 +173,11 @@ fn claim_once(
             events::response_body.eq(&response.body),
         ))
         .execute(conn)?;
+    if delivery.forward {
+        diesel::insert_into(deliveries::table)
+            .values(deliveries::event_row.eq(row_id))
+            .execute(conn)?;
+    }
     Ok(Some(Outcome::Claimed(response.into())))
 }
 

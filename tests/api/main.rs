@@ -4,6 +4,8 @@
 mod admin;
 mod bad_config;
 mod concurrency;
+mod downstream;
+mod forward;
 mod handler_failures;
 mod helpers;
 mod intake;

@@ -1,0 +1,461 @@
+//! Forwarding: handing each stored event on to a downstream application, at least once, after
+//! the provider has been answered.
+//!
+//! The claim transaction writes an outbox row (`deliveries`) with the claim, so an event is
+//! queued if and only if it is stored. The [`Dispatcher`] sends due rows after commit: it takes
+//! them with `FOR UPDATE SKIP LOCKED` and leases each past the attempt's timeout, so instances
+//! sharing a database never send one row at the same moment; a process killed mid-attempt leaves
+//! a lease that runs out, and another attempt follows. Every attempt of an event carries the same
+//! `Idempotency-Key: {source}:{event_id}`, so a downstream that honours it sees the effect once.
+
+pub mod store;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::http::header::HeaderValue;
+use actix_web::web;
+
+use crate::config::ForwardConfig;
+use crate::metrics::ForwardResult;
+use crate::signature::{Scheme, Verifier};
+use crate::startup::AppState;
+use store::{Due, Settle};
+
+/// Attempts one instance has under way at most.
+const MAX_IN_FLIGHT: usize = 16;
+
+/// How often the outbox is looked at when nothing wakes the dispatcher: rows claimed by another
+/// instance, and retries coming due, are picked up within this.
+const POLL_EVERY: Duration = Duration::from_millis(250);
+
+/// How often the outbox gauges are recounted.
+const GAUGES_EVERY: Duration = Duration::from_secs(5);
+
+/// A lease lasts the attempt's timeout plus this, so a slow but live attempt ends before
+/// another dispatcher may take the row.
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The first retry waits about this long; each further one about twice the last.
+const BACKOFF_BASE: Duration = Duration::from_secs(1);
+
+/// No retry waits longer than this, whatever the backoff or `Retry-After` says.
+const BACKOFF_CAP: Duration = Duration::from_secs(3600);
+
+/// A source's downstream, ready to send to.
+pub struct Target {
+    /// `[sources.NAME.forward]`.
+    pub config: ForwardConfig,
+    /// Signs what hookbox sends, the Standard Webhooks way, with the target's secret.
+    signer: Verifier,
+}
+
+impl Target {
+    /// Builds the signer from the target's secret.
+    pub fn new(config: ForwardConfig) -> Result<Target, String> {
+        let signer = Verifier::new(
+            Scheme::Standard,
+            std::slice::from_ref(&config.secret),
+            Duration::ZERO,
+        )?;
+        Ok(Target { config, signer })
+    }
+}
+
+/// Starts and stops the dispatcher, and wakes it when a claim queued something.
+#[derive(Clone, Default)]
+pub struct Wake {
+    notify: Arc<tokio::sync::Notify>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Wake {
+    /// A claim committed an outbox row: look now rather than at the next poll.
+    pub fn queued(&self) {
+        self.notify.notify_one();
+    }
+
+    /// Stop taking rows; attempts under way finish.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.notify.notify_one();
+    }
+}
+
+/// The dispatcher task inside `serve`.
+pub struct Dispatcher;
+
+impl Dispatcher {
+    /// Spawns the dispatcher on the current actix runtime, if any source forwards.
+    pub fn start(state: web::Data<AppState>, wake: Wake) {
+        let Some(lease) = state
+            .sources
+            .values()
+            .filter_map(|s| s.forward.as_ref())
+            .map(|t| t.config.timeout + LEASE_MARGIN)
+            .max()
+        else {
+            return;
+        };
+        actix_web::rt::spawn(run(state, wake, lease));
+    }
+}
+
+async fn run(state: web::Data<AppState>, wake: Wake, lease: Duration) {
+    let client = awc::Client::builder()
+        .disable_redirects()
+        .timeout(lease)
+        .finish();
+    let in_flight = Rc::new(Cell::new(0usize));
+    let mut gauges_at = Instant::now();
+    while !wake.stop.load(Ordering::Relaxed) {
+        let free = MAX_IN_FLIGHT - in_flight.get();
+        let mut taken = 0;
+        if free > 0 {
+            let pool_state = state.clone();
+            let due = web::block(move || -> anyhow::Result<Vec<Due>> {
+                let mut conn = pool_state.pool.get()?;
+                Ok(store::take_due(&mut conn, free as i64, lease)?)
+            })
+            .await;
+            match due {
+                Ok(Ok(due)) => {
+                    taken = due.len();
+                    for due in due {
+                        in_flight.set(in_flight.get() + 1);
+                        let (state, client, in_flight, wake) = (
+                            state.clone(),
+                            client.clone(),
+                            in_flight.clone(),
+                            wake.clone(),
+                        );
+                        actix_web::rt::spawn(async move {
+                            attempt(&state, &client, due).await;
+                            in_flight.set(in_flight.get() - 1);
+                            wake.notify.notify_one();
+                        });
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!(error = %format!("{e:#}"), "cannot read the outbox"),
+                Err(_) => tracing::error!("reading the outbox panicked"),
+            }
+        }
+        if gauges_at.elapsed() >= GAUGES_EVERY {
+            gauges_at = Instant::now();
+            refresh_gauges(&state).await;
+        }
+        // A full batch means more may be due: look again at once.
+        if taken == 0 || taken < free {
+            tokio::select! {
+                _ = wake.notify.notified() => {}
+                _ = actix_web::rt::time::sleep(POLL_EVERY) => {}
+            }
+        }
+    }
+    tracing::info!("forward dispatcher stopped");
+}
+
+async fn refresh_gauges(state: &web::Data<AppState>) {
+    let state = state.clone();
+    let counted = web::block(move || -> anyhow::Result<()> {
+        let mut conn = state.pool.get()?;
+        let (pending, dead) = store::counts(&mut conn)?;
+        state.metrics.set_outbox(
+            u64::try_from(pending).unwrap_or(0),
+            u64::try_from(dead).unwrap_or(0),
+        );
+        Ok(())
+    })
+    .await;
+    if let Ok(Err(e)) = counted {
+        tracing::debug!(error = %format!("{e:#}"), "cannot count the outbox");
+    }
+}
+
+/// One attempt: send, judge the answer, record it.
+#[tracing::instrument(
+    name = "forward",
+    skip_all,
+    fields(source = %due.source, event.id = %due.event_id, attempt = due.attempt)
+)]
+async fn attempt(state: &web::Data<AppState>, client: &awc::Client, due: Due) {
+    let started = Instant::now();
+    let target = state
+        .sources
+        .get(&due.source)
+        .and_then(|s| s.forward.as_ref());
+    let outcome = match target {
+        Some(target) => send(client, target, &due).await,
+        None => Settle::Dead {
+            status: None,
+            error: format!(
+                "source {} no longer has a forward target in the config",
+                due.source
+            ),
+        },
+    };
+    let max_attempts = target.map_or(1, |t| t.config.max_attempts);
+    let outcome = give_up_after(outcome, due.attempt, max_attempts);
+    let result = match &outcome {
+        Settle::Delivered { .. } => ForwardResult::Delivered,
+        Settle::Retry { .. } => ForwardResult::Retried,
+        Settle::Dead { .. } => ForwardResult::Dead,
+    };
+    let elapsed = started.elapsed();
+    match &outcome {
+        Settle::Delivered { status } => tracing::info!(
+            status,
+            duration_ms = elapsed.as_millis() as u64,
+            "forwarded"
+        ),
+        Settle::Retry { error, after, .. } => tracing::warn!(
+            error = %error,
+            retry_in_ms = after.as_millis() as u64,
+            "forward attempt failed; will retry"
+        ),
+        Settle::Dead { error, .. } => {
+            tracing::error!(error = %error, "forward gave up; the delivery is dead-lettered")
+        }
+    }
+    state.metrics.record_forward(&due.source, result, elapsed);
+
+    let store_state = state.clone();
+    let id = due.id;
+    let stored = web::block(move || -> anyhow::Result<()> {
+        let mut conn = store_state.pool.get()?;
+        Ok(store::settle(&mut conn, id, &outcome)?)
+    })
+    .await;
+    if !matches!(stored, Ok(Ok(()))) {
+        // The lease runs out and the row is attempted again: at least once, never lost.
+        tracing::warn!("cannot record the forward attempt; it will be attempted again");
+    }
+}
+
+/// A retry past the last allowed attempt is dead instead.
+fn give_up_after(outcome: Settle, attempt: i32, max_attempts: u32) -> Settle {
+    match outcome {
+        Settle::Retry { status, error, .. }
+            if attempt >= i32::try_from(max_attempts).unwrap_or(i32::MAX) =>
+        {
+            Settle::Dead {
+                status,
+                error: format!("{error}; gave up after {attempt} attempts"),
+            }
+        }
+        other => other,
+    }
+}
+
+/// The headers of one attempt: the stable key, the Standard Webhooks signature, and the
+/// event's identity.
+fn headers(target: &Target, due: &Due, now: i64) -> Vec<(String, String)> {
+    let key = format!("{}:{}", due.source, due.event_id);
+    let mut headers = target.signer.sign(&due.payload, now, &key, None);
+    headers.extend([
+        ("Idempotency-Key".to_owned(), key),
+        ("X-Hookbox-Source".to_owned(), due.source.clone()),
+        ("X-Hookbox-Event-Id".to_owned(), due.event_id.clone()),
+        ("X-Hookbox-Attempt".to_owned(), due.attempt.to_string()),
+        (
+            "Content-Type".to_owned(),
+            due.content_type
+                .clone()
+                .unwrap_or_else(|| "application/json".to_owned()),
+        ),
+    ]);
+    if let Some(event_type) = &due.event_type {
+        headers.push(("X-Hookbox-Event-Type".to_owned(), event_type.clone()));
+    }
+    headers
+}
+
+async fn send(client: &awc::Client, target: &Target, due: &Due) -> Settle {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let mut request = client.post(&target.config.url);
+    for (name, value) in headers(target, due, now) {
+        // An id may hold non-ASCII characters: sent as raw bytes, as HTTP allows.
+        match HeaderValue::from_bytes(value.as_bytes()) {
+            Ok(value) => request = request.insert_header((name, value)),
+            Err(_) => {
+                return Settle::Dead {
+                    status: None,
+                    error: format!("the {name} header cannot carry this event's value"),
+                }
+            }
+        }
+    }
+    let timeout = target.config.timeout;
+    let exchange = async {
+        let mut response = request.send_body(due.payload.clone()).await?;
+        // Read (and drop) the body so the connection can be reused.
+        let _ = response.body().limit(64 * 1024).await;
+        Ok::<_, awc::error::SendRequestError>(response)
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Err(_) => Settle::Retry {
+            status: None,
+            error: format!("no answer within {}", humantime::format_duration(timeout)),
+            after: backoff(due.attempt),
+        },
+        Ok(Err(e)) => Settle::Retry {
+            status: None,
+            error: format!("cannot reach the downstream: {e}"),
+            after: backoff(due.attempt),
+        },
+        Ok(Ok(response)) => judge(
+            response.status().as_u16(),
+            response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()),
+            due.attempt,
+        ),
+    }
+}
+
+/// What an HTTP answer means for the delivery.
+fn judge(status: u16, retry_after: Option<&str>, attempt: i32) -> Settle {
+    match status {
+        200..=299 => Settle::Delivered { status },
+        410 => Settle::Dead {
+            status: Some(status),
+            error: "the downstream answered 410 Gone; not retried".to_owned(),
+        },
+        429 | 500..=599 => {
+            let wait =
+                backoff(attempt).max(retry_after.and_then(parse_retry_after).unwrap_or_default());
+            Settle::Retry {
+                status: Some(status),
+                error: format!("the downstream answered {status}"),
+                after: wait.min(BACKOFF_CAP),
+            }
+        }
+        _ => Settle::Dead {
+            status: Some(status),
+            error: format!("the downstream answered {status}; not retried"),
+        },
+    }
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+}
+
+/// Exponential backoff with "equal jitter": half the step fixed, half random, so gaps grow
+/// with each attempt but instances retrying together drift apart.
+fn backoff(attempt: i32) -> Duration {
+    let exponent = u32::try_from(attempt.saturating_sub(1))
+        .unwrap_or(0)
+        .min(20);
+    let step = BACKOFF_BASE
+        .saturating_mul(2u32.saturating_pow(exponent))
+        .min(BACKOFF_CAP);
+    let half = step / 2;
+    half + half.mul_f64(jitter())
+}
+
+/// A number in [0, 1) that differs between calls, without a random-number crate: the hash of the
+/// time and a counter.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::AtomicU64;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_judged_as_the_contract_says() {
+        assert_eq!(judge(204, None, 1), Settle::Delivered { status: 204 });
+        assert!(matches!(
+            judge(410, None, 1),
+            Settle::Dead {
+                status: Some(410),
+                ..
+            }
+        ));
+        assert!(matches!(
+            judge(404, None, 1),
+            Settle::Dead {
+                status: Some(404),
+                ..
+            }
+        ));
+        assert!(matches!(judge(302, None, 1), Settle::Dead { .. }));
+        assert!(matches!(
+            judge(503, None, 1),
+            Settle::Retry {
+                status: Some(503),
+                ..
+            }
+        ));
+        assert!(matches!(judge(429, None, 1), Settle::Retry { .. }));
+    }
+
+    #[test]
+    fn retry_after_is_a_floor_under_the_backoff() {
+        let Settle::Retry { after, .. } = judge(503, Some("30"), 1) else {
+            panic!("503 is retried");
+        };
+        assert!(after >= Duration::from_secs(30));
+        let Settle::Retry { after, .. } = judge(429, Some("Wed, 21 Oct 2015 07:28:00 GMT"), 1)
+        else {
+            panic!("429 is retried");
+        };
+        assert!(
+            after <= BACKOFF_BASE,
+            "a date in the past asks for no extra wait"
+        );
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_inside_each_step() {
+        for attempt in 1..=6 {
+            let step = BACKOFF_BASE * 2u32.pow(attempt as u32 - 1);
+            for _ in 0..50 {
+                let wait = backoff(attempt);
+                assert!(
+                    wait >= step / 2 && wait <= step,
+                    "attempt {attempt}: {wait:?}"
+                );
+            }
+        }
+        assert!(backoff(40) <= BACKOFF_CAP);
+        let waits: std::collections::HashSet<_> = (0..20).map(|_| backoff(5)).collect();
+        assert!(waits.len() > 1, "jitter varies");
+    }
+
+    #[test]
+    fn the_last_allowed_attempt_is_dead_not_retried() {
+        let retry = Settle::Retry {
+            status: Some(503),
+            error: "the downstream answered 503".to_owned(),
+            after: Duration::from_secs(1),
+        };
+        assert_eq!(give_up_after(retry.clone(), 2, 3), retry);
+        assert!(matches!(
+            give_up_after(retry, 3, 3),
+            Settle::Dead {
+                status: Some(503),
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,387 @@
+//! Forwarding through the outbox, against a real downstream server.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use hmac::{KeyInit, Mac};
+use hookbox::Handlers;
+
+use crate::downstream::{always, Downstream};
+use crate::helpers::*;
+
+const FORWARD_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+fn forward_extra(url: &str, timeout: &str, max_attempts: u32) -> String {
+    format!(
+        "\n[sources.stripe.forward]\nurl = \"{url}\"\ntimeout = \"{timeout}\"\nmax_attempts = {max_attempts}\nsecret = \"{FORWARD_SECRET}\"\n"
+    )
+}
+
+async fn poll_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Checks a Standard Webhooks signature by the spec, by hand: HMAC-SHA256 keyed by the
+/// base64-decoded secret over `{id}.{timestamp}.{body}`, base64, as `v1,<sig>`.
+fn assert_standard_signature(received: &crate::downstream::Received) {
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(FORWARD_SECRET.trim_start_matches("whsec_"))
+        .expect("base64 secret");
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).expect("any key length");
+    mac.update(received.header("webhook-id").as_bytes());
+    mac.update(b".");
+    mac.update(received.header("webhook-timestamp").as_bytes());
+    mac.update(b".");
+    mac.update(&received.body);
+    let expected = format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    );
+    let signatures: Vec<&str> = received.header("webhook-signature").split(' ').collect();
+    assert!(
+        signatures.contains(&expected.as_str()),
+        "{signatures:?} lacks {expected}"
+    );
+    let timestamp: i64 = received
+        .header("webhook-timestamp")
+        .parse()
+        .expect("a unix timestamp");
+    assert!((unix_now() - timestamp).abs() < 60, "a fresh timestamp");
+}
+
+async fn deliveries(app: &TestApp, id: &str) -> serde_json::Value {
+    let answer = app
+        .get(
+            &format!("/admin/events/stripe/{id}/deliveries"),
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    answer.json()["deliveries"].clone()
+}
+
+#[actix_web::test]
+async fn a_stored_event_is_forwarded_once_signed_with_its_key_and_a_redelivery_queues_nothing() {
+    let downstream = Downstream::start(always(200));
+    let app = TestApp::spawn_with(
+        &forward_extra(&downstream.url, "5s", 12),
+        Handlers::default(),
+    )
+    .await;
+    let id = unique_id("evt");
+    let body = stripe_event(&id, "payment_intent.succeeded", 1);
+    let answer = app.send(&app.delivery("stripe", &body, &id)).await;
+    assert_eq!(answer.status, 200);
+
+    let key = format!("stripe:{id}");
+    poll_until(
+        "the event reaches the downstream",
+        Duration::from_secs(5),
+        || !downstream.for_key(&key).is_empty(),
+    )
+    .await;
+    let received = downstream.for_key(&key);
+    assert_eq!(received.len(), 1);
+    let got = &received[0];
+    assert_eq!(
+        got.body,
+        body.as_bytes(),
+        "the original body, byte for byte"
+    );
+    assert_eq!(got.header("webhook-id"), key);
+    assert_eq!(got.header("content-type"), "application/json");
+    assert_eq!(got.header("x-hookbox-source"), "stripe");
+    assert_eq!(got.header("x-hookbox-event-id"), id);
+    assert_eq!(
+        got.header("x-hookbox-event-type"),
+        "payment_intent.succeeded"
+    );
+    assert_eq!(got.header("x-hookbox-attempt"), "1");
+    assert_standard_signature(got);
+
+    let redelivery = app.send(&app.delivery("stripe", &body, &id)).await;
+    assert!(redelivery.replayed());
+    let listed = deliveries(&app, &id).await;
+    assert_eq!(
+        listed.as_array().map(Vec::len),
+        Some(1),
+        "a replay queues nothing: {listed}"
+    );
+    let mut state = String::new();
+    for _ in 0..50 {
+        state = deliveries(&app, &id).await[0]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        if state == "delivered" {
+            break;
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, "delivered");
+    actix_web::rt::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(downstream.for_key(&key).len(), 1, "sent once");
+    assert_eq!(app.db.count("deliveries"), 1);
+
+    // A source without a forward target queues nothing.
+    let gh = unique_id("gh");
+    assert_eq!(
+        app.send(&app.delivery("github", "{}", &gh)).await.status,
+        200
+    );
+    assert_eq!(app.db.count("deliveries"), 1);
+}
+
+#[actix_web::test]
+async fn a_failing_downstream_is_retried_with_growing_gaps_and_the_same_key() {
+    let downstream =
+        Downstream::start(|_, earlier| (if earlier < 3 { 503 } else { 200 }, Duration::ZERO));
+    let app = TestApp::spawn_with(
+        &forward_extra(&downstream.url, "5s", 12),
+        Handlers::default(),
+    )
+    .await;
+    let id = unique_id("evt");
+    app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
+        .await;
+    let key = format!("stripe:{id}");
+    poll_until(
+        "the fourth attempt succeeds",
+        Duration::from_secs(20),
+        || downstream.for_key(&key).iter().any(|r| r.status == 200),
+    )
+    .await;
+    let attempts = downstream.for_key(&key);
+    assert_eq!(attempts.len(), 4);
+    let numbers: Vec<&str> = attempts
+        .iter()
+        .map(|r| r.header("x-hookbox-attempt"))
+        .collect();
+    assert_eq!(numbers, ["1", "2", "3", "4"]);
+    assert!(attempts.iter().all(|r| r.header("webhook-id") == key));
+    let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1].at - w[0].at).collect();
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(400)),
+        "backed off: {gaps:?}"
+    );
+    assert!(gaps[2] > gaps[0], "the gaps grow: {gaps:?}");
+    let listed = deliveries(&app, &id).await;
+    assert_eq!(listed[0]["attempts"], 4);
+}
+
+#[actix_web::test]
+async fn a_410_stops_the_delivery_at_once() {
+    let downstream = Downstream::start(always(410));
+    let app = TestApp::spawn_with(
+        &forward_extra(&downstream.url, "5s", 12),
+        Handlers::default(),
+    )
+    .await;
+    let id = unique_id("evt");
+    app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
+        .await;
+    let key = format!("stripe:{id}");
+    poll_until("the 410 arrives", Duration::from_secs(5), || {
+        !downstream.for_key(&key).is_empty()
+    })
+    .await;
+    actix_web::rt::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        downstream.for_key(&key).len(),
+        1,
+        "no further attempt after 410"
+    );
+    let listed = deliveries(&app, &id).await;
+    assert_eq!(listed[0]["state"], "dead");
+    assert_eq!(listed[0]["last_status"], 410);
+}
+
+#[actix_web::test]
+async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() {
+    let downstream = Downstream::start(|_, _| (200, Duration::from_secs(3)));
+    let app = TestApp::spawn_with(
+        &forward_extra(&downstream.url, "300ms", 2),
+        Handlers::default(),
+    )
+    .await;
+    let id = unique_id("evt");
+    app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
+        .await;
+
+    let mut listed = serde_json::Value::Null;
+    for _ in 0..100 {
+        listed = deliveries(&app, &id).await;
+        if listed[0]["state"] == "dead" {
+            break;
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(listed[0]["state"], "dead", "{listed}");
+    assert_eq!(listed[0]["attempts"], 2);
+    assert!(
+        listed[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no answer within")),
+        "{listed}"
+    );
+    let metrics = app.get("/metrics", None).await.text();
+    assert!(
+        metrics.contains("hookbox_forward_total{source=\"stripe\",result=\"dead\"} 1"),
+        "{metrics}"
+    );
+
+    downstream.behave(always(200));
+    let delivery_id = listed[0]["id"].as_i64().expect("delivery id");
+    let requeue = awc::Client::new()
+        .post(format!(
+            "{}/admin/deliveries/{delivery_id}/requeue",
+            app.address
+        ))
+        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+        .send()
+        .await
+        .expect("requeue answers");
+    assert_eq!(requeue.status().as_u16(), 200);
+    let key = format!("stripe:{id}");
+    poll_until(
+        "the re-queued delivery gets through",
+        Duration::from_secs(10),
+        || {
+            downstream
+                .for_key(&key)
+                .iter()
+                .any(|r| r.status == 200 && r.header("x-hookbox-attempt") == "1")
+        },
+    )
+    .await;
+    let again = awc::Client::new()
+        .post(format!(
+            "{}/admin/deliveries/{delivery_id}/requeue",
+            app.address
+        ))
+        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+        .send()
+        .await
+        .expect("requeue answers");
+    assert_eq!(
+        again.status().as_u16(),
+        409,
+        "only a dead delivery can be re-queued"
+    );
+}
+
+#[actix_web::test]
+async fn a_slow_downstream_does_not_slow_the_providers_answers() {
+    let downstream = Downstream::start(|_, _| (200, Duration::from_secs(2)));
+    let app = TestApp::spawn_with(
+        &forward_extra(&downstream.url, "10s", 12),
+        Handlers::default(),
+    )
+    .await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let id = unique_id("evt");
+        let sent = Instant::now();
+        let answer = app
+            .send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
+            .await;
+        slowest = slowest.max(sent.elapsed());
+        assert_eq!(answer.status, 200);
+    }
+    assert!(
+        slowest < Duration::from_millis(500),
+        "slowest provider answer {slowest:?} with a 2 s downstream"
+    );
+}
+
+#[actix_web::test]
+async fn after_a_sigkill_every_pending_delivery_reaches_the_downstream() {
+    let downstream = Downstream::start(always(503));
+    let db = TestDb::create();
+    let text = config_text(&db.url, &forward_extra(&downstream.url, "1s", 50));
+    let config = parse_config(&text);
+    let mut first = Process::serve(&text);
+    let ids: Vec<String> = (0..30).map(|_| unique_id("evt")).collect();
+    for id in &ids {
+        let delivery = delivery_for(&config, "stripe", &stripe_event(id, "a", 1), id, unix_now());
+        assert_eq!(send(&first.address, &delivery).await.status, 200);
+    }
+    poll_until("attempts are under way", Duration::from_secs(5), || {
+        downstream.received().len() >= 10
+    })
+    .await;
+    first.child.kill().expect("SIGKILL");
+    let _ = first.child.wait();
+    assert!(
+        db.count("deliveries WHERE state = 'pending'") > 0,
+        "deliveries were pending"
+    );
+
+    downstream.behave(always(200));
+    let _second = Process::serve(&text);
+    poll_until(
+        "every event reached the downstream",
+        Duration::from_secs(30),
+        || {
+            let received = downstream.received();
+            ids.iter().all(|id| {
+                let key = format!("stripe:{id}");
+                received
+                    .iter()
+                    .any(|r| r.status == 200 && r.header("idempotency-key") == key)
+            })
+        },
+    )
+    .await;
+    poll_until(
+        "every delivery is recorded delivered",
+        Duration::from_secs(10),
+        || db.count("deliveries WHERE state = 'delivered'") == ids.len() as i64,
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn two_processes_share_the_outbox_and_never_send_one_event_twice_at_once() {
+    let downstream = Downstream::start(|_, _| (200, Duration::from_millis(30)));
+    let db = TestDb::create();
+    let text = config_text(&db.url, &forward_extra(&downstream.url, "5s", 12));
+    let config = parse_config(&text);
+    let one = Process::serve(&text);
+    let two = Process::serve(&text);
+    let ids: Vec<String> = (0..200).map(|_| unique_id("evt")).collect();
+    let sends = ids.iter().enumerate().map(|(i, id)| {
+        let address = if i % 2 == 0 {
+            one.address.clone()
+        } else {
+            two.address.clone()
+        };
+        let delivery = delivery_for(&config, "stripe", &stripe_event(id, "a", 1), id, unix_now());
+        async move { send(&address, &delivery).await.status }
+    });
+    let statuses = futures_util::future::join_all(sends).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    poll_until("every event arrived", Duration::from_secs(60), || {
+        db.count("deliveries WHERE state = 'delivered'") == ids.len() as i64
+    })
+    .await;
+    let received = downstream.received();
+    for id in &ids {
+        let key = format!("stripe:{id}");
+        assert!(
+            received.iter().any(|r| r.header("idempotency-key") == key),
+            "{key} never arrived"
+        );
+    }
+    assert_eq!(
+        downstream.overlaps(),
+        0,
+        "no key was delivered twice at the same moment"
+    );
+    let logs = format!("{}{}", one.log(), two.log());
+    assert!(logs.contains("forwarded"), "{logs}");
+}
