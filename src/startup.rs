@@ -309,21 +309,22 @@ impl PurgeTask {
                         break;
                     }
                     let (state, plan, stop) = (state.clone(), plan.clone(), stop.clone());
-                    let pass = web::block(move || -> anyhow::Result<()> {
-                        let mut conn = state.pool.get()?;
-                        let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut |_| {})?;
+                    let pass = web::block(move || {
+                        let pass = db::with_connection(&state.pool, |conn| {
+                            retention::purge_logged(conn, &plan, &stop, &mut |_| {})
+                        })?;
                         if let Some(report) = pass {
                             state
                                 .metrics
                                 .record_purge(&report.removed, !report.interrupted);
                         }
-                        Ok(())
+                        Ok::<_, db::DbError>(())
                     })
                     .await;
                     match pass {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => tracing::warn!(
-                            error = %format!("{e:#}"),
+                            error = %e,
                             "purge pass failed; the next one is at the next interval"
                         ),
                         Err(_) => tracing::error!("the purge pass panicked"),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;
-use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
+use diesel::r2d2::{ConnectionManager, ManageConnection, Pool, PooledConnection};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::{Connection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
@@ -27,29 +27,111 @@ const MIGRATION_LOCK_KEY: i64 = 0x686f_6f6b_626f_7801;
 const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The pool of database connections the server works with.
-pub type DbPool = Pool<ConnectionManager<PgConnection>>;
+pub type DbPool = Pool<Manager>;
 
 /// One connection out of the pool.
-pub type DbConnection = PooledConnection<ConnectionManager<PgConnection>>;
+pub type DbConnection = PooledConnection<Manager>;
 
-/// Sets the session up for hookbox's transactions on every new connection.
-#[derive(Debug)]
-struct SessionSetup {
+/// A pooled PostgreSQL connection that remembers whether it was seen to fail, so the pool drops
+/// it instead of handing it out again. This replaces a test query on every checkout (one round
+/// trip per request): a connection that died is found by the query that needed it.
+pub struct Conn {
+    pg: PgConnection,
+    broken: bool,
+}
+
+impl Conn {
+    /// Marks the connection broken when `error` says the connection itself failed (closed, or
+    /// a command could not be sent): the pool then drops it rather than hand it out again.
+    /// Returns whether it did.
+    pub fn note(&mut self, error: &DieselError) -> bool {
+        if is_connection_error(error) {
+            self.broken = true;
+        }
+        self.broken
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.pg
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.pg
+    }
+}
+
+/// Why [`with_connection`] could not do its work.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// No connection could be had in time: the database is unreachable (or the pool is busy).
+    #[error("no database connection: {0}")]
+    Unavailable(#[from] diesel::r2d2::PoolError),
+    /// A statement failed.
+    #[error("database error: {0}")]
+    Query(#[from] DieselError),
+}
+
+/// Runs `work` on a pooled connection. A connection that fails under it is dropped from the
+/// pool rather than handed out again.
+pub fn with_connection<T>(
+    pool: &DbPool,
+    work: impl FnOnce(&mut PgConnection) -> Result<T, DieselError>,
+) -> Result<T, DbError> {
+    let mut conn = pool.get()?;
+    work(&mut conn).map_err(|e| {
+        conn.note(&e);
+        DbError::Query(e)
+    })
+}
+
+/// Whether the error means the connection is gone, rather than that a statement failed.
+pub fn is_connection_error(error: &DieselError) -> bool {
+    matches!(
+        error,
+        DieselError::DatabaseError(
+            DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
+            _
+        ) | DieselError::BrokenTransactionManager
+    )
+}
+
+/// Makes the pool's connections, sets each session up for hookbox's transactions, and tells
+/// the pool which to drop.
+pub struct Manager {
+    inner: ConnectionManager<PgConnection>,
     /// A duplicate waits this long on the first delivery's uncommitted claim.
     lock_timeout: Duration,
 }
 
-impl CustomizeConnection<PgConnection, diesel::r2d2::Error> for SessionSetup {
-    fn on_acquire(&self, conn: &mut PgConnection) -> Result<(), diesel::r2d2::Error> {
+impl ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = diesel::r2d2::Error;
+
+    fn connect(&self) -> Result<Conn, Self::Error> {
+        let mut pg = self.inner.connect()?;
         // lock_timeout bounds the wait on another transaction's claim (the in-flight wait);
         // idle_in_transaction_session_timeout makes the server abandon a transaction whose
         // client went away mid-way, so its claim cannot block the provider's retry for long.
-        conn.batch_execute(&format!(
+        pg.batch_execute(&format!(
             "SET lock_timeout = {}; SET idle_in_transaction_session_timeout = 60000; \
              SET application_name = 'hookbox'",
             self.lock_timeout.as_millis().max(1)
         ))
-        .map_err(diesel::r2d2::Error::QueryError)
+        .map_err(diesel::r2d2::Error::QueryError)?;
+        Ok(Conn { pg, broken: false })
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> Result<(), Self::Error> {
+        self.inner.is_valid(&mut conn.pg)
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken || self.inner.has_broken(&mut conn.pg)
     }
 }
 
@@ -60,11 +142,11 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> DbPool {
         .max_size(config.pool_size)
         .min_idle(Some(config.pool_size.min(2)))
         .connection_timeout(CHECKOUT_TIMEOUT)
-        .connection_customizer(Box::new(SessionSetup { lock_timeout }))
-        // Broken connections are found by the check on checkout and replaced, which is
-        // what lets the server recover by itself after the database comes back.
-        .test_on_check_out(true)
-        .build_unchecked(ConnectionManager::new(&config.url))
+        .test_on_check_out(false)
+        .build_unchecked(Manager {
+            inner: ConnectionManager::new(&config.url),
+            lock_timeout,
+        })
 }
 
 /// Connects once, outside the pool, with an error that says what to check.

@@ -20,6 +20,7 @@ use actix_web::http::header::HeaderValue;
 use actix_web::web;
 
 use crate::config::ForwardConfig;
+use crate::db;
 use crate::metrics::ForwardResult;
 use crate::signature::{Scheme, Verifier};
 use crate::startup::AppState;
@@ -116,9 +117,10 @@ async fn run(state: web::Data<AppState>, wake: Wake, lease: Duration) {
         let mut taken = 0;
         if free > 0 {
             let pool_state = state.clone();
-            let due = web::block(move || -> anyhow::Result<Vec<Due>> {
-                let mut conn = pool_state.pool.get()?;
-                Ok(store::take_due(&mut conn, free as i64, lease)?)
+            let due = web::block(move || {
+                db::with_connection(&pool_state.pool, |conn| {
+                    store::take_due(conn, free as i64, lease)
+                })
             })
             .await;
             match due {
@@ -139,7 +141,7 @@ async fn run(state: web::Data<AppState>, wake: Wake, lease: Duration) {
                         });
                     }
                 }
-                Ok(Err(e)) => tracing::warn!(error = %format!("{e:#}"), "cannot read the outbox"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the outbox"),
                 Err(_) => tracing::error!("reading the outbox panicked"),
             }
         }
@@ -160,18 +162,17 @@ async fn run(state: web::Data<AppState>, wake: Wake, lease: Duration) {
 
 async fn refresh_gauges(state: &web::Data<AppState>) {
     let state = state.clone();
-    let counted = web::block(move || -> anyhow::Result<()> {
-        let mut conn = state.pool.get()?;
-        let (pending, dead) = store::counts(&mut conn)?;
+    let counted = web::block(move || {
+        let (pending, dead) = db::with_connection(&state.pool, store::counts)?;
         state.metrics.set_outbox(
             u64::try_from(pending).unwrap_or(0),
             u64::try_from(dead).unwrap_or(0),
         );
-        Ok(())
+        Ok::<_, db::DbError>(())
     })
     .await;
     if let Ok(Err(e)) = counted {
-        tracing::debug!(error = %format!("{e:#}"), "cannot count the outbox");
+        tracing::debug!(error = %e, "cannot count the outbox");
     }
 }
 
@@ -224,9 +225,8 @@ async fn attempt(state: &web::Data<AppState>, client: &awc::Client, due: Due) {
 
     let store_state = state.clone();
     let id = due.id;
-    let stored = web::block(move || -> anyhow::Result<()> {
-        let mut conn = store_state.pool.get()?;
-        Ok(store::settle(&mut conn, id, &outcome)?)
+    let stored = web::block(move || {
+        db::with_connection(&store_state.pool, |conn| store::settle(conn, id, &outcome))
     })
     .await;
     if !matches!(stored, Ok(Ok(()))) {

@@ -99,7 +99,7 @@ pub async fn list_events(
         if let Some(since) = since {
             select = select.filter(events::received_at.ge(since));
         }
-        select.load(&mut conn).map_err(|e| {
+        select.load(&mut **conn).map_err(|e| {
             tracing::warn!(error = %e, "admin query failed");
             ApiError::Unavailable
         })
@@ -155,7 +155,7 @@ pub async fn get_event(
                     events::response_content_type,
                     events::response_body,
                 ))
-                .first(&mut conn)
+                .first(&mut **conn)
                 .optional()
                 .map_err(|e| {
                     tracing::warn!(error = %e, "admin query failed");

@@ -1,6 +1,7 @@
 //! `/healthz`, `/readyz` and `/metrics`.
 
 use actix_web::{web, HttpResponse};
+use diesel::RunQueryDsl;
 
 use crate::db;
 use crate::http::ApiError;
@@ -15,6 +16,11 @@ pub async fn healthz() -> HttpResponse {
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let migrated = web::block(move || -> anyhow::Result<bool> {
         let mut conn = state.pool.get()?;
+        // A cheap statement first, so a connection that died is noticed and dropped.
+        if let Err(e) = diesel::sql_query("SELECT 1").execute(&mut **conn) {
+            conn.note(&e);
+            return Err(e.into());
+        }
         db::is_migrated(&mut conn)
     })
     .await

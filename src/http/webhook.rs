@@ -133,11 +133,28 @@ async fn claim(
 ) -> Result<Outcome, ApiError> {
     let state = state.clone();
     let result = web::block(move || {
-        let mut conn = state.pool.get().map_err(|e| {
-            tracing::warn!(error = %e, "no database connection");
-            ApiError::Unavailable
-        })?;
-        inbox::claim(&mut conn, &delivery, source.handler.as_ref()).map_err(|e| match e {
+        let checkout = || {
+            state.pool.get().map_err(|e| {
+                tracing::warn!(error = %e, "no database connection");
+                ApiError::Unavailable
+            })
+        };
+        let mut conn = checkout()?;
+        let mut outcome = inbox::claim(&mut conn, &delivery, source.handler.as_ref());
+        // A pooled connection can have died since its last use (the database restarted).
+        // Claiming again on a fresh one is safe whatever the dead one managed to commit: a
+        // committed claim comes back as a replay of the same stored bytes.
+        if let Err(ClaimError::Database(e)) = &outcome {
+            if conn.note(e) {
+                drop(conn);
+                conn = checkout()?;
+                outcome = inbox::claim(&mut conn, &delivery, source.handler.as_ref());
+                if let Err(ClaimError::Database(e)) = &outcome {
+                    conn.note(e);
+                }
+            }
+        }
+        outcome.map_err(|e| match e {
             ClaimError::Handler(e) => {
                 tracing::error!(error = %format!("{e:#}"), "handler failed; rolled back");
                 ApiError::ProcessingFailed
