@@ -4,11 +4,14 @@
 mod admin;
 mod bad_config;
 mod concurrency;
+mod export;
 mod handler_failures;
 mod helpers;
 mod intake;
 mod ops;
 mod outage;
 mod proxy;
+mod replay;
 mod schemes;
+mod send;
 mod vectors;
