@@ -81,7 +81,8 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         .unwrap_or("");
     let verdict = match answer.status {
         200..=299 if answer.replayed => {
-            "replayed (Idempotent-Replayed: true: it was processed before)".to_owned()
+            "replayed (Idempotent-Replayed: true; the answer stored when it was first processed)"
+                .to_owned()
         }
         200..=299 => "processed".to_owned(),
         status => {
