@@ -1,14 +1,22 @@
-//! The command line: `hookbox serve` and `hookbox migrate`.
+//! The command line: `hookbox serve`, `migrate`, `purge`, and the tools `export`, `replay` and
+//! `send`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Config, ProcessEnv};
+use crate::capture::{self, ExportFilter, InputKind};
+use crate::config::{parse_time_or_ago, Config, ProcessEnv};
+use crate::ids::SourceName;
+use crate::replay::{Mode, Options as ReplayOptions, Rate, Signer, Target};
 use crate::retention::{self, Plan};
+use crate::secret::Secret;
+use crate::send::{SendError, SendOptions};
 use crate::startup::{Application, Handlers};
 
 /// hookbox: a webhook receiver that processes every event exactly once.
@@ -41,6 +49,38 @@ enum Command {
     /// [retention].window), exactly as the scheduled purge inside `serve` does. Waits for
     /// nothing: if another hookbox is purging at this moment, it says so and exits 1.
     Purge(PurgeArgs),
+    /// Write stored deliveries as a capture: NDJSON, one delivery a line, oldest first.
+    ///
+    /// Each line holds the source, event id and type, the received time, the kept headers
+    /// (lowercase; the scheme's own and content-type, never authorization or cookies) and the
+    /// raw body byte for byte ("body", or "body_base64" when it is not UTF-8). It reads one
+    /// snapshot in batches, so it runs in constant memory however much is stored, and says
+    /// on stderr how many it wrote.
+    ///
+    /// Example: hookbox export --source stripe --since 24h --out stripe.ndjson
+    Export(ExportArgs),
+    /// Re-send captured deliveries, re-signed with a fresh timestamp like a provider's retry.
+    ///
+    /// Takes NDJSON captures (from `hookbox export`), plain .json files holding one body each
+    /// (with --source), or directories of them. Each delivery is posted to
+    /// {to}/webhooks/{source} and signed with the first secret of its source in the config (or
+    /// --scheme and --secret), under its captured event id and type; --as-is sends the captured
+    /// headers unchanged instead. A receiver that processed an event before answers with its
+    /// stored response, so replaying twice is safe.
+    ///
+    /// Prints a summary (sent, processed, replayed, rejected by error code, failed, latency
+    /// p50/p99, and each delivery that did not get a 2xx). Exit 0 when every delivery got a
+    /// 2xx, 1 when any was rejected or failed (or a line could not be read), 2 on bad usage.
+    ///
+    /// Example: hookbox replay stripe.ndjson --to http://127.0.0.1:8080 --report replay.json
+    Replay(ReplayArgs),
+    /// Sign one body the way the source's provider would and send it (like `stripe trigger`).
+    ///
+    /// Prints the status, whether the receiver had processed the event before (a replay), and
+    /// the answer's body. Exit 0 on a 2xx, 1 otherwise, 2 on bad usage.
+    ///
+    /// Example: hookbox send --to http://127.0.0.1:8080 --source stripe event.json
+    Send(SendArgs),
 }
 
 #[derive(Args, Debug)]
@@ -63,32 +103,145 @@ struct ConfigArg {
     config: Option<PathBuf>,
 }
 
+#[derive(Args, Debug)]
+struct ExportArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Only this source's deliveries
+    #[arg(long, value_name = "NAME", value_parser = source_name)]
+    source: Option<SourceName>,
+    /// Only those received at or after this time: RFC 3339, or a duration ago (24h, 30m)
+    #[arg(long, value_name = "TIME", value_parser = time_or_ago)]
+    since: Option<DateTime<Utc>>,
+    /// Only those received before this time: RFC 3339, or a duration ago
+    #[arg(long, value_name = "TIME", value_parser = time_or_ago)]
+    until: Option<DateTime<Utc>>,
+    /// Write here instead of stdout (the file appears only once the export is complete)
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+/// Where the signing secret comes from.
+#[derive(Args, Debug)]
+struct KeyArgs {
+    /// The config file whose sources' schemes and first secrets sign [default:
+    /// $HOOKBOX_CONFIG, then ./hookbox.toml]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["scheme", "secret"])]
+    config: Option<PathBuf>,
+    /// Sign with this scheme instead of a config source's: stripe, standard, github, shopify
+    /// or slack (hmac-sha256 needs a config)
+    #[arg(long, value_name = "SCHEME", requires = "secret")]
+    scheme: Option<String>,
+    /// The secret to sign with, with --scheme
+    #[arg(long, value_name = "SECRET", requires = "scheme")]
+    secret: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// NDJSON captures, .json body files (with --source), or directories of them
+    #[arg(value_name = "CAPTURE", required = true)]
+    captures: Vec<PathBuf>,
+    /// The receiver's base URL (http://127.0.0.1:8080); deliveries go to
+    /// /webhooks/{source} under it. A URL with a path is used as it is.
+    #[arg(long, value_name = "URL")]
+    to: Target,
+    #[command(flatten)]
+    keys: KeyArgs,
+    /// The source of .json body files; with captures, replay only this source's lines
+    #[arg(long, value_name = "NAME", value_parser = source_name)]
+    source: Option<SourceName>,
+    /// Send the captured headers unchanged instead of re-signing (old signatures past the
+    /// receiver's tolerance are refused, as they should be)
+    #[arg(long, conflicts_with_all = ["scheme", "secret"])]
+    as_is: bool,
+    /// How many deliveries may be in flight at once
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    concurrency: u16,
+    /// Start deliveries at this steady rate at most: 50/s, 600/m
+    #[arg(long, value_name = "N/s")]
+    rate: Option<Rate>,
+    /// Print each delivery as it would be sent (URL, headers, body size); send nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Write the counts, latencies and every delivery that did not get a 2xx here, as JSON
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct SendArgs {
+    /// The receiver's base URL (http://127.0.0.1:8080); the body goes to /webhooks/{source}
+    /// under it. A URL with a path is used as it is.
+    #[arg(long, value_name = "URL")]
+    to: Target,
+    /// The source to send as: its scheme and first secret sign the body
+    #[arg(long, value_name = "NAME", value_parser = source_name)]
+    source: SourceName,
+    #[command(flatten)]
+    keys: KeyArgs,
+    /// The event id, for schemes whose id travels in a header (standard, github, shopify,
+    /// hmac-sha256 with a header id) [default: a new evt_... each time]. Send the same id
+    /// twice to see the replay.
+    #[arg(long, value_name = "ID")]
+    event_id: Option<String>,
+    /// The event type, for schemes whose type travels in a header (github, shopify); the
+    /// others read it from the body
+    #[arg(long, value_name = "TYPE")]
+    event_type: Option<String>,
+    /// The body to send, byte for byte ("-" reads stdin)
+    #[arg(value_name = "BODY_FILE")]
+    body_file: PathBuf,
+}
+
+fn source_name(text: &str) -> Result<SourceName, String> {
+    SourceName::try_from(text)
+}
+
+fn time_or_ago(text: &str) -> Result<DateTime<Utc>, String> {
+    parse_time_or_ago(text, Utc::now())
+}
+
+/// Bad usage or a bad config: exit 2.
+const USAGE: u8 = 2;
+
 /// Runs the command line and returns the exit code: 0 success, 1 runtime failure, 2 bad usage
 /// or bad config.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     crate::telemetry::init();
-    let config_path = match &cli.command {
-        Command::Serve(arg) | Command::Migrate(arg) => arg.config.as_deref(),
-        Command::Purge(args) => args.config.config.as_deref(),
-    };
-    let config = match Config::load(config_path, &ProcessEnv) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("hookbox: config error: {e}");
-            return ExitCode::from(2);
+    let outcome = match cli.command {
+        Command::Serve(arg) => load(arg.config.as_deref()).and_then(|config| finish(serve(config))),
+        Command::Migrate(arg) => load(arg.config.as_deref()).and_then(|c| finish(migrate(&c))),
+        Command::Export(args) => export(args),
+        Command::Replay(args) => replay(args),
+        Command::Send(args) => send(args),
+        Command::Purge(args) => {
+            load(args.config.config.as_deref()).and_then(|c| finish(purge(&c, &args)))
         }
     };
-    let result = match cli.command {
-        Command::Serve(_) => serve(config),
-        Command::Migrate(_) => migrate(&config),
-        Command::Purge(args) => purge(&config, &args),
-    };
+    outcome.unwrap_or_else(|code| code)
+}
+
+/// An exit code that ends the command early, its message already printed.
+type Exit = ExitCode;
+
+fn usage(message: impl std::fmt::Display) -> Exit {
+    eprintln!("hookbox: {message}");
+    ExitCode::from(USAGE)
+}
+
+fn load(path: Option<&Path>) -> Result<Config, Exit> {
+    Config::load(path, &ProcessEnv).map_err(|e| usage(format_args!("config error: {e}")))
+}
+
+fn finish(result: anyhow::Result<()>) -> Result<ExitCode, Exit> {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("hookbox: error: {e:#}");
-            ExitCode::from(1)
+            Ok(ExitCode::from(1))
         }
     }
 }
@@ -120,7 +273,6 @@ fn migrate(config: &Config) -> anyhow::Result<()> {
 }
 
 fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
-    use anyhow::Context;
     let plan = match args.older_than {
         Some(window) => Plan::older_than(window),
         None => Plan::from_config(config),
@@ -163,4 +315,126 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
         }
     );
     Ok(())
+}
+
+fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
+    let config = load(args.config.config.as_deref())?;
+    let filter = ExportFilter {
+        source: args.source.map(|s| s.as_str().to_owned()),
+        since: args.since,
+        until: args.until,
+    };
+    finish((|| {
+        let mut conn = crate::db::connect(&config.database)?;
+        let count = match &args.out {
+            None => {
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                capture::export(&mut conn, &filter, &mut out)?
+            }
+            Some(path) => {
+                // Written beside the target and renamed when complete, so a capture that
+                // exists is never a truncated one.
+                let partial = partial_path(path);
+                let file = std::fs::File::create(&partial)
+                    .with_context(|| format!("cannot create {}", partial.display()))?;
+                let mut out = std::io::BufWriter::new(file);
+                let count = capture::export(&mut conn, &filter, &mut out).inspect_err(|_| {
+                    let _ = std::fs::remove_file(&partial);
+                })?;
+                drop(out);
+                std::fs::rename(&partial, path)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                count
+            }
+        };
+        let place = args
+            .out
+            .as_ref()
+            .map_or("stdout".to_owned(), |p| p.display().to_string());
+        eprintln!("hookbox: exported {count} event(s) to {place}");
+        Ok(())
+    })())
+}
+
+fn partial_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    path.with_file_name(name)
+}
+
+/// The signer `--config` or `--scheme`/`--secret` describe.
+fn signer(keys: KeyArgs) -> Result<Signer, Exit> {
+    match (keys.scheme, keys.secret) {
+        (Some(scheme), Some(secret)) => {
+            Signer::from_flags(&scheme, Secret::new(secret)).map_err(usage)
+        }
+        _ => {
+            let config = load(keys.config.as_deref())?;
+            Signer::from_config(&config).map_err(|e| usage(format_args!("config error: {e}")))
+        }
+    }
+}
+
+fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
+    let files = capture::input_files(&args.captures).map_err(usage)?;
+    let body_files = files.iter().any(|f| f.kind == InputKind::Body);
+    if body_files && args.source.is_none() {
+        return Err(usage(
+            "a .json body file names no source: give --source NAME (captures carry their own)",
+        ));
+    }
+    if body_files && args.as_is {
+        return Err(usage(
+            "--as-is sends captured headers, and a .json body file has none: leave --as-is out to sign it",
+        ));
+    }
+    let mode = if args.as_is {
+        Mode::AsIs
+    } else {
+        Mode::Resign(signer(args.keys)?)
+    };
+    let options = ReplayOptions {
+        to: args.to,
+        mode,
+        source: args.source,
+        concurrency: usize::from(args.concurrency),
+        rate: args.rate,
+        dry_run: args.dry_run,
+        report: args.report,
+    };
+    match crate::replay::run(files, &options) {
+        Ok(tally) if tally.all_ok() => Ok(ExitCode::SUCCESS),
+        Ok(_) => Ok(ExitCode::from(1)),
+        Err(e) => finish(Err(e)),
+    }
+}
+
+fn send(args: SendArgs) -> Result<ExitCode, Exit> {
+    let body = if args.body_file.as_os_str() == "-" {
+        let mut body = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut body)
+            .map_err(|e| usage(format_args!("cannot read the body from stdin: {e}")))?;
+        body
+    } else {
+        std::fs::read(&args.body_file).map_err(|e| {
+            usage(format_args!(
+                "cannot read {}: {e}",
+                args.body_file.display()
+            ))
+        })?
+    };
+    let options = SendOptions {
+        to: args.to,
+        source: args.source,
+        signer: signer(args.keys)?,
+        event_id: args.event_id,
+        event_type: args.event_type,
+        body,
+    };
+    match crate::send::run(&options, &mut std::io::stdout().lock()) {
+        Ok(true) => Ok(ExitCode::SUCCESS),
+        Ok(false) => Ok(ExitCode::from(1)),
+        Err(SendError::Usage(message)) => Err(usage(message)),
+        Err(e @ SendError::Network(_)) => finish(Err(e.into())),
+    }
 }

@@ -345,7 +345,27 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
-const SCHEMES: &str = "stripe, standard, github, shopify, slack, hmac-sha256";
+/// Parses a point in time: an RFC 3339 time (`2026-12-02T09:00:00Z`), or a humantime duration
+/// meaning that long before `now` (`1h`, `2d`).
+///
+/// # Errors
+/// A one-line reason naming both accepted forms.
+pub fn parse_time_or_ago(
+    text: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    let text = text.trim();
+    if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(time.with_timezone(&chrono::Utc));
+    }
+    let ago = humantime::parse_duration(text).map_err(|_| {
+        format!("{text:?} is neither an RFC 3339 time (2026-12-02T09:00:00Z) nor a duration ago (90s, 5m, 72h, 30d)")
+    })?;
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|ago| now.checked_sub_signed(ago))
+        .ok_or_else(|| format!("{text:?} is too far in the past"))
+}
 
 impl RawConfig {
     fn validate(self, env: &dyn Env) -> Result<Config, ConfigError> {
@@ -430,18 +450,8 @@ impl RawSource {
             ("event_type", self.event_type.is_some()),
         ];
         let scheme = match self.scheme.as_str() {
-            "stripe" => Scheme::Stripe,
-            "standard" => Scheme::Standard,
-            "github" => Scheme::Github,
-            "shopify" => Scheme::Shopify,
-            "slack" => Scheme::Slack,
             "hmac-sha256" => Scheme::HmacSha256(self.generic_rule(name)?),
-            other => {
-                return Err(ConfigError::at(
-                    key("scheme"),
-                    format!("unknown scheme {other:?}; expected one of {SCHEMES}"),
-                ))
-            }
+            other => Scheme::builtin(other).map_err(|e| ConfigError::at(key("scheme"), e))?,
         };
         if !matches!(scheme, Scheme::HmacSha256(_)) {
             if let Some((field, _)) = generic_only.iter().find(|(_, set)| *set) {
@@ -745,6 +755,28 @@ mod tests {
         assert!(
             message.starts_with("sources.s.forward.retries: unknown field"),
             "{message}"
+        );
+    }
+
+    #[test]
+    fn a_time_is_rfc3339_or_a_duration_ago() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-02T10:00:00Z")
+            .expect("valid time")
+            .with_timezone(&chrono::Utc);
+        let at = |text: &str| parse_time_or_ago(text, now).map(|t| t.to_rfc3339());
+        assert_eq!(
+            at("2026-12-02T09:00:00Z"),
+            Ok("2026-12-02T09:00:00+00:00".into())
+        );
+        assert_eq!(
+            at("2026-12-02T10:00:00+01:00"),
+            Ok("2026-12-02T09:00:00+00:00".into())
+        );
+        assert_eq!(at("90m"), Ok("2026-12-02T08:30:00+00:00".into()));
+        let error = at("yesterday").expect_err("neither form");
+        assert!(
+            error.contains("RFC 3339") && error.contains("duration"),
+            "{error}"
         );
     }
 

@@ -6,6 +6,7 @@
 //! claims the event and runs its [`handlers::Handler`], and the stored response goes back out.
 //! [`startup::Application`] puts it together; [`cli`] is the command line.
 
+pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod db;
@@ -15,8 +16,10 @@ pub mod http;
 pub mod ids;
 pub mod inbox;
 pub mod metrics;
+pub mod replay;
 pub mod retention;
 pub mod secret;
+pub mod send;
 pub mod signature;
 pub mod startup;
 pub mod telemetry;

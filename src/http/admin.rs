@@ -9,7 +9,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::parse_duration;
+use crate::config::parse_time_or_ago;
 use crate::db::schema::events;
 use crate::forward;
 use crate::http::ApiError;
@@ -49,18 +49,7 @@ pub struct ListQuery {
 
 /// Parses `since`: an RFC 3339 time, or a duration meaning that long ago.
 fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
-    if let Ok(time) = DateTime::parse_from_rfc3339(text) {
-        return Ok(time.with_timezone(&Utc));
-    }
-    let ago = parse_duration(text).map_err(|_| {
-        ApiError::InvalidQuery(format!(
-            "since must be an RFC 3339 time or a duration like 1h, not {text:?}"
-        ))
-    })?;
-    chrono::Duration::from_std(ago)
-        .ok()
-        .and_then(|ago| Utc::now().checked_sub_signed(ago))
-        .ok_or_else(|| ApiError::InvalidQuery("since is too far in the past".to_owned()))
+    parse_time_or_ago(text, Utc::now()).map_err(|e| ApiError::InvalidQuery(format!("since: {e}")))
 }
 
 type Summary = (String, String, Option<String>, DateTime<Utc>, Option<i16>);

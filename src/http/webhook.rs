@@ -1,7 +1,7 @@
 //! `POST /webhooks/{source}`: request bytes → verified delivery → claim → HTTP answer.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use actix_web::http::header::{self, HeaderMap};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use crate::ids::EventId;
 use crate::inbox::{self, ClaimError, Delivery, Outcome, StoredResponse};
 use crate::metrics::{self, Outcome as Counted};
-use crate::signature::{Headers, Scheme, SignatureError};
+use crate::signature::{unix_now, Headers, Scheme, SignatureError};
 use crate::startup::{AppState, Source};
 
 use super::ApiError;
@@ -234,11 +234,4 @@ fn slack_challenge<'a>(scheme: &Scheme, json: Option<&'a serde_json::Value>) -> 
         return None;
     }
     json.get("challenge")?.as_str()
-}
-
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

@@ -164,6 +164,32 @@ pub enum Scheme {
 }
 
 impl Scheme {
+    /// Every scheme's name, as configuration spells it, for messages that list the choices.
+    pub const NAMES: &'static str = "stripe, standard, github, shopify, slack, hmac-sha256";
+
+    /// A scheme that needs nothing but its name. `hmac-sha256` is refused: its header and id
+    /// location come from a source's configuration, so it cannot be named alone.
+    ///
+    /// # Errors
+    /// A one-line reason for `hmac-sha256` or an unknown name.
+    pub fn builtin(name: &str) -> Result<Scheme, String> {
+        match name {
+            "stripe" => Ok(Scheme::Stripe),
+            "standard" => Ok(Scheme::Standard),
+            "github" => Ok(Scheme::Github),
+            "shopify" => Ok(Scheme::Shopify),
+            "slack" => Ok(Scheme::Slack),
+            "hmac-sha256" => Err(
+                "the hmac-sha256 scheme needs a config source (its signature header and event id location are configured)"
+                    .to_owned(),
+            ),
+            other => Err(format!(
+                "unknown scheme {other:?}; expected one of {}",
+                Scheme::NAMES
+            )),
+        }
+    }
+
     /// The scheme's name as configuration spells it.
     pub fn name(&self) -> &'static str {
         match self {
@@ -355,6 +381,15 @@ impl Verifier {
             Scheme::HmacSha256(rule) => generic::sign(rule, key, body, event_id, event_type),
         }
     }
+}
+
+/// Unix seconds now: what a delivery's signed timestamp is checked against, and what a fresh
+/// signature carries.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 /// The verification time and how far a signed timestamp may stray from it.

@@ -243,6 +243,17 @@ pub fn delivery_for(
     event_id: &str,
     timestamp: i64,
 ) -> Delivery {
+    delivery_of_bytes(config, source, body.as_bytes(), event_id, timestamp)
+}
+
+/// Signs raw `body` bytes (which need not be UTF-8) for `source` at `timestamp`.
+pub fn delivery_of_bytes(
+    config: &Config,
+    source: &str,
+    body: &[u8],
+    event_id: &str,
+    timestamp: i64,
+) -> Delivery {
     let source_config = config
         .sources
         .iter()
@@ -256,12 +267,12 @@ pub fn delivery_for(
         source_config.tolerance,
     )
     .expect("test secrets are valid");
-    let mut headers = verifier.sign(body.as_bytes(), timestamp, event_id, Some("test.event"));
+    let mut headers = verifier.sign(body, timestamp, event_id, Some("test.event"));
     headers.push(("Content-Type".to_owned(), "application/json".to_owned()));
     Delivery {
         source: source.to_owned(),
         headers,
-        body: body.as_bytes().to_vec(),
+        body: body.to_vec(),
     }
 }
 
@@ -431,15 +442,31 @@ pub struct Process {
 pub struct TempFile(pub std::path::PathBuf);
 
 impl TempFile {
+    /// A config file.
     pub fn new(contents: &str) -> TempFile {
+        TempFile::with_extension(contents.as_bytes(), "toml")
+    }
+
+    /// A file of any kind: `ndjson` for a capture, `json` for a body.
+    pub fn with_extension(contents: &[u8], extension: &str) -> TempFile {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let path = std::env::temp_dir().join(format!(
-            "hookbox-test-{}-{}.toml",
+            "hookbox-test-{}-{}.{extension}",
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::write(&path, contents).expect("write the temp file");
         TempFile(path)
+    }
+
+    /// The path as text, for a command line.
+    pub fn path(&self) -> String {
+        self.0.to_string_lossy().into_owned()
+    }
+
+    /// The file's contents now.
+    pub fn read(&self) -> String {
+        std::fs::read_to_string(&self.0).expect("read the temp file")
     }
 }
 
@@ -464,6 +491,18 @@ pub fn run_hookbox(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String)
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// [`run_hookbox`] from an async test: on a blocking thread, so the servers the test runs on
+/// its own runtime keep answering while the command waits for them.
+pub async fn run_hookbox_async(args: &[&str]) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    actix_web::rt::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_hookbox(&args, &[])
+    })
+    .await
+    .expect("the hookbox command's thread")
 }
 
 impl Process {

@@ -1,0 +1,591 @@
+//! Captures: stored deliveries as NDJSON, one delivery a line, and `hookbox export`, which
+//! writes them.
+//!
+//! A line is `{"source", "event_id", "event_type", "received_at", "headers", "body"}`, with
+//! `body_base64` instead of `body` when the raw body is not UTF-8. Header names are lowercase,
+//! and only the scheme's headers and `content-type` are there: never `authorization` or
+//! cookies. `replay` reads the same lines back ([`Entries`]), and plain `.json` files holding
+//! one body each.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use diesel::pg::PgConnection;
+use diesel::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::db::schema::events;
+
+/// Headers a capture never carries, whatever was stored: credentials of the sender's own.
+const NEVER_KEPT: [&str; 4] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+];
+
+/// How many stored events `export` reads per query. Each batch is held in memory at once, so
+/// this bounds the export's memory whatever the table's size.
+const EXPORT_BATCH: i64 = 500;
+
+/// One captured delivery: what a line of a capture holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureLine {
+    /// The source it arrived at: its config source, and the `{source}` it is replayed to.
+    pub source: String,
+    /// The provider's event id.
+    pub event_id: String,
+    /// The provider's event type, where the scheme carries one.
+    pub event_type: Option<String>,
+    /// When hookbox received it; absent in hand-written captures.
+    pub received_at: Option<DateTime<Utc>>,
+    /// The kept headers, lowercase name → value.
+    pub headers: BTreeMap<String, String>,
+    /// The raw body, byte for byte.
+    pub body: Vec<u8>,
+}
+
+/// A capture line as it is written: the body as text, or as base64 when it is not UTF-8.
+#[derive(Serialize)]
+struct LineOut<'a> {
+    source: &'a str,
+    event_id: &'a str,
+    event_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    received_at: Option<DateTime<Utc>>,
+    headers: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_base64: Option<String>,
+}
+
+/// A capture line as it is read. Unknown fields are allowed, so a capture written by a later
+/// version (or annotated by hand) still replays.
+#[derive(Deserialize)]
+struct LineIn {
+    source: String,
+    event_id: String,
+    #[serde(default)]
+    event_type: Option<String>,
+    #[serde(default)]
+    received_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    body: Option<String>,
+    #[serde(default)]
+    body_base64: Option<String>,
+}
+
+impl CaptureLine {
+    /// Reads one line of a capture.
+    ///
+    /// # Errors
+    /// A one-line reason: not JSON, a missing or empty `source` or `event_id`, neither or both
+    /// of `body` and `body_base64`, or `body_base64` that is not base64.
+    pub fn parse(line: &[u8]) -> Result<CaptureLine, String> {
+        let raw: LineIn = serde_json::from_slice(line)
+            .map_err(|e| format!("not a capture line (one JSON object per line): {e}"))?;
+        if raw.source.is_empty() || raw.event_id.is_empty() {
+            return Err("a capture line needs a non-empty source and event_id".to_owned());
+        }
+        let body = match (raw.body, raw.body_base64) {
+            (Some(text), None) => text.into_bytes(),
+            (None, Some(encoded)) => BASE64
+                .decode(encoded.trim())
+                .map_err(|e| format!("body_base64 is not base64: {e}"))?,
+            (None, None) => return Err("a capture line needs body or body_base64".to_owned()),
+            (Some(_), Some(_)) => {
+                return Err("a capture line has body or body_base64, not both".to_owned())
+            }
+        };
+        Ok(CaptureLine {
+            source: raw.source,
+            event_id: raw.event_id,
+            event_type: raw.event_type,
+            received_at: raw.received_at,
+            // Header names are case-insensitive; a hand-written capture may capitalise them.
+            headers: raw
+                .headers
+                .into_iter()
+                .map(|(name, value)| (name.to_ascii_lowercase(), value))
+                .collect(),
+            body,
+        })
+    }
+
+    /// Writes the line and its newline.
+    ///
+    /// # Errors
+    /// What writing to `out` fails with.
+    pub fn write_to(&self, out: &mut dyn Write) -> io::Result<()> {
+        let text = std::str::from_utf8(&self.body).ok();
+        let line = LineOut {
+            source: &self.source,
+            event_id: &self.event_id,
+            event_type: self.event_type.as_deref(),
+            received_at: self.received_at,
+            headers: &self.headers,
+            body: text,
+            body_base64: text.is_none().then(|| BASE64.encode(&self.body)),
+        };
+        serde_json::to_writer(&mut *out, &line)?;
+        out.write_all(b"\n")
+    }
+}
+
+/// Which stored events `export` writes.
+#[derive(Debug, Clone, Default)]
+pub struct ExportFilter {
+    /// Only this source's.
+    pub source: Option<String>,
+    /// Only those received at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only those received before this time.
+    pub until: Option<DateTime<Utc>>,
+}
+
+type StoredRow = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    DateTime<Utc>,
+    serde_json::Value,
+    Vec<u8>,
+);
+
+/// Writes the stored events that `filter` selects to `out` as a capture, oldest first, and
+/// returns how many it wrote.
+///
+/// It reads in batches of [`EXPORT_BATCH`], each starting after the last (received time, row
+/// id) written, so memory stays bounded however many events are stored. All batches read one
+/// snapshot (a read-only repeatable-read transaction), so the capture is consistent even while
+/// deliveries arrive.
+///
+/// # Errors
+/// A database error, or a failure to write to `out`.
+pub fn export(
+    conn: &mut PgConnection,
+    filter: &ExportFilter,
+    out: &mut dyn Write,
+) -> anyhow::Result<u64> {
+    conn.build_transaction()
+        .read_only()
+        .repeatable_read()
+        .run(|conn| {
+            let mut written = 0;
+            let mut after: Option<(DateTime<Utc>, i64)> = None;
+            loop {
+                let batch = export_batch(conn, filter, after)?;
+                let full = batch.len() as i64 == EXPORT_BATCH;
+                after = batch
+                    .last()
+                    .map(|(id, _, _, _, received_at, _, _)| (*received_at, *id));
+                written += batch.len() as u64;
+                for row in batch {
+                    capture_line(row).write_to(out)?;
+                }
+                if !full {
+                    break;
+                }
+            }
+            out.flush()?;
+            Ok(written)
+        })
+}
+
+/// The next batch in (received time, row id) order, after `after`.
+fn export_batch(
+    conn: &mut PgConnection,
+    filter: &ExportFilter,
+    after: Option<(DateTime<Utc>, i64)>,
+) -> anyhow::Result<Vec<StoredRow>> {
+    let mut query = events::table
+        .select((
+            events::id,
+            events::source,
+            events::event_id,
+            events::event_type,
+            events::received_at,
+            events::headers,
+            events::payload,
+        ))
+        .order((events::received_at.asc(), events::id.asc()))
+        .limit(EXPORT_BATCH)
+        .into_boxed();
+    if let Some(source) = &filter.source {
+        query = query.filter(events::source.eq(source.clone()));
+    }
+    if let Some(since) = filter.since {
+        query = query.filter(events::received_at.ge(since));
+    }
+    if let Some(until) = filter.until {
+        query = query.filter(events::received_at.lt(until));
+    }
+    if let Some((received_at, id)) = after {
+        // Written as a range on received_at plus a tie-break, so the index on received_at
+        // serves it.
+        query = query.filter(
+            events::received_at
+                .ge(received_at)
+                .and(events::received_at.gt(received_at).or(events::id.gt(id))),
+        );
+    }
+    Ok(query.load(conn)?)
+}
+
+/// A stored event as a capture line: only string-valued headers, never a credential.
+fn capture_line(row: StoredRow) -> CaptureLine {
+    let (_, source, event_id, event_type, received_at, headers, payload) = row;
+    let headers = match headers {
+        serde_json::Value::Object(headers) => headers
+            .into_iter()
+            .filter_map(|(name, value)| {
+                let name = name.to_ascii_lowercase();
+                match value {
+                    serde_json::Value::String(value) if !NEVER_KEPT.contains(&name.as_str()) => {
+                        Some((name, value))
+                    }
+                    _ => None,
+                }
+            })
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    CaptureLine {
+        source,
+        event_id,
+        event_type,
+        received_at: Some(received_at),
+        headers,
+        body: payload,
+    }
+}
+
+/// What a file given to `replay` holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKind {
+    /// NDJSON capture lines.
+    Capture,
+    /// One raw body (a `.json` file).
+    Body,
+}
+
+/// A file `replay` reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputFile {
+    /// Where it is.
+    pub path: PathBuf,
+    /// What it holds.
+    pub kind: InputKind,
+}
+
+/// The files behind `replay`'s arguments: a `.json` file is one body, any other file a capture,
+/// and a directory stands for its `.json`, `.ndjson` and `.jsonl` files in name order.
+///
+/// # Errors
+/// A path that cannot be read, or a directory with none of those files in it.
+pub fn input_files(paths: &[PathBuf]) -> Result<Vec<InputFile>, String> {
+    let mut files = Vec::new();
+    for path in paths {
+        let metadata =
+            std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if !metadata.is_dir() {
+            let kind = if has_extension(path, &["json"]) {
+                InputKind::Body
+            } else {
+                InputKind::Capture
+            };
+            files.push(InputFile {
+                path: path.clone(),
+                kind,
+            });
+            continue;
+        }
+        let mut inside: Vec<InputFile> = std::fs::read_dir(path)
+            .map_err(|e| format!("cannot read the directory {}: {e}", path.display()))?
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|path| path.is_file())
+            .filter_map(|path| {
+                let kind = if has_extension(&path, &["json"]) {
+                    InputKind::Body
+                } else if has_extension(&path, &["ndjson", "jsonl"]) {
+                    InputKind::Capture
+                } else {
+                    return None;
+                };
+                Some(InputFile { path, kind })
+            })
+            .collect();
+        if inside.is_empty() {
+            return Err(format!(
+                "the directory {} holds no .json, .ndjson or .jsonl files",
+                path.display()
+            ));
+        }
+        inside.sort_by(|a, b| a.path.cmp(&b.path));
+        files.extend(inside);
+    }
+    Ok(files)
+}
+
+fn has_extension(path: &Path, extensions: &[&str]) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| extensions.iter().any(|x| e.eq_ignore_ascii_case(x)))
+}
+
+/// What one line of a capture, or one body file, came to.
+#[derive(Debug)]
+pub enum Item {
+    /// A capture line that parsed.
+    Line(CaptureLine),
+    /// The bytes of a body file.
+    Body(Vec<u8>),
+}
+
+/// One thing read from the inputs, with where it came from.
+#[derive(Debug)]
+pub struct Entry {
+    /// The file.
+    pub file: PathBuf,
+    /// The line number (from 1) in a capture; `None` for a body file.
+    pub line: Option<u64>,
+    /// What it holds, or why it could not be read.
+    pub item: Result<Item, String>,
+}
+
+/// Reads the inputs one entry at a time, so a capture of any size replays in constant memory.
+/// Blank lines are skipped. A line that cannot be read is an entry with its error, and reading
+/// goes on with the next line; a file that fails mid-way ends with an error entry.
+pub struct Entries {
+    files: std::vec::IntoIter<InputFile>,
+    current: Option<(PathBuf, BufReader<File>, u64)>,
+}
+
+impl Entries {
+    /// Entries of `files`, in order.
+    pub fn new(files: Vec<InputFile>) -> Entries {
+        Entries {
+            files: files.into_iter(),
+            current: None,
+        }
+    }
+
+    /// How many entries the files hold (lines that are not blank, and one per body file),
+    /// for a progress bar. Reads every capture once.
+    pub fn count(files: &[InputFile]) -> u64 {
+        files
+            .iter()
+            .map(|file| match file.kind {
+                InputKind::Body => 1,
+                InputKind::Capture => File::open(&file.path).map_or(1, |f| {
+                    BufReader::new(f)
+                        .split(b'\n')
+                        .map_while(Result::ok)
+                        .filter(|line| !line.trim_ascii().is_empty())
+                        .count() as u64
+                }),
+            })
+            .sum()
+    }
+
+    fn next_line(&mut self) -> Option<Entry> {
+        let (path, reader, number) = self.current.as_mut()?;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            *number += 1;
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) => {
+                    self.current = None;
+                    return None;
+                }
+                Ok(_) if line.trim_ascii().is_empty() => continue,
+                Ok(_) => {
+                    return Some(Entry {
+                        file: path.clone(),
+                        line: Some(*number),
+                        item: CaptureLine::parse(line.trim_ascii()).map(Item::Line),
+                    })
+                }
+                Err(e) => {
+                    let entry = Entry {
+                        file: path.clone(),
+                        line: Some(*number),
+                        item: Err(format!("cannot read the file: {e}")),
+                    };
+                    self.current = None;
+                    return Some(entry);
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for Entries {
+    type Item = Entry;
+
+    fn next(&mut self) -> Option<Entry> {
+        loop {
+            if let Some(entry) = self.next_line() {
+                return Some(entry);
+            }
+            let file = self.files.next()?;
+            match (file.kind, File::open(&file.path)) {
+                (InputKind::Body, Ok(mut f)) => {
+                    let mut body = Vec::new();
+                    let item = io::Read::read_to_end(&mut f, &mut body)
+                        .map(|_| Item::Body(body))
+                        .map_err(|e| format!("cannot read the file: {e}"));
+                    return Some(Entry {
+                        file: file.path,
+                        line: None,
+                        item,
+                    });
+                }
+                (InputKind::Capture, Ok(f)) => {
+                    self.current = Some((file.path, BufReader::new(f), 0));
+                }
+                (_, Err(e)) => {
+                    return Some(Entry {
+                        file: file.path,
+                        line: None,
+                        item: Err(format!("cannot open the file: {e}")),
+                    })
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(body: &[u8]) -> CaptureLine {
+        CaptureLine {
+            source: "stripe".into(),
+            event_id: "evt_1".into(),
+            event_type: Some("charge.succeeded".into()),
+            received_at: Some(
+                DateTime::parse_from_rfc3339("2026-12-02T09:00:00Z")
+                    .expect("valid time")
+                    .with_timezone(&Utc),
+            ),
+            headers: BTreeMap::from([
+                ("content-type".into(), "application/json".into()),
+                ("stripe-signature".into(), "t=1,v1=ab".into()),
+            ]),
+            body: body.to_vec(),
+        }
+    }
+
+    fn written(line: &CaptureLine) -> String {
+        let mut out = Vec::new();
+        line.write_to(&mut out).expect("writes to a Vec");
+        String::from_utf8(out).expect("a capture line is UTF-8")
+    }
+
+    #[test]
+    fn a_line_is_the_contract_shape_and_reads_back() {
+        let original = line(b"{\"id\": \"evt_1\"}\n");
+        let text = written(&original);
+        assert_eq!(
+            text,
+            "{\"source\":\"stripe\",\"event_id\":\"evt_1\",\"event_type\":\"charge.succeeded\",\
+             \"received_at\":\"2026-12-02T09:00:00Z\",\"headers\":{\"content-type\":\"application/json\",\
+             \"stripe-signature\":\"t=1,v1=ab\"},\"body\":\"{\\\"id\\\": \\\"evt_1\\\"}\\n\"}\n"
+        );
+        assert_eq!(CaptureLine::parse(text.trim_end().as_bytes()), Ok(original));
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_travels_as_base64() {
+        let original = line(&[0xff, 0x00, b'a']);
+        let text = written(&original);
+        assert!(text.contains("\"body_base64\":\"/wBh\""), "{text}");
+        assert!(!text.contains("\"body\":"), "{text}");
+        assert_eq!(CaptureLine::parse(text.as_bytes()), Ok(original));
+    }
+
+    #[test]
+    fn a_hand_written_line_needs_only_source_event_id_and_a_body() {
+        let parsed = CaptureLine::parse(
+            br#"{"source":"github","event_id":"d-1","headers":{"X-GitHub-Event":"push"},"body":"{}","note":"by hand"}"#,
+        )
+        .expect("a minimal line");
+        assert_eq!(parsed.event_type, None);
+        assert_eq!(parsed.received_at, None);
+        assert_eq!(parsed.headers["x-github-event"], "push");
+    }
+
+    #[test]
+    fn bad_lines_say_what_is_wrong() {
+        for (text, expected) in [
+            (&b"not json"[..], "not a capture line"),
+            (br#"{"source":"s","event_id":"e"}"#, "body or body_base64"),
+            (
+                br#"{"source":"s","event_id":"e","body":"","body_base64":""}"#,
+                "not both",
+            ),
+            (br#"{"source":"","event_id":"e","body":""}"#, "non-empty"),
+            (
+                br#"{"source":"s","event_id":"e","body_base64":"***"}"#,
+                "not base64",
+            ),
+        ] {
+            let error = CaptureLine::parse(text).expect_err("refused");
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn entries_number_lines_skip_blanks_and_go_on_after_a_bad_one() {
+        let dir = std::env::temp_dir().join(format!("hookbox-capture-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let capture = dir.join("a.ndjson");
+        let good = written(&line(b"{}"));
+        std::fs::write(&capture, format!("{good}\n{{oops\n{good}")).expect("write");
+        std::fs::write(dir.join("b.json"), b"{\"id\":1}").expect("write");
+        std::fs::write(dir.join("notes.txt"), b"ignored").expect("write");
+
+        let files = input_files(std::slice::from_ref(&dir)).expect("the directory has inputs");
+        assert_eq!(
+            files.iter().map(|f| f.kind).collect::<Vec<_>>(),
+            [InputKind::Capture, InputKind::Body]
+        );
+        assert_eq!(Entries::count(&files), 4);
+        let entries: Vec<Entry> = Entries::new(files).collect();
+        let lines: Vec<_> = entries.iter().map(|e| (e.line, e.item.is_ok())).collect();
+        assert_eq!(
+            lines,
+            [
+                (Some(1), true),
+                (Some(3), false),
+                (Some(4), true),
+                (None, true)
+            ]
+        );
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn a_missing_input_or_an_empty_directory_is_refused() {
+        assert!(input_files(&[PathBuf::from("/nonexistent/capture.ndjson")]).is_err());
+        let dir =
+            std::env::temp_dir().join(format!("hookbox-capture-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let error = input_files(std::slice::from_ref(&dir)).expect_err("empty");
+        assert!(error.contains("no .json"), "{error}");
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+}

@@ -1,0 +1,248 @@
+//! Posting a signed delivery: where it goes (`--to`), and how a delivery survives a network
+//! failure or a receiver that says "in progress, come back later".
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use actix_web::web::Bytes;
+use awc::http::Uri;
+
+/// How long one attempt may take. Longer than a receiver's in-flight wait (hookbox's default
+/// is 10 s), so a duplicate that waits on the first delivery is answered, not cut off.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Network failures are retried this often, waiting 250 ms, 500 ms, 1 s between tries.
+const NETWORK_RETRIES: u32 = 3;
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+
+/// A 409 `in_progress` is retried this often, each time after its `Retry-After`.
+const IN_PROGRESS_RETRIES: u32 = 5;
+/// A `Retry-After` longer than this is waited only this long: a replay should not stall on
+/// one delivery for minutes.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// The biggest answer body read; a receiver's answers are small, and nothing needs more.
+const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+
+/// Where `--to` points: a base URL, to which `/webhooks/{source}` is added, or a URL with a
+/// path of its own, used as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    url: String,
+    has_path: bool,
+}
+
+impl Target {
+    /// The URL a delivery for `source` is posted to.
+    pub fn url_for(&self, source: &str) -> String {
+        if self.has_path {
+            self.url.clone()
+        } else {
+            format!("{}/webhooks/{source}", self.url.trim_end_matches('/'))
+        }
+    }
+}
+
+impl FromStr for Target {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let uri: Uri = text
+            .parse()
+            .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+        match uri.scheme_str() {
+            Some("http" | "https") => {}
+            _ => {
+                return Err(format!(
+                    "{text:?} needs to be an http:// or https:// URL, like http://127.0.0.1:8080"
+                ))
+            }
+        }
+        if uri.authority().is_none() {
+            return Err(format!("{text:?} names no host"));
+        }
+        let path = uri.path();
+        Ok(Target {
+            url: text.to_owned(),
+            has_path: !(path.is_empty() || path == "/"),
+        })
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+/// One delivery, ready to post.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Where to.
+    pub url: String,
+    /// Every header to send.
+    pub headers: Vec<(String, String)>,
+    /// The raw body.
+    pub body: Bytes,
+}
+
+/// The receiver's answer to a delivery.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// Whether it said `Idempotent-Replayed: true`: the event had been processed before.
+    pub replayed: bool,
+    /// The answer's body.
+    pub body: Bytes,
+    /// How long the answered attempt took.
+    pub latency: Duration,
+}
+
+impl Answer {
+    /// The contract's error code in a JSON error body, if there is one.
+    pub fn error_code(&self) -> Option<String> {
+        self.json_field("error")
+    }
+
+    /// The one-sentence message of a JSON error body, or the start of another body.
+    pub fn message(&self) -> String {
+        self.json_field("message").unwrap_or_else(|| {
+            let text = String::from_utf8_lossy(&self.body);
+            text.chars().take(200).collect()
+        })
+    }
+
+    fn json_field(&self, name: &str) -> Option<String> {
+        let json: serde_json::Value = serde_json::from_slice(&self.body).ok()?;
+        json.get(name)?.as_str().map(str::to_owned)
+    }
+}
+
+/// The HTTP client the tools share: no redirects (a webhook endpoint that redirects is a
+/// misconfiguration to report, not to follow), and a timeout per attempt.
+pub fn client() -> awc::Client {
+    awc::Client::builder()
+        .timeout(ATTEMPT_TIMEOUT)
+        .disable_redirects()
+        .finish()
+}
+
+/// Posts `request`, retrying a network failure (with backoff) and a 409 `in_progress` (after
+/// its `Retry-After`). Retrying is safe: the receiver answers a repeated event with its stored
+/// response.
+///
+/// # Errors
+/// The last network failure, once the retries are spent, as one line.
+pub async fn deliver(client: &awc::Client, request: &Request) -> Result<Answer, String> {
+    let mut network_failures = 0;
+    let mut in_progress = 0;
+    loop {
+        match attempt(client, request).await {
+            Ok((answer, retry_after)) => {
+                let busy = answer.status == 409
+                    && answer.error_code().as_deref() == Some("in_progress")
+                    && in_progress < IN_PROGRESS_RETRIES;
+                if !busy {
+                    return Ok(answer);
+                }
+                in_progress += 1;
+                let wait = retry_after.unwrap_or(Duration::from_secs(1));
+                actix_web::rt::time::sleep(wait.min(MAX_RETRY_AFTER)).await;
+            }
+            Err(error) if network_failures < NETWORK_RETRIES => {
+                tracing::debug!(%error, url = %request.url, "network failure; retrying");
+                actix_web::rt::time::sleep(FIRST_BACKOFF * 2u32.pow(network_failures)).await;
+                network_failures += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// One try: the answer and its `Retry-After` (in seconds), or why there was none.
+async fn attempt(
+    client: &awc::Client,
+    request: &Request,
+) -> Result<(Answer, Option<Duration>), String> {
+    let started = Instant::now();
+    let mut post = client
+        .post(request.url.as_str())
+        .insert_header(("User-Agent", concat!("hookbox/", env!("CARGO_PKG_VERSION"))));
+    for (name, value) in &request.headers {
+        post = post.insert_header((name.as_str(), value.as_str()));
+    }
+    let mut response = post
+        .send_body(request.body.clone())
+        .await
+        .map_err(|e| format!("no answer from {}: {e}", request.url))?;
+    let body = response
+        .body()
+        .limit(MAX_ANSWER_BYTES)
+        .await
+        .map_err(|e| format!("the answer from {} broke off: {e}", request.url))?;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let retry_after = header("Retry-After")
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let answer = Answer {
+        status: response.status().as_u16(),
+        replayed: header("Idempotent-Replayed").is_some_and(|v| v.eq_ignore_ascii_case("true")),
+        body,
+        latency: started.elapsed(),
+    };
+    Ok((answer, retry_after))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_url_gets_the_webhook_path_and_a_full_url_is_kept() {
+        let base: Target = "http://127.0.0.1:8080".parse().expect("valid");
+        assert_eq!(
+            base.url_for("stripe"),
+            "http://127.0.0.1:8080/webhooks/stripe"
+        );
+        let slash: Target = "http://127.0.0.1:8080/".parse().expect("valid");
+        assert_eq!(
+            slash.url_for("github"),
+            "http://127.0.0.1:8080/webhooks/github"
+        );
+        let full: Target = "http://10.0.0.1:9000/hooks/in".parse().expect("valid");
+        assert_eq!(full.url_for("stripe"), "http://10.0.0.1:9000/hooks/in");
+    }
+
+    #[test]
+    fn only_http_urls_with_a_host_are_taken() {
+        for bad in ["127.0.0.1:8080", "ftp://x", "/webhooks/x", ""] {
+            assert!(bad.parse::<Target>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_answer_tells_its_error_code_and_message() {
+        let answer = Answer {
+            status: 401,
+            replayed: false,
+            body: Bytes::from_static(br#"{"error":"stale_timestamp","message":"Too old."}"#),
+            latency: Duration::ZERO,
+        };
+        assert_eq!(answer.error_code().as_deref(), Some("stale_timestamp"));
+        assert_eq!(answer.message(), "Too old.");
+        let plain = Answer {
+            body: Bytes::from_static(b"Bad Gateway"),
+            ..answer
+        };
+        assert_eq!(plain.error_code(), None);
+        assert_eq!(plain.message(), "Bad Gateway");
+    }
+}

@@ -1,0 +1,328 @@
+//! `hookbox replay`: re-sends captured deliveries, the way a provider re-sends a retry.
+//!
+//! Each entry of the inputs (a capture line, or a `.json` body file) becomes a delivery to
+//! `{to}/webhooks/{source}`. By default it is signed afresh with the source's first secret and
+//! the current time, under its captured event id and type, so the receiver's tolerance sees a
+//! new delivery of the same event; `--as-is` sends the captured headers unchanged (and an old
+//! timestamp is refused, as it should be). Deliveries go out at most `--concurrency` at a time,
+//! at most `--rate` a second, and each answer is counted ([`report::Tally`]).
+//!
+//! The inputs are read as they are sent, one entry at a time, so a capture of any size
+//! replays in constant memory (bar the latencies and failure rows kept for the summary).
+
+pub mod client;
+pub mod pace;
+pub mod progress;
+pub mod report;
+pub mod signing;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use actix_web::web::Bytes;
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+
+use crate::capture::{Entries, Entry, InputFile, Item};
+use crate::ids::SourceName;
+use crate::signature::{unix_now, Identity, Verifier};
+
+pub use client::Target;
+pub use pace::Rate;
+pub use signing::Signer;
+
+use client::Request;
+use pace::Pacer;
+use progress::Progress;
+use report::{Origin, Tally};
+
+/// How each delivery's headers are made.
+#[derive(Debug)]
+pub enum Mode {
+    /// The captured headers, unchanged.
+    AsIs,
+    /// Signed afresh by the signer.
+    Resign(Signer),
+}
+
+/// What `hookbox replay` was asked to do.
+#[derive(Debug)]
+pub struct Options {
+    /// Where to send.
+    pub to: Target,
+    /// As captured, or re-signed.
+    pub mode: Mode,
+    /// The source of body files; for captures, only its lines are replayed.
+    pub source: Option<SourceName>,
+    /// How many deliveries may be in flight at once (at least 1).
+    pub concurrency: usize,
+    /// How fast deliveries may start.
+    pub rate: Option<Rate>,
+    /// Print what would be sent instead of sending it.
+    pub dry_run: bool,
+    /// Where to write the JSON report.
+    pub report: Option<PathBuf>,
+}
+
+/// The headers of a delivery about to be sent.
+enum Headers<'a> {
+    Captured(Vec<(String, String)>),
+    Sign {
+        verifier: &'a Verifier,
+        identity: Identity,
+        content_type: Option<String>,
+    },
+}
+
+/// A delivery ready to go but for its signature, which is made at the moment it is sent, so
+/// its timestamp is fresh however long the pacing made it wait.
+struct Pending<'a> {
+    origin: Origin,
+    url: String,
+    body: Bytes,
+    headers: Headers<'a>,
+}
+
+impl Pending<'_> {
+    fn request(&self, now: i64) -> Request {
+        let headers = match &self.headers {
+            Headers::Captured(headers) => headers.clone(),
+            Headers::Sign {
+                verifier,
+                identity,
+                content_type,
+            } => signing::signed_headers(
+                verifier,
+                &self.body,
+                now,
+                identity,
+                content_type.as_deref(),
+            ),
+        };
+        Request {
+            url: self.url.clone(),
+            headers,
+            body: self.body.clone(),
+        }
+    }
+}
+
+/// What an entry comes to before anything is sent.
+enum Job<'a> {
+    /// A capture line of a source other than `--source`.
+    Skip,
+    /// It cannot be sent: the tool's error code and why.
+    Fail(Origin, &'static str, String),
+    /// Ready to send.
+    Send(Pending<'a>),
+}
+
+/// What sending a job came to.
+enum Done {
+    Skipped,
+    Failed(Origin, &'static str, String),
+    Answered(Origin, client::Answer),
+    Unanswered(Origin, String),
+}
+
+/// Replays the entries of `files`, prints the summary to stdout (and progress to stderr),
+/// writes the report, and returns the tally, whose [`Tally::all_ok`] is the exit status.
+///
+/// # Errors
+/// The report cannot be written.
+pub fn run(files: Vec<InputFile>, options: &Options) -> anyhow::Result<Tally> {
+    let started = Instant::now();
+    let mut tally = Tally::default();
+    if options.dry_run {
+        dry_run(Entries::new(files), options, &mut tally);
+    } else {
+        let total = std::io::stderr()
+            .is_terminal()
+            .then(|| Entries::count(&files));
+        let mut progress = Progress::new(total);
+        actix_web::rt::System::new().block_on(send_all(
+            Entries::new(files),
+            options,
+            &mut tally,
+            &mut progress,
+        ));
+        progress.finish();
+    }
+    let duration = started.elapsed();
+    print!("{}", tally.summary(duration));
+    if let Some(path) = &options.report {
+        tally.write_report(path, duration)?;
+    }
+    Ok(tally)
+}
+
+/// Sends every job, paced and bounded, and counts the answers.
+async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progress: &mut Progress) {
+    let client = client::client();
+    let mut pacer = options.rate.map(Pacer::new);
+    let results = futures_util::stream::iter(entries)
+        .map(|entry| job(entry, options))
+        .then(|job| {
+            // The slot is taken when the job is pulled, that is when a place in flight is free,
+            // so a slow receiver slows the schedule down instead of piling up a burst.
+            let slot = match (&job, pacer.as_mut()) {
+                (Job::Send(_), Some(pacer)) => Some(pacer.slot(Instant::now())),
+                _ => None,
+            };
+            async move {
+                if let Some(slot) = slot {
+                    actix_web::rt::time::sleep_until(slot.into()).await;
+                }
+                job
+            }
+        })
+        .map(|job| {
+            let client = client.clone();
+            async move {
+                match job {
+                    Job::Skip => Done::Skipped,
+                    Job::Fail(origin, code, message) => Done::Failed(origin, code, message),
+                    Job::Send(pending) => {
+                        let request = pending.request(unix_now());
+                        match client::deliver(&client, &request).await {
+                            Ok(answer) => Done::Answered(pending.origin, answer),
+                            Err(message) => Done::Unanswered(pending.origin, message),
+                        }
+                    }
+                }
+            }
+        })
+        .buffer_unordered(options.concurrency.max(1));
+    let mut results = std::pin::pin!(results);
+    let mut ticker = actix_web::rt::time::interval(progress::PLAIN_EVERY);
+    loop {
+        tokio::select! {
+            done = results.next() => match done {
+                Some(done) => {
+                    count(tally, done);
+                    progress.update(tally);
+                }
+                None => break,
+            },
+            _ = ticker.tick() => progress.update(tally),
+        }
+    }
+}
+
+fn count(tally: &mut Tally, done: Done) {
+    match done {
+        Done::Skipped => tally.skipped += 1,
+        Done::Failed(origin, code, message) => tally.failure(origin, code, message),
+        Done::Answered(origin, answer) => tally.answered(origin, &answer),
+        Done::Unanswered(origin, message) => tally.unanswered(origin, message),
+    }
+}
+
+/// Prints each delivery as it would be sent, to stdout; sends nothing.
+fn dry_run(entries: Entries, options: &Options, tally: &mut Tally) {
+    let mut out = std::io::stdout().lock();
+    for entry in entries {
+        match job(entry, options) {
+            Job::Skip => tally.skipped += 1,
+            Job::Fail(origin, code, message) => tally.failure(origin, code, message),
+            Job::Send(pending) => {
+                let request = pending.request(unix_now());
+                let o = &pending.origin;
+                let _ = writeln!(
+                    out,
+                    "POST {}  ({}, {} {})",
+                    request.url,
+                    o.place(),
+                    o.source.as_deref().unwrap_or("-"),
+                    o.event_id.as_deref().unwrap_or("-")
+                );
+                for (name, value) in &request.headers {
+                    let _ = writeln!(out, "  {name}: {value}");
+                }
+                let _ = writeln!(out, "  ({} bytes of body)", request.body.len());
+            }
+        }
+    }
+    let _ = writeln!(out, "dry run: nothing was sent");
+}
+
+/// Turns an entry into a job: where it goes and how it is signed.
+fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
+    let mut origin = Origin {
+        file: entry.file.display().to_string(),
+        line: entry.line,
+        ..Origin::default()
+    };
+    let item = match entry.item {
+        Ok(item) => item,
+        Err(message) => return Job::Fail(origin, "invalid_capture", message),
+    };
+    match item {
+        Item::Line(line) => {
+            origin.source = Some(line.source.clone());
+            origin.event_id = Some(line.event_id.clone());
+            if options
+                .source
+                .as_ref()
+                .is_some_and(|only| only.as_str() != line.source)
+            {
+                return Job::Skip;
+            }
+            // The name goes into the URL's path: only a valid source name may.
+            if let Err(message) = SourceName::try_from(line.source.as_str()) {
+                return Job::Fail(origin, "invalid_capture", message);
+            }
+            let headers = match &options.mode {
+                Mode::AsIs => Headers::Captured(line.headers.into_iter().collect()),
+                Mode::Resign(signer) => match signer.for_source(&line.source) {
+                    Ok(verifier) => Headers::Sign {
+                        verifier,
+                        identity: Identity {
+                            event_id: Some(line.event_id),
+                            event_type: line.event_type,
+                        },
+                        content_type: line.headers.get("content-type").cloned(),
+                    },
+                    Err(message) => return Job::Fail(origin, "source_not_configured", message),
+                },
+            };
+            Job::Send(Pending {
+                url: options.to.url_for(&line.source),
+                origin,
+                body: Bytes::from(line.body),
+                headers,
+            })
+        }
+        Item::Body(body) => {
+            let (Some(source), Mode::Resign(signer)) = (&options.source, &options.mode) else {
+                // The command line refuses body files without --source, or with --as-is.
+                return Job::Fail(
+                    origin,
+                    "invalid_capture",
+                    "a body file needs --source and a secret to be signed with".to_owned(),
+                );
+            };
+            origin.source = Some(source.to_string());
+            let verifier = match signer.for_source(source.as_str()) {
+                Ok(verifier) => verifier,
+                Err(message) => return Job::Fail(origin, "source_not_configured", message),
+            };
+            // A body file carries no id header; one derived from its bytes makes a second
+            // replay of the same file a redelivery of the same event, as it should be.
+            let file_id = format!("file_{}", &hex::encode(Sha256::digest(&body))[..24]);
+            let identity = signing::identity(verifier, &body, Some(&file_id), None);
+            origin.event_id.clone_from(&identity.event_id);
+            Job::Send(Pending {
+                url: options.to.url_for(source.as_str()),
+                origin,
+                body: Bytes::from(body),
+                headers: Headers::Sign {
+                    verifier,
+                    identity,
+                    content_type: None,
+                },
+            })
+        }
+    }
+}

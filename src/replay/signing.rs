@@ -1,0 +1,159 @@
+//! Signing a body as its source's provider would, with the first secret of the source (or the
+//! one `--secret` gives), so a replay or a `send` passes the receiver's check like a provider's
+//! own retry.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::secret::Secret;
+use crate::signature::{Identity, Scheme, Verifier};
+
+/// The keys to sign with: one per configured source, or one for every source.
+#[derive(Debug)]
+pub enum Signer {
+    /// From the config: each source's scheme and its first secret.
+    Config(HashMap<String, Verifier>),
+    /// From `--scheme` and `--secret`: the same for whatever source a delivery names.
+    Flags(Verifier),
+}
+
+impl Signer {
+    /// A signer for every source in `config`, each with its first secret: that is the secret
+    /// a rotation makes current, and any configured secret passes the receiver's check.
+    ///
+    /// # Errors
+    /// A source whose keys cannot be derived (the config's own validation already refuses
+    /// those, so this is a safeguard, not an expected path).
+    pub fn from_config(config: &Config) -> Result<Signer, String> {
+        let verifiers = config
+            .sources
+            .iter()
+            .map(|source| {
+                Verifier::new(
+                    source.scheme.clone(),
+                    &source.secrets[..1],
+                    source.tolerance,
+                )
+                .map(|verifier| (source.name.as_str().to_owned(), verifier))
+                .map_err(|e| format!("sources.{}.secrets: {e}", source.name))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Signer::Config(verifiers))
+    }
+
+    /// A signer from `--scheme` and `--secret`.
+    ///
+    /// # Errors
+    /// An unknown scheme, `hmac-sha256` (its header and id location need a config source), or
+    /// a secret the scheme cannot use (a standard secret that is not base64).
+    pub fn from_flags(scheme: &str, secret: Secret) -> Result<Signer, String> {
+        let scheme = Scheme::builtin(scheme).map_err(|e| format!("--scheme: {e}"))?;
+        // The tolerance plays no part in signing.
+        Verifier::new(scheme, &[secret], Duration::ZERO)
+            .map(Signer::Flags)
+            .map_err(|e| format!("--secret: {e}"))
+    }
+
+    /// The verifier that signs `source`'s deliveries.
+    ///
+    /// # Errors
+    /// The config has no such source.
+    pub fn for_source(&self, source: &str) -> Result<&Verifier, String> {
+        match self {
+            Signer::Flags(verifier) => Ok(verifier),
+            Signer::Config(verifiers) => verifiers.get(source).ok_or_else(|| {
+                format!(
+                    "the config has no source {source:?} to sign with (give --config FILE, or \
+                     --scheme and --secret)"
+                )
+            }),
+        }
+    }
+}
+
+/// The id and type a body will be received under: read from the body where the scheme keeps
+/// them there, else the given ones (which then travel in headers).
+pub fn identity(
+    verifier: &Verifier,
+    body: &[u8],
+    event_id: Option<&str>,
+    event_type: Option<&str>,
+) -> Identity {
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let no_headers: Vec<(String, String)> = Vec::new();
+    let from_body = verifier.identify(&no_headers, json.as_ref());
+    Identity {
+        // needs_json: the scheme finds the id in the body, whatever a header says.
+        event_id: if verifier.needs_json() {
+            from_body.event_id
+        } else {
+            event_id.map(str::to_owned)
+        },
+        event_type: event_type.map(str::to_owned).or(from_body.event_type),
+    }
+}
+
+/// The headers of `body` signed at `timestamp` (unix seconds): the scheme's own, with the id
+/// and type headers where the scheme has them, and `Content-Type` (JSON unless given).
+pub fn signed_headers(
+    verifier: &Verifier,
+    body: &[u8],
+    timestamp: i64,
+    identity: &Identity,
+    content_type: Option<&str>,
+) -> Vec<(String, String)> {
+    let mut headers = verifier.sign(
+        body,
+        timestamp,
+        identity.event_id.as_deref().unwrap_or_default(),
+        identity.event_type.as_deref(),
+    );
+    headers.push((
+        "Content-Type".to_owned(),
+        content_type.unwrap_or("application/json").to_owned(),
+    ));
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_name_a_builtin_scheme_and_hmac_sha256_needs_a_config() {
+        assert!(Signer::from_flags("github", Secret::new("s")).is_ok());
+        let error = Signer::from_flags("hmac-sha256", Secret::new("s")).expect_err("refused");
+        assert!(error.contains("config"), "{error}");
+        let error = Signer::from_flags("paypal", Secret::new("s")).expect_err("refused");
+        assert!(error.contains("stripe, standard"), "{error}");
+        let error = Signer::from_flags("standard", Secret::new("whsec_!!")).expect_err("refused");
+        assert!(error.starts_with("--secret"), "{error}");
+    }
+
+    #[test]
+    fn a_header_id_scheme_carries_the_given_id_and_a_body_id_scheme_reads_its_own() {
+        let Signer::Flags(github) = Signer::from_flags("github", Secret::new("s")).expect("ok")
+        else {
+            unreachable!("from_flags builds Flags")
+        };
+        let found = identity(&github, b"{}", Some("d-1"), Some("push"));
+        assert_eq!(found.event_id.as_deref(), Some("d-1"));
+        let headers = signed_headers(&github, b"{}", 0, &found, None);
+        assert!(headers.contains(&("X-GitHub-Delivery".to_owned(), "d-1".to_owned())));
+        assert!(headers.contains(&("X-GitHub-Event".to_owned(), "push".to_owned())));
+        assert!(headers.contains(&("Content-Type".to_owned(), "application/json".to_owned())));
+
+        let Signer::Flags(stripe) = Signer::from_flags("stripe", Secret::new("s")).expect("ok")
+        else {
+            unreachable!("from_flags builds Flags")
+        };
+        let body = br#"{"id":"evt_9","type":"charge.succeeded"}"#;
+        let found = identity(&stripe, body, Some("ignored"), None);
+        assert_eq!(found.event_id.as_deref(), Some("evt_9"));
+        assert_eq!(found.event_type.as_deref(), Some("charge.succeeded"));
+        let headers = signed_headers(&stripe, body, 0, &found, Some("text/plain"));
+        assert_eq!(stripe.verify(&headers, body, 0), Ok(()));
+        assert!(headers.contains(&("Content-Type".to_owned(), "text/plain".to_owned())));
+    }
+}

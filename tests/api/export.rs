@@ -1,0 +1,239 @@
+//! `hookbox export`: stored deliveries as a capture, filtered by source and time, every body
+//! byte for byte, and only the scheme's headers and content-type.
+
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+/// A delivery as the test sent it, and what its capture line must say.
+struct Sent {
+    source: &'static str,
+    event_id: String,
+    expected: Value,
+}
+
+fn time(text: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(text)
+        .unwrap_or_else(|e| panic!("{text:?} is not RFC 3339: {e}"))
+        .with_timezone(&Utc)
+}
+
+/// The capture's lines, each parsed, with `received_at` checked to be RFC 3339 and put in one
+/// spelling so lines compare whole.
+fn parse_capture(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|line| {
+            let mut value: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+            let received_at = time(value["received_at"].as_str().expect("received_at"));
+            value["received_at"] = received_at.to_rfc3339().into();
+            value
+        })
+        .collect()
+}
+
+async fn export(config: &TempFile, filters: &[&str]) -> Vec<Value> {
+    let path = config.path();
+    let mut args = vec!["export", "--config", &path];
+    args.extend_from_slice(filters);
+    let (code, stdout, stderr) = run_hookbox_async(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    parse_capture(&stdout)
+}
+
+fn ids(lines: &[Value]) -> Vec<&str> {
+    lines
+        .iter()
+        .map(|l| l["event_id"].as_str().expect("event_id"))
+        .collect()
+}
+
+#[actix_web::test]
+async fn export_filters_by_source_and_time_and_keeps_bodies_byte_for_byte_without_credentials() {
+    let app = TestApp::spawn().await;
+    let config = TempFile::new(&config_text(&app.db.url, ""));
+    // Bodies a re-serialization would change: odd spacing, escapes, non-ASCII, a trailing
+    // newline; and, for github (whose id is in a header), one that is not UTF-8 at all.
+    let stripe_body = |id: &str| {
+        format!("{}\n", stripe_event(id, "charge.succeeded", 1)).replace(
+            "\"usd\"",
+            "\"usd\" ,\t\"note\": \"caf\u{e9} \\u00e9 \\\"q\\\"\"",
+        )
+    };
+    let github_bodies: [Vec<u8>; 2] = [
+        b"{ \"action\" :\"opened\",\n\t\"number\": 7 }".to_vec(),
+        vec![0xff, 0xfe, b'{', 0x00, b'}', b'\n'],
+    ];
+    let plan: [(&'static str, usize); 5] = [
+        ("stripe", 0),
+        ("stripe", 1),
+        ("github", 0),
+        ("stripe", 2),
+        ("github", 1),
+    ];
+    let mut sent = Vec::new();
+    for (index, (source, n)) in plan.into_iter().enumerate() {
+        let event_id = unique_id(if source == "stripe" { "evt" } else { "dlv" });
+        let body = match source {
+            "stripe" => stripe_body(&event_id).into_bytes(),
+            _ => github_bodies[n].clone(),
+        };
+        let mut delivery = delivery_of_bytes(&app.config, source, &body, &event_id, unix_now());
+        if index == 0 {
+            delivery = delivery
+                .with_header("Authorization", "Bearer leaked-token")
+                .with_header("Cookie", "session=leaked-cookie");
+        }
+        let answer = app.send(&delivery).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let stored = app
+            .get(
+                &format!("/admin/events/{source}/{event_id}"),
+                Some(ADMIN_TOKEN),
+            )
+            .await
+            .json();
+        let kept: &[&str] = match source {
+            "stripe" => &["stripe-signature"],
+            _ => &["x-hub-signature-256", "x-github-delivery", "x-github-event"],
+        };
+        let mut headers = serde_json::Map::new();
+        for name in kept.iter().chain(&["content-type"]) {
+            headers.insert((*name).to_owned(), delivery.header(name).into());
+        }
+        let mut expected = json!({
+            "source": source,
+            "event_id": event_id,
+            "event_type": if source == "stripe" { "charge.succeeded" } else { "test.event" },
+            "received_at": time(stored["received_at"].as_str().expect("received_at")).to_rfc3339(),
+            "headers": headers,
+        });
+        match String::from_utf8(body.clone()) {
+            Ok(text) => expected["body"] = text.into(),
+            Err(_) => {
+                expected["body_base64"] = base64::engine::general_purpose::STANDARD
+                    .encode(&body)
+                    .into()
+            }
+        }
+        sent.push(Sent {
+            source,
+            event_id,
+            expected,
+        });
+    }
+    let received_at = |i: usize| sent[i].expected["received_at"].as_str().expect("set above");
+
+    let everything = export(&config, &[]).await;
+    let expected: Vec<&Value> = sent.iter().map(|s| &s.expected).collect();
+    assert_eq!(
+        everything.iter().collect::<Vec<_>>(),
+        expected,
+        "in received order"
+    );
+    let text = everything
+        .iter()
+        .map(Value::to_string)
+        .collect::<String>()
+        .to_lowercase();
+    assert!(!text.contains("authorization") && !text.contains("cookie"));
+    assert!(!text.contains("leaked"));
+
+    // --since is inclusive, --until exclusive; each filters on the received time.
+    let stripe_since_second =
+        export(&config, &["--source", "stripe", "--since", received_at(1)]).await;
+    assert_eq!(
+        ids(&stripe_since_second),
+        [&sent[1].event_id, &sent[3].event_id]
+    );
+    let until_last = export(&config, &["--until", received_at(4)]).await;
+    assert_eq!(until_last.len(), 4);
+    assert_eq!(until_last[..], everything[..4]);
+    let between = export(
+        &config,
+        &["--since", received_at(1), "--until", received_at(3)],
+    )
+    .await;
+    assert_eq!(ids(&between), [&sent[1].event_id, &sent[2].event_id]);
+    // A duration means that long ago.
+    assert_eq!(export(&config, &["--since", "1h"]).await.len(), 5);
+    assert!(export(&config, &["--until", "1h"]).await.is_empty());
+
+    // --out writes the same lines to a file, and stderr says how many.
+    let out = TempFile::with_extension(b"", "ndjson");
+    let (code, stdout, stderr) = run_hookbox_async(&[
+        "export",
+        "--config",
+        &config.path(),
+        "--source",
+        "github",
+        "--out",
+        &out.path(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(stderr.contains("exported 2 event(s)"), "{stderr}");
+    let github: Vec<&Value> = sent
+        .iter()
+        .filter(|s| s.source == "github")
+        .map(|s| &s.expected)
+        .collect();
+    assert_eq!(
+        parse_capture(&out.read()).iter().collect::<Vec<_>>(),
+        github
+    );
+}
+
+#[test]
+fn export_refuses_a_bad_time_with_exit_2() {
+    let (code, _, stderr) = run_hookbox(&["export", "--since", "last tuesday"], &[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("RFC 3339"), "{stderr}");
+}
+
+#[test]
+fn export_pages_through_more_than_a_batch_in_received_order_with_ties_broken_by_row() {
+    let db = TestDb::create();
+    let (code, _, stderr) = run_hookbox(
+        &["migrate", "--config", "/dev/null"],
+        &[("DATABASE_URL", &db.url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    // 1201 events in three runs of 400 that share a received time, stored newest run first:
+    // the export crosses batches inside runs of equal times.
+    let total = 1201;
+    diesel::RunQueryDsl::execute(
+        diesel::sql_query(format!(
+            "INSERT INTO events (source, event_id, fingerprint, received_at, payload, headers, \
+             response_status, response_content_type, response_body) \
+             SELECT 'stripe', 'evt_' || i, '\\x00', \
+                    timestamptz '2026-12-01 00:00:00+00' - (i / 400) * interval '1 second', \
+                    convert_to('{{\"id\":\"evt_' || i || '\"}}', 'UTF8'), '{{}}', 200, \
+                    'application/json', '\\x7b7d' \
+             FROM generate_series(0, {}) AS i",
+            total - 1
+        )),
+        &mut db.connect(),
+    )
+    .expect("insert the events");
+    let config = TempFile::new(&format!("[database]\nurl = \"{}\"\n", db.url));
+
+    let (code, stdout, stderr) = run_hookbox(&["export", "--config", &config.path()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let got: Vec<String> = parse_capture(&stdout)
+        .iter()
+        .map(|line| line["event_id"].as_str().expect("event_id").to_owned())
+        .collect();
+    let mut expected: Vec<usize> = (0..total).collect();
+    expected.sort_by_key(|i| (std::cmp::Reverse(i / 400), *i));
+    let expected: Vec<String> = expected.iter().map(|i| format!("evt_{i}")).collect();
+    assert_eq!(got.len(), total, "every event once");
+    assert_eq!(got, expected);
+    assert!(
+        stderr.contains(&format!("exported {total} event(s)")),
+        "{stderr}"
+    );
+}

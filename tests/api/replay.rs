@@ -1,0 +1,497 @@
+//! `hookbox replay`: captures re-sent to a real server (re-signed, or as they were), bad lines
+//! reported by line number, and the pace and bound of what is in flight, measured by a
+//! receiver that counts.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+/// A capture line written by hand, the way the contract spells one.
+fn capture_line(
+    source: &str,
+    event_id: &str,
+    event_type: Option<&str>,
+    headers: &[(String, String)],
+    body: &str,
+) -> String {
+    let headers: serde_json::Map<String, Value> = headers
+        .iter()
+        .map(|(name, value)| (name.to_lowercase(), value.as_str().into()))
+        .collect();
+    json!({
+        "source": source,
+        "event_id": event_id,
+        "event_type": event_type,
+        "received_at": "2026-12-02T09:00:00Z",
+        "headers": headers,
+        "body": body,
+    })
+    .to_string()
+}
+
+fn capture(lines: &[String]) -> TempFile {
+    TempFile::with_extension((lines.join("\n") + "\n").as_bytes(), "ndjson")
+}
+
+/// What a replay run came to.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    report: Value,
+}
+
+/// Runs `hookbox replay ARGS --report FILE` and reads the report.
+async fn replay(args: &[&str]) -> Run {
+    let report = TempFile::with_extension(b"", "json");
+    let report_path = report.path();
+    let mut all = vec!["replay"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--report", &report_path]);
+    let (code, stdout, stderr) = run_hookbox_async(&all).await;
+    let text = report.read();
+    let report = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("the report is not JSON ({e}): {text}\nstderr: {stderr}"));
+    Run {
+        code,
+        stdout,
+        stderr,
+        report,
+    }
+}
+
+fn counts(sent: u64, processed: u64, replayed: u64, rejected: u64, failed: u64) -> Value {
+    json!({"sent": sent, "processed": processed, "replayed": replayed,
+           "rejected": rejected, "failed": failed})
+}
+
+/// The report's failure rows, by line.
+fn failures(run: &Run) -> Vec<Value> {
+    let mut rows = run.report["failures"]
+        .as_array()
+        .expect("failures is a list")
+        .clone();
+    rows.sort_by_key(|row| row["line"].as_u64());
+    rows
+}
+
+#[actix_web::test]
+async fn an_export_replayed_into_its_own_store_is_all_replays_and_into_an_empty_one_all_processed()
+{
+    let app = TestApp::spawn().await;
+    let config = TempFile::new(&config_text(&app.db.url, ""));
+    let mut sent = Vec::new();
+    for source in SOURCES {
+        let id = unique_id(source);
+        let body = sample_body(source, &id);
+        let answer = app.send(&app.delivery(source, &body, &id)).await;
+        assert_eq!(answer.status, 200, "{source}: {}", answer.text());
+        sent.push((source, id, body));
+    }
+    let exported = TempFile::with_extension(b"", "ndjson");
+    let (code, _, stderr) = run_hookbox_async(&[
+        "export",
+        "--config",
+        &config.path(),
+        "--out",
+        &exported.path(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+
+    // Into the same store: every scheme re-signed and recognised as the event it was.
+    let same = replay(&[
+        &exported.path(),
+        "--to",
+        &app.address,
+        "--config",
+        &config.path(),
+    ])
+    .await;
+    assert_eq!(same.code, 0, "{}\n{}", same.stdout, same.stderr);
+    assert_eq!(
+        same.report["counts"],
+        counts(7, 0, 7, 0, 0),
+        "{}",
+        same.stdout
+    );
+    assert_eq!(same.report["failures"], json!([]));
+    assert!(same.report["latency_ms"]["p99"].is_number());
+    assert!(same.stdout.contains("replayed"), "{}", same.stdout);
+    assert_eq!(app.db.count("events"), 7);
+
+    // Into a second server on an empty database: every delivery processed there...
+    let other = TestApp::spawn().await;
+    let fresh = replay(&[
+        &exported.path(),
+        "--to",
+        &other.address,
+        "--config",
+        &config.path(),
+    ])
+    .await;
+    assert_eq!(fresh.code, 0, "{}\n{}", fresh.stdout, fresh.stderr);
+    assert_eq!(
+        fresh.report["counts"],
+        counts(7, 7, 0, 0, 0),
+        "{}",
+        fresh.stdout
+    );
+    assert_eq!(other.db.count("events"), 7);
+    // ... under the captured ids, with the same payloads: a provider's next retry of any of
+    // them is a replay there, not a new event and not a 422.
+    for (source, id, body) in &sent {
+        let answer = other.send(&other.delivery(source, body, id)).await;
+        assert_eq!(answer.status, 200, "{source}: {}", answer.text());
+        assert!(answer.replayed(), "{source}: the replayed event is stored");
+    }
+}
+
+#[actix_web::test]
+async fn as_is_replays_of_stale_signatures_are_rejected_and_re_signed_ones_are_processed() {
+    let app = TestApp::spawn().await;
+    let config = TempFile::new(&config_text(&app.db.url, ""));
+    // Signed an hour ago: past the 5 minute tolerance of every scheme that signs a timestamp.
+    let an_hour_ago = unix_now() - 3600;
+    let lines: Vec<String> = [
+        ("stripe", "payment_intent.succeeded"),
+        ("standard", "invoice.paid"),
+        ("slack", "message"),
+    ]
+    .iter()
+    .map(|(source, event_type)| {
+        let id = unique_id(source);
+        let body = sample_body(source, &id);
+        let signed = delivery_for(&app.config, source, &body, &id, an_hour_ago);
+        capture_line(source, &id, Some(event_type), &signed.headers, &body)
+    })
+    .collect();
+    let old = capture(&lines);
+
+    let as_is = replay(&[&old.path(), "--to", &app.address, "--as-is"]).await;
+    assert_eq!(as_is.code, 1, "{}\n{}", as_is.stdout, as_is.stderr);
+    assert_eq!(as_is.report["counts"], counts(3, 0, 0, 3, 0));
+    assert_eq!(
+        as_is.report["rejected_by_code"],
+        json!({"stale_timestamp": 3})
+    );
+    let rows = failures(&as_is);
+    for (row, line) in rows.iter().zip(1..) {
+        assert_eq!(row["line"], line);
+        assert_eq!(row["status"], 401);
+        assert_eq!(row["error"], "stale_timestamp");
+        assert_eq!(row["file"], old.path().as_str());
+    }
+    assert!(
+        as_is.stdout.contains("stale_timestamp 3"),
+        "{}",
+        as_is.stdout
+    );
+    assert_eq!(app.db.count("events"), 0);
+
+    let resigned = replay(&[
+        &old.path(),
+        "--to",
+        &app.address,
+        "--config",
+        &config.path(),
+    ])
+    .await;
+    assert_eq!(resigned.code, 0, "{}\n{}", resigned.stdout, resigned.stderr);
+    assert_eq!(resigned.report["counts"], counts(3, 3, 0, 0, 0));
+    assert_eq!(app.db.count("events"), 3);
+}
+
+#[actix_web::test]
+async fn a_line_that_is_not_json_or_names_a_source_the_config_lacks_is_reported_and_the_rest_sent()
+{
+    let app = TestApp::spawn().await;
+    let config = TempFile::new(&config_text(&app.db.url, ""));
+    let good = |source: &str| {
+        let id = unique_id(source);
+        capture_line(
+            source,
+            &id,
+            Some("test.event"),
+            &[],
+            &sample_body(source, &id),
+        )
+    };
+    let file = capture(&[
+        good("stripe"),
+        "{\"source\": \"stripe\", this is not JSON".to_owned(),
+        good("github"),
+        capture_line("paypal", "PAY-1", None, &[], "{}"),
+        good("shopify"),
+    ]);
+
+    let run = replay(&[
+        &file.path(),
+        "--to",
+        &app.address,
+        "--config",
+        &config.path(),
+    ])
+    .await;
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.report["counts"], counts(3, 3, 0, 0, 2));
+    let rows = failures(&run);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(
+        (&rows[0]["line"], &rows[0]["error"], &rows[0]["status"]),
+        (&json!(2), &json!("invalid_capture"), &Value::Null)
+    );
+    assert_eq!(
+        (&rows[1]["line"], &rows[1]["error"], &rows[1]["source"]),
+        (&json!(4), &json!("source_not_configured"), &json!("paypal"))
+    );
+    for line in [2, 4] {
+        let place = format!("{}:{line}", file.path());
+        assert!(run.stdout.contains(&place), "{place} in {}", run.stdout);
+    }
+    assert_eq!(app.db.count("events"), 3, "the other lines were sent");
+}
+
+#[actix_web::test]
+async fn a_directory_of_body_files_replays_under_source_and_a_second_run_is_all_replays() {
+    let app = TestApp::spawn().await;
+    let config = TempFile::new(&config_text(&app.db.url, ""));
+    let dir = std::env::temp_dir().join(unique_id("hookbox-bodies"));
+    std::fs::create_dir(&dir).expect("create the directory");
+    for n in 0..3 {
+        let id = unique_id("evt");
+        std::fs::write(
+            dir.join(format!("{n}.json")),
+            stripe_event(&id, "charge.succeeded", 1),
+        )
+        .expect("write a body");
+    }
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let args = [
+        dir_arg.as_str(),
+        "--source",
+        "stripe",
+        "--to",
+        &app.address,
+        "--config",
+        &config.path(),
+    ];
+
+    let first = replay(&args).await;
+    let second = replay(&args).await;
+    let (code, _, stderr) = run_hookbox_async(&["replay", &dir_arg, "--to", &app.address]).await;
+    std::fs::remove_dir_all(&dir).expect("remove the directory");
+
+    assert_eq!(first.code, 0, "{}\n{}", first.stdout, first.stderr);
+    assert_eq!(first.report["counts"], counts(3, 3, 0, 0, 0));
+    assert_eq!(second.report["counts"], counts(3, 0, 3, 0, 0));
+    assert_eq!((code, stderr.contains("--source")), (2, true), "{stderr}");
+}
+
+/// A receiver that counts what arrives: how many are in flight at most, and when each came.
+/// It takes `delay` over each request; with `busy_first`, it answers each event's first
+/// delivery 409 `in_progress` with `Retry-After: 1`, as hookbox does while another delivery of
+/// the event is still in its transaction.
+#[derive(Default)]
+struct Counter {
+    delay: Duration,
+    busy_first: bool,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    arrivals: Mutex<Vec<(Instant, String)>>,
+    seen: Mutex<HashSet<String>>,
+}
+
+async fn count_and_answer(state: web::Data<Counter>, request: HttpRequest) -> HttpResponse {
+    let id = request
+        .headers()
+        .get("X-GitHub-Delivery")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    state
+        .arrivals
+        .lock()
+        .expect("arrivals lock")
+        .push((Instant::now(), id.clone()));
+    if !state.delay.is_zero() {
+        // The receiver's work: what keeps requests in flight long enough to overlap.
+        actix_web::rt::time::sleep(state.delay).await;
+    }
+    state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    if state.busy_first && state.seen.lock().expect("seen lock").insert(id) {
+        return HttpResponse::Conflict()
+            .insert_header(("Retry-After", "1"))
+            .json(json!({"error": "in_progress", "message": "Still being processed."}));
+    }
+    HttpResponse::Ok().json(json!({"status": "processed"}))
+}
+
+/// Starts the counting receiver; returns its URL (with a path, so replay posts to it as is).
+fn receiver(counter: Counter) -> (String, web::Data<Counter>) {
+    let state = web::Data::new(counter);
+    let server = HttpServer::new({
+        let state = state.clone();
+        move || {
+            App::new()
+                .app_data(state.clone())
+                .route("/hook", web::post().to(count_and_answer))
+        }
+    })
+    .workers(2)
+    .disable_signals()
+    .bind(("127.0.0.1", 0))
+    .expect("bind the counting receiver");
+    let port = server.addrs()[0].port();
+    actix_web::rt::spawn(server.run());
+    (format!("http://127.0.0.1:{port}/hook"), state)
+}
+
+/// A capture of `n` GitHub deliveries with ids `d-0`..: signed afresh by `--scheme github`.
+fn github_capture(n: usize) -> TempFile {
+    let lines: Vec<String> = (0..n)
+        .map(|i| capture_line("github", &format!("d-{i}"), Some("push"), &[], "{}"))
+        .collect();
+    capture(&lines)
+}
+
+/// Replays `file` to `to`, signed by `--scheme github`, with `extra` options.
+async fn replay_github(file: &TempFile, to: &str, extra: &[&str]) -> Run {
+    let path = file.path();
+    let mut args = vec![
+        path.as_str(),
+        "--to",
+        to,
+        "--scheme",
+        "github",
+        "--secret",
+        "s3cret",
+    ];
+    args.extend_from_slice(extra);
+    replay(&args).await
+}
+
+#[actix_web::test]
+async fn concurrency_bounds_the_requests_in_flight() {
+    let (url, counter) = receiver(Counter {
+        delay: Duration::from_millis(50),
+        ..Counter::default()
+    });
+    let file = github_capture(30);
+    let run = replay_github(&file, &url, &["--concurrency", "3"]).await;
+
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.report["counts"], counts(30, 30, 0, 0, 0));
+    assert_eq!(counter.arrivals.lock().expect("lock").len(), 30);
+    assert_eq!(
+        counter.max_in_flight.load(Ordering::SeqCst),
+        3,
+        "three at a time, and no more"
+    );
+}
+
+#[actix_web::test]
+async fn rate_holds_the_pace_within_ten_percent() {
+    let (url, counter) = receiver(Counter::default());
+    let file = github_capture(300);
+    let run = replay_github(&file, &url, &["--rate", "150/s", "--concurrency", "8"]).await;
+
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let mut arrivals: Vec<Instant> = counter
+        .arrivals
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(at, _)| *at)
+        .collect();
+    assert_eq!(arrivals.len(), 300);
+    arrivals.sort();
+    let span = arrivals[299] - arrivals[0];
+    let rate = 299.0 / span.as_secs_f64();
+    assert!(
+        (135.0..=165.0).contains(&rate),
+        "asked for 150/s, measured {rate:.1}/s over {span:?}"
+    );
+}
+
+#[actix_web::test]
+async fn an_in_progress_answer_is_retried_after_its_retry_after() {
+    let (url, counter) = receiver(Counter {
+        busy_first: true,
+        ..Counter::default()
+    });
+    let file = github_capture(2);
+    let run = replay_github(&file, &url, &[]).await;
+
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.report["counts"], counts(2, 2, 0, 0, 0));
+    let arrivals = counter.arrivals.lock().expect("lock").clone();
+    assert_eq!(arrivals.len(), 4, "each delivery twice");
+    for id in ["d-0", "d-1"] {
+        let times: Vec<Instant> = arrivals
+            .iter()
+            .filter(|(_, seen)| seen == id)
+            .map(|(at, _)| *at)
+            .collect();
+        assert!(
+            times[1] - times[0] >= Duration::from_millis(950),
+            "{id}: retried after Retry-After"
+        );
+    }
+}
+
+#[actix_web::test]
+async fn a_receiver_that_never_answers_is_retried_then_counted_failed() {
+    // A port that was free a moment ago: connections to it are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let file = github_capture(1);
+    let to = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    let run = replay_github(&file, &to, &[]).await;
+
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.report["counts"], counts(1, 0, 0, 0, 1));
+    assert_eq!(failures(&run)[0]["error"], "network");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1700),
+        "three retries with backoff (250 + 500 + 1000 ms) before giving up"
+    );
+}
+
+#[actix_web::test]
+async fn dry_run_prints_each_delivery_and_sends_nothing() {
+    let (url, counter) = receiver(Counter::default());
+    let file = github_capture(2);
+    let run = replay_github(&file, &url, &["--dry-run"]).await;
+
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.report["counts"], counts(0, 0, 0, 0, 0));
+    assert!(counter.arrivals.lock().expect("lock").is_empty());
+    assert_eq!(
+        run.stdout.matches(&format!("POST {url}")).count(),
+        2,
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("X-GitHub-Delivery: d-1"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("X-Hub-Signature-256: sha256="),
+        "{}",
+        run.stdout
+    );
+}
