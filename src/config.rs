@@ -42,6 +42,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long a duplicate waits for the first delivery's transaction before a 409.
     pub in_flight_wait: Duration,
+    /// How long a delivery may take once its headers are in: reading the body (408 past it)
+    /// and the database work (503 past it). The headers themselves must arrive within 5 s, or
+    /// this if it is shorter.
+    pub request_timeout: Duration,
 }
 
 /// `[database]`
@@ -217,6 +221,8 @@ struct RawServer {
     max_body_bytes: Option<usize>,
     #[serde(default, deserialize_with = "duration")]
     in_flight_wait: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    request_timeout: Option<Duration>,
 }
 
 #[derive(Deserialize, Default)]
@@ -379,6 +385,10 @@ impl RawConfig {
                 .server
                 .in_flight_wait
                 .unwrap_or(Duration::from_secs(10)),
+            request_timeout: self
+                .server
+                .request_timeout
+                .unwrap_or(Duration::from_secs(30)),
         };
         if server.max_body_bytes == 0 {
             return Err(ConfigError::at(
@@ -389,6 +399,12 @@ impl RawConfig {
         if server.in_flight_wait.is_zero() {
             return Err(ConfigError::at(
                 "server.in_flight_wait",
+                "must be longer than 0s",
+            ));
+        }
+        if server.request_timeout.is_zero() {
+            return Err(ConfigError::at(
+                "server.request_timeout",
                 "must be longer than 0s",
             ));
         }
@@ -624,6 +640,7 @@ mod tests {
         )
         .expect("the contract's example is valid");
         assert_eq!(config.server.in_flight_wait, Duration::from_secs(10));
+        assert_eq!(config.server.request_timeout, Duration::from_secs(30));
         assert_eq!(config.retention.window, Duration::from_secs(72 * 3600));
         assert!(config.admin_token.is_some());
         let names: Vec<_> = config.sources.iter().map(|s| s.name.as_str()).collect();
@@ -667,6 +684,17 @@ mod tests {
         );
         let message = error("[serer]\n");
         assert!(message.contains("unknown field `serer`"), "{message}");
+    }
+
+    #[test]
+    fn the_request_timeout_is_a_positive_duration() {
+        let config = Config::parse("[server]\nrequest_timeout = \"2s\"\n", &no_env).expect("valid");
+        assert_eq!(config.server.request_timeout, Duration::from_secs(2));
+        let message = error("[server]\nrequest_timeout = \"0s\"\n");
+        assert!(
+            message.starts_with("server.request_timeout: must be longer"),
+            "{message}"
+        );
     }
 
     #[test]

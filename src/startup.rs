@@ -20,6 +20,9 @@ use crate::retention::{self, Plan};
 use crate::secret::Secret;
 use crate::signature::Verifier;
 
+/// The most a client may take to send a request's headers (actix's own default).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Which handler processes each source's events: [`Record`] unless a source is given its own.
 #[derive(Clone)]
 pub struct Handlers {
@@ -81,6 +84,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// `[server].in_flight_wait`.
     pub in_flight_wait: Duration,
+    /// `[server].request_timeout`.
+    pub request_timeout: Duration,
     /// The admin API's token; `None` turns the admin API off.
     pub admin_token: Option<Secret>,
     /// Wakes the forward dispatcher when a claim queued a delivery.
@@ -164,6 +169,7 @@ impl Application {
             sources,
             max_body_bytes: config.server.max_body_bytes,
             in_flight_wait: config.server.in_flight_wait,
+            request_timeout: config.server.request_timeout,
             admin_token: config.admin_token.clone(),
             forward: forward::Wake::default(),
         });
@@ -176,6 +182,9 @@ impl Application {
             move || App::new().app_data(state.clone()).configure(http::routes)
         })
         .backlog(1024)
+        // A client dribbling its headers is cut off with a 408 (the body and the database work
+        // then have request_timeout, see http/webhook.rs).
+        .client_request_timeout(config.server.request_timeout.min(HEAD_TIMEOUT))
         .shutdown_timeout(30)
         // Signals are taken here rather than by actix, so they are in place before the
         // "listening" line: a SIGTERM right after it still shuts down gracefully.

@@ -15,6 +15,9 @@ pub enum ApiError {
     /// 404 `unknown_source`.
     #[error("no source of that name is configured")]
     UnknownSource,
+    /// 408 `request_timeout`: the body did not arrive within `[server].request_timeout`.
+    #[error("the request body did not arrive in time")]
+    RequestTimeout,
     /// 413 `payload_too_large`.
     #[error("the body is larger than the {0} bytes this server accepts")]
     PayloadTooLarge(usize),
@@ -67,6 +70,7 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::UnknownSource => "unknown_source",
+            ApiError::RequestTimeout => "request_timeout",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::InvalidSignature => "invalid_signature",
             ApiError::StaleTimestamp => "stale_timestamp",
@@ -99,6 +103,7 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::UnknownSource | ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InvalidSignature | ApiError::StaleTimestamp | ApiError::Unauthorized => {
                 StatusCode::UNAUTHORIZED

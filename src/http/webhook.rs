@@ -74,7 +74,12 @@ async fn answer(
         .get(source_name)
         .ok_or(ApiError::UnknownSource)?
         .clone();
-    let body = read_body(request, payload, state.max_body_bytes).await?;
+    // A client that dribbles its body, or a database that stops answering (a stalled
+    // connection blocks the claim's thread), must not hold the request open for ever.
+    let deadline = tokio::time::Instant::now() + state.request_timeout;
+    let body = tokio::time::timeout_at(deadline, read_body(request, payload, state.max_body_bytes))
+        .await
+        .map_err(|_| ApiError::RequestTimeout)??;
     let headers = RequestHeaders(request.headers());
 
     source
@@ -111,7 +116,14 @@ async fn answer(
         json,
         forward: source.forward.is_some(),
     };
-    let outcome = claim(state, source.clone(), delivery).await?;
+    let outcome = tokio::time::timeout_at(deadline, claim(state, source.clone(), delivery))
+        .await
+        .map_err(|_| {
+            // The claim's thread goes on; if its transaction still commits, the provider's
+            // retry gets the stored answer.
+            tracing::warn!("the database did not answer within the request timeout");
+            ApiError::Unavailable
+        })??;
     match outcome {
         Outcome::Claimed(stored) => {
             if source.forward.is_some() {
