@@ -116,10 +116,12 @@ impl ManageConnection for Manager {
         let mut pg = self.inner.connect()?;
         // lock_timeout bounds the wait on another transaction's claim (the in-flight wait);
         // idle_in_transaction_session_timeout makes the server abandon a transaction whose
-        // client went away mid-way, so its claim cannot block the provider's retry for long.
+        // client went away or stalled mid-way, so its claim cannot block the provider's retry
+        // for long: 60 s, unless the server, database, role or URL already sets one.
         pg.batch_execute(&format!(
-            "SET lock_timeout = {}; SET idle_in_transaction_session_timeout = 60000; \
-             SET application_name = 'hookbox'",
+            "SET lock_timeout = {}; SET application_name = 'hookbox'; \
+             SELECT set_config('idle_in_transaction_session_timeout', '60000', false) \
+             WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
             self.lock_timeout.as_millis().max(1)
         ))
         .map_err(diesel::r2d2::Error::QueryError)?;
