@@ -2,12 +2,14 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use hookbox::{Event, Handler, Handlers, Response};
 
 use crate::helpers::*;
+use crate::provider::{eventually, Counting};
 
 /// Writes a row of its own, then fails or panics on its first `failures` calls.
 struct Flaky {
@@ -95,7 +97,7 @@ async fn a_failed_first_delivery_lets_a_concurrent_duplicate_claim_the_event() {
     impl Handler for SlowFail {
         fn handle(&self, _conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response> {
             if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(500));
+                std::thread::sleep(Duration::from_millis(500));
                 anyhow::bail!("first attempt fails (on purpose)");
             }
             Ok(Response::processed(event))
@@ -112,7 +114,7 @@ async fn a_failed_first_delivery_lets_a_concurrent_duplicate_claim_the_event() {
     let first = app.delivery("stripe", &body, &id);
     let second = delivery_for(&app.config, "stripe", &body, &id, unix_now() - 1);
     let (a, b) = tokio::join!(app.send(&first), async {
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(100)).await;
+        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
         app.send(&second).await
     });
     assert_eq!(a.status, 500);
@@ -123,21 +125,16 @@ async fn a_failed_first_delivery_lets_a_concurrent_duplicate_claim_the_event() {
 
 #[actix_web::test]
 async fn a_duplicate_of_a_delivery_slower_than_in_flight_wait_gets_409_then_a_replay() {
-    struct Slow;
-    impl Handler for Slow {
-        fn handle(&self, _conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response> {
-            std::thread::sleep(std::time::Duration::from_millis(2500));
-            Ok(Response::processed(event))
-        }
-    }
-    let extra = "";
     let db = TestDb::create();
     let text =
-        config_text(&db.url, extra).replace("in_flight_wait = \"3s\"", "in_flight_wait = \"1s\"");
+        config_text(&db.url, "").replace("in_flight_wait = \"3s\"", "in_flight_wait = \"1s\"");
+    // Holds its transaction open for 2.5 s, well past the 1 s in-flight wait.
+    let slow = Counting::new(Duration::from_millis(2500));
+    let entered = slow.entered.clone();
     let app = TestApp::spawn_on(
         db,
         parse_config(&text),
-        Handlers::default().with("stripe", Slow),
+        Handlers::default().with("stripe", slow),
     )
     .await;
     let id = unique_id("evt");
@@ -145,7 +142,13 @@ async fn a_duplicate_of_a_delivery_slower_than_in_flight_wait_gets_409_then_a_re
     let first = app.delivery("stripe", &body, &id);
     let second = delivery_for(&app.config, "stripe", &body, &id, unix_now() - 1);
     let (a, b) = tokio::join!(app.send(&first), async {
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(300)).await;
+        // The duplicate arrives once the original is inside its handler, holding the claim.
+        eventually(
+            "the original is in its handler",
+            Duration::from_secs(10),
+            || entered.load(Ordering::SeqCst) == 1,
+        )
+        .await;
         app.send(&second).await
     });
     assert_eq!(a.status, 200, "the original still commits");
@@ -156,4 +159,6 @@ async fn a_duplicate_of_a_delivery_slower_than_in_flight_wait_gets_409_then_a_re
     let retry = app.send(&second).await;
     assert!(retry.replayed());
     assert_eq!(retry.body, a.body);
+    assert_eq!(entered.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(app.db.count("side_effects"), 1);
 }

@@ -211,11 +211,8 @@ impl TestApp {
     }
 
     pub async fn spawn_on(db: TestDb, config: Config, handlers: Handlers) -> TestApp {
-        let app = Application::build(config.clone(), handlers).expect("the server builds");
-        let address = format!("http://127.0.0.1:{}", app.port());
-        actix_web::rt::spawn(app.run_until_stopped());
         TestApp {
-            address,
+            address: serve_in_process(config.clone(), handlers),
             config,
             db,
         }
@@ -233,6 +230,15 @@ impl TestApp {
     pub async fn get(&self, path: &str, token: Option<&str>) -> Answer {
         get(&self.address, path, token).await
     }
+}
+
+/// Starts a server in this process and returns its address. It runs until the test ends; its
+/// database is the caller's to keep.
+pub fn serve_in_process(config: Config, handlers: Handlers) -> String {
+    let app = Application::build(config, handlers).expect("the server builds");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    actix_web::rt::spawn(app.run_until_stopped());
+    address
 }
 
 /// Signs `body` for `source` at `timestamp`.
@@ -361,17 +367,26 @@ fn client() -> awc::Client {
 }
 
 async fn read(
-    mut response: awc::ClientResponse<
+    response: awc::ClientResponse<
         impl futures_util::Stream<Item = Result<actix_web::web::Bytes, awc::error::PayloadError>>
             + Unpin,
     >,
 ) -> Answer {
+    try_read(response).await.expect("read the response body")
+}
+
+async fn try_read(
+    mut response: awc::ClientResponse<
+        impl futures_util::Stream<Item = Result<actix_web::web::Bytes, awc::error::PayloadError>>
+            + Unpin,
+    >,
+) -> Result<Answer, String> {
     let body = response
         .body()
         .limit(16 * 1024 * 1024)
         .await
-        .expect("read the response body");
-    Answer {
+        .map_err(|e| e.to_string())?;
+    Ok(Answer {
         status: response.status().as_u16(),
         headers: response
             .headers()
@@ -379,20 +394,39 @@ async fn read(
             .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
             .collect(),
         body: body.to_vec(),
-    }
+    })
 }
 
 /// Posts a delivery to `POST {address}/webhooks/{source}`.
 pub async fn send(address: &str, delivery: &Delivery) -> Answer {
-    let mut request = client().post(format!("{address}/webhooks/{}", delivery.source));
+    try_send(address, delivery, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("the server answers: {e}"))
+}
+
+/// Posts a delivery like [`send`], but a connection error or no answer within `limit` is an
+/// `Err` instead of a panic: for tests where the server may be killed or stalled.
+pub async fn try_send(
+    address: &str,
+    delivery: &Delivery,
+    limit: Duration,
+) -> Result<Answer, String> {
+    let mut request = client()
+        .post(format!("{address}/webhooks/{}", delivery.source))
+        .timeout(limit);
     for (name, value) in &delivery.headers {
         request = request.insert_header((name.as_str(), value.as_str()));
     }
     let response = request
         .send_body(delivery.body.clone())
         .await
-        .expect("the server answers");
-    read(response).await
+        .map_err(|e| e.to_string())?;
+    try_read(response).await
+}
+
+/// The config `text` with `keys` (TOML lines) added to its `[server]` table.
+pub fn with_server_keys(text: &str, keys: &str) -> String {
+    text.replacen("[server]\n", &format!("[server]\n{keys}\n"), 1)
 }
 
 /// `GET {address}{path}`, with a bearer token if given.
@@ -508,6 +542,12 @@ pub async fn run_hookbox_async(args: &[&str]) -> (i32, String, String) {
 impl Process {
     /// Starts `hookbox serve` with this config and waits until it says where it listens.
     pub fn serve(config: &str) -> Process {
+        Process::serve_with_env(config, &[])
+    }
+
+    /// [`Process::serve`] with more environment variables (`RUST_LOG` among them, which is
+    /// `info` otherwise).
+    pub fn serve_with_env(config: &str, env: &[(&str, &str)]) -> Process {
         use std::io::BufRead;
         let config_file = TempFile::new(config);
         let mut child = Command::new(env!("CARGO_BIN_EXE_hookbox"))
@@ -518,6 +558,7 @@ impl Process {
             .env("RUST_LOG", "info")
             .env_remove("DATABASE_URL")
             .env_remove("HOOKBOX_LISTEN")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -3,15 +3,18 @@
 
 mod admin;
 mod bad_config;
+mod cluster;
 mod concurrency;
 mod downstream;
 mod export;
+mod faults;
 mod forward;
 mod handler_failures;
 mod helpers;
 mod intake;
 mod ops;
 mod outage;
+mod provider;
 mod proxy;
 mod replay;
 mod retention;

@@ -1,16 +1,21 @@
-//! A TCP proxy between hookbox and PostgreSQL that the test can cut and restore: while cut,
-//! every open connection is closed and new ones are closed as soon as they arrive, which is
-//! what hookbox sees when the database goes away.
+//! A TCP proxy between hookbox and PostgreSQL that the test can cut, stall and restore.
+//!
+//! Cut: every open connection is closed and new ones are closed as soon as they arrive, which
+//! is what hookbox sees when the database goes away. Stall: no byte (and no close) gets through
+//! in either direction, but every socket stays open and new connections are accepted, which is
+//! what a frozen database host or a black-holed network looks like from both ends.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
+use std::time::Duration;
 
 pub struct Proxy {
     pub port: u16,
     cut: Arc<AtomicBool>,
+    stalled: Arc<AtomicBool>,
     open: Arc<Mutex<Vec<TcpStream>>>,
 }
 
@@ -20,9 +25,10 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let cut = Arc::new(AtomicBool::new(false));
+        let stalled = Arc::new(AtomicBool::new(false));
         let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
         thread::spawn({
-            let (cut, open) = (cut.clone(), open.clone());
+            let (cut, stalled, open) = (cut.clone(), stalled.clone(), open.clone());
             move || {
                 for client in listener.incoming().map_while(Result::ok) {
                     if cut.load(Ordering::SeqCst) {
@@ -39,12 +45,22 @@ impl Proxy {
                         }
                     }
                     drop(tracked);
-                    pipe(&client, &server);
-                    pipe(&server, &client);
+                    pipe(&client, &server, stalled.clone());
+                    pipe(&server, &client, stalled.clone());
                 }
             }
         });
-        Proxy { port, cut, open }
+        Proxy {
+            port,
+            cut,
+            stalled,
+            open,
+        }
+    }
+
+    /// `url` (a postgres URL naming `upstream`) rewritten to go through this proxy.
+    pub fn url_for(&self, url: &str, upstream: &str) -> String {
+        url.replacen(upstream, &format!("127.0.0.1:{}", self.port), 1)
     }
 
     /// The database goes away: open connections are closed, new ones refused.
@@ -55,13 +71,27 @@ impl Proxy {
         }
     }
 
-    /// The database is back.
+    /// Nothing gets through any more, but nothing is closed either.
+    pub fn stall(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
+    }
+
+    /// The database is back: new connections go through, and a stall ends (what was held back
+    /// is delivered).
     pub fn restore(&self) {
         self.cut.store(false, Ordering::SeqCst);
+        self.stalled.store(false, Ordering::SeqCst);
     }
 }
 
-fn pipe(from: &TcpStream, to: &TcpStream) {
+/// Blocks while the proxy is stalled.
+fn hold(stalled: &AtomicBool) {
+    while stalled.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn pipe(from: &TcpStream, to: &TcpStream, stalled: Arc<AtomicBool>) {
     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
@@ -71,12 +101,15 @@ fn pipe(from: &TcpStream, to: &TcpStream) {
             match from.read(&mut buffer) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    hold(&stalled);
                     if to.write_all(&buffer[..n]).is_err() {
                         break;
                     }
                 }
             }
         }
+        // A close seen during a stall is held back too.
+        hold(&stalled);
         let _ = to.shutdown(Shutdown::Both);
         let _ = from.shutdown(Shutdown::Both);
     });

@@ -1,0 +1,292 @@
+//! Faults under load: the server killed, the database restarted, its connection cut or
+//! stalled, more deliveries than connections. After each, the invariants of
+//! [`assert_invariants`] hold: nothing acknowledged is lost or answered differently, nothing is
+//! processed twice, nothing is left that blocks a retry.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use diesel::RunQueryDsl;
+use futures_util::future::join_all;
+use hookbox::Handlers;
+
+use crate::cluster::{self, Cluster};
+use crate::helpers::*;
+use crate::provider::*;
+use crate::proxy::Proxy;
+
+#[actix_web::test]
+async fn a_server_killed_mid_load_loses_nothing_and_the_providers_retries_complete_on_restart() {
+    let db = TestDb::create();
+    let config = config_text(&db.url, "");
+    let mut first = Process::serve(&config);
+    count_side_effects_with_a_trigger(&db.url);
+    let provider = Provider::new(&parse_config(&config));
+    let all = webhooks(300);
+
+    // Every event once, all at once; SIGKILL once a few dozen are answered.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut delivered, in_flight) = tokio::join!(
+        join_all(
+            all.iter()
+                .map(|w| provider.deliver(&first.address, w, 1, deadline))
+        ),
+        async {
+            provider.until_acked(30, Duration::from_secs(30)).await;
+            first.child.kill().expect("SIGKILL hookbox");
+            let in_flight = all.len() - provider.acked.load(Ordering::SeqCst);
+            first.child.wait().expect("reap hookbox");
+            in_flight
+        }
+    );
+    assert!(
+        in_flight >= 100,
+        "hundreds of deliveries were in flight at the kill ({in_flight})"
+    );
+    let unanswered = delivered.iter().filter(|d| d.acked.is_none()).count();
+    assert!(
+        unanswered >= 100,
+        "the kill cut {unanswered} deliveries short"
+    );
+
+    // The provider retries everything that got no 2xx, against the restarted server.
+    let second = Process::serve(&config);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    join_all(
+        delivered
+            .iter_mut()
+            .map(|d| provider.deliver_more(&second.address, d, 50, deadline)),
+    )
+    .await;
+    assert_invariants(&provider, &second.address, &db.url, &delivered).await;
+}
+
+#[actix_web::test]
+async fn a_postgres_fast_restart_mid_load_is_503_with_retry_after_then_recovers_by_itself() {
+    let cluster =
+        match Cluster::start() {
+            Ok(cluster) => cluster,
+            Err(reason) => return cluster::skip(
+                "a_postgres_fast_restart_mid_load_is_503_with_retry_after_then_recovers_by_itself",
+                &reason,
+            ),
+        };
+    cluster.create_database("hookbox");
+    let url = cluster.url("hookbox");
+    let config = parse_config(&config_text(&url, ""));
+    let address = serve_in_process(
+        config.clone(),
+        Handlers::default().with("stripe", Counting::new(Duration::from_millis(20))),
+    );
+    let provider = Provider::new(&config);
+    let all = webhooks(120);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (delivered, ()) = tokio::join!(
+        join_all(
+            all.iter()
+                .map(|w| provider.deliver(&address, w, 200, deadline))
+        ),
+        async {
+            provider.until_acked(20, Duration::from_secs(30)).await;
+            cluster.stop_fast();
+            eventually(
+                "a 503 while PostgreSQL is down",
+                Duration::from_secs(20),
+                || provider.unavailable.load(Ordering::SeqCst) > 0,
+            )
+            .await;
+            let ready = get(&address, "/readyz", None).await;
+            assert_eq!(ready.status, 503, "not ready while PostgreSQL is down");
+            cluster.start_again();
+        }
+    );
+
+    let attempts: Vec<&Attempt> = delivered.iter().flat_map(|d| &d.attempts).collect();
+    let unexpected: Vec<_> = attempts
+        .iter()
+        .filter(|a| !matches!(a.status, Some(200) | Some(503)))
+        .collect();
+    assert!(unexpected.is_empty(), "only 200 and 503: {unexpected:?}");
+    assert!(
+        attempts
+            .iter()
+            .filter(|a| a.status == Some(503))
+            .all(|a| a.retry_after && a.error == "unavailable"),
+        "every 503 is `unavailable` with a Retry-After"
+    );
+    assert_eq!(get(&address, "/readyz", None).await.status, 200);
+    // The connections that died with the old server were dropped, not handed out again, and
+    // the pool holds no more than its size.
+    let live = count_at(&url, "pg_stat_activity WHERE application_name = 'hookbox'");
+    assert!(
+        (1..=i64::from(config.database.pool_size)).contains(&live),
+        "{live} connections"
+    );
+    assert_invariants(&provider, &address, &url, &delivered).await;
+}
+
+/// Whether the proxy cuts the connections or stalls them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Loss {
+    Cut,
+    Stall,
+}
+
+/// Deliveries whose transactions are open when the connection to PostgreSQL is lost: each
+/// is answered 503 within the request timeout, PostgreSQL rolls the transactions back (at
+/// once on a cut, after its idle-in-transaction timeout on a stall), a second instance on a
+/// working connection then processes the retries without waiting on anything, and the first
+/// instance recovers once the connection is back.
+async fn connection_lost_mid_transaction(loss: Loss) {
+    let db = TestDb::create();
+    // What a stall leaves behind is abandoned by the server after this long.
+    diesel::sql_query(format!(
+        "ALTER DATABASE {} SET idle_in_transaction_session_timeout = '2s'",
+        db.name
+    ))
+    .execute(&mut db.connect())
+    .expect("set the database's idle timeout");
+    let upstream = host_port(&db.url);
+    let proxy = Proxy::start(upstream.clone());
+    let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"3s\"");
+    let direct = parse_config(&text);
+    let proxied = parse_config(&text.replace(&db.url, &proxy.url_for(&db.url, &upstream)));
+    let handler = Counting::new(Duration::from_millis(400));
+    let entered = handler.entered.clone();
+    let behind_proxy = serve_in_process(proxied, Handlers::default().with("stripe", handler));
+    let other = serve_in_process(
+        direct.clone(),
+        Handlers::default().with("stripe", Counting::new(Duration::ZERO)),
+    );
+    let provider = Provider::new(&direct);
+    let all = webhooks(8);
+
+    // Eight at once through a pool of four: four in their handlers, four waiting for a
+    // connection, when the connection is lost.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut delivered, ()) = tokio::join!(
+        join_all(
+            all.iter()
+                .map(|w| provider.deliver(&behind_proxy, w, 1, deadline))
+        ),
+        async {
+            eventually("four handlers running", Duration::from_secs(10), || {
+                entered.load(Ordering::SeqCst) >= 4
+            })
+            .await;
+            match loss {
+                Loss::Cut => proxy.cut(),
+                Loss::Stall => proxy.stall(),
+            }
+        }
+    );
+    for d in &delivered {
+        let attempt = &d.attempts[0];
+        assert_eq!(
+            (attempt.status, attempt.error.as_str(), attempt.retry_after),
+            (Some(503), "unavailable", true),
+            "{loss:?}: {attempt:?}"
+        );
+        assert!(
+            attempt.elapsed < Duration::from_secs(5),
+            "{loss:?}: answered within the 3 s request timeout: {attempt:?}"
+        );
+    }
+    eventually(
+        "PostgreSQL rolls the lost transactions back",
+        Duration::from_secs(15),
+        || open_transactions(&db.url) == 0,
+    )
+    .await;
+
+    // Nothing the lost transactions claimed blocks the retries.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    join_all(
+        delivered
+            .iter_mut()
+            .map(|d| provider.deliver_more(&other, d, 1, deadline)),
+    )
+    .await;
+    for d in &delivered {
+        let acked = d
+            .acked
+            .as_ref()
+            .unwrap_or_else(|| panic!("{loss:?}: {:?}", d.attempts));
+        assert!(
+            !acked.replayed(),
+            "{loss:?}: rolled back, so processed afresh"
+        );
+    }
+
+    proxy.restore();
+    let mut probe = vec![
+        provider
+            .deliver(&behind_proxy, &webhooks(1)[0], 100, deadline)
+            .await,
+    ];
+    assert!(
+        probe[0].acked.is_some(),
+        "{loss:?}: the first instance recovers: {:?}",
+        probe[0].attempts
+    );
+    delivered.append(&mut probe);
+    assert_invariants(&provider, &behind_proxy, &db.url, &delivered).await;
+}
+
+#[actix_web::test]
+async fn a_connection_to_postgres_cut_mid_transaction_is_503_rolled_back_and_retried_cleanly() {
+    connection_lost_mid_transaction(Loss::Cut).await;
+}
+
+#[actix_web::test]
+async fn a_stalled_connection_to_postgres_times_out_is_rolled_back_and_retried_cleanly() {
+    connection_lost_mid_transaction(Loss::Stall).await;
+}
+
+#[actix_web::test]
+async fn three_hundred_deliveries_at_once_through_four_connections_are_each_200_or_503() {
+    let db = TestDb::create();
+    let config = parse_config(&config_text(&db.url, ""));
+    // 300 handlers of 60 ms through four connections take 4.5 s, past the 3 s a request waits
+    // for a connection: the later ones must be turned away with a 503, not queued for ever.
+    let address = serve_in_process(
+        config.clone(),
+        Handlers::default().with("stripe", Counting::new(Duration::from_millis(60))),
+    );
+    let mut provider = Provider::new(&config);
+    provider.patience = Duration::from_secs(20);
+    let all = webhooks(300);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut delivered = join_all(
+        all.iter()
+            .map(|w| provider.deliver(&address, w, 1, deadline)),
+    )
+    .await;
+    for d in &delivered {
+        let attempt = &d.attempts[0];
+        assert!(
+            matches!(attempt.status, Some(200) | Some(503)),
+            "200 or 503, none 500, none unanswered: {attempt:?}"
+        );
+        if attempt.status == Some(503) {
+            assert!(attempt.retry_after, "{attempt:?}");
+        }
+    }
+    let turned_away = delivered
+        .iter()
+        .filter(|d| d.attempts[0].status == Some(503))
+        .count();
+    assert!(
+        (1..all.len()).contains(&turned_away),
+        "some were served and some turned away: {turned_away} of 300 got 503"
+    );
+    join_all(
+        delivered
+            .iter_mut()
+            .map(|d| provider.deliver_more(&address, d, 50, deadline)),
+    )
+    .await;
+    assert_invariants(&provider, &address, &db.url, &delivered).await;
+}
