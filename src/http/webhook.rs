@@ -19,8 +19,12 @@ use super::ApiError;
 struct RequestHeaders<'a>(&'a HeaderMap);
 
 impl Headers for RequestHeaders<'_> {
+    /// A header the scheme reads that is there more than once counts as absent: a proxy in
+    /// front might pick another of the values than hookbox would.
     fn get(&self, name: &str) -> Option<&[u8]> {
-        self.0.get(name).map(|v| v.as_bytes())
+        let mut values = self.0.get_all(name);
+        let first = values.next()?;
+        values.next().is_none().then(|| first.as_bytes())
     }
 }
 
