@@ -9,6 +9,7 @@ mod downstream;
 mod export;
 mod faults;
 mod forward;
+mod fuzz;
 mod handler_failures;
 mod helpers;
 mod hostile;
