@@ -15,6 +15,7 @@ use crate::forward::{self, Dispatcher};
 use crate::handlers::{Handler, Record};
 use crate::http;
 use crate::ids::SourceName;
+use crate::inbox::ReplayCache;
 use crate::metrics::Metrics;
 use crate::retention::{self, Plan};
 use crate::secret::Secret;
@@ -67,6 +68,8 @@ pub struct Source {
     pub kept_headers: Vec<String>,
     /// Where its events are forwarded, if anywhere.
     pub forward: Option<forward::Target>,
+    /// How long its events are kept: `sources.NAME.retention`, else `[retention].window`.
+    pub retention: Duration,
 }
 
 /// What every request handler shares.
@@ -85,6 +88,8 @@ pub struct AppState {
     pub admin_token: Option<Secret>,
     /// Wakes the forward dispatcher when a claim queued a delivery.
     pub forward: forward::Wake,
+    /// Committed answers, so a replay needs no trip to the database.
+    pub replays: ReplayCache,
 }
 
 /// A built server, bound to its port and ready to run.
@@ -144,6 +149,7 @@ impl Application {
                         verifier,
                         kept_headers,
                         forward,
+                        retention: source.retention.unwrap_or(config.retention.window),
                     }),
                 ))
             })
@@ -166,6 +172,7 @@ impl Application {
             in_flight_wait: config.server.in_flight_wait,
             admin_token: config.admin_token.clone(),
             forward: forward::Wake::default(),
+            replays: ReplayCache::default(),
         });
 
         // Bound before anything else starts, so a taken port fails the start cleanly. A

@@ -8,7 +8,7 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
 
 use crate::ids::EventId;
-use crate::inbox::{self, ClaimError, Delivery, Outcome, StoredResponse};
+use crate::inbox::{self, Cached, ClaimError, Delivery, Outcome, StoredResponse};
 use crate::metrics::{self, Outcome as Counted};
 use crate::signature::{unix_now, Headers, Scheme, SignatureError};
 use crate::startup::{AppState, Source};
@@ -101,13 +101,34 @@ async fn answer(
         .map_err(ApiError::InvalidEventId)?;
     tracing::Span::current().record("event.id", tracing::field::display(&event_id));
 
+    let fingerprint = inbox::fingerprint(source.verifier.scheme(), &body, json.as_ref());
+    let cached = state.replays.get(
+        source.name.as_str(),
+        event_id.as_str(),
+        &fingerprint,
+        source.retention,
+    );
+    match cached {
+        Some(Cached::Replay(stored)) => return Ok((respond(stored, true), Counted::Replayed)),
+        Some(Cached::Mismatch) => return Err(ApiError::EventIdReused),
+        None => {}
+    }
+
+    let remember = |stored: &StoredResponse, event_id: &EventId| {
+        state.replays.put(
+            source.name.as_str(),
+            event_id.as_str(),
+            fingerprint,
+            stored.clone(),
+        );
+    };
     let delivery = Delivery {
-        fingerprint: inbox::fingerprint(source.verifier.scheme(), &body, json.as_ref()),
+        fingerprint,
         headers: kept_headers(&source, request.headers()),
         source: source.name.clone(),
-        event_id,
+        event_id: event_id.clone(),
         event_type: identity.event_type,
-        body: body.to_vec(),
+        body,
         json,
         forward: source.forward.is_some(),
     };
@@ -117,9 +138,14 @@ async fn answer(
             if source.forward.is_some() {
                 state.forward.queued();
             }
+            remember(&stored, &event_id);
+            tracing::debug!("processed");
             Ok((respond(stored, false), Counted::Processed))
         }
-        Outcome::Replay(stored) => Ok((respond(stored, true), Counted::Replayed)),
+        Outcome::Replay(stored) => {
+            remember(&stored, &event_id);
+            Ok((respond(stored, true), Counted::Replayed))
+        }
         Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait)),
         Outcome::Mismatch => Err(ApiError::EventIdReused),
     }
