@@ -66,7 +66,7 @@ floor() {
 echo "floor: pgbench, $FLOOR_CLIENTS clients, $SECONDS_EACH s each..." >&2
 floor_fresh=$(floor "$work/fresh.sql")
 floor_replay=$(floor "$work/replay.sql")
-psql "$db_url" -qc "TRUNCATE events CASCADE" >/dev/null
+psql "$db_url" -qc "TRUNCATE events, deliveries" >/dev/null
 
 RUST_LOG=warn "$hookbox" serve --config "$work/hookbox.toml" 2>"$work/serve.log" &
 server_pid=$!
