@@ -15,7 +15,7 @@ use crate::forward::{self, Dispatcher};
 use crate::handlers::{Handler, Record};
 use crate::http;
 use crate::ids::SourceName;
-use crate::inbox::ReplayCache;
+use crate::inbox::{Batcher, ReplayCache};
 use crate::metrics::Metrics;
 use crate::retention::{self, Plan};
 use crate::secret::Secret;
@@ -90,6 +90,8 @@ pub struct AppState {
     pub forward: forward::Wake,
     /// Committed answers, so a replay needs no trip to the database.
     pub replays: ReplayCache,
+    /// Gathers the claims of handlers that answer from the event alone into multi-row INSERTs.
+    pub claims: Batcher,
 }
 
 /// A built server, bound to its port and ready to run.
@@ -164,8 +166,13 @@ impl Application {
             tracing::info!(migrations = ?applied, "applied database migrations");
         }
 
+        let pool = db::pool(&config.database, config.server.in_flight_wait);
+        // A writer per four connections: enough to keep batches flowing while one is in the
+        // database, and the rest of the pool stays free for the other work.
+        let writers = (config.database.pool_size as usize / 4).clamp(1, 8);
         let state = web::Data::new(AppState {
-            pool: db::pool(&config.database, config.server.in_flight_wait),
+            claims: Batcher::start(pool.clone(), writers),
+            pool,
             metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
             sources,
             max_body_bytes: config.server.max_body_bytes,

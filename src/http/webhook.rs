@@ -157,6 +157,30 @@ async fn claim(
     source: Arc<Source>,
     delivery: Delivery,
 ) -> Result<Outcome, ApiError> {
+    let outcome = if source.handler.uses_connection() || delivery.forward {
+        claim_in_transaction(state, source, delivery).await?
+    } else {
+        state.claims.claim(delivery, source.handler.clone()).await
+    };
+    outcome.map_err(|e| match e {
+        ClaimError::Handler(e) => {
+            tracing::error!(error = %format!("{e:#}"), "handler failed; rolled back");
+            ApiError::ProcessingFailed
+        }
+        ClaimError::Database(e) => {
+            tracing::warn!(error = %e, "database error; rolled back");
+            ApiError::Unavailable
+        }
+    })
+}
+
+/// A claim whose handler writes (or whose source forwards): one transaction on a blocking
+/// thread with a pooled connection.
+async fn claim_in_transaction(
+    state: &web::Data<AppState>,
+    source: Arc<Source>,
+    delivery: Delivery,
+) -> Result<Result<Outcome, ClaimError>, ApiError> {
     let state = state.clone();
     let result = web::block(move || {
         let checkout = || {
@@ -180,16 +204,7 @@ async fn claim(
                 }
             }
         }
-        outcome.map_err(|e| match e {
-            ClaimError::Handler(e) => {
-                tracing::error!(error = %format!("{e:#}"), "handler failed; rolled back");
-                ApiError::ProcessingFailed
-            }
-            ClaimError::Database(e) => {
-                tracing::warn!(error = %e, "database error; rolled back");
-                ApiError::Unavailable
-            }
-        })
+        Ok(outcome)
     })
     .await;
     match result {

@@ -15,9 +15,11 @@
 //!   the built-in `record`) is asked first, and the claim and its response go in as one INSERT,
 //!   atomic on its own: one round trip for a new event instead of four.
 
+mod batch;
 mod cache;
 mod fingerprint;
 
+pub use batch::Batcher;
 pub use cache::{Cached, ReplayCache};
 pub use fingerprint::fingerprint;
 
