@@ -42,12 +42,29 @@ struct Job {
 struct Queue {
     jobs: Mutex<VecDeque<Job>>,
     ready: Condvar,
+    /// Set when the last [`Batcher`] is gone: the writers finish what is queued and stop,
+    /// letting go of their pool.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// Closes the queue when the last [`Batcher`] clone is dropped.
+struct Closer(Arc<Queue>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        self.0
+            .closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let _guard = self.0.jobs.lock();
+        self.0.ready.notify_all();
+    }
 }
 
 /// The writers and their queue.
 #[derive(Clone)]
 pub struct Batcher {
     queue: Arc<Queue>,
+    _closer: Arc<Closer>,
 }
 
 impl Batcher {
@@ -61,7 +78,10 @@ impl Batcher {
                 .spawn(move || write_loop(&queue, &pool))
                 .expect("a thread can be started at startup");
         }
-        Batcher { queue }
+        Batcher {
+            _closer: Arc::new(Closer(queue.clone())),
+            queue,
+        }
     }
 
     /// Claims `delivery` in the next batch and waits for the outcome.
@@ -93,6 +113,9 @@ fn write_loop(queue: &Queue, pool: &DbPool) {
         let batch: Vec<Job> = {
             let mut jobs = queue.jobs.lock().unwrap_or_else(|e| e.into_inner());
             while jobs.is_empty() {
+                if queue.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
                 jobs = queue.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
             }
             let n = jobs.len().min(MAX_BATCH);
