@@ -102,7 +102,7 @@ impl Batcher {
         self.queue.ready.notify_one();
         answer.await.unwrap_or_else(|_| {
             Err(ClaimError::Handler(anyhow::anyhow!(
-                "the claim's writer thread stopped"
+                "the claim batch failed before it was stored"
             )))
         })
     }
@@ -121,7 +121,12 @@ fn write_loop(queue: &Queue, pool: &DbPool) {
             let n = jobs.len().min(MAX_BATCH);
             jobs.drain(..n).collect()
         };
-        write(pool, batch);
+        // Handlers' panics are caught where they run; this is for a bug of hookbox's own. The
+        // batch's jobs are dropped with it, so their deliveries are answered 500, and the
+        // writer lives on for the next batch.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(pool, batch))).is_err() {
+            tracing::error!("a claim batch panicked; its deliveries were answered 500");
+        }
     }
 }
 
