@@ -4,11 +4,15 @@
 //!
 //! ```text
 //! cargo run --release --example loadgen -- --to http://127.0.0.1:8080 --secret whsec_... \
-//!     --connections 32 --seconds 10 [--mode fresh|replay] [--while-pid PID]
+//!     --connections 32 --seconds 10 [--mode fresh|replay|mixed] [--while-pid PID]
 //! ```
 //!
 //! `fresh`: every request is a new event (a distinct id, ~1.5 KB, signed with a fresh
-//! timestamp). `replay`: every request is one of a few hundred events stored first.
+//! timestamp). `replay`: every request is one of 256 events stored first. `mixed`: of every ten
+//! requests, six fresh, three replays and one with a bad signature (which must get 401).
+//!
+//! It speaks HTTP/1.1 over plain sockets on one thread, so that as little as possible of the
+//! machine goes to the client: the server under test shares the cores with it.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -16,9 +20,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hookbox::secret::Secret;
 use hookbox::signature::{Scheme, Verifier};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 struct Args {
-    to: String,
+    host: String,
+    path_prefix: String,
     source: String,
     secret: String,
     connections: usize,
@@ -28,8 +35,10 @@ struct Args {
 }
 
 fn parse_args() -> Args {
+    let mut to = "http://127.0.0.1:8080".to_owned();
     let mut args = Args {
-        to: "http://127.0.0.1:8080".to_owned(),
+        host: String::new(),
+        path_prefix: String::new(),
         source: "stripe".to_owned(),
         secret: String::new(),
         connections: 32,
@@ -41,7 +50,7 @@ fn parse_args() -> Args {
     while let Some(flag) = it.next() {
         let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
-            "--to" => args.to = value,
+            "--to" => to = value,
             "--source" => args.source = value,
             "--secret" => args.secret = value,
             "--connections" => args.connections = value.parse().expect("--connections N"),
@@ -52,6 +61,14 @@ fn parse_args() -> Args {
         }
     }
     assert!(!args.secret.is_empty(), "--secret is required");
+    assert!(
+        matches!(args.mode.as_str(), "fresh" | "replay" | "mixed"),
+        "--mode is fresh, replay or mixed"
+    );
+    let rest = to.strip_prefix("http://").expect("--to is an http:// URL");
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    args.host = host.to_owned();
+    args.path_prefix = path.trim_end_matches('/').to_owned();
     args
 }
 
@@ -70,10 +87,80 @@ fn body(id: &str) -> String {
 }
 
 fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.split_whitespace().nth(2) == Some("Z"))
-            .unwrap_or(true)
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.split_whitespace().nth(2) != Some("Z"))
+        .unwrap_or(false)
+}
+
+/// Builds one request: a signed delivery, or one whose signature is wrong.
+fn request(args: &Args, verifier: &Verifier, id: &str, forged: bool) -> Vec<u8> {
+    let body = body(id);
+    let path = if args.path_prefix.is_empty() {
+        format!("/webhooks/{}", args.source)
+    } else {
+        format!("/{}/webhooks/{}", args.path_prefix, args.source)
+    };
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        args.host,
+        body.len()
+    );
+    for (name, value) in verifier.sign(body.as_bytes(), unix_now(), id, None) {
+        let value = if forged {
+            format!("t={},v1={}", unix_now(), "0".repeat(64))
+        } else {
+            value
+        };
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(body.as_bytes());
+    bytes
+}
+
+/// Sends one request on the connection and reads the whole answer; returns its status.
+async fn exchange(
+    stream: &mut TcpStream,
+    request: &[u8],
+    buffer: &mut Vec<u8>,
+) -> std::io::Result<u16> {
+    stream.write_all(request).await?;
+    buffer.clear();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head =
+            std::str::from_utf8(&buffer[..end]).map_err(|_| std::io::ErrorKind::InvalidData)?;
+        let status: u16 = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or(std::io::ErrorKind::InvalidData)?;
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        while buffer.len() < end + 4 + length {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            buffer.extend_from_slice(&chunk[..n]);
+        }
+        return Ok(status);
+    }
 }
 
 #[derive(Default)]
@@ -82,77 +169,79 @@ struct Tally {
     errors: u64,
 }
 
-async fn post(client: &awc::Client, url: &str, verifier: &Verifier, id: &str) -> bool {
-    let body = body(id);
-    let mut request = client
-        .post(url)
-        .insert_header(("Content-Type", "application/json"));
-    for (name, value) in verifier.sign(body.as_bytes(), unix_now(), id, None) {
-        request = request.insert_header((name, value));
-    }
-    match request.send_body(body).await {
-        Ok(mut response) => {
-            let ok = response.status().is_success();
-            let _ = response.body().await;
-            ok
-        }
-        Err(_) => false,
-    }
-}
-
 fn main() {
-    let args = parse_args();
-    let verifier = Verifier::new(
-        Scheme::Stripe,
-        &[Secret::new(args.secret.clone())],
-        Duration::from_secs(300),
-    )
-    .expect("a usable secret");
-    let url = format!("{}/webhooks/{}", args.to.trim_end_matches('/'), args.source);
+    let args = Rc::new(parse_args());
+    let verifier = Rc::new(
+        Verifier::new(
+            Scheme::Stripe,
+            &[Secret::new(args.secret.clone())],
+            Duration::from_secs(300),
+        )
+        .expect("a usable secret"),
+    );
     let run = format!("{}_{}", std::process::id(), unix_now());
-    actix_web::rt::System::new().block_on(async move {
-        let verifier = Rc::new(verifier);
-        let replay_ids: Vec<String> = (0..256).map(|i| format!("evt_bench_replay_{run}_{i}")).collect();
-        if args.mode == "replay" {
-            let client = awc::Client::new();
-            for id in &replay_ids {
-                assert!(post(&client, &url, &verifier, id).await, "seeding the replay events failed");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let replay_ids: Rc<Vec<String>> =
+            Rc::new((0..256).map(|i| format!("evt_bench_replay_{run}_{i}")).collect());
+        if args.mode != "fresh" {
+            let mut stream = TcpStream::connect(&args.host).await.expect("connect to the server");
+            let mut buffer = Vec::new();
+            for id in replay_ids.iter() {
+                let status = exchange(&mut stream, &request(&args, &verifier, id, false), &mut buffer)
+                    .await
+                    .expect("seed a replay event");
+                assert!(status == 200, "seeding the replay events got {status}");
             }
         }
         let tally = Rc::new(RefCell::new(Tally::default()));
         let started = Instant::now();
         let deadline = started + Duration::from_secs(args.seconds);
-        let keep_going = move || match args.while_pid {
+        let while_pid = args.while_pid;
+        let keep_going = move || match while_pid {
             Some(pid) => alive(pid) || started.elapsed() < Duration::from_millis(200),
             None => Instant::now() < deadline,
         };
         let workers: Vec<_> = (0..args.connections)
             .map(|worker| {
-                let (tally, verifier, url, replay_ids, run, mode) = (
-                    tally.clone(),
-                    verifier.clone(),
-                    url.clone(),
-                    replay_ids.clone(),
-                    run.clone(),
-                    args.mode.clone(),
-                );
-                actix_web::rt::spawn(async move {
-                    let client = awc::Client::builder().timeout(Duration::from_secs(30)).finish();
+                let (tally, verifier, args, replay_ids, run) =
+                    (tally.clone(), verifier.clone(), args.clone(), replay_ids.clone(), run.clone());
+                tokio::task::spawn_local(async move {
+                    let mut stream = None;
+                    let mut buffer = Vec::with_capacity(4096);
                     let mut n = 0usize;
                     while keep_going() {
-                        let id = if mode == "replay" {
-                            replay_ids[(worker * 7 + n) % replay_ids.len()].clone()
-                        } else {
-                            format!("evt_bench_{run}_{worker}_{n}")
+                        let slot = (worker * 7 + n) % 10;
+                        let (id, forged) = match args.mode.as_str() {
+                            "replay" => (replay_ids[(worker * 7 + n) % replay_ids.len()].clone(), false),
+                            "mixed" if slot < 3 => (replay_ids[(worker * 7 + n) % replay_ids.len()].clone(), false),
+                            "mixed" if slot == 3 => (format!("evt_bench_forged_{run}_{worker}_{n}"), true),
+                            _ => (format!("evt_bench_{run}_{worker}_{n}"), false),
                         };
                         n += 1;
+                        let bytes = request(&args, &verifier, &id, forged);
                         let sent = Instant::now();
-                        let ok = post(&client, &url, &verifier, &id).await;
+                        if stream.is_none() {
+                            stream = TcpStream::connect(&args.host).await.ok();
+                        }
+                        let answer = match stream.as_mut() {
+                            Some(s) => exchange(s, &bytes, &mut buffer).await,
+                            None => Err(std::io::ErrorKind::NotConnected.into()),
+                        };
                         let mut tally = tally.borrow_mut();
-                        if ok {
-                            tally.latencies_us.push(sent.elapsed().as_micros() as u64);
-                        } else {
-                            tally.errors += 1;
+                        match answer {
+                            Ok(status) if (forged && status == 401) || (!forged && status == 200) => {
+                                tally.latencies_us.push(sent.elapsed().as_micros() as u64)
+                            }
+                            Ok(_) => tally.errors += 1,
+                            Err(_) => {
+                                tally.errors += 1;
+                                stream = None;
+                            }
                         }
                     }
                 })
@@ -166,12 +255,21 @@ fn main() {
         tally.latencies_us.sort_unstable();
         let pick = |q: f64| {
             let l = &tally.latencies_us;
-            if l.is_empty() { 0.0 } else { l[((l.len() - 1) as f64 * q) as usize] as f64 / 1000.0 }
+            if l.is_empty() {
+                0.0
+            } else {
+                l[((l.len() - 1) as f64 * q) as usize] as f64 / 1000.0
+            }
         };
         let ok = tally.latencies_us.len();
         println!(
             "{{\"mode\":\"{}\",\"connections\":{},\"seconds\":{elapsed:.2},\"requests\":{ok},\"errors\":{},\"rps\":{:.0},\"p50_ms\":{:.2},\"p99_ms\":{:.2}}}",
-            args.mode, args.connections, tally.errors, ok as f64 / elapsed, pick(0.5), pick(0.99)
+            args.mode,
+            args.connections,
+            tally.errors,
+            ok as f64 / elapsed,
+            pick(0.5),
+            pick(0.99)
         );
     });
 }

@@ -49,9 +49,11 @@ TOML
 # The floor: the statements hookbox sends for one new event and for one replay (see
 # inbox/mod.rs), with a body of the same size, through pgbench's prepared statements.
 payload=$(printf 'x%.0s' $(seq 1 1500))
+# Every value that differs per event in hookbox differs per transaction here too (built from
+# :n), so the server parses and stores as much as it does for hookbox.
 cat > "$work/fresh.sql" <<SQL
 \set n random(1, 1000000000000)
-INSERT INTO events (source, event_id, event_type, fingerprint, received_at, payload, headers, response_status, response_content_type, response_body) VALUES ('stripe', 'evt_floor_' || :client_id || '_' || :n, 'payment_intent.succeeded', sha256(:n::text::bytea), now(), convert_to('$payload', 'UTF8'), '{"content-type": "application/json", "stripe-signature": "t=1733130000,v1=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}', 200, 'application/json', convert_to('{"event_id":"evt_floor","event_type":"payment_intent.succeeded","received_at":"2026-12-02T10:00:00.000000Z","source":"stripe","status":"processed"}', 'UTF8')) ON CONFLICT (source, event_id) DO NOTHING RETURNING id;
+INSERT INTO events (source, event_id, event_type, fingerprint, received_at, payload, headers, response_status, response_content_type, response_body) VALUES ('stripe', 'evt_floor_' || :client_id || '_' || :n, 'payment_intent.succeeded', sha256(:n::text::bytea), now(), convert_to('$payload' || :n, 'UTF8'), ('{"content-type": "application/json", "stripe-signature": "t=' || :n || ',v1=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}')::jsonb, 200, 'application/json', convert_to('{"event_id":"evt_floor_' || :n || '","event_type":"payment_intent.succeeded","received_at":"2026-12-02T10:00:00.000000Z","source":"stripe","status":"processed"}', 'UTF8')) ON CONFLICT (source, event_id) DO NOTHING RETURNING id;
 SQL
 cat > "$work/replay.sql" <<SQL
 \set n random(1, 256)
@@ -66,7 +68,7 @@ floor() {
 echo "floor: pgbench, $FLOOR_CLIENTS clients, $SECONDS_EACH s each..." >&2
 floor_fresh=$(floor "$work/fresh.sql")
 floor_replay=$(floor "$work/replay.sql")
-psql "$db_url" -qc "TRUNCATE events CASCADE" >/dev/null
+psql "$db_url" -qc "TRUNCATE events, deliveries" >/dev/null
 
 RUST_LOG=warn "$hookbox" serve --config "$work/hookbox.toml" 2>"$work/serve.log" &
 server_pid=$!

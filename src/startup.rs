@@ -15,6 +15,7 @@ use crate::forward::{self, Dispatcher};
 use crate::handlers::{Handler, Record};
 use crate::http;
 use crate::ids::SourceName;
+use crate::inbox::{Batcher, ReplayCache};
 use crate::metrics::Metrics;
 use crate::retention::{self, Plan};
 use crate::secret::Secret;
@@ -70,6 +71,8 @@ pub struct Source {
     pub kept_headers: Vec<String>,
     /// Where its events are forwarded, if anywhere.
     pub forward: Option<forward::Target>,
+    /// How long its events are kept: `sources.NAME.retention`, else `[retention].window`.
+    pub retention: Duration,
 }
 
 /// What every request handler shares.
@@ -90,6 +93,10 @@ pub struct AppState {
     pub admin_token: Option<Secret>,
     /// Wakes the forward dispatcher when a claim queued a delivery.
     pub forward: forward::Wake,
+    /// Committed answers, so a replay needs no trip to the database.
+    pub replays: ReplayCache,
+    /// Gathers the claims of handlers that answer from the event alone into multi-row INSERTs.
+    pub claims: Batcher,
 }
 
 /// A built server, bound to its port and ready to run.
@@ -149,6 +156,7 @@ impl Application {
                         verifier,
                         kept_headers,
                         forward,
+                        retention: source.retention.unwrap_or(config.retention.window),
                     }),
                 ))
             })
@@ -163,8 +171,13 @@ impl Application {
             tracing::info!(migrations = ?applied, "applied database migrations");
         }
 
+        let pool = db::pool(&config.database, config.server.in_flight_wait);
+        // A writer per four connections: enough to keep batches flowing while one is in the
+        // database, and the rest of the pool stays free for the other work.
+        let writers = (config.database.pool_size as usize / 4).clamp(1, 8);
         let state = web::Data::new(AppState {
-            pool: db::pool(&config.database, config.server.in_flight_wait),
+            claims: Batcher::start(pool.clone(), writers),
+            pool,
             metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
             sources,
             max_body_bytes: config.server.max_body_bytes,
@@ -172,6 +185,7 @@ impl Application {
             request_timeout: config.server.request_timeout,
             admin_token: config.admin_token.clone(),
             forward: forward::Wake::default(),
+            replays: ReplayCache::default(),
         });
 
         // Bound before anything else starts, so a taken port fails the start cleanly. A

@@ -8,12 +8,16 @@ use super::{Event, Handler, Response};
 ///
 /// The claim row in `events` already carries everything the inbox needs (source, id, type,
 /// received time, raw body and the scheme's headers), so recording adds no statement of its
-/// own: the event is kept exactly when it is claimed.
+/// own: the event is kept exactly when it is claimed, and claim and answer go in as one INSERT.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Record;
 
 impl Handler for Record {
     fn handle(&self, _conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response> {
         Ok(Response::processed(event))
+    }
+
+    fn uses_connection(&self) -> bool {
+        false
     }
 }

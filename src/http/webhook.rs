@@ -8,7 +8,7 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
 
 use crate::ids::EventId;
-use crate::inbox::{self, ClaimError, Delivery, Outcome, StoredResponse};
+use crate::inbox::{self, Cached, ClaimError, Delivery, Outcome, StoredResponse};
 use crate::metrics::{self, Outcome as Counted};
 use crate::signature::{unix_now, Headers, Scheme, SignatureError};
 use crate::startup::{AppState, Source};
@@ -110,13 +110,34 @@ async fn answer(
         .map_err(ApiError::InvalidEventId)?;
     tracing::Span::current().record("event.id", tracing::field::display(&event_id));
 
+    let fingerprint = inbox::fingerprint(source.verifier.scheme(), &body, json.as_ref());
+    let cached = state.replays.get(
+        source.name.as_str(),
+        event_id.as_str(),
+        &fingerprint,
+        source.retention,
+    );
+    match cached {
+        Some(Cached::Replay(stored)) => return Ok((respond(stored, true), Counted::Replayed)),
+        Some(Cached::Mismatch) => return Err(ApiError::EventIdReused),
+        None => {}
+    }
+
+    let remember = |stored: &StoredResponse, event_id: &EventId| {
+        state.replays.put(
+            source.name.as_str(),
+            event_id.as_str(),
+            fingerprint,
+            stored.clone(),
+        );
+    };
     let delivery = Delivery {
-        fingerprint: inbox::fingerprint(source.verifier.scheme(), &body, json.as_ref()),
+        fingerprint,
         headers: kept_headers(&source, request.headers()),
         source: source.name.clone(),
-        event_id,
+        event_id: event_id.clone(),
         event_type: identity.event_type,
-        body: body.to_vec(),
+        body,
         json,
         forward: source.forward.is_some(),
     };
@@ -133,9 +154,14 @@ async fn answer(
             if source.forward.is_some() {
                 state.forward.queued();
             }
+            remember(&stored, &event_id);
+            tracing::debug!("processed");
             Ok((respond(stored, false), Counted::Processed))
         }
-        Outcome::Replay(stored) => Ok((respond(stored, true), Counted::Replayed)),
+        Outcome::Replay(stored) => {
+            remember(&stored, &event_id);
+            Ok((respond(stored, true), Counted::Replayed))
+        }
         Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait)),
         Outcome::Mismatch => Err(ApiError::EventIdReused),
     }
@@ -147,6 +173,30 @@ async fn claim(
     source: Arc<Source>,
     delivery: Delivery,
 ) -> Result<Outcome, ApiError> {
+    let outcome = if source.handler.uses_connection() || delivery.forward {
+        claim_in_transaction(state, source, delivery).await?
+    } else {
+        state.claims.claim(delivery, source.handler.clone()).await
+    };
+    outcome.map_err(|e| match e {
+        ClaimError::Handler(e) => {
+            tracing::error!(error = %format!("{e:#}"), "handler failed; rolled back");
+            ApiError::ProcessingFailed
+        }
+        ClaimError::Database(e) => {
+            tracing::warn!(error = %e, "database error; rolled back");
+            ApiError::Unavailable
+        }
+    })
+}
+
+/// A claim whose handler writes (or whose source forwards): one transaction on a blocking
+/// thread with a pooled connection.
+async fn claim_in_transaction(
+    state: &web::Data<AppState>,
+    source: Arc<Source>,
+    delivery: Delivery,
+) -> Result<Result<Outcome, ClaimError>, ApiError> {
     let state = state.clone();
     let result = web::block(move || {
         let checkout = || {
@@ -170,16 +220,7 @@ async fn claim(
                 }
             }
         }
-        outcome.map_err(|e| match e {
-            ClaimError::Handler(e) => {
-                tracing::error!(error = %format!("{e:#}"), "handler failed; rolled back");
-                ApiError::ProcessingFailed
-            }
-            ClaimError::Database(e) => {
-                tracing::warn!(error = %e, "database error; rolled back");
-                ApiError::Unavailable
-            }
-        })
+        Ok(outcome)
     })
     .await;
     match result {

@@ -21,15 +21,38 @@ pub fn fingerprint(scheme: &Scheme, body: &[u8], json: Option<&serde_json::Value
     let volatile = volatile_fields(scheme);
     match json {
         Some(serde_json::Value::Object(map)) if !volatile.is_empty() => {
-            let kept: serde_json::Map<String, serde_json::Value> = map
-                .iter()
-                .filter(|(key, _)| !volatile.contains(&key.as_str()))
-                .map(|(key, value)| (key.clone(), value.clone()))
-                .collect();
-            let canonical = serde_json::to_vec(&kept).expect("a JSON value always serializes");
-            Sha256::digest(canonical).into()
+            // Serialized straight into the hasher, member by member, as `{"k":v,...}` would
+            // be: nothing is copied. serde_json's map keeps its keys sorted.
+            let mut hasher = HashWriter(Sha256::new());
+            hasher.0.update(b"{");
+            let mut first = true;
+            for (key, value) in map.iter().filter(|(k, _)| !volatile.contains(&k.as_str())) {
+                if !first {
+                    hasher.0.update(b",");
+                }
+                first = false;
+                serde_json::to_writer(&mut hasher, key).expect("hashing cannot fail");
+                hasher.0.update(b":");
+                serde_json::to_writer(&mut hasher, value).expect("hashing cannot fail");
+            }
+            hasher.0.update(b"}");
+            hasher.0.finalize().into()
         }
         _ => Sha256::digest(body).into(),
+    }
+}
+
+/// Lets serde_json write into a hash.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -58,6 +81,14 @@ mod tests {
         );
         assert_eq!(first, retry);
         assert_ne!(first, other);
+    }
+
+    #[test]
+    fn the_stripe_fingerprint_is_the_hash_of_the_canonical_json_without_pending_webhooks() {
+        let body = r#"{"type":"a", "id":"evt_1","pending_webhooks":3,"data":{"b":1,"a":[1,"x"]}}"#;
+        let canonical = r#"{"data":{"a":[1,"x"],"b":1},"id":"evt_1","type":"a"}"#;
+        let expected: [u8; 32] = Sha256::digest(canonical.as_bytes()).into();
+        assert_eq!(of(&Scheme::Stripe, body), expected);
     }
 
     #[test]

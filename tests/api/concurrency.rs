@@ -94,3 +94,52 @@ async fn fifty_deliveries_split_across_two_hookbox_processes_on_one_database_pro
         "both processes answered: {replayed_by_each:?}"
     );
 }
+
+#[actix_web::test]
+async fn a_burst_of_many_events_with_duplicates_and_a_reused_id_is_claimed_once_per_event() {
+    // The built-in handler's claims are gathered into multi-row INSERTs: a burst lands many
+    // events, their duplicates and a reused id in the same batches.
+    let app = TestApp::spawn().await;
+    let ids: Vec<String> = (0..40).map(|_| unique_id("evt")).collect();
+    let mut deliveries: Vec<Delivery> = Vec::new();
+    for id in &ids {
+        for copy in 0..3 {
+            let body = stripe_event(id, "charge.succeeded", 3 - copy);
+            deliveries.push(delivery_for(
+                &app.config,
+                "stripe",
+                &body,
+                id,
+                unix_now() - i64::from(copy),
+            ));
+        }
+    }
+    let reused = &ids[0];
+    deliveries.push(app.delivery(
+        "stripe",
+        &stripe_event(reused, "charge.refunded", 1),
+        reused,
+    ));
+    let answers = join_all(deliveries.iter().map(|d| app.send(d))).await;
+
+    // The reused id and its genuine deliveries race: whichever payload is claimed first wins,
+    // its copies are replays of it, and the other payload is refused.
+    let reuse = answers.last().expect("the reused id's answer");
+    if reuse.status == 200 {
+        assert!(!reuse.replayed());
+        let refused = |a: &Answer| a.status == 422 && a.error() == "event_id_reused";
+        assert!(answers[..3].iter().all(refused));
+    } else {
+        assert_eq!(
+            (reuse.status, reuse.error().as_str()),
+            (422, "event_id_reused")
+        );
+        assert_one_processed_and_identical(&answers[..3]);
+    }
+    for (n, id) in ids.iter().enumerate().skip(1) {
+        let group = &answers[n * 3..n * 3 + 3];
+        assert_one_processed_and_identical(group);
+        assert_eq!(group[0].json()["event_id"], id.as_str());
+    }
+    assert_eq!(app.db.count("events"), ids.len() as i64);
+}

@@ -1,0 +1,345 @@
+//! Claims of handlers that answer from the event alone, gathered into multi-row INSERTs.
+//!
+//! Under load many deliveries wait at once, each for its own round trip and its own commit.
+//! A few writer threads take whatever claims are waiting (up to [`MAX_BATCH`]) and store them
+//! with one `INSERT ... VALUES (..), (..) ON CONFLICT DO NOTHING RETURNING source, event_id`:
+//! one round trip and one commit for the lot. Each row is still claimed on its own terms: a row
+//! that comes back is this delivery's claim, a row that does not was committed by someone else
+//! and its stored answer is read. Nothing waits to fill a batch: a writer takes what is there,
+//! so a lone delivery goes out at once.
+//!
+//! Rows go in sorted by (source, event id), so two batches never wait on each other in opposite
+//! orders (no deadlock); a delivery and its duplicate in one batch are claimed once, the second
+//! answered as a replay (or 422 if its payload differs). A batch that meets trouble (a lock
+//! timeout, a failed statement) falls back to claiming its deliveries one by one.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+
+use super::{
+    claim, event, run_handler, status_column, ClaimError, Delivery, Outcome, StoredResponse,
+};
+use crate::db::schema::events;
+use crate::db::{self, DbPool};
+use crate::handlers::{Handler, Response};
+
+/// Claims one INSERT carries at most.
+pub const MAX_BATCH: usize = 64;
+
+type Reply = tokio::sync::oneshot::Sender<Result<Outcome, ClaimError>>;
+
+struct Job {
+    delivery: Delivery,
+    handler: Arc<dyn Handler>,
+    reply: Reply,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: Mutex<VecDeque<Job>>,
+    ready: Condvar,
+    /// Set when the last [`Batcher`] is gone: the writers finish what is queued and stop,
+    /// letting go of their pool.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// Closes the queue when the last [`Batcher`] clone is dropped.
+struct Closer(Arc<Queue>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        self.0
+            .closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let _guard = self.0.jobs.lock();
+        self.0.ready.notify_all();
+    }
+}
+
+/// The writers and their queue.
+#[derive(Clone)]
+pub struct Batcher {
+    queue: Arc<Queue>,
+    _closer: Arc<Closer>,
+}
+
+impl Batcher {
+    /// Starts `writers` threads claiming from the queue with connections from `pool`.
+    pub fn start(pool: DbPool, writers: usize) -> Batcher {
+        let queue = Arc::new(Queue::default());
+        for n in 0..writers.max(1) {
+            let (queue, pool) = (queue.clone(), pool.clone());
+            std::thread::Builder::new()
+                .name(format!("hookbox-claims-{n}"))
+                .spawn(move || write_loop(&queue, &pool))
+                .expect("a thread can be started at startup");
+        }
+        Batcher {
+            _closer: Arc::new(Closer(queue.clone())),
+            queue,
+        }
+    }
+
+    /// Claims `delivery` in the next batch and waits for the outcome.
+    pub async fn claim(
+        &self,
+        delivery: Delivery,
+        handler: Arc<dyn Handler>,
+    ) -> Result<Outcome, ClaimError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        {
+            let mut jobs = self.queue.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            jobs.push_back(Job {
+                delivery,
+                handler,
+                reply,
+            });
+        }
+        self.queue.ready.notify_one();
+        answer.await.unwrap_or_else(|_| {
+            Err(ClaimError::Handler(anyhow::anyhow!(
+                "the claim batch failed before it was stored"
+            )))
+        })
+    }
+}
+
+fn write_loop(queue: &Queue, pool: &DbPool) {
+    loop {
+        let batch: Vec<Job> = {
+            let mut jobs = queue.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            while jobs.is_empty() {
+                if queue.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                jobs = queue.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
+            }
+            let n = jobs.len().min(MAX_BATCH);
+            jobs.drain(..n).collect()
+        };
+        // Handlers' panics are caught where they run; this is for a bug of hookbox's own. The
+        // batch's jobs are dropped with it, so their deliveries are answered 500, and the
+        // writer lives on for the next batch.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(pool, batch))).is_err() {
+            tracing::error!("a claim batch panicked; its deliveries were answered 500");
+        }
+    }
+}
+
+/// A failure every job of the batch shares, made anew for each (diesel errors are not Clone).
+fn shared_failure(message: &str) -> ClaimError {
+    ClaimError::Database(DieselError::DatabaseError(
+        DatabaseErrorKind::ClosedConnection,
+        Box::new(message.to_owned()),
+    ))
+}
+
+fn write(pool: &DbPool, batch: Vec<Job>) {
+    let mut conn = match pool.get() {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::warn!(error = %e, "no database connection");
+            let message = format!("no database connection: {e}");
+            for job in batch {
+                let _ = job.reply.send(Err(shared_failure(&message)));
+            }
+            return;
+        }
+    };
+    let received_at = DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
+        .expect("now is a representable time");
+
+    // Each job's answer, from its handler; a handler that fails fails its own job only.
+    let mut ready: Vec<(Job, Response)> = Vec::with_capacity(batch.len());
+    for job in batch {
+        match run_handler(
+            job.handler.as_ref(),
+            &mut conn,
+            &event(&job.delivery, 0, received_at),
+        ) {
+            Ok(response) => ready.push((job, response)),
+            Err(e) => {
+                let _ = job.reply.send(Err(e));
+            }
+        }
+    }
+    // Grouped by (source, event id), in key order: the first of each group is the one whose
+    // row is inserted.
+    let mut groups: BTreeMap<(String, String), Vec<(Job, Response)>> = BTreeMap::new();
+    for (job, response) in ready {
+        let key = (
+            job.delivery.source.as_str().to_owned(),
+            job.delivery.event_id.as_str().to_owned(),
+        );
+        groups.entry(key).or_default().push((job, response));
+    }
+    if groups.is_empty() {
+        return;
+    }
+
+    let inserted = insert(&mut conn, &groups, received_at);
+    let inserted = match inserted {
+        Ok(keys) => keys,
+        Err(e) => {
+            let gone = conn.note(&e);
+            if !gone {
+                tracing::debug!(error = %e, "a claim batch fell back to claims one by one");
+            }
+            drop(conn);
+            return one_by_one(pool, groups);
+        }
+    };
+
+    let mut unresolved = BTreeMap::new();
+    for (key, jobs) in groups {
+        if inserted.contains(&key) {
+            let mut jobs = jobs.into_iter();
+            let (leader, response) = jobs.next().expect("a group has a job");
+            let stored = StoredResponse::new(response, received_at);
+            for (job, _) in jobs {
+                let outcome = if job.delivery.fingerprint == leader.delivery.fingerprint {
+                    Outcome::Replay(stored.clone())
+                } else {
+                    Outcome::Mismatch
+                };
+                let _ = job.reply.send(Ok(outcome));
+            }
+            let _ = leader.reply.send(Ok(Outcome::Claimed(stored)));
+        } else {
+            unresolved.insert(key, jobs);
+        }
+    }
+    if !unresolved.is_empty() {
+        answer_from_store(&mut conn, pool, unresolved);
+    }
+}
+
+type Groups = BTreeMap<(String, String), Vec<(Job, Response)>>;
+
+/// The multi-row INSERT; returns the keys it claimed.
+fn insert(
+    conn: &mut db::DbConnection,
+    groups: &Groups,
+    received_at: DateTime<Utc>,
+) -> Result<std::collections::BTreeSet<(String, String)>, DieselError> {
+    let rows: Vec<_> = groups
+        .values()
+        .map(|jobs| {
+            let (job, response) = &jobs[0];
+            let d = &job.delivery;
+            (
+                events::source.eq(d.source.as_str()),
+                events::event_id.eq(d.event_id.as_str()),
+                events::event_type.eq(d.event_type.as_deref()),
+                events::fingerprint.eq(&d.fingerprint[..]),
+                events::received_at.eq(received_at),
+                events::payload.eq(&d.body[..]),
+                events::headers.eq(&d.headers),
+                events::response_status.eq(status_column(response)),
+                events::response_content_type.eq(&response.content_type),
+                events::response_body.eq(&response.body),
+            )
+        })
+        .collect();
+    let claimed: Vec<(String, String)> = diesel::insert_into(events::table)
+        .values(&rows)
+        .on_conflict((events::source, events::event_id))
+        .do_nothing()
+        .returning((events::source, events::event_id))
+        .get_results(&mut ***conn)?;
+    Ok(claimed.into_iter().collect())
+}
+
+type StoredRow = (
+    String,
+    Vec<u8>,
+    DateTime<Utc>,
+    Option<i16>,
+    Option<String>,
+    Option<Vec<u8>>,
+);
+
+/// Answers the groups whose rows another delivery committed, from what it stored.
+fn answer_from_store(conn: &mut db::DbConnection, pool: &DbPool, groups: Groups) {
+    let mut by_source: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (source, event_id) in groups.keys() {
+        by_source
+            .entry(source.clone())
+            .or_default()
+            .push(event_id.clone());
+    }
+    let mut found: BTreeMap<(String, String), (Vec<u8>, StoredResponse)> = BTreeMap::new();
+    for (source, ids) in by_source {
+        let rows: Result<Vec<StoredRow>, _> = events::table
+            .filter(events::source.eq(&source))
+            .filter(events::event_id.eq_any(&ids))
+            .select((
+                events::event_id,
+                events::fingerprint,
+                events::received_at,
+                events::response_status,
+                events::response_content_type,
+                events::response_body,
+            ))
+            .load(&mut ***conn);
+        let Ok(rows) = rows.map_err(|e| conn.note(&e)) else {
+            return one_by_one(pool, groups);
+        };
+        for (event_id, fingerprint, received_at, status, content_type, body) in rows {
+            if let (Some(status), Some(content_type), Some(body)) = (status, content_type, body) {
+                let stored = StoredResponse {
+                    status: u16::try_from(status).unwrap_or(500),
+                    content_type,
+                    body: body.into(),
+                    received_at,
+                };
+                found.insert((source.clone(), event_id), (fingerprint, stored));
+            }
+        }
+    }
+    let mut missing = BTreeMap::new();
+    for (key, jobs) in groups {
+        match found.get(&key) {
+            Some((fingerprint, stored)) => {
+                for (job, _) in jobs {
+                    let outcome = if job.delivery.fingerprint[..] == fingerprint[..] {
+                        Outcome::Replay(stored.clone())
+                    } else {
+                        Outcome::Mismatch
+                    };
+                    let _ = job.reply.send(Ok(outcome));
+                }
+            }
+            // Purged between the INSERT's conflict and this read: claim afresh.
+            None => {
+                missing.insert(key, jobs);
+            }
+        }
+    }
+    if !missing.is_empty() {
+        one_by_one(pool, missing);
+    }
+}
+
+/// Claims each delivery on its own, as the single-statement path does.
+fn one_by_one(pool: &DbPool, groups: Groups) {
+    for (_, jobs) in groups {
+        for (job, _) in jobs {
+            let outcome = match pool.get() {
+                Ok(mut conn) => {
+                    let outcome = claim(&mut conn, &job.delivery, job.handler.as_ref());
+                    if let Err(ClaimError::Database(e)) = &outcome {
+                        conn.note(e);
+                    }
+                    outcome
+                }
+                Err(e) => Err(shared_failure(&format!("no database connection: {e}"))),
+            };
+            let _ = job.reply.send(outcome);
+        }
+    }
+}
