@@ -144,7 +144,13 @@ fn run_handler(
             "the handler answered with status {}, which is not an HTTP status",
             response.status
         ))),
-        Ok(Err(e)) => Err(ClaimError::Handler(e)),
+        // A statement of the handler's that failed because the connection did (the database
+        // restarted or went away) is the database's failure, not the handler's: 503, not 500.
+        Ok(Err(e)) => Err(match e.downcast::<DieselError>() {
+            Ok(error) if db::is_connection_error(&error) => ClaimError::Database(error),
+            Ok(error) => ClaimError::Handler(error.into()),
+            Err(e) => ClaimError::Handler(e),
+        }),
         Err(panic) => {
             let what = panic
                 .downcast_ref::<&str>()

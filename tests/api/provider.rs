@@ -22,8 +22,8 @@ const SIDE_EFFECTS: &str = "CREATE TABLE IF NOT EXISTS side_effects (
     event_row BIGINT REFERENCES events (id) ON DELETE CASCADE
 )";
 
-/// A handler that writes a side-effect row on the claim's connection, then takes `delay`
-/// (holding its transaction open, as a slow handler does).
+/// A handler that takes `delay` (holding the claim's transaction open, as a slow handler
+/// does), then writes a side-effect row on the claim's connection.
 pub struct Counting {
     pub delay: Duration,
     /// How many times `handle` was entered (committed or not).
@@ -46,15 +46,16 @@ impl Handler for Counting {
     }
 
     fn handle(&self, conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response> {
+        self.entered.fetch_add(1, Ordering::SeqCst);
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        // After the pause, so a connection lost meanwhile fails the handler's own statement.
         diesel::sql_query("INSERT INTO side_effects VALUES ($1, $2, $3)")
             .bind::<Text, _>(event.source.as_str())
             .bind::<Text, _>(event.event_id.as_str())
             .bind::<BigInt, _>(event.row_id)
             .execute(conn)?;
-        self.entered.fetch_add(1, Ordering::SeqCst);
-        if !self.delay.is_zero() {
-            std::thread::sleep(self.delay);
-        }
         Ok(Response::processed(event))
     }
 }
