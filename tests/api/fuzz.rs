@@ -658,7 +658,7 @@ async fn no_request_of_random_bytes_to_any_source_is_answered_with_a_5xx() {
                 );
                 if answer.status >= 400 {
                     prop_assert!(
-                        answer.error().is_some(),
+                        answer.code().is_some(),
                         "{source}: not the contract's JSON: {:?}",
                         answer
                     );

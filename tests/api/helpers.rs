@@ -343,6 +343,13 @@ impl Answer {
         self.json()["error"].as_str().unwrap_or("").to_owned()
     }
 
+    /// The contract's error code, or `None` when the body is not the contract's JSON (an
+    /// answer from the HTTP layer itself).
+    pub fn code(&self) -> Option<String> {
+        let json: serde_json::Value = serde_json::from_slice(&self.body).ok()?;
+        json["error"].as_str().map(str::to_owned)
+    }
+
     pub fn replayed(&self) -> bool {
         self.header("Idempotent-Replayed") == Some("true")
     }

@@ -8,7 +8,7 @@ use hmac::{KeyInit, Mac};
 use hookbox::Handlers;
 
 use crate::helpers::*;
-use crate::raw::{self, RawAnswer};
+use crate::raw;
 
 /// One row: what is sent, and the status and error code it must get.
 struct Case {
@@ -482,14 +482,14 @@ async fn hostile_requests_get_their_expected_status_and_code_and_never_a_5xx() {
         match answer {
             Ok(answer)
                 if answer.status < 500
-                    && (answer.status, answer.error().as_deref()) == (case.status, case.error) => {}
+                    && (answer.status, answer.code().as_deref()) == (case.status, case.error) => {}
             Ok(answer) => wrong.push(format!(
                 "{}: expected {} {:?}, got {} {:?}: {}",
                 case.name,
                 case.status,
                 case.error,
                 answer.status,
-                answer.error(),
+                answer.code(),
                 String::from_utf8_lossy(&answer.body)
             )),
             Err(e) => wrong.push(format!("{}: {e}", case.name)),
@@ -515,7 +515,7 @@ fn dribbling(
     head: &[u8],
     dribble: &[u8],
     every: Duration,
-) -> (Result<RawAnswer, String>, Duration) {
+) -> (Result<Answer, String>, Duration) {
     use std::io::Write;
     let started = Instant::now();
     let mut stream = raw::connect(address, Duration::from_secs(20));
@@ -590,7 +590,7 @@ async fn a_client_dribbling_bytes_is_timed_out_while_others_are_served() {
     let (body_answer, body_took) = slow_body.await.expect("the dribbling thread");
     let body_answer = body_answer.expect("an answer to the slow body");
     assert_eq!(
-        (body_answer.status, body_answer.error().as_deref()),
+        (body_answer.status, body_answer.code().as_deref()),
         (408, Some("request_timeout")),
         "{}",
         String::from_utf8_lossy(&body_answer.body)

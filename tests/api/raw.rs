@@ -5,29 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-/// An answer as read off the socket.
-#[derive(Debug, Clone)]
-pub struct RawAnswer {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl RawAnswer {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The contract's error code, or `None` when the body is not the contract's JSON (an
-    /// answer from the HTTP layer itself).
-    pub fn error(&self) -> Option<String> {
-        let json: serde_json::Value = serde_json::from_slice(&self.body).ok()?;
-        json["error"].as_str().map(str::to_owned)
-    }
-}
+use crate::helpers::Answer;
 
 /// `host:port` of `http://host:port`.
 pub fn authority(address: &str) -> &str {
@@ -46,14 +24,14 @@ pub fn connect(address: &str, limit: Duration) -> TcpStream {
 
 /// Sends `request` whole and reads the answer. A write the server cut short (it answered
 /// before reading everything) is not an error: the answer is still read.
-pub fn exchange(address: &str, request: &[u8], limit: Duration) -> Result<RawAnswer, String> {
+pub fn exchange(address: &str, request: &[u8], limit: Duration) -> Result<Answer, String> {
     let mut stream = connect(address, limit);
     let _ = stream.write_all(request);
     read_answer(&mut stream)
 }
 
 /// Reads one answer: the head, then a `Content-Length` or chunked body, or up to the close.
-pub fn read_answer(stream: &mut TcpStream) -> Result<RawAnswer, String> {
+pub fn read_answer(stream: &mut TcpStream) -> Result<Answer, String> {
     let mut data = Vec::new();
     let mut buffer = [0u8; 16 * 1024];
     let head_end = loop {
@@ -104,7 +82,7 @@ pub fn read_answer(stream: &mut TcpStream) -> Result<RawAnswer, String> {
     if chunked {
         body = unchunk(&body);
     }
-    Ok(RawAnswer {
+    Ok(Answer {
         status,
         headers,
         body,
