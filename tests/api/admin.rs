@@ -22,7 +22,17 @@ async fn the_admin_api_is_404_while_no_token_is_configured() {
 async fn a_wrong_or_missing_token_is_401_without_a_hint() {
     let app = TestApp::spawn().await;
     let near_miss = &ADMIN_TOKEN[..ADMIN_TOKEN.len() - 1];
-    for token in [None, Some("nope"), Some(near_miss), Some("")] {
+    let longer = format!("{ADMIN_TOKEN}0");
+    let shouted = ADMIN_TOKEN.to_uppercase();
+    let mut bodies = Vec::new();
+    for token in [
+        None,
+        Some("nope"),
+        Some(near_miss),
+        Some(""),
+        Some(&longer),
+        Some(&shouted),
+    ] {
         let answer = app.get("/admin/events", token).await;
         assert_eq!(
             (answer.status, answer.error().as_str()),
@@ -30,7 +40,14 @@ async fn a_wrong_or_missing_token_is_401_without_a_hint() {
             "{token:?}"
         );
         assert!(!answer.text().contains(ADMIN_TOKEN));
+        assert_eq!(answer.header("WWW-Authenticate"), Some("Bearer"));
+        bodies.push(answer.body);
     }
+    // However near the guess, the answer is the same: nothing tells a closer guess apart.
+    assert!(
+        bodies.windows(2).all(|pair| pair[0] == pair[1]),
+        "{bodies:?}"
+    );
     let id = unique_id("evt");
     let answer = app
         .get(&format!("/admin/events/stripe/{id}"), Some("nope"))

@@ -22,5 +22,6 @@ mod raw;
 mod replay;
 mod retention;
 mod schemes;
+mod security;
 mod send;
 mod vectors;
