@@ -4,12 +4,14 @@
 //!
 //! ```text
 //! cargo run --release --example loadgen -- --to http://127.0.0.1:8080 --secret whsec_... \
-//!     --connections 32 --seconds 10 [--mode fresh|replay|mixed] [--while-pid PID]
+//!     --connections 32 --seconds 10 [--mode fresh|replay|mixed] [--rate N] [--while-pid PID]
 //! ```
 //!
 //! `fresh`: every request is a new event (a distinct id, ~1.5 KB, signed with a fresh
 //! timestamp). `replay`: every request is one of 256 events stored first. `mixed`: of every ten
 //! requests, six fresh, three replays and one with a bad signature (which must get 401).
+//! `--rate N`: at most N requests a second in all, spread evenly over the connections (a
+//! steady load, for the soak); without it each connection sends as fast as it is answered.
 //!
 //! It speaks HTTP/1.1 over plain sockets on one thread, so that as little as possible of the
 //! machine goes to the client: the server under test shares the cores with it.
@@ -31,6 +33,7 @@ struct Args {
     connections: usize,
     seconds: u64,
     mode: String,
+    rate: Option<f64>,
     while_pid: Option<u32>,
 }
 
@@ -44,6 +47,7 @@ fn parse_args() -> Args {
         connections: 32,
         seconds: 10,
         mode: "fresh".to_owned(),
+        rate: None,
         while_pid: None,
     };
     let mut it = std::env::args().skip(1);
@@ -56,6 +60,7 @@ fn parse_args() -> Args {
             "--connections" => args.connections = value.parse().expect("--connections N"),
             "--seconds" => args.seconds = value.parse().expect("--seconds N"),
             "--mode" => args.mode = value,
+            "--rate" => args.rate = Some(value.parse().expect("--rate N (requests a second)")),
             "--while-pid" => args.while_pid = Some(value.parse().expect("--while-pid PID")),
             other => panic!("unknown flag {other}"),
         }
@@ -214,7 +219,17 @@ fn main() {
                     let mut stream = None;
                     let mut buffer = Vec::with_capacity(4096);
                     let mut n = 0usize;
+                    // Each connection's share of --rate: one request every `every` at most.
+                    let every = args
+                        .rate
+                        .map(|rate| Duration::from_secs_f64(args.connections as f64 / rate));
+                    let mut next = tokio::time::Instant::now();
                     while keep_going() {
+                        if let Some(every) = every {
+                            tokio::time::sleep_until(next).await;
+                            // A stall is not made up with a burst.
+                            next = (next + every).max(tokio::time::Instant::now());
+                        }
                         let slot = (worker * 7 + n) % 10;
                         let (id, forged) = match args.mode.as_str() {
                             "replay" => (replay_ids[(worker * 7 + n) % replay_ids.len()].clone(), false),

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# A soak: steady mixed traffic (six in ten fresh deliveries, three replays, one with a bad
+# signature) against a release `hookbox serve`, for ten minutes, sampling the server's memory
+# (VmRSS), threads, open file descriptors and database sessions every few seconds. The
+# retention window is five minutes, so in the second half the scheduled purge runs every
+# minute and the table stops growing. Prints the samples as CSV and a summary: for each measure its first, last and peak
+# value, and the mean of the first and of the last minute.
+#
+#   bench/soak.sh                                   # 10 minutes, 400 requests/s, 16 connections
+#   SOAK_SECONDS=60 SAMPLE_EVERY=2 bench/soak.sh    # a short one
+#   RATE=800 CONNECTIONS=32 CSV=soak.csv bench/soak.sh
+#   DATABASE_URL=postgres://postgres:secret@127.0.0.1:5433/postgres bench/soak.sh
+#
+# Needs a release build (made here; CARGO_TARGET_DIR is honoured), psql and curl.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SOAK_SECONDS="${SOAK_SECONDS:-600}"
+SAMPLE_EVERY="${SAMPLE_EVERY:-5}"
+RATE="${RATE:-400}"
+CONNECTIONS="${CONNECTIONS:-16}"
+server_url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+db="hookbox_soak_$$"
+db_url="${server_url%/*}/$db"
+secret="whsec_soak_secret"
+port=$((40000 + $$ % 10000))
+work="$(mktemp -d)"
+csv="${CSV:-$work/soak.csv}"
+target="${CARGO_TARGET_DIR:-target}"
+server_pid=""
+load_pid=""
+
+cleanup() {
+  if [ -n "$load_pid" ]; then kill "$load_pid" 2>/dev/null || true; fi
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+  psql "$server_url" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "building (release)..." >&2
+cargo build --release -q --bin hookbox --example loadgen
+hookbox="$target/release/hookbox"
+loadgen="$target/release/examples/loadgen"
+
+psql "$server_url" -qc "CREATE DATABASE $db" >/dev/null
+cat > "$work/hookbox.toml" <<TOML
+[server]
+listen = "127.0.0.1:$port"
+[database]
+url = "$db_url"
+pool_size = 8
+[retention]
+window = "5m"
+purge_interval = "1m"
+[sources.stripe]
+scheme = "stripe"
+secrets = ["$secret"]
+TOML
+
+RUST_LOG=warn "$hookbox" serve --config "$work/hookbox.toml" 2>"$work/serve.log" &
+server_pid=$!
+for _ in $(seq 1 100); do
+  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+curl -fs "http://127.0.0.1:$port/readyz" >/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+
+echo "warming up for 10 s..." >&2
+"$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --connections "$CONNECTIONS" \
+  --seconds 10 --mode mixed --rate "$RATE" >/dev/null
+
+echo "soaking for $SOAK_SECONDS s at $RATE requests/s over $CONNECTIONS connections..." >&2
+"$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --connections "$CONNECTIONS" \
+  --seconds "$SOAK_SECONDS" --mode mixed --rate "$RATE" >"$work/load.json" &
+load_pid=$!
+
+echo "seconds,rss_kb,threads,fds,db_sessions,events" >"$csv"
+started=$(date +%s)
+while kill -0 "$load_pid" 2>/dev/null; do
+  now=$(( $(date +%s) - started ))
+  rss=$(awk '/^VmRSS/ {print $2}' "/proc/$server_pid/status")
+  threads=$(awk '/^Threads/ {print $2}' "/proc/$server_pid/status")
+  fds=$(ls "/proc/$server_pid/fd" | wc -l)
+  sessions=$(psql "$server_url" -Atqc "SELECT count(*) FROM pg_stat_activity WHERE datname = '$db'")
+  events=$(psql "$db_url" -Atqc "SELECT count(*) FROM events")
+  echo "$now,$rss,$threads,$fds,$sessions,$events" >>"$csv"
+  sleep "$SAMPLE_EVERY"
+done
+load_pid=""
+
+cat "$csv"
+echo
+echo "load: $(cat "$work/load.json")"
+awk -F, -v every="$SAMPLE_EVERY" '
+  NR == 1 { for (i = 2; i <= NF; i++) name[i] = $i; next }
+  {
+    n++
+    for (i = 2; i <= NF; i++) {
+      if (n == 1) first[i] = $i
+      last[i] = $i
+      if (n == 1 || $i > peak[i]) peak[i] = $i
+      if ($1 < 60) { head[i] += $i; heads[i]++ }
+      value[n, i] = $i; at[n] = $1
+    }
+  }
+  END {
+    end = at[n]
+    for (k = 1; k <= n; k++) if (at[k] > end - 60) for (i = 2; i <= NF; i++) { tail[i] += value[k, i]; tails[i]++ }
+    printf "%-12s %10s %10s %10s %14s %14s\n", "measure", "first", "last", "peak", "mean 1st min", "mean last min"
+    for (i = 2; i <= NF; i++)
+      printf "%-12s %10s %10s %10s %14.1f %14.1f\n", name[i], first[i], last[i], peak[i], head[i] / heads[i], tail[i] / tails[i]
+  }' "$csv"
+echo "server peak RSS (VmHWM): $(awk '/VmHWM/ {printf "%.1f MB", $2/1024}' "/proc/$server_pid/status")"
+if grep -qE "ERROR|panicked" "$work/serve.log"; then
+  echo "the server logged errors:" >&2
+  grep -E "ERROR|panicked" "$work/serve.log" | head -20 >&2
+fi
