@@ -290,3 +290,50 @@ async fn three_hundred_deliveries_at_once_through_four_connections_are_each_200_
     .await;
     assert_invariants(&provider, &address, &db.url, &delivered).await;
 }
+
+#[actix_web::test]
+async fn a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_recovers() {
+    // The built-in handler's claims go through the batch writer, not a transaction per
+    // delivery: a stall must not hold them past the request timeout either.
+    let db = TestDb::create();
+    let upstream = host_port(&db.url);
+    let proxy = Proxy::start(upstream.clone());
+    let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"3s\"");
+    let config = parse_config(&text.replace(&db.url, &proxy.url_for(&db.url, &upstream)));
+    let address = serve_in_process(config, Handlers::default());
+    count_side_effects_with_a_trigger(&db.url);
+    let provider = Provider::new(&parse_config(&text));
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let warm = provider
+        .deliver(&address, &webhooks(1)[0], 1, deadline)
+        .await;
+    assert!(warm.acked.is_some(), "{:?}", warm.attempts);
+
+    proxy.stall();
+    let stalled = webhooks(8);
+    let mut delivered = join_all(
+        stalled
+            .iter()
+            .map(|w| provider.deliver(&address, w, 1, deadline)),
+    )
+    .await;
+    for d in &delivered {
+        let attempt = &d.attempts[0];
+        assert_eq!(
+            (attempt.status, attempt.retry_after),
+            (Some(503), true),
+            "{attempt:?}"
+        );
+        assert!(attempt.elapsed < Duration::from_secs(5), "{attempt:?}");
+    }
+
+    proxy.restore();
+    join_all(
+        delivered
+            .iter_mut()
+            .map(|d| provider.deliver_more(&address, d, 200, deadline)),
+    )
+    .await;
+    delivered.push(warm);
+    assert_invariants(&provider, &address, &db.url, &delivered).await;
+}
