@@ -9,6 +9,7 @@ use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 
+use crate::activity::{self, Activity, PurgeResult};
 use crate::config::Config;
 use crate::db::{self, DbPool};
 use crate::forward::{self, Dispatcher};
@@ -77,6 +78,8 @@ pub struct AppState {
     pub sources: HashMap<String, Arc<Source>>,
     /// Counters and histograms.
     pub metrics: Metrics,
+    /// Per-minute answers, unflushed replay counts and the last purge, for the console.
+    pub activity: Activity,
     /// `[server].max_body_bytes`.
     pub max_body_bytes: usize,
     /// `[server].in_flight_wait`.
@@ -92,6 +95,7 @@ pub struct Application {
     port: u16,
     server: Server,
     purge: PurgeTask,
+    flusher: activity::Flusher,
     forward: forward::Wake,
     stop: futures_util::future::BoxFuture<'static, &'static str>,
 }
@@ -161,6 +165,7 @@ impl Application {
         let state = web::Data::new(AppState {
             pool: db::pool(&config.database, config.server.in_flight_wait),
             metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
+            activity: Activity::new(config.sources.iter().map(|s| &s.name)),
             sources,
             max_body_bytes: config.server.max_body_bytes,
             in_flight_wait: config.server.in_flight_wait,
@@ -217,6 +222,7 @@ impl Application {
             }
         }
         Dispatcher::start(state.clone(), state.forward.clone());
+        let flusher = activity::Flusher::start(state.clone());
         if config.sources.is_empty() {
             tracing::warn!("no sources are configured: every delivery will be answered 404 (add [sources.NAME] to the config)");
         }
@@ -248,6 +254,7 @@ impl Application {
             port: address.port(),
             server,
             purge,
+            flusher,
             forward: state.forward.clone(),
             stop,
         })
@@ -279,6 +286,8 @@ impl Application {
                 result?;
             }
         }
+        // After the server: replays answered while it drained are counted too.
+        self.flusher.stop().await;
         tracing::info!("hookbox stopped");
         Ok(())
     }
@@ -308,27 +317,39 @@ impl PurgeTask {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    let (state, plan, stop) = (state.clone(), plan.clone(), stop.clone());
+                    let started = std::time::Instant::now();
+                    let (pass_state, plan, stop) = (state.clone(), plan.clone(), stop.clone());
                     let pass = web::block(move || {
-                        let pass = db::with_connection(&state.pool, |conn| {
+                        let pass = db::with_connection(&pass_state.pool, |conn| {
                             retention::purge_logged(conn, &plan, &stop, &mut |_| {})
                         })?;
-                        if let Some(report) = pass {
-                            state
+                        if let Some(report) = &pass {
+                            pass_state
                                 .metrics
                                 .record_purge(&report.removed, !report.interrupted);
                         }
-                        Ok::<_, db::DbError>(())
+                        Ok::<_, db::DbError>(pass)
                     })
                     .await;
-                    match pass {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => tracing::warn!(
-                            error = %e,
-                            "purge pass failed; the next one is at the next interval"
-                        ),
-                        Err(_) => tracing::error!("the purge pass panicked"),
-                    }
+                    let result = match pass {
+                        Ok(Ok(Some(report))) => PurgeResult::Done {
+                            removed: report.removed,
+                            interrupted: report.interrupted,
+                        },
+                        Ok(Ok(None)) => PurgeResult::Skipped,
+                        Ok(Err(e)) => {
+                            tracing::warn!(
+                                error = %e,
+                                "purge pass failed; the next one is at the next interval"
+                            );
+                            PurgeResult::Failed(e.to_string())
+                        }
+                        Err(_) => {
+                            tracing::error!("the purge pass panicked");
+                            PurgeResult::Failed("the purge pass panicked".to_owned())
+                        }
+                    };
+                    state.activity.purge_finished(started.elapsed(), result);
                 }
             }
         });

@@ -2,6 +2,7 @@
 
 mod admin;
 pub mod error;
+mod observe;
 mod ops;
 mod webhook;
 

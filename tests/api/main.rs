@@ -4,6 +4,7 @@
 mod admin;
 mod bad_config;
 mod concurrency;
+mod console;
 mod downstream;
 mod export;
 mod forward;
