@@ -160,6 +160,7 @@ pub struct Activity {
     /// Replays not counted because [`MAX_UNFLUSHED`] was reached.
     lost: AtomicU64,
     last_purge: Mutex<Option<LastPurge>>,
+    started_at: DateTime<Utc>,
 }
 
 /// Minutes since the Unix epoch, now.
@@ -185,6 +186,7 @@ impl Activity {
             unflushed: Mutex::new(HashMap::new()),
             lost: AtomicU64::new(0),
             last_purge: Mutex::new(None),
+            started_at: Utc::now(),
         }
     }
 
@@ -203,6 +205,11 @@ impl Activity {
         ring.lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .record(minute, outcome, reason);
+    }
+
+    /// When this process started counting: its history begins here.
+    pub fn started_at(&self) -> DateTime<Utc> {
+        self.started_at
     }
 
     /// The source labels with a history, in config order, [`UNKNOWN_SOURCE`] last.

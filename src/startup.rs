@@ -80,6 +80,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Per-minute answers, unflushed replay counts and the last purge, for the console.
     pub activity: Activity,
+    /// The console's logged-in sessions.
+    pub sessions: http::Sessions,
     /// `[server].max_body_bytes`.
     pub max_body_bytes: usize,
     /// `[server].in_flight_wait`.
@@ -166,6 +168,7 @@ impl Application {
             pool: db::pool(&config.database, config.server.in_flight_wait),
             metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
             activity: Activity::new(config.sources.iter().map(|s| &s.name)),
+            sessions: http::Sessions::default(),
             sources,
             max_body_bytes: config.server.max_body_bytes,
             in_flight_wait: config.server.in_flight_wait,
@@ -242,9 +245,11 @@ impl Application {
             "retention purge scheduled"
         );
         if state.admin_token.is_some() {
-            tracing::info!("admin API on at /admin (bearer token)");
+            tracing::info!("admin API on at /admin (bearer token), console at /console");
         } else {
-            tracing::info!("admin API off (set [admin].token_env to a variable holding a token)");
+            tracing::info!(
+                "admin API and console off (set [admin].token_env to a variable holding a token)"
+            );
         }
 
         let server = server.run();

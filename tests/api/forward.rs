@@ -11,13 +11,13 @@ use crate::helpers::*;
 
 const FORWARD_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
-fn forward_extra(url: &str, timeout: &str, max_attempts: u32) -> String {
+pub fn forward_extra(url: &str, timeout: &str, max_attempts: u32) -> String {
     format!(
         "\n[sources.stripe.forward]\nurl = \"{url}\"\ntimeout = \"{timeout}\"\nmax_attempts = {max_attempts}\nsecret = \"{FORWARD_SECRET}\"\n"
     )
 }
 
-async fn poll_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+pub async fn poll_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !check() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
