@@ -42,7 +42,8 @@ pub async fn post_form(
     read(request.send_body(body).await.expect("the server answers")).await
 }
 
-fn form_encode(value: &str) -> String {
+/// Percent-encodes everything but unreserved characters, for a form body or a query value.
+pub fn form_encode(value: &str) -> String {
     value
         .bytes()
         .map(|b| match b {

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bad_config;
+mod browser;
 mod concurrency;
 mod console;
 mod downstream;
@@ -19,3 +20,4 @@ mod retention;
 mod schemes;
 mod send;
 mod vectors;
+mod webdriver;

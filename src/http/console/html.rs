@@ -171,7 +171,8 @@ svg.chart text{font:10px system-ui,sans-serif;fill:#667}svg.chart line{stroke:#c
 .processed{fill:#2e7d32;background:#2e7d32}.replayed{fill:#1976d2;background:#1976d2}\
 .rejected{fill:#ef6c00;background:#ef6c00}.failed{fill:#c62828;background:#c62828}\
 .legend span{margin-right:1.2em;white-space:nowrap}.sw{display:inline-block;width:.8em;height:.8em;margin-right:.35em;vertical-align:-.05em}\
-nav.pages{margin-top:.8em;display:flex;gap:1.2em}";
+nav.pages{margin-top:.8em;display:flex;gap:1.2em}\
+div.row{display:flex;flex-wrap:wrap;gap:1em}div.row section.card{flex:1 1 20em;margin-bottom:0}";
 
 /// A whole page: the header (with the logout form when logged in) and `main`.
 pub fn page(title: &str, session: Option<&Session>, main: &str) -> String {

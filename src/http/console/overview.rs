@@ -22,114 +22,128 @@ pub async fn show(
     let session = gate(&state, &request)?;
     let outbox = with_db(&state, "console outbox count", forward::store::counts).await;
 
-    let mut main = String::from("<h1>Overview</h1>");
+    let mut main = String::from("<h1>Overview</h1><div class=\"row\">");
+    main.push_str(&purge_card(&state));
+    main.push_str(&outbox_card(outbox.ok()));
     let _ = write!(
         main,
-        "<p class=\"muted\">Webhook answers per minute over the last {} hours, as this process \
-         gave them (it started {}). Other instances keep their own.</p>",
+        "</div><p class=\"muted\">Webhook answers per minute over the last {} hours, as this \
+         process gave them (it started {}); other instances keep their own.</p>",
         HISTORY_MINUTES / 60,
         esc(&time(state.activity.started_at()))
     );
     let now = current_minute();
+    let mut quiet = Vec::new();
     for source in state.activity.sources() {
         let minutes = state.activity.history(source, now);
-        let quiet = minutes.iter().all(|m| m.total() == 0);
-        if source == UNKNOWN_SOURCE && quiet {
+        if minutes.iter().all(|m| m.total() == 0) {
+            if source != UNKNOWN_SOURCE {
+                quiet.push(esc(source).to_string());
+            }
             continue;
         }
         let name = if source == UNKNOWN_SOURCE {
-            "unknown sources".to_owned()
+            "unknown sources"
         } else {
-            source.clone()
+            source
         };
         let _ = write!(
             main,
-            "<section class=\"card\" id=\"source-{}\"><h2>{}</h2>",
+            "<section class=\"card\" id=\"source-{}\"><h2>{}</h2>{}{}</section>",
             esc(source),
-            esc(&name)
+            esc(name),
+            chart::svg(source, &minutes),
+            chart::legend(&minutes)
         );
-        if quiet {
-            main.push_str("<p class=\"muted\">No deliveries in this window.</p>");
-        } else {
-            main.push_str(&chart::svg(source, &minutes));
-            main.push_str(&chart::legend(&minutes));
-        }
-        main.push_str("</section>");
     }
-
-    main.push_str("<section class=\"card\" id=\"purge\"><h2>Last purge</h2>");
-    match state.activity.last_purge() {
-        None => main
-            .push_str("<p class=\"muted\">No purge pass has ended since this process started.</p>"),
-        Some(last) => {
-            let when = format!("{}, {} ms", time(last.at), last.took.as_millis());
-            match last.result {
-                PurgeResult::Done {
-                    removed,
-                    interrupted,
-                } => {
-                    let total: u64 = removed.values().sum();
-                    let by_source: Vec<String> = removed
-                        .iter()
-                        .map(|(source, n)| format!("{} {n}", esc(source)))
-                        .collect();
-                    let _ = write!(
-                        main,
-                        "<p>{}: removed {total} event{}{}{}.</p>",
-                        esc(&when),
-                        if total == 1 { "" } else { "s" },
-                        if by_source.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({})", by_source.join(", "))
-                        },
-                        if interrupted {
-                            "; stopped early by shutdown"
-                        } else {
-                            ""
-                        }
-                    );
-                }
-                PurgeResult::Skipped => {
-                    let _ = write!(
-                        main,
-                        "<p>{}: skipped, another instance held the purge lock.</p>",
-                        esc(&when)
-                    );
-                }
-                PurgeResult::Failed(error) => {
-                    let _ = write!(
-                        main,
-                        "<p class=\"error\">{}: failed: {}</p>",
-                        esc(&when),
-                        esc(&error)
-                    );
-                }
-            }
-        }
+    if !quiet.is_empty() {
+        let _ = write!(
+            main,
+            "<p class=\"muted\" id=\"quiet\">No deliveries in this window: {}.</p>",
+            quiet.join(", ")
+        );
     }
-    main.push_str("</section><section class=\"card\" id=\"outbox\"><h2>Forward outbox</h2>");
-    match outbox {
-        Ok((pending, dead)) => {
-            let _ = write!(
-                main,
-                "<p><span id=\"outbox-pending\">{pending}</span> pending, \
-                 <span id=\"outbox-dead\">{dead}</span> dead{}</p>",
-                if dead > 0 {
-                    format!(
-                        " (<a href=\"{}\">events with a dead delivery</a>)",
-                        esc(&link("/console/events", &[("dead", "1")]))
-                    )
-                } else {
-                    String::new()
-                }
-            );
-        }
-        Err(_) => main.push_str("<p class=\"error\">Unknown: the database did not answer.</p>"),
-    }
-    main.push_str("</section>");
     Ok(respond(
         StatusCode::OK,
         page("Overview", Some(&session), &main),
     ))
+}
+
+/// When the last purge pass ended and what it did.
+fn purge_card(state: &AppState) -> String {
+    let mut out = String::from("<section class=\"card\" id=\"purge\"><h2>Last purge</h2>");
+    let Some(last) = state.activity.last_purge() else {
+        out.push_str(
+            "<p class=\"muted\">No purge pass has ended since this process started.</p></section>",
+        );
+        return out;
+    };
+    let when = format!("{}, {} ms", time(last.at), last.took.as_millis());
+    let _ = match last.result {
+        PurgeResult::Done {
+            removed,
+            interrupted,
+        } => {
+            let total: u64 = removed.values().sum();
+            let by_source: Vec<String> = removed
+                .iter()
+                .map(|(source, n)| format!("{} {n}", esc(source)))
+                .collect();
+            write!(
+                out,
+                "<p>{}</p><p>Removed {total} event{}{}{}.</p>",
+                esc(&when),
+                if total == 1 { "" } else { "s" },
+                if by_source.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", by_source.join(", "))
+                },
+                if interrupted {
+                    "; stopped early by shutdown"
+                } else {
+                    ""
+                }
+            )
+        }
+        PurgeResult::Skipped => write!(
+            out,
+            "<p>{}</p><p>Skipped: another instance held the purge lock.</p>",
+            esc(&when)
+        ),
+        PurgeResult::Failed(error) => write!(
+            out,
+            "<p>{}</p><p class=\"error\">Failed: {}</p>",
+            esc(&when),
+            esc(&error)
+        ),
+    };
+    out.push_str("</section>");
+    out
+}
+
+/// Pending and dead forward deliveries, or that the database did not say.
+fn outbox_card(counts: Option<(i64, i64)>) -> String {
+    let mut out = String::from("<section class=\"card\" id=\"outbox\"><h2>Forward outbox</h2>");
+    let _ = match counts {
+        Some((pending, dead)) => write!(
+            out,
+            "<p><span id=\"outbox-pending\">{pending}</span> pending, \
+             <span id=\"outbox-dead\">{dead}</span> dead</p>{}",
+            if dead > 0 {
+                format!(
+                    "<p><a href=\"{}\">Events with a dead delivery</a></p>",
+                    esc(&link("/console/events", &[("dead", "1")]))
+                )
+            } else {
+                String::new()
+            }
+        ),
+        None => write!(
+            out,
+            "<p class=\"error\">Unknown: the database did not answer.</p>"
+        ),
+    };
+    out.push_str("</section>");
+    out
 }
