@@ -4,6 +4,7 @@ use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use base64::Engine;
 use chrono::{DateTime, Utc};
+use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -111,15 +112,42 @@ pub async fn list_events(
     Ok(HttpResponse::Ok().json(serde_json::json!({ "events": events })))
 }
 
-type Stored = (
-    Option<String>,
-    DateTime<Utc>,
-    Vec<u8>,
-    serde_json::Value,
-    Option<i16>,
-    Option<String>,
-    Option<Vec<u8>>,
-);
+/// One stored event, whole, as the admin API and the console show it.
+#[derive(Queryable)]
+pub(super) struct StoredEvent {
+    pub event_type: Option<String>,
+    pub received_at: DateTime<Utc>,
+    pub payload: Vec<u8>,
+    pub headers: serde_json::Value,
+    pub status: Option<i16>,
+    pub content_type: Option<String>,
+    pub body: Option<Vec<u8>>,
+    /// Replays flushed to the database so far.
+    pub replays: i64,
+}
+
+/// `source`'s stored event `event_id`, if it is stored.
+pub(super) fn stored_event(
+    conn: &mut PgConnection,
+    source: &str,
+    event_id: &str,
+) -> QueryResult<Option<StoredEvent>> {
+    events::table
+        .filter(events::source.eq(source))
+        .filter(events::event_id.eq(event_id))
+        .select((
+            events::event_type,
+            events::received_at,
+            events::payload,
+            events::headers,
+            events::response_status,
+            events::response_content_type,
+            events::response_body,
+            events::replays,
+        ))
+        .first(conn)
+        .optional()
+}
 
 /// `GET /admin/events/{source}/{event_id}`: the stored event and its stored answer.
 pub async fn get_event(
@@ -129,41 +157,24 @@ pub async fn get_event(
 ) -> Result<HttpResponse, ApiError> {
     authorize(&state, &request)?;
     let (source, event_id) = path.into_inner();
-    let row: Option<Stored> = with_db(&state, "admin query", {
+    let stored = with_db(&state, "admin query", {
         let (source, event_id) = (source.clone(), event_id.clone());
-        move |conn| {
-            events::table
-                .filter(events::source.eq(source))
-                .filter(events::event_id.eq(event_id))
-                .select((
-                    events::event_type,
-                    events::received_at,
-                    events::payload,
-                    events::headers,
-                    events::response_status,
-                    events::response_content_type,
-                    events::response_body,
-                ))
-                .first(conn)
-                .optional()
-        }
+        move |conn| stored_event(conn, &source, &event_id)
     })
-    .await?;
-    let Some((event_type, received_at, payload, headers, status, content_type, body)) = row else {
-        return Err(ApiError::NotFound);
-    };
+    .await?
+    .ok_or(ApiError::NotFound)?;
     let mut event = serde_json::json!({
         "source": source,
         "event_id": event_id,
-        "event_type": event_type,
-        "received_at": received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        "headers": headers,
-        "status": status,
-        "content_type": content_type,
+        "event_type": stored.event_type,
+        "received_at": stored.received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "headers": stored.headers,
+        "status": stored.status,
+        "content_type": stored.content_type,
     });
     let fields = event.as_object_mut().expect("built as an object above");
-    put_bytes(fields, "payload", payload);
-    put_bytes(fields, "body", body.unwrap_or_default());
+    put_bytes(fields, "payload", stored.payload);
+    put_bytes(fields, "body", stored.body.unwrap_or_default());
     Ok(HttpResponse::Ok().json(event))
 }
 

@@ -3,11 +3,9 @@
 
 use std::time::Duration;
 
-use hookbox::Handlers;
-
 use crate::console::form_encode;
-use crate::downstream::{always, Downstream};
-use crate::forward::{forward_extra, poll_until};
+use crate::downstream::always;
+use crate::forward::{forwarding_to_a_silent_downstream, poll_until};
 use crate::helpers::*;
 use crate::webdriver::{Browser, Chromedriver};
 
@@ -36,13 +34,7 @@ async fn assert_no_script_ran(browser: &Browser, page: &str) {
 
 #[actix_web::test]
 async fn an_operator_logs_in_finds_an_event_sees_it_whole_and_requeues_its_dead_delivery() {
-    // The downstream never answers within the 300 ms timeout: two attempts, then dead.
-    let downstream = Downstream::start(|_, _| (200, Duration::from_secs(3)));
-    let app = TestApp::spawn_with(
-        &forward_extra(&downstream.url, "300ms", 2),
-        Handlers::default(),
-    )
-    .await;
+    let (downstream, app) = forwarding_to_a_silent_downstream().await;
     let id = unique_id("evt");
     let delivery = app.delivery(
         "stripe",
@@ -133,12 +125,7 @@ async fn an_operator_logs_in_finds_an_event_sees_it_whole_and_requeues_its_dead_
     poll_until(
         "the re-queued delivery reaches the downstream",
         Duration::from_secs(10),
-        || {
-            downstream
-                .for_key(&key)
-                .iter()
-                .any(|r| r.status == 200 && r.header("x-hookbox-attempt") == "1")
-        },
+        || downstream.first_attempt_succeeded(&key),
     )
     .await;
     browser.close().await;

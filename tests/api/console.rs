@@ -65,6 +65,12 @@ pub async fn log_in(app: &TestApp) -> String {
         .to_owned()
 }
 
+/// The console's page of `source`'s event `id`.
+async fn event_page(app: &TestApp, cookie: &str, source: &str, id: &str) -> Answer {
+    let path = format!("/console/event?source={source}&id={}", form_encode(id));
+    get_page(app, &path, Some(cookie)).await
+}
+
 /// The value of the first hidden `csrf` field on a page.
 fn csrf_of(page: &str) -> String {
     let start = page.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
@@ -245,12 +251,7 @@ async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
         .expect("a delivery id");
 
     let cookie = log_in(&app).await;
-    let page = get_page(
-        &app,
-        &format!("/console/event?source=stripe&id={id}"),
-        Some(&cookie),
-    )
-    .await;
+    let page = event_page(&app, &cookie, "stripe", &id).await;
     assert_eq!(page.status, 200);
     assert!(page
         .text()
@@ -491,12 +492,7 @@ async fn replays_are_added_to_the_events_row_in_batches() {
         "an event never replayed counts none"
     );
     let cookie = log_in(&app).await;
-    let page = get_page(
-        &app,
-        &format!("/console/event?source=stripe&id={id}"),
-        Some(&cookie),
-    )
-    .await;
+    let page = event_page(&app, &cookie, "stripe", &id).await;
     assert!(
         page.text().contains("<dd id=\"replays\">3</dd>"),
         "{}",

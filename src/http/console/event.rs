@@ -11,9 +11,9 @@ use serde::Deserialize;
 
 use super::html::{esc, link, page, redirect, respond, show_body, time};
 use super::{check_csrf, field, gate, message, Refused};
-use crate::db::schema::events;
 use crate::forward::store::{self, DeliveryView};
-use crate::http::{admin, with_db};
+use crate::http::admin::{self, StoredEvent};
+use crate::http::with_db;
 use crate::startup::AppState;
 
 /// `GET /console/event` query: which event, and the outcome of a re-queue just made.
@@ -27,39 +27,12 @@ pub struct Which {
     delivery: Option<i64>,
 }
 
-#[derive(Queryable)]
-struct Stored {
-    event_type: Option<String>,
-    received_at: DateTime<Utc>,
-    payload: Vec<u8>,
-    headers: serde_json::Value,
-    status: Option<i16>,
-    content_type: Option<String>,
-    body: Option<Vec<u8>>,
-    replays: i64,
-}
-
 fn load(
     conn: &mut PgConnection,
     source: &str,
     event_id: &str,
-) -> QueryResult<Option<(Stored, Vec<DeliveryView>)>> {
-    let stored: Option<Stored> = events::table
-        .filter(events::source.eq(source))
-        .filter(events::event_id.eq(event_id))
-        .select((
-            events::event_type,
-            events::received_at,
-            events::payload,
-            events::headers,
-            events::response_status,
-            events::response_content_type,
-            events::response_body,
-            events::replays,
-        ))
-        .first(conn)
-        .optional()?;
-    let Some(stored) = stored else {
+) -> QueryResult<Option<(StoredEvent, Vec<DeliveryView>)>> {
+    let Some(stored) = admin::stored_event(conn, source, event_id)? else {
         return Ok(None);
     };
     let deliveries = store::for_event(conn, source, event_id)?.unwrap_or_default();
