@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use hookbox::Handlers;
 
+use crate::admin::spawn_without_admin_token;
 use crate::downstream::{always, Downstream};
-use crate::forward::{forward_extra, poll_until};
+use crate::forward::{deliveries, forward_extra, poll_until};
 use crate::helpers::*;
 
 /// The console's Content-Security-Policy, exactly.
@@ -83,12 +84,7 @@ fn dead_deliveries(app: &TestApp) -> i64 {
 
 #[actix_web::test]
 async fn the_console_is_404_while_no_admin_token_is_configured() {
-    let db = TestDb::create();
-    let text = config_text(&db.url, "").replace(
-        "token_env = \"TEST_ADMIN_TOKEN\"",
-        "token_env = \"HOOKBOX_TEST_UNSET_TOKEN\"",
-    );
-    let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+    let app = spawn_without_admin_token().await;
     for path in [
         "/console",
         "/console/login",
@@ -239,14 +235,7 @@ async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
         || dead_deliveries(&app) == 1,
     )
     .await;
-    let listed = app
-        .get(
-            &format!("/admin/events/stripe/{id}/deliveries"),
-            Some(ADMIN_TOKEN),
-        )
-        .await
-        .json();
-    let delivery_id = listed["deliveries"][0]["id"]
+    let delivery_id = deliveries(&app, &id).await[0]["id"]
         .as_i64()
         .expect("a delivery id");
 

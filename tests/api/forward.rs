@@ -53,7 +53,8 @@ fn assert_standard_signature(received: &crate::downstream::Received) {
     assert!((unix_now() - timestamp).abs() < 60, "a fresh timestamp");
 }
 
-async fn deliveries(app: &TestApp, id: &str) -> serde_json::Value {
+/// The admin API's list of the stripe event's deliveries.
+pub async fn deliveries(app: &TestApp, id: &str) -> serde_json::Value {
     let answer = app
         .get(
             &format!("/admin/events/stripe/{id}/deliveries"),
