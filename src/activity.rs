@@ -307,7 +307,7 @@ impl Activity {
 
 /// Adds replay counts to `events.replays`, in statements of at most [`FLUSH_BATCH`] events.
 /// Counts of events purged meanwhile match no row and are dropped.
-pub fn add_replays(conn: &mut PgConnection, counts: &[(String, String, u64)]) -> QueryResult<()> {
+fn add_replays(conn: &mut PgConnection, counts: &[(String, String, u64)]) -> QueryResult<()> {
     for batch in counts.chunks(FLUSH_BATCH) {
         let sources: Vec<&str> = batch.iter().map(|(s, _, _)| s.as_str()).collect();
         let ids: Vec<&str> = batch.iter().map(|(_, id, _)| id.as_str()).collect();
