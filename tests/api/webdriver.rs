@@ -34,10 +34,12 @@ pub fn screenshot_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots")
 }
 
-/// A chromedriver process, killed (with its browsers) when dropped.
+/// A chromedriver process, killed when dropped, after it has closed its browsers.
 pub struct Chromedriver {
     child: Child,
+    port: u16,
     url: String,
+    sessions: Vec<String>,
     profiles: Vec<PathBuf>,
 }
 
@@ -57,7 +59,9 @@ impl Chromedriver {
             .expect("start chromedriver");
         let mut driver = Chromedriver {
             child,
+            port,
             url: format!("http://127.0.0.1:{port}"),
+            sessions: Vec::new(),
             profiles: Vec::new(),
         };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -125,6 +129,7 @@ impl Chromedriver {
             .as_str()
             .expect("a session id")
             .to_owned();
+        self.sessions.push(id.clone());
         Browser {
             session: format!("{}/session/{id}", self.url),
         }
@@ -133,11 +138,33 @@ impl Chromedriver {
 
 impl Drop for Chromedriver {
     fn drop(&mut self) {
+        // Killing chromedriver alone would orphan its browsers, so each session is ended
+        // first, also when a test failed half-way. Drop cannot await, hence plain blocking HTTP.
+        for session in &self.sessions {
+            end_session(self.port, session);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         for profile in &self.profiles {
             let _ = std::fs::remove_dir_all(profile);
         }
+    }
+}
+
+/// `DELETE /session/{id}`, blocking, for `Drop`. Ending a session that already ended is
+/// harmless, so the answer is not read beyond its arrival.
+fn end_session(port: u16, session: &str) {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let request = format!(
+        "DELETE /session/{session} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    if stream.write_all(request.as_bytes()).is_ok() {
+        let _ = stream.read(&mut [0u8; 1024]);
     }
 }
 
