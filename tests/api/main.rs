@@ -3,7 +3,9 @@
 
 mod admin;
 mod bad_config;
+mod browser;
 mod concurrency;
+mod console;
 mod downstream;
 mod export;
 mod forward;
@@ -18,3 +20,4 @@ mod retention;
 mod schemes;
 mod send;
 mod vectors;
+mod webdriver;
