@@ -11,27 +11,9 @@ cd "$(dirname "$0")/.."
 ROWS="${ROWS:-1000000}"
 CONNECTIONS="${CONNECTIONS:-32}"
 SECONDS_BASE="${SECONDS_BASE:-10}"
-server_url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
-db="hookbox_bench_purge_$$"
-db_url="${server_url%/*}/$db"
-secret="whsec_bench_secret"
-port=$((20000 + $$ % 10000))
-work="$(mktemp -d)"
-server_pid=""
-
-cleanup() {
-  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null || true
-  psql "$server_url" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-echo "building (release)..." >&2
-cargo build --release -q --bin hookbox --example loadgen
-hookbox=target/release/hookbox
-loadgen=target/release/examples/loadgen
-
-psql "$server_url" -qc "CREATE DATABASE $db" >/dev/null
+BENCH_NAME=purge
+# shellcheck source=bench/common.sh
+. bench/common.sh
 cat > "$work/hookbox.toml" <<TOML
 [server]
 listen = "127.0.0.1:$port"
@@ -46,12 +28,7 @@ scheme = "stripe"
 secrets = ["$secret"]
 TOML
 
-RUST_LOG=warn "$hookbox" serve --config "$work/hookbox.toml" 2>"$work/serve.log" &
-server_pid=$!
-for _ in $(seq 1 100); do
-  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+start_server
 
 load() { "$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --connections "$CONNECTIONS" "$@"; }
 rps() { sed -E 's/.*"rps":([0-9.]+).*/\1/'; }

@@ -13,27 +13,9 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH="${SECONDS_EACH:-10}"
 CONNECTIONS="${CONNECTIONS:-1 8 32 128}"
 FLOOR_CLIENTS="${FLOOR_CLIENTS:-32}"
-server_url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
-db="hookbox_bench_$$"
-db_url="${server_url%/*}/$db"
-secret="whsec_bench_secret"
-port=$((30000 + $$ % 10000))
-work="$(mktemp -d)"
-server_pid=""
-
-cleanup() {
-  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  psql "$server_url" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-echo "building (release)..." >&2
-cargo build --release -q --bin hookbox --example loadgen
-hookbox=target/release/hookbox
-loadgen=target/release/examples/loadgen
-
-psql "$server_url" -qc "CREATE DATABASE $db" >/dev/null
+BENCH_NAME=run
+# shellcheck source=bench/common.sh
+. bench/common.sh
 cat > "$work/hookbox.toml" <<TOML
 [server]
 listen = "127.0.0.1:$port"
@@ -70,12 +52,7 @@ floor_fresh=$(floor "$work/fresh.sql")
 floor_replay=$(floor "$work/replay.sql")
 psql "$db_url" -qc "TRUNCATE events, deliveries" >/dev/null
 
-RUST_LOG=warn "$hookbox" serve --config "$work/hookbox.toml" 2>"$work/serve.log" &
-server_pid=$!
-for _ in $(seq 1 100); do
-  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+start_server
 "$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --connections 8 --seconds 2 >/dev/null
 
 field() { sed -E "s/.*\"$1\":([0-9.]+).*/\1/"; }

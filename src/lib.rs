@@ -6,6 +6,7 @@
 //! claims the event and runs its [`handlers::Handler`], and the stored response goes back out.
 //! [`startup::Application`] puts it together; [`cli`] is the command line.
 
+pub mod activity;
 pub mod capture;
 pub mod cli;
 pub mod config;

@@ -9,6 +9,7 @@ use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 
+use crate::activity::{self, Activity, PurgeResult};
 use crate::config::Config;
 use crate::db::{self, DbPool};
 use crate::forward::{self, Dispatcher};
@@ -83,6 +84,10 @@ pub struct AppState {
     pub sources: HashMap<String, Arc<Source>>,
     /// Counters and histograms.
     pub metrics: Metrics,
+    /// Per-minute answers, unflushed replay counts and the last purge, for the console.
+    pub activity: Activity,
+    /// The console's logged-in sessions.
+    pub sessions: http::Sessions,
     /// `[server].max_body_bytes`.
     pub max_body_bytes: usize,
     /// `[server].in_flight_wait`.
@@ -104,6 +109,7 @@ pub struct Application {
     port: u16,
     server: Server,
     purge: PurgeTask,
+    flusher: activity::Flusher,
     forward: forward::Wake,
     stop: futures_util::future::BoxFuture<'static, &'static str>,
 }
@@ -179,6 +185,8 @@ impl Application {
             claims: Batcher::start(pool.clone(), writers),
             pool,
             metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
+            activity: Activity::new(config.sources.iter().map(|s| &s.name)),
+            sessions: http::Sessions::default(),
             sources,
             max_body_bytes: config.server.max_body_bytes,
             in_flight_wait: config.server.in_flight_wait,
@@ -240,6 +248,7 @@ impl Application {
             }
         }
         Dispatcher::start(state.clone(), state.forward.clone());
+        let flusher = activity::Flusher::start(state.clone());
         if config.sources.is_empty() {
             tracing::warn!("no sources are configured: every delivery will be answered 404 (add [sources.NAME] to the config)");
         }
@@ -259,9 +268,11 @@ impl Application {
             "retention purge scheduled"
         );
         if state.admin_token.is_some() {
-            tracing::info!("admin API on at /admin (bearer token)");
+            tracing::info!("admin API on at /admin (bearer token), console at /console");
         } else {
-            tracing::info!("admin API off (set [admin].token_env to a variable holding a token)");
+            tracing::info!(
+                "admin API and console off (set [admin].token_env to a variable holding a token)"
+            );
         }
 
         let server = server.run();
@@ -271,6 +282,7 @@ impl Application {
             port: address.port(),
             server,
             purge,
+            flusher,
             forward: state.forward.clone(),
             stop,
         })
@@ -302,6 +314,8 @@ impl Application {
                 result?;
             }
         }
+        // After the server: replays answered while it drained are counted too.
+        self.flusher.stop().await;
         tracing::info!("hookbox stopped");
         Ok(())
     }
@@ -331,27 +345,39 @@ impl PurgeTask {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    let (state, plan, stop) = (state.clone(), plan.clone(), stop.clone());
+                    let started = std::time::Instant::now();
+                    let (pass_state, plan, stop) = (state.clone(), plan.clone(), stop.clone());
                     let pass = web::block(move || {
-                        let pass = db::with_connection(&state.pool, |conn| {
+                        let pass = db::with_connection(&pass_state.pool, |conn| {
                             retention::purge_logged(conn, &plan, &stop, &mut |_| {})
                         })?;
-                        if let Some(report) = pass {
-                            state
+                        if let Some(report) = &pass {
+                            pass_state
                                 .metrics
                                 .record_purge(&report.removed, !report.interrupted);
                         }
-                        Ok::<_, db::DbError>(())
+                        Ok::<_, db::DbError>(pass)
                     })
                     .await;
-                    match pass {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => tracing::warn!(
-                            error = %e,
-                            "purge pass failed; the next one is at the next interval"
-                        ),
-                        Err(_) => tracing::error!("the purge pass panicked"),
-                    }
+                    let result = match pass {
+                        Ok(Ok(Some(report))) => PurgeResult::Done {
+                            removed: report.removed,
+                            interrupted: report.interrupted,
+                        },
+                        Ok(Ok(None)) => PurgeResult::Skipped,
+                        Ok(Err(e)) => {
+                            tracing::warn!(
+                                error = %e,
+                                "purge pass failed; the next one is at the next interval"
+                            );
+                            PurgeResult::Failed(e.to_string())
+                        }
+                        Err(_) => {
+                            tracing::error!("the purge pass panicked");
+                            PurgeResult::Failed("the purge pass panicked".to_owned())
+                        }
+                    };
+                    state.activity.purge_finished(started.elapsed(), result);
                 }
             }
         });

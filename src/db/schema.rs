@@ -27,6 +27,7 @@ diesel::table! {
         response_status -> Nullable<Int2>,
         response_content_type -> Nullable<Text>,
         response_body -> Nullable<Bytea>,
+        replays -> Int8,
     }
 }
 

@@ -4,6 +4,7 @@ use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use base64::Engine;
 use chrono::{DateTime, Utc};
+use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -12,14 +13,22 @@ use subtle::ConstantTimeEq;
 use crate::config::parse_time_or_ago;
 use crate::db::schema::events;
 use crate::forward;
-use crate::http::ApiError;
+use crate::http::{with_db, ApiError};
+use crate::secret::Secret;
 use crate::startup::AppState;
 
 const DEFAULT_LIMIT: i64 = 100;
 const MAX_LIMIT: i64 = 1000;
 
-/// Checks `Authorization: Bearer <token>`. The comparison is over SHA-256 digests with
-/// `subtle`, so it takes the same time whatever the token's length or first wrong byte.
+/// Whether `given` is the admin token. The comparison is over SHA-256 digests with `subtle`,
+/// so it takes the same time whatever the token's length or first wrong byte.
+pub(super) fn is_admin_token(expected: &Secret, given: &str) -> bool {
+    bool::from(
+        Sha256::digest(given.as_bytes()).ct_eq(&Sha256::digest(expected.expose().as_bytes())),
+    )
+}
+
+/// Checks `Authorization: Bearer <token>`.
 fn authorize(state: &AppState, request: &HttpRequest) -> Result<(), ApiError> {
     let Some(expected) = &state.admin_token else {
         return Err(ApiError::NotFound);
@@ -30,9 +39,7 @@ fn authorize(state: &AppState, request: &HttpRequest) -> Result<(), ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    let same =
-        Sha256::digest(given.as_bytes()).ct_eq(&Sha256::digest(expected.expose().as_bytes()));
-    if bool::from(same) {
+    if is_admin_token(expected, given) {
         Ok(())
     } else {
         Err(ApiError::Unauthorized)
@@ -69,8 +76,7 @@ pub async fn list_events(
             "limit must be between 1 and {MAX_LIMIT}"
         )));
     }
-    let rows: Vec<Summary> = web::block(move || {
-        let mut conn = state.pool.get().map_err(|_| ApiError::Unavailable)?;
+    let rows: Vec<Summary> = with_db(&state, "admin query", move |conn| {
         let mut select = events::table
             .select((
                 events::source,
@@ -88,13 +94,9 @@ pub async fn list_events(
         if let Some(since) = since {
             select = select.filter(events::received_at.ge(since));
         }
-        select.load(&mut **conn).map_err(|e| {
-            tracing::warn!(error = %e, "admin query failed");
-            ApiError::Unavailable
-        })
+        select.load(conn)
     })
-    .await
-    .map_err(|_| ApiError::Unavailable)??;
+    .await?;
     let events: Vec<_> = rows
         .into_iter()
         .map(|(source, event_id, event_type, received_at, status)| {
@@ -110,15 +112,42 @@ pub async fn list_events(
     Ok(HttpResponse::Ok().json(serde_json::json!({ "events": events })))
 }
 
-type Stored = (
-    Option<String>,
-    DateTime<Utc>,
-    Vec<u8>,
-    serde_json::Value,
-    Option<i16>,
-    Option<String>,
-    Option<Vec<u8>>,
-);
+/// One stored event, whole, as the admin API and the console show it.
+#[derive(Queryable)]
+pub(super) struct StoredEvent {
+    pub event_type: Option<String>,
+    pub received_at: DateTime<Utc>,
+    pub payload: Vec<u8>,
+    pub headers: serde_json::Value,
+    pub status: Option<i16>,
+    pub content_type: Option<String>,
+    pub body: Option<Vec<u8>>,
+    /// Replays flushed to the database so far.
+    pub replays: i64,
+}
+
+/// `source`'s stored event `event_id`, if it is stored.
+pub(super) fn stored_event(
+    conn: &mut PgConnection,
+    source: &str,
+    event_id: &str,
+) -> QueryResult<Option<StoredEvent>> {
+    events::table
+        .filter(events::source.eq(source))
+        .filter(events::event_id.eq(event_id))
+        .select((
+            events::event_type,
+            events::received_at,
+            events::payload,
+            events::headers,
+            events::response_status,
+            events::response_content_type,
+            events::response_body,
+            events::replays,
+        ))
+        .first(conn)
+        .optional()
+}
 
 /// `GET /admin/events/{source}/{event_id}`: the stored event and its stored answer.
 pub async fn get_event(
@@ -128,47 +157,24 @@ pub async fn get_event(
 ) -> Result<HttpResponse, ApiError> {
     authorize(&state, &request)?;
     let (source, event_id) = path.into_inner();
-    let row: Option<Stored> = web::block({
+    let stored = with_db(&state, "admin query", {
         let (source, event_id) = (source.clone(), event_id.clone());
-        move || {
-            let mut conn = state.pool.get().map_err(|_| ApiError::Unavailable)?;
-            events::table
-                .filter(events::source.eq(source))
-                .filter(events::event_id.eq(event_id))
-                .select((
-                    events::event_type,
-                    events::received_at,
-                    events::payload,
-                    events::headers,
-                    events::response_status,
-                    events::response_content_type,
-                    events::response_body,
-                ))
-                .first(&mut **conn)
-                .optional()
-                .map_err(|e| {
-                    tracing::warn!(error = %e, "admin query failed");
-                    ApiError::Unavailable
-                })
-        }
+        move |conn| stored_event(conn, &source, &event_id)
     })
-    .await
-    .map_err(|_| ApiError::Unavailable)??;
-    let Some((event_type, received_at, payload, headers, status, content_type, body)) = row else {
-        return Err(ApiError::NotFound);
-    };
+    .await?
+    .ok_or(ApiError::NotFound)?;
     let mut event = serde_json::json!({
         "source": source,
         "event_id": event_id,
-        "event_type": event_type,
-        "received_at": received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        "headers": headers,
-        "status": status,
-        "content_type": content_type,
+        "event_type": stored.event_type,
+        "received_at": stored.received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "headers": stored.headers,
+        "status": stored.status,
+        "content_type": stored.content_type,
     });
     let fields = event.as_object_mut().expect("built as an object above");
-    put_bytes(fields, "payload", payload);
-    put_bytes(fields, "body", body.unwrap_or_default());
+    put_bytes(fields, "payload", stored.payload);
+    put_bytes(fields, "body", stored.body.unwrap_or_default());
     Ok(HttpResponse::Ok().json(event))
 }
 
@@ -193,15 +199,10 @@ pub async fn event_deliveries(
 ) -> Result<HttpResponse, ApiError> {
     authorize(&state, &request)?;
     let (source, event_id) = path.into_inner();
-    let found = web::block(move || {
-        let mut conn = state.pool.get().map_err(|_| ApiError::Unavailable)?;
-        forward::store::for_event(&mut conn, &source, &event_id).map_err(|e| {
-            tracing::warn!(error = %e, "admin query failed");
-            ApiError::Unavailable
-        })
+    let found = with_db(&state, "admin query", move |conn| {
+        forward::store::for_event(conn, &source, &event_id)
     })
-    .await
-    .map_err(|_| ApiError::Unavailable)??;
+    .await?;
     let deliveries = found.ok_or(ApiError::NotFound)?;
     Ok(HttpResponse::Ok().json(serde_json::json!({ "deliveries": deliveries })))
 }
@@ -213,24 +214,27 @@ pub async fn requeue_delivery(
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&state, &request)?;
-    let id = path.into_inner();
-    let wake = state.forward.clone();
-    let result = web::block(move || {
-        let mut conn = state.pool.get().map_err(|_| ApiError::Unavailable)?;
-        forward::store::requeue(&mut conn, id).map_err(|e| {
-            tracing::warn!(error = %e, "admin requeue failed");
-            ApiError::Unavailable
-        })
-    })
-    .await
-    .map_err(|_| ApiError::Unavailable)??;
-    match result {
+    match requeue(&state, path.into_inner(), "the admin API").await? {
         None => Err(ApiError::NotFound),
         Some(Err(state)) => Err(ApiError::NotDead(state)),
-        Some(Ok(delivery)) => {
-            tracing::info!(delivery = id, "dead delivery re-queued by the admin API");
-            wake.queued();
-            Ok(HttpResponse::Ok().json(delivery))
-        }
+        Some(Ok(delivery)) => Ok(HttpResponse::Ok().json(delivery)),
     }
+}
+
+/// Makes dead delivery `id` pending again and wakes the dispatcher. `None`: no such delivery;
+/// `Some(Err(state))`: it is not dead. `by` names who asked, for the log.
+pub(super) async fn requeue(
+    state: &web::Data<AppState>,
+    id: i64,
+    by: &'static str,
+) -> Result<Option<Result<forward::store::DeliveryView, String>>, ApiError> {
+    let result = with_db(state, "requeue", move |conn| {
+        forward::store::requeue(conn, id)
+    })
+    .await?;
+    if let Some(Ok(_)) = &result {
+        tracing::info!(delivery = id, "dead delivery re-queued by {by}");
+        state.forward.queued();
+    }
+    Ok(result)
 }

@@ -62,6 +62,11 @@ pub enum ApiError {
     NotDead(String),
 }
 
+/// The error code an answer carries, kept in the response's extensions so what observes the
+/// answers (the console's per-minute counts) can tell refusals apart without parsing the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCode(pub &'static str);
+
 /// How long a provider is asked to wait after a 503.
 const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 5;
 
@@ -127,6 +132,7 @@ impl ResponseError for ApiError {
         if matches!(self, ApiError::Unauthorized) {
             response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
         }
+        response.extensions_mut().insert(ErrorCode(self.code()));
         response.json(serde_json::json!({
             "error": self.code(),
             "message": self.to_string(),

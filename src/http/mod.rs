@@ -1,13 +1,39 @@
-//! The HTTP surface: routes, the webhook endpoint, operations endpoints and the admin API.
+//! The HTTP surface: routes, the webhook endpoint, operations endpoints, the admin API and the
+//! operator console.
 
 mod admin;
+mod console;
 pub mod error;
+mod observe;
 mod ops;
 mod webhook;
 
 use actix_web::web;
+use diesel::pg::PgConnection;
+use diesel::QueryResult;
 
+use crate::db;
+use crate::startup::AppState;
+
+pub use console::Sessions;
 pub use error::ApiError;
+
+/// Runs `work` on a blocking thread with a pooled connection. A failure is logged once, as
+/// `what` failing, and answered 503 `unavailable`.
+pub(crate) async fn with_db<T: Send + 'static>(
+    state: &web::Data<AppState>,
+    what: &'static str,
+    work: impl FnOnce(&mut PgConnection) -> QueryResult<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let state = state.clone();
+    web::block(move || db::with_connection(&state.pool, work))
+        .await
+        .map_err(|_| ApiError::Unavailable)?
+        .map_err(|e| {
+            tracing::warn!(error = %e, "{what} failed");
+            ApiError::Unavailable
+        })
+}
 
 /// Mounts every route.
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -31,6 +57,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         "/admin/deliveries/{id}/requeue",
         web::post().to(admin::requeue_delivery),
     )
+    .configure(console::routes)
     .default_service(web::to(|| async {
         Err::<actix_web::HttpResponse, _>(ApiError::NotFound)
     }));

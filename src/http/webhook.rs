@@ -64,6 +64,7 @@ pub async fn receive(
         metrics::UNKNOWN_SOURCE
     };
     state.metrics.record(label, counted, started.elapsed());
+    super::observe::answered(&state, label, counted, &request, &response);
     response
 }
 
@@ -108,6 +109,7 @@ async fn answer(
     let identity = source.verifier.identify(&headers, json.as_ref());
     let event_id = EventId::try_from(identity.event_id.ok_or(ApiError::MissingEventId)?)
         .map_err(ApiError::InvalidEventId)?;
+    super::observe::identified(request, &event_id);
     tracing::Span::current().record("event.id", tracing::field::display(&event_id));
 
     let fingerprint = inbox::fingerprint(source.verifier.scheme(), &body, json.as_ref());

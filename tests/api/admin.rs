@@ -4,14 +4,19 @@ use hookbox::Handlers;
 
 use crate::helpers::*;
 
-#[actix_web::test]
-async fn the_admin_api_is_404_while_no_token_is_configured() {
+/// A server whose `[admin].token_env` names a variable that is not set.
+pub async fn spawn_without_admin_token() -> TestApp {
     let db = TestDb::create();
     let text = config_text(&db.url, "").replace(
         "token_env = \"TEST_ADMIN_TOKEN\"",
         "token_env = \"HOOKBOX_TEST_UNSET_TOKEN\"",
     );
-    let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+    TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await
+}
+
+#[actix_web::test]
+async fn the_admin_api_is_404_while_no_token_is_configured() {
+    let app = spawn_without_admin_token().await;
     for token in [None, Some(ADMIN_TOKEN), Some("")] {
         let answer = app.get("/admin/events", token).await;
         assert_eq!(answer.status, 404, "{token:?}");

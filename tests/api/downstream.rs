@@ -138,6 +138,14 @@ impl Downstream {
             .collect()
     }
 
+    /// Whether an attempt numbered 1 of `key` was answered 200: what the first attempt after a
+    /// re-queue (which starts the count afresh) looks like once it gets through.
+    pub fn first_attempt_succeeded(&self, key: &str) -> bool {
+        self.for_key(key)
+            .iter()
+            .any(|r| r.status == 200 && r.header("x-hookbox-attempt") == "1")
+    }
+
     /// Requests of one key that arrived while another of the same key was still being answered.
     pub fn overlaps(&self) -> usize {
         self.shared.overlaps.load(Ordering::SeqCst)

@@ -11,13 +11,13 @@ use crate::helpers::*;
 
 const FORWARD_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
-fn forward_extra(url: &str, timeout: &str, max_attempts: u32) -> String {
+pub fn forward_extra(url: &str, timeout: &str, max_attempts: u32) -> String {
     format!(
         "\n[sources.stripe.forward]\nurl = \"{url}\"\ntimeout = \"{timeout}\"\nmax_attempts = {max_attempts}\nsecret = \"{FORWARD_SECRET}\"\n"
     )
 }
 
-async fn poll_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+pub async fn poll_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !check() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
@@ -53,7 +53,8 @@ fn assert_standard_signature(received: &crate::downstream::Received) {
     assert!((unix_now() - timestamp).abs() < 60, "a fresh timestamp");
 }
 
-async fn deliveries(app: &TestApp, id: &str) -> serde_json::Value {
+/// The admin API's list of the stripe event's deliveries.
+pub async fn deliveries(app: &TestApp, id: &str) -> serde_json::Value {
     let answer = app
         .get(
             &format!("/admin/events/stripe/{id}/deliveries"),
@@ -200,14 +201,21 @@ async fn a_410_stops_the_delivery_at_once() {
     assert_eq!(listed[0]["last_status"], 410);
 }
 
-#[actix_web::test]
-async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() {
+/// A server whose stripe source forwards to a downstream that never answers within the 300 ms
+/// timeout, with 2 attempts: each delivery is dead-lettered within about two seconds.
+pub async fn forwarding_to_a_silent_downstream() -> (Downstream, TestApp) {
     let downstream = Downstream::start(|_, _| (200, Duration::from_secs(3)));
     let app = TestApp::spawn_with(
         &forward_extra(&downstream.url, "300ms", 2),
         Handlers::default(),
     )
     .await;
+    (downstream, app)
+}
+
+#[actix_web::test]
+async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() {
+    let (downstream, app) = forwarding_to_a_silent_downstream().await;
     let id = unique_id("evt");
     app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
         .await;
@@ -250,12 +258,7 @@ async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() 
     poll_until(
         "the re-queued delivery gets through",
         Duration::from_secs(10),
-        || {
-            downstream
-                .for_key(&key)
-                .iter()
-                .any(|r| r.status == 200 && r.header("x-hookbox-attempt") == "1")
-        },
+        || downstream.first_attempt_succeeded(&key),
     )
     .await;
     let again = awc::Client::new()

@@ -362,7 +362,7 @@ impl Answer {
 /// The test thread's client. Its pool has no connection limit, so requests sent together go
 /// out together, each on a connection of its own (HTTP/1.1 carries one request at a time); one
 /// client per thread, because building its TLS connector costs milliseconds.
-fn client() -> awc::Client {
+pub fn client() -> awc::Client {
     thread_local! {
         static CLIENT: awc::Client = awc::Client::builder()
             .connector(awc::Connector::new().limit(0))
@@ -373,7 +373,7 @@ fn client() -> awc::Client {
     CLIENT.with(Clone::clone)
 }
 
-async fn read(
+pub async fn read(
     response: awc::ClientResponse<
         impl futures_util::Stream<Item = Result<actix_web::web::Bytes, awc::error::PayloadError>>
             + Unpin,

@@ -3,8 +3,10 @@
 
 mod admin;
 mod bad_config;
+mod browser;
 mod cluster;
 mod concurrency;
+mod console;
 mod downstream;
 mod export;
 mod faults;
@@ -25,3 +27,4 @@ mod schemes;
 mod security;
 mod send;
 mod vectors;
+mod webdriver;

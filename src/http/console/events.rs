@@ -1,0 +1,346 @@
+//! `GET /console/events`: stored events newest first, filtered by source, type, time range,
+//! exact id and a dead delivery, in keyset pages of [`PAGE_SIZE`] by `(received_at, id)`.
+
+use std::fmt::Write;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use diesel::prelude::*;
+use serde::Deserialize;
+
+use super::html::{esc, link, page, respond, time};
+use super::{gate, Refused};
+use crate::config::parse_time_or_ago;
+use crate::db::schema::{deliveries, events};
+use crate::http::with_db;
+use crate::metrics::UNKNOWN_SOURCE;
+use crate::startup::AppState;
+
+/// Events per page.
+const PAGE_SIZE: i64 = 50;
+
+/// The filters, as the form sends them (empty fields mean "any").
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Filters {
+    #[serde(default)]
+    source: String,
+    #[serde(default, rename = "type")]
+    event_type: String,
+    #[serde(default)]
+    since: String,
+    #[serde(default)]
+    until: String,
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    dead: String,
+    /// The cursor: `{received_at in µs}.{row id}` of the last row of the previous page.
+    #[serde(default)]
+    before: String,
+}
+
+impl Filters {
+    /// The filters as query pairs, for the next page's link.
+    fn pairs(&self) -> [(&'static str, &str); 6] {
+        [
+            ("source", &self.source),
+            ("type", &self.event_type),
+            ("since", &self.since),
+            ("until", &self.until),
+            ("id", &self.id),
+            ("dead", &self.dead),
+        ]
+    }
+}
+
+/// The filters, read and checked.
+struct Query {
+    source: Option<String>,
+    event_type: Option<String>,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    id: Option<String>,
+    dead: bool,
+    before: Option<(DateTime<Utc>, i64)>,
+}
+
+fn given(text: &str) -> Option<String> {
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_owned())
+}
+
+/// An RFC 3339 time, a duration ago (`1h`), or a date and time without a zone, taken as UTC
+/// (`2026-12-02 09:00`, `2026-12-02T09:00:00`, `2026-12-02`).
+fn parse_when(name: &str, text: &str) -> Result<Option<DateTime<Utc>>, String> {
+    let Some(text) = given(text) else {
+        return Ok(None);
+    };
+    if let Ok(at) = parse_time_or_ago(&text, Utc::now()) {
+        return Ok(Some(at));
+    }
+    let naive = [
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%dT%H:%M",
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%d %H:%M",
+    ]
+    .iter()
+    .find_map(|format| NaiveDateTime::parse_from_str(&text, format).ok())
+    .or_else(|| {
+        NaiveDate::parse_from_str(&text, "%Y-%m-%d")
+            .ok()
+            .and_then(|d| d.and_hms_opt(0, 0, 0))
+    });
+    naive.map(|n| Some(n.and_utc())).ok_or_else(|| {
+        format!("{name}: {text:?} is not a time (2026-12-02T09:00:00Z, 2026-12-02 09:00 UTC) or a duration ago (90s, 5m, 72h)")
+    })
+}
+
+fn parse_cursor(text: &str) -> Result<Option<(DateTime<Utc>, i64)>, String> {
+    let Some(text) = given(text) else {
+        return Ok(None);
+    };
+    text.split_once('.')
+        .and_then(|(micros, id)| {
+            let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+            Some((at, id.parse().ok()?))
+        })
+        .map(Some)
+        .ok_or_else(|| "the page cursor is not valid; start from the newest".to_owned())
+}
+
+impl Filters {
+    fn check(&self) -> Result<Query, String> {
+        Ok(Query {
+            source: given(&self.source),
+            event_type: given(&self.event_type),
+            since: parse_when("since", &self.since)?,
+            until: parse_when("until", &self.until)?,
+            id: given(&self.id),
+            dead: !self.dead.is_empty(),
+            before: parse_cursor(&self.before)?,
+        })
+    }
+}
+
+type Row = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    DateTime<Utc>,
+    Option<i16>,
+    i64,
+);
+
+fn load(conn: &mut PgConnection, query: Query) -> QueryResult<Vec<Row>> {
+    let mut select = events::table
+        .select((
+            events::id,
+            events::source,
+            events::event_id,
+            events::event_type,
+            events::received_at,
+            events::response_status,
+            events::replays,
+        ))
+        .order((events::received_at.desc(), events::id.desc()))
+        .limit(PAGE_SIZE + 1)
+        .into_boxed();
+    if let Some(source) = query.source {
+        select = select.filter(events::source.eq(source));
+    }
+    if let Some(event_type) = query.event_type {
+        select = select.filter(events::event_type.eq(event_type));
+    }
+    if let Some(since) = query.since {
+        select = select.filter(events::received_at.ge(since));
+    }
+    if let Some(until) = query.until {
+        select = select.filter(events::received_at.lt(until));
+    }
+    if let Some(id) = query.id {
+        select = select.filter(events::event_id.eq(id));
+    }
+    if query.dead {
+        select = select.filter(
+            events::id.eq_any(
+                deliveries::table
+                    .filter(deliveries::state.eq("dead"))
+                    .select(deliveries::event_row),
+            ),
+        );
+    }
+    if let Some((at, id)) = query.before {
+        // `(received_at, id) < (at, id)`, written so the index on received_at bounds the scan.
+        select = select
+            .filter(events::received_at.le(at))
+            .filter(events::received_at.lt(at).or(events::id.lt(id)));
+    }
+    select.load(conn)
+}
+
+fn filter_form(state: &AppState, filters: &Filters) -> String {
+    let mut options = String::from("<option value=\"\">any</option>");
+    let mut listed = false;
+    for source in state.activity.sources() {
+        if source == UNKNOWN_SOURCE {
+            continue;
+        }
+        let selected = *source == filters.source.trim();
+        listed |= selected;
+        let _ = write!(
+            options,
+            "<option{}>{}</option>",
+            if selected { " selected" } else { "" },
+            esc(source)
+        );
+    }
+    if !listed && !filters.source.trim().is_empty() {
+        // A source no longer configured, whose events the purge has not removed yet.
+        let _ = write!(
+            options,
+            "<option selected>{}</option>",
+            esc(filters.source.trim())
+        );
+    }
+    let input = |name: &str, label: &str, value: &str, hint: &str| {
+        format!(
+            "<label>{label}<input name=\"{name}\" id=\"filter-{name}\" value=\"{}\" placeholder=\"{hint}\"></label>",
+            esc(value)
+        )
+    };
+    format!(
+        "<form class=\"filters\" method=\"get\" action=\"/console/events\">\
+         <label>Source<select name=\"source\" id=\"filter-source\">{options}</select></label>{}{}{}{}\
+         <label><span><input type=\"checkbox\" name=\"dead\" value=\"1\" id=\"filter-dead\"{}> \
+         with a dead delivery</span></label>\
+         <button type=\"submit\" id=\"filter-submit\">Filter</button> \
+         <a href=\"/console/events\">clear</a></form>",
+        input("id", "Event id (exact)", &filters.id, "evt_..."),
+        input("type", "Event type", &filters.event_type, "charge.succeeded"),
+        input("since", "Since", &filters.since, "1h or 2026-12-02 09:00"),
+        input("until", "Until", &filters.until, "2026-12-02T10:00:00Z"),
+        if filters.dead.is_empty() { "" } else { " checked" },
+    )
+}
+
+/// `GET /console/events`.
+pub async fn list(
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    filters: web::Query<Filters>,
+) -> Result<HttpResponse, Refused> {
+    let session = gate(&state, &request)?;
+    let filters = filters.into_inner();
+    let mut main = String::from("<h1>Events</h1>");
+    main.push_str(&filter_form(&state, &filters));
+    let query = match filters.check() {
+        Ok(query) => query,
+        Err(problem) => {
+            let _ = write!(main, "<p class=\"error\">{}</p>", esc(&problem));
+            return Ok(respond(
+                StatusCode::BAD_REQUEST,
+                page("Events", Some(&session), &main),
+            ));
+        }
+    };
+    let mut rows = with_db(&state, "console event list", move |conn| load(conn, query)).await?;
+    let more = rows.len() as i64 > PAGE_SIZE;
+    rows.truncate(PAGE_SIZE as usize);
+
+    if rows.is_empty() {
+        main.push_str("<p class=\"muted\" id=\"no-events\">No stored event matches.</p>");
+    } else {
+        main.push_str(
+            "<table id=\"events\"><thead><tr><th>Received</th><th>Source</th><th>Event id</th>\
+             <th>Type</th><th class=\"num\">Status</th><th class=\"num\" \
+             title=\"Deliveries answered with the stored response\">Replays</th></tr></thead><tbody>",
+        );
+        for (_, source, event_id, event_type, received_at, status, replays) in &rows {
+            let replays = *replays as u64 + state.activity.unflushed_replays(source, event_id);
+            let _ = write!(
+                main,
+                "<tr><td>{}</td><td>{}</td><td><a class=\"event-link\" href=\"{}\">{}</a></td>\
+                 <td>{}</td><td class=\"num\">{}</td><td class=\"num\">{replays}</td></tr>",
+                esc(&time(*received_at)),
+                esc(source),
+                esc(&link(
+                    "/console/event",
+                    &[("source", source), ("id", event_id)]
+                )),
+                esc(event_id),
+                esc(event_type.as_deref().unwrap_or("")),
+                status.map_or_else(String::new, |s| s.to_string()),
+            );
+        }
+        main.push_str("</tbody></table>");
+    }
+    main.push_str("<nav class=\"pages\">");
+    if !filters.before.is_empty() {
+        let _ = write!(
+            main,
+            "<a href=\"{}\">Newest</a>",
+            esc(&link("/console/events", &filters.pairs()))
+        );
+    }
+    if let (true, Some((id, .., received_at, _, _))) = (more, rows.last()) {
+        let cursor = format!("{}.{id}", received_at.timestamp_micros());
+        let mut pairs = filters.pairs().to_vec();
+        pairs.push(("before", &cursor));
+        let _ = write!(
+            main,
+            "<a href=\"{}\" id=\"older\">Older →</a>",
+            esc(&link("/console/events", &pairs))
+        );
+    }
+    main.push_str(
+        "</nav><p class=\"muted\">Times are UTC. Replays count deliveries answered \
+         with the stored response; each instance adds its count to the database every few \
+         seconds, so the newest replays of other instances may not show yet.</p>",
+    );
+    Ok(respond(
+        StatusCode::OK,
+        page("Events", Some(&session), &main),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_read_as_rfc3339_durations_or_utc_without_a_zone() {
+        let at = |text| parse_when("since", text).expect("a time").expect("given");
+        assert_eq!(
+            at("2026-12-02T09:00:00Z").to_rfc3339(),
+            "2026-12-02T09:00:00+00:00"
+        );
+        assert_eq!(
+            at("2026-12-02 09:30").to_rfc3339(),
+            "2026-12-02T09:30:00+00:00"
+        );
+        assert_eq!(
+            at("2026-12-02T09:30").to_rfc3339(),
+            "2026-12-02T09:30:00+00:00"
+        );
+        assert_eq!(at("2026-12-02").to_rfc3339(), "2026-12-02T00:00:00+00:00");
+        let an_hour_ago = at("1h");
+        assert_eq!((Utc::now() - an_hour_ago).num_minutes(), 60);
+        assert_eq!(parse_when("since", "  ").expect("empty is fine"), None);
+        assert!(parse_when("since", "yesterday-ish")
+            .expect_err("not a time")
+            .starts_with("since: "));
+    }
+
+    #[test]
+    fn the_cursor_round_trips_micros_and_row_id() {
+        let (at, id) = parse_cursor("1764666000123456.42")
+            .expect("valid")
+            .expect("given");
+        assert_eq!((at.timestamp_micros(), id), (1764666000123456, 42));
+        assert!(parse_cursor("nope").is_err());
+        assert!(parse_cursor("").expect("empty").is_none());
+    }
+}

@@ -1,0 +1,217 @@
+//! The operator console under `/console`: server-rendered pages behind the admin token, off
+//! (404) while no token is configured.
+//!
+//! Logging in posts the token in a form; a session cookie ([`session`]) carries the browser from
+//! then on. Every page goes through [`html::esc`] for each value from outside and is served with
+//! a Content-Security-Policy that runs no script at all. The one action, re-queueing a dead
+//! delivery, and logging out are POSTs that carry the session's CSRF token.
+
+mod chart;
+mod event;
+mod events;
+mod html;
+mod overview;
+mod session;
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use std::fmt::Write;
+
+pub use session::Sessions;
+
+use super::admin::is_admin_token;
+use super::ApiError;
+use crate::startup::AppState;
+use html::{esc, guarded, page, redirect, respond};
+use session::Session;
+
+/// Mounts the console's routes under `/console`.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::scope("/console")
+            .route("", web::get().to(overview::show))
+            .route("/", web::get().to(overview::show))
+            .route("/login", web::get().to(login_form))
+            .route("/login", web::post().to(login))
+            .route("/logout", web::post().to(logout))
+            .route("/events", web::get().to(events::list))
+            .route("/event", web::get().to(event::show))
+            .route("/deliveries/{id}/requeue", web::post().to(event::requeue)),
+    );
+}
+
+/// Why a console request is not served; each has its own answer.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// No admin token is configured: 404, as if there were no console.
+    #[error("the console is off")]
+    Off,
+    /// No live session: 303 to the login form.
+    #[error("not logged in")]
+    LoggedOut,
+    /// A POST without the session's CSRF token: 403.
+    #[error("the form's CSRF token is missing or wrong")]
+    Forged,
+    /// 503.
+    #[error("the database did not answer")]
+    Unavailable,
+}
+
+impl From<ApiError> for Refused {
+    fn from(_: ApiError) -> Refused {
+        // `with_db` fails only with `unavailable`.
+        Refused::Unavailable
+    }
+}
+
+impl ResponseError for Refused {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Refused::Off => StatusCode::NOT_FOUND,
+            Refused::LoggedOut => StatusCode::SEE_OTHER,
+            Refused::Forged => StatusCode::FORBIDDEN,
+            Refused::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        match self {
+            Refused::Off => ApiError::NotFound.error_response(),
+            Refused::LoggedOut => redirect("/console/login"),
+            Refused::Forged => message(
+                self.status_code(),
+                "Refused",
+                "This form did not come from this console session. Go back, reload the page \
+                 and try again.",
+            ),
+            Refused::Unavailable => message(
+                self.status_code(),
+                "Database unreachable",
+                "The database did not answer; reload the page in a moment.",
+            ),
+        }
+    }
+}
+
+/// The session of a request to a console page.
+fn gate(state: &AppState, request: &HttpRequest) -> Result<Session, Refused> {
+    if state.admin_token.is_none() {
+        return Err(Refused::Off);
+    }
+    state.sessions.find(request).ok_or(Refused::LoggedOut)
+}
+
+/// A field of a form-encoded body; empty when missing.
+fn field(body: &[u8], name: &str) -> String {
+    form_urlencoded::parse(body)
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// Whether a POST carries the session's CSRF token.
+fn check_csrf(session: &Session, body: &[u8]) -> Result<(), Refused> {
+    if session.accepts(&field(body, "csrf")) {
+        return Ok(());
+    }
+    tracing::warn!("console form refused: missing or wrong CSRF token");
+    Err(Refused::Forged)
+}
+
+/// A page with one sentence on it and a way back to the overview.
+fn message(status: StatusCode, title: &str, text: &str) -> HttpResponse {
+    respond(
+        status,
+        page(
+            title,
+            None,
+            &format!(
+                "<h1>{}</h1><p class=\"error\" id=\"message\">{}</p><p><a href=\"/console\">Overview</a></p>",
+                esc(title),
+                esc(text)
+            ),
+        ),
+    )
+}
+
+fn login_page(status: StatusCode, error: Option<&str>) -> HttpResponse {
+    let mut main = String::from("<h1>hookbox console</h1>");
+    if let Some(error) = error {
+        let _ = write!(
+            main,
+            "<p class=\"error\" id=\"login-error\">{}</p>",
+            esc(error)
+        );
+    }
+    main.push_str(
+        "<form class=\"login\" method=\"post\" action=\"/console/login\">\
+         <label>Admin token<input type=\"password\" name=\"token\" id=\"token\" \
+         autocomplete=\"current-password\" required autofocus></label>\
+         <button type=\"submit\" id=\"login\">Log in</button></form>\
+         <p class=\"muted\">The admin API's bearer token. It is sent once, in this form; \
+         a session cookie is used from then on.</p>",
+    );
+    respond(status, page("Log in", None, &main))
+}
+
+/// `GET /console/login`.
+async fn login_form(
+    state: web::Data<AppState>,
+    request: HttpRequest,
+) -> Result<HttpResponse, Refused> {
+    match gate(&state, &request) {
+        Ok(_) => Ok(redirect("/console")),
+        Err(Refused::LoggedOut) => Ok(login_page(StatusCode::OK, None)),
+        Err(refused) => Err(refused),
+    }
+}
+
+/// Whether the browser reached the console over HTTPS, so its cookie can be `Secure`.
+fn over_https(request: &HttpRequest) -> bool {
+    request.connection_info().scheme() == "https"
+}
+
+/// `POST /console/login` with `token=...`: a session cookie and the overview, or 401 and the
+/// form again.
+async fn login(
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, Refused> {
+    let Some(expected) = &state.admin_token else {
+        return Err(Refused::Off);
+    };
+    if !is_admin_token(expected, &field(&body, "token")) {
+        tracing::warn!("console login refused: wrong token");
+        return Ok(login_page(
+            StatusCode::UNAUTHORIZED,
+            Some("That token was not accepted."),
+        ));
+    }
+    let id = state.sessions.start();
+    tracing::info!("console login");
+    Ok(guarded(HttpResponse::SeeOther())
+        .insert_header((header::LOCATION, "/console"))
+        .insert_header((
+            header::SET_COOKIE,
+            session::set_cookie(&id, over_https(&request)),
+        ))
+        .finish())
+}
+
+/// `POST /console/logout`: forgets the session and clears its cookie.
+async fn logout(
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, Refused> {
+    check_csrf(&gate(&state, &request)?, &body)?;
+    state.sessions.end(&request);
+    Ok(guarded(HttpResponse::SeeOther())
+        .insert_header((header::LOCATION, "/console/login"))
+        .insert_header((
+            header::SET_COOKIE,
+            session::clear_cookie(over_https(&request)),
+        ))
+        .finish())
+}

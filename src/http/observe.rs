@@ -1,0 +1,37 @@
+//! What the console learns from each webhook answer: its outcome and, for a refusal, its error
+//! code (per-minute history), and for a replay, which event it was (replay counts). Both go to
+//! [`crate::activity::Activity`], in memory; nothing here touches the database.
+
+use actix_web::{HttpMessage, HttpRequest, HttpResponse};
+
+use crate::http::error::ErrorCode;
+use crate::ids::EventId;
+use crate::metrics::Outcome;
+use crate::startup::AppState;
+
+/// The event a request turned out to carry, kept in the request's extensions.
+struct Identified(EventId);
+
+/// Notes on the request which event it carries, once its id is known.
+pub(super) fn identified(request: &HttpRequest, event_id: &EventId) {
+    request
+        .extensions_mut()
+        .insert(Identified(event_id.clone()));
+}
+
+/// Counts an answer to `source` (a configured name, or the unknown-source label).
+pub(super) fn answered(
+    state: &AppState,
+    source: &str,
+    outcome: Outcome,
+    request: &HttpRequest,
+    response: &HttpResponse,
+) {
+    let reason = response.extensions().get::<ErrorCode>().map(|code| code.0);
+    state.activity.record(source, outcome, reason);
+    if outcome == Outcome::Replayed {
+        if let Some(Identified(event_id)) = request.extensions().get::<Identified>() {
+            state.activity.replayed(source, event_id.as_str());
+        }
+    }
+}

@@ -1,0 +1,490 @@
+//! The operator console over plain HTTP: who gets in, what it refuses, and what it counts.
+
+use std::time::Duration;
+
+use hookbox::Handlers;
+
+use crate::admin::spawn_without_admin_token;
+use crate::downstream::{always, Downstream};
+use crate::forward::{deliveries, forward_extra, poll_until};
+use crate::helpers::*;
+
+/// The console's Content-Security-Policy, exactly.
+const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; \
+                   form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
+
+/// `GET {path}` with the session cookie, if any.
+pub async fn get_page(app: &TestApp, path: &str, cookie: Option<&str>) -> Answer {
+    let mut request = client().get(format!("{}{path}", app.address));
+    if let Some(cookie) = cookie {
+        request = request.insert_header(("Cookie", cookie));
+    }
+    read(request.send().await.expect("the server answers")).await
+}
+
+/// `POST {path}` with a form body and the session cookie, if any.
+pub async fn post_form(
+    app: &TestApp,
+    path: &str,
+    cookie: Option<&str>,
+    fields: &[(&str, &str)],
+) -> Answer {
+    let mut request = client()
+        .post(format!("{}{path}", app.address))
+        .insert_header(("Content-Type", "application/x-www-form-urlencoded"));
+    if let Some(cookie) = cookie {
+        request = request.insert_header(("Cookie", cookie));
+    }
+    let body = fields
+        .iter()
+        .map(|(name, value)| format!("{name}={}", form_encode(value)))
+        .collect::<Vec<_>>()
+        .join("&");
+    read(request.send_body(body).await.expect("the server answers")).await
+}
+
+/// Percent-encodes everything but unreserved characters, for a form body or a query value.
+pub fn form_encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Logs in with the admin token: the `name=value` to send back as `Cookie`.
+pub async fn log_in(app: &TestApp) -> String {
+    let answer = post_form(app, "/console/login", None, &[("token", ADMIN_TOKEN)]).await;
+    assert_eq!(answer.status, 303, "{}", answer.text());
+    let set_cookie = answer.header("Set-Cookie").expect("a session cookie");
+    set_cookie
+        .split(';')
+        .next()
+        .expect("name=value first")
+        .to_owned()
+}
+
+/// The console's page of `source`'s event `id`.
+async fn event_page(app: &TestApp, cookie: &str, source: &str, id: &str) -> Answer {
+    let path = format!("/console/event?source={source}&id={}", form_encode(id));
+    get_page(app, &path, Some(cookie)).await
+}
+
+/// The value of the first hidden `csrf` field on a page.
+fn csrf_of(page: &str) -> String {
+    let start = page.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+    page[start..start + page[start..].find('"').expect("the value ends")].to_owned()
+}
+
+fn dead_deliveries(app: &TestApp) -> i64 {
+    app.db.count("deliveries WHERE state = 'dead'")
+}
+
+#[actix_web::test]
+async fn the_console_is_404_while_no_admin_token_is_configured() {
+    let app = spawn_without_admin_token().await;
+    for path in [
+        "/console",
+        "/console/login",
+        "/console/events",
+        "/console/event?source=stripe&id=x",
+    ] {
+        assert_eq!(get_page(&app, path, None).await.status, 404, "{path}");
+    }
+    let login = post_form(&app, "/console/login", None, &[("token", ADMIN_TOKEN)]).await;
+    assert_eq!(login.status, 404);
+    assert!(login.header("Set-Cookie").is_none());
+}
+
+#[actix_web::test]
+async fn without_a_session_every_page_redirects_to_the_login_form() {
+    let app = TestApp::spawn().await;
+    let forged = "hookbox_console=not-a-session";
+    for cookie in [None, Some(forged)] {
+        for path in [
+            "/console",
+            "/console/",
+            "/console/events",
+            "/console/event?source=stripe&id=x",
+        ] {
+            let answer = get_page(&app, path, cookie).await;
+            assert_eq!(
+                (answer.status, answer.header("Location")),
+                (303, Some("/console/login")),
+                "{path} {cookie:?}"
+            );
+        }
+        let requeue = post_form(
+            &app,
+            "/console/deliveries/1/requeue",
+            cookie,
+            &[("csrf", "x")],
+        )
+        .await;
+        assert_eq!(
+            (requeue.status, requeue.header("Location")),
+            (303, Some("/console/login"))
+        );
+    }
+    let form = get_page(&app, "/console/login", None).await;
+    assert_eq!(form.status, 200);
+    assert!(form.text().contains("name=\"token\""));
+    assert_eq!(form.header("Content-Security-Policy"), Some(CSP));
+}
+
+#[actix_web::test]
+async fn a_wrong_token_is_refused_with_the_form_again_and_no_cookie() {
+    let app = TestApp::spawn().await;
+    let near_miss = &ADMIN_TOKEN[..ADMIN_TOKEN.len() - 1];
+    for token in ["nope", near_miss, ""] {
+        let answer = post_form(&app, "/console/login", None, &[("token", token)]).await;
+        assert_eq!(answer.status, 401, "{token:?}");
+        assert!(answer.header("Set-Cookie").is_none(), "{token:?}");
+        let page = answer.text();
+        assert!(page.contains("name=\"token\""), "the form again: {page}");
+        assert!(page.contains("That token was not accepted."));
+        assert!(!page.contains(ADMIN_TOKEN) && (token.is_empty() || !page.contains(token)));
+    }
+    let no_field = post_form(&app, "/console/login", None, &[]).await;
+    assert_eq!(no_field.status, 401);
+}
+
+#[actix_web::test]
+async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
+    let app = TestApp::spawn().await;
+    let answer = post_form(&app, "/console/login", None, &[("token", ADMIN_TOKEN)]).await;
+    assert_eq!(
+        (answer.status, answer.header("Location")),
+        (303, Some("/console"))
+    );
+    let set_cookie = answer
+        .header("Set-Cookie")
+        .expect("a session cookie")
+        .to_owned();
+    let attributes: Vec<&str> = set_cookie.split(';').map(str::trim).collect();
+    let (name, value) = attributes[0].split_once('=').expect("name=value");
+    assert_eq!(name, "hookbox_console");
+    assert!(value.len() >= 32, "a long random id: {value}");
+    assert!(
+        !set_cookie.contains(ADMIN_TOKEN),
+        "the token is not the cookie"
+    );
+    for wanted in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+        assert!(attributes.contains(&wanted), "{wanted} in {set_cookie}");
+    }
+    let again = post_form(&app, "/console/login", None, &[("token", ADMIN_TOKEN)]).await;
+    assert_ne!(
+        again
+            .header("Set-Cookie")
+            .map(|c| c.split(';').next().unwrap_or("").to_owned()),
+        Some(attributes[0].to_owned()),
+        "each login gets a session of its own"
+    );
+
+    let cookie = attributes[0];
+    let overview = get_page(&app, "/console", Some(cookie)).await;
+    assert_eq!(overview.status, 200, "{}", overview.text());
+    assert_eq!(overview.header("Content-Security-Policy"), Some(CSP));
+    assert_eq!(overview.header("X-Frame-Options"), Some("DENY"));
+    assert_eq!(overview.header("Cache-Control"), Some("no-store"));
+    assert!(overview.text().contains("<h1>Overview</h1>"));
+    assert_eq!(
+        get_page(&app, "/console/login", Some(cookie))
+            .await
+            .header("Location"),
+        Some("/console"),
+        "logged in, the form sends you on"
+    );
+
+    let csrf = csrf_of(&overview.text());
+    let refused = post_form(&app, "/console/logout", Some(cookie), &[]).await;
+    assert_eq!(refused.status, 403, "logging out needs the CSRF token too");
+    let logout = post_form(&app, "/console/logout", Some(cookie), &[("csrf", &csrf)]).await;
+    assert_eq!(
+        (logout.status, logout.header("Location")),
+        (303, Some("/console/login"))
+    );
+    assert!(logout
+        .header("Set-Cookie")
+        .is_some_and(|c| c.starts_with("hookbox_console=;") && c.contains("Max-Age=0")));
+    assert_eq!(
+        get_page(&app, "/console", Some(cookie)).await.status,
+        303,
+        "the old cookie no longer works"
+    );
+}
+
+#[actix_web::test]
+async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
+    let downstream = Downstream::start(always(410));
+    let app = TestApp::spawn_with(
+        &forward_extra(&downstream.url, "5s", 3),
+        Handlers::default(),
+    )
+    .await;
+    let id = unique_id("evt");
+    let sent = app
+        .send(&app.delivery("stripe", &stripe_event(&id, "charge.failed", 1), &id))
+        .await;
+    assert_eq!(sent.status, 200);
+    poll_until(
+        "the 410 dead-letters the delivery",
+        Duration::from_secs(10),
+        || dead_deliveries(&app) == 1,
+    )
+    .await;
+    let delivery_id = deliveries(&app, &id).await[0]["id"]
+        .as_i64()
+        .expect("a delivery id");
+
+    let cookie = log_in(&app).await;
+    let page = event_page(&app, &cookie, "stripe", &id).await;
+    assert_eq!(page.status, 200);
+    assert!(page
+        .text()
+        .contains(&format!("id=\"requeue-{delivery_id}\"")));
+    let csrf = csrf_of(&page.text());
+    let path = format!("/console/deliveries/{delivery_id}/requeue");
+    let back = [("source", "stripe"), ("event_id", id.as_str())];
+
+    let without = post_form(&app, &path, Some(&cookie), &back).await;
+    assert_eq!(without.status, 403, "{}", without.text());
+    let mut wrong = back.to_vec();
+    wrong.push(("csrf", "not-the-token"));
+    assert_eq!(
+        post_form(&app, &path, Some(&cookie), &wrong).await.status,
+        403
+    );
+    let other_session = log_in(&app).await;
+    let mut borrowed = back.to_vec();
+    borrowed.push(("csrf", &csrf));
+    assert_eq!(
+        post_form(&app, &path, Some(&other_session), &borrowed)
+            .await
+            .status,
+        403,
+        "a CSRF token belongs to its own session"
+    );
+    assert_eq!(dead_deliveries(&app), 1, "nothing was re-queued");
+
+    let accepted = post_form(&app, &path, Some(&cookie), &borrowed).await;
+    assert_eq!(accepted.status, 303);
+    let location = accepted
+        .header("Location")
+        .expect("back to the event")
+        .to_owned();
+    assert!(
+        location.starts_with("/console/event?source=stripe&id="),
+        "{location}"
+    );
+    assert!(location.contains("notice=requeued"), "{location}");
+    assert_eq!(dead_deliveries(&app), 0, "re-queued");
+    let shown = get_page(&app, &location, Some(&cookie)).await.text();
+    assert!(
+        shown.contains(&format!("Delivery {delivery_id} is re-queued")),
+        "{shown}"
+    );
+}
+
+/// The sums of one source's per-minute bars in the overview's SVG, by outcome.
+fn charted(overview: &str, source: &str) -> [u64; 4] {
+    let start = overview
+        .find(&format!("<svg class=\"chart\" data-source=\"{source}\""))
+        .unwrap_or_else(|| panic!("a chart for {source} in {overview}"));
+    let svg = &overview[start..start + overview[start..].find("</svg>").expect("the chart ends")];
+    let mut sums = [0u64; 4];
+    for (i, outcome) in ["processed", "replayed", "rejected", "failed"]
+        .iter()
+        .enumerate()
+    {
+        let marker = format!("data-{outcome}=\"");
+        sums[i] = svg
+            .match_indices(&marker)
+            .map(|(at, _)| {
+                let rest = &svg[at + marker.len()..];
+                rest[..rest.find('"').expect("the value ends")]
+                    .parse::<u64>()
+                    .expect("a count")
+            })
+            .sum();
+    }
+    sums
+}
+
+#[actix_web::test]
+async fn the_overview_chart_counts_the_deliveries_the_test_made() {
+    let app = TestApp::spawn().await;
+    for _ in 0..3 {
+        let id = unique_id("gh");
+        let delivery = app.delivery("github", "{\"zen\":\"hi\"}", &id);
+        assert_eq!(app.send(&delivery).await.status, 200);
+        assert!(app.send(&delivery).await.replayed());
+    }
+    let id = unique_id("gh");
+    let delivery = app.delivery("github", "{\"zen\":\"again\"}", &id);
+    assert_eq!(app.send(&delivery).await.status, 200);
+    let forged = delivery
+        .clone()
+        .with_header("X-Hub-Signature-256", "sha256=00");
+    assert_eq!(app.send(&forged).await.status, 401);
+    assert_eq!(app.send(&forged).await.status, 401);
+    let lost = Delivery {
+        source: "nowhere".to_owned(),
+        ..delivery.clone()
+    };
+    assert_eq!(app.send(&lost).await.status, 404);
+
+    let cookie = log_in(&app).await;
+    let overview = get_page(&app, "/console", Some(&cookie)).await.text();
+    // 4 new events, 3 of them sent twice; 2 forged signatures.
+    assert_eq!(charted(&overview, "github"), [4, 3, 2, 0], "{overview}");
+    // Summed over the window: the two may fall in different minutes.
+    assert!(
+        overview.contains("<code>invalid_signature</code> 2"),
+        "{overview}"
+    );
+    assert!(overview.contains("data-outcome=\"processed\" data-total=\"4\""));
+    assert_eq!(charted(&overview, "_unknown"), [0, 0, 1, 0]);
+    assert!(overview.contains("<code>unknown_source</code> 1"));
+    assert!(
+        !overview.contains("data-source=\"stripe\""),
+        "a quiet source has no chart"
+    );
+    assert!(overview.contains("<section class=\"card\" id=\"purge\">"));
+    assert!(overview.contains("<span id=\"outbox-pending\">0</span> pending"));
+}
+
+#[actix_web::test]
+async fn the_event_list_filters_and_pages_newest_first() {
+    let app = TestApp::spawn().await;
+    let mut ids = Vec::new();
+    for i in 0..52 {
+        let id = unique_id("acme");
+        let kind = if i % 2 == 0 {
+            "even.thing"
+        } else {
+            "odd.thing"
+        };
+        let body = format!("{{\"type\":\"{kind}\",\"n\":{i}}}");
+        let delivery = app
+            .delivery("acme", &body, &id)
+            .with_header("X-Acme-Event-Id", &id);
+        assert_eq!(app.send(&delivery).await.status, 200, "{i}");
+        ids.push(id);
+    }
+    let gh = unique_id("gh");
+    assert_eq!(
+        app.send(&app.delivery("github", "{}", &gh)).await.status,
+        200
+    );
+    let cookie = log_in(&app).await;
+    let rows = |page: &str| -> Vec<String> {
+        page.match_indices("class=\"event-link\" href=\"")
+            .map(|(at, _)| {
+                let rest = &page[at..];
+                let text = &rest[rest.find('>').expect("link text") + 1..];
+                text[..text.find('<').expect("link ends")].to_owned()
+            })
+            .collect()
+    };
+
+    let first = get_page(&app, "/console/events?source=acme", Some(&cookie)).await;
+    assert_eq!(first.status, 200);
+    let first = first.text();
+    let newest: Vec<String> = ids.iter().rev().take(50).cloned().collect();
+    assert_eq!(rows(&first), newest, "newest first, 50 a page");
+    let older_at = first.find("id=\"older\"").expect("a link to older events");
+    let href_at = first[..older_at].rfind("href=\"").expect("its href") + 6;
+    let href =
+        first[href_at..href_at + first[href_at..].find('"').expect("ends")].replace("&amp;", "&");
+    let second = get_page(&app, &href, Some(&cookie)).await.text();
+    assert_eq!(rows(&second), [ids[1].clone(), ids[0].clone()]);
+    assert!(!second.contains("id=\"older\""), "the last page");
+
+    let by_id = get_page(
+        &app,
+        &format!("/console/events?id={}", ids[7]),
+        Some(&cookie),
+    )
+    .await
+    .text();
+    assert_eq!(rows(&by_id), [ids[7].clone()]);
+    let by_type = get_page(
+        &app,
+        "/console/events?source=acme&type=odd.thing",
+        Some(&cookie),
+    )
+    .await
+    .text();
+    assert_eq!(rows(&by_type).len(), 26);
+    let everything = get_page(&app, "/console/events?since=1h", Some(&cookie))
+        .await
+        .text();
+    assert_eq!(
+        rows(&everything).first(),
+        Some(&gh),
+        "every source, newest first"
+    );
+    let future = get_page(
+        &app,
+        "/console/events?since=2999-01-01T00:00:00Z",
+        Some(&cookie),
+    )
+    .await
+    .text();
+    assert!(future.contains("No stored event matches."));
+    let until_past = get_page(&app, "/console/events?until=2000-01-01", Some(&cookie))
+        .await
+        .text();
+    assert!(rows(&until_past).is_empty());
+    let bad = get_page(&app, "/console/events?since=yesterday-ish", Some(&cookie)).await;
+    assert_eq!(bad.status, 400);
+    assert!(bad
+        .text()
+        .contains("since: &quot;yesterday-ish&quot; is not a time"));
+}
+
+#[actix_web::test]
+async fn replays_are_added_to_the_events_row_in_batches() {
+    let app = TestApp::spawn().await;
+    let id = unique_id("evt");
+    let delivery = app.delivery("stripe", &stripe_event(&id, "charge.succeeded", 1), &id);
+    assert_eq!(app.send(&delivery).await.status, 200);
+    for _ in 0..3 {
+        assert!(app.send(&delivery).await.replayed());
+    }
+    let other = unique_id("evt");
+    let untouched = app.delivery(
+        "stripe",
+        &stripe_event(&other, "charge.succeeded", 1),
+        &other,
+    );
+    assert_eq!(app.send(&untouched).await.status, 200);
+
+    poll_until(
+        "the three replays are flushed",
+        Duration::from_secs(10),
+        || {
+            app.db
+                .count(&format!("events WHERE event_id = '{id}' AND replays = 3"))
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        app.db.count(&format!(
+            "events WHERE event_id = '{other}' AND replays = 0"
+        )),
+        1,
+        "an event never replayed counts none"
+    );
+    let cookie = log_in(&app).await;
+    let page = event_page(&app, &cookie, "stripe", &id).await;
+    assert!(
+        page.text().contains("<dd id=\"replays\">3</dd>"),
+        "{}",
+        page.text()
+    );
+}
