@@ -109,6 +109,29 @@ async fn no_secret_reaches_the_logs_at_trace_level_an_answer_or_the_metrics() {
     for token in [Some(ADMIN_TOKEN), Some("wrong"), None] {
         record(&get(&server.address, "/admin/events?limit=5", token).await);
     }
+    // The console's login takes the token in a form; its pages show stored events.
+    for token in [ADMIN_TOKEN, "wrong-token"] {
+        let response = client()
+            .post(format!("{}/console/login", server.address))
+            .insert_header(("Content-Type", "application/x-www-form-urlencoded"))
+            .send_body(format!("token={token}"))
+            .await
+            .expect("the server answers");
+        let login = read(response).await;
+        record(&login);
+        if let Some(cookie) = login.header("Set-Cookie") {
+            let session = cookie.split(';').next().unwrap_or("").to_owned();
+            let page = client()
+                .get(format!("{}/console/events", server.address))
+                .insert_header(("Cookie", session))
+                .send()
+                .await
+                .expect("the server answers");
+            let page = read(page).await;
+            assert_eq!(page.status, 200, "the console shows its events");
+            record(&page);
+        }
+    }
     let stripe_id = unique_id("evt");
     record(
         &send(
