@@ -20,8 +20,8 @@ trap cleanup EXIT
 
 echo "building (release)..." >&2
 cargo build --release -q --bin hookbox --example loadgen
-hookbox=target/release/hookbox
-loadgen=target/release/examples/loadgen
+hookbox="${CARGO_TARGET_DIR:-target}/release/hookbox"
+loadgen="${CARGO_TARGET_DIR:-target}/release/examples/loadgen"
 psql "$server_url" -qc "CREATE DATABASE $db" >/dev/null
 
 # Starts `hookbox serve` with $work/hookbox.toml and waits until it is ready.

@@ -3,15 +3,15 @@
 # signature) against a release `hookbox serve`, for ten minutes, sampling the server's memory
 # (VmRSS), threads, open file descriptors and database sessions every few seconds. The
 # retention window is five minutes, so in the second half the scheduled purge runs every
-# minute and the table stops growing. Prints the samples as CSV and a summary: for each measure its first, last and peak
-# value, and the mean of the first and of the last minute.
+# minute and the table stops growing. Prints the samples as CSV and a summary: for each
+# measure its first, last and peak value, and the mean of the first and of the last minute.
 #
 #   bench/soak.sh                                   # 10 minutes, 400 requests/s, 16 connections
 #   SOAK_SECONDS=60 SAMPLE_EVERY=2 bench/soak.sh    # a short one
 #   RATE=800 CONNECTIONS=32 CSV=soak.csv bench/soak.sh
 #   DATABASE_URL=postgres://postgres:secret@127.0.0.1:5433/postgres bench/soak.sh
 #
-# Needs a release build (made here; CARGO_TARGET_DIR is honoured), psql and curl.
+# Needs a release build (made here), psql and curl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,31 +19,13 @@ SOAK_SECONDS="${SOAK_SECONDS:-600}"
 SAMPLE_EVERY="${SAMPLE_EVERY:-5}"
 RATE="${RATE:-400}"
 CONNECTIONS="${CONNECTIONS:-16}"
-server_url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
-db="hookbox_soak_$$"
-db_url="${server_url%/*}/$db"
-secret="whsec_soak_secret"
-port=$((40000 + $$ % 10000))
-work="$(mktemp -d)"
+BENCH_NAME=soak
+# shellcheck source=bench/common.sh
+. bench/common.sh
 csv="${CSV:-$work/soak.csv}"
-target="${CARGO_TARGET_DIR:-target}"
-server_pid=""
 load_pid=""
+trap 'if [ -n "$load_pid" ]; then kill "$load_pid" 2>/dev/null || true; fi; cleanup' EXIT
 
-cleanup() {
-  if [ -n "$load_pid" ]; then kill "$load_pid" 2>/dev/null || true; fi
-  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  psql "$server_url" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-echo "building (release)..." >&2
-cargo build --release -q --bin hookbox --example loadgen
-hookbox="$target/release/hookbox"
-loadgen="$target/release/examples/loadgen"
-
-psql "$server_url" -qc "CREATE DATABASE $db" >/dev/null
 cat > "$work/hookbox.toml" <<TOML
 [server]
 listen = "127.0.0.1:$port"
@@ -58,13 +40,7 @@ scheme = "stripe"
 secrets = ["$secret"]
 TOML
 
-RUST_LOG=warn "$hookbox" serve --config "$work/hookbox.toml" 2>"$work/serve.log" &
-server_pid=$!
-for _ in $(seq 1 100); do
-  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-curl -fs "http://127.0.0.1:$port/readyz" >/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+start_server
 
 echo "warming up for 10 s..." >&2
 "$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --connections "$CONNECTIONS" \
