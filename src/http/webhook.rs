@@ -175,7 +175,7 @@ async fn claim(
     source: Arc<Source>,
     delivery: Delivery,
 ) -> Result<Outcome, ApiError> {
-    let outcome = if source.handler.uses_connection() || delivery.forward {
+    let outcome = if inbox::needs_transaction(&delivery, source.handler.as_ref()) {
         claim_in_transaction(state, source, delivery).await?
     } else {
         state.claims.claim(delivery, source.handler.clone()).await

@@ -106,6 +106,13 @@ pub enum ClaimError {
     Database(#[from] DieselError),
 }
 
+/// Whether `delivery` must be claimed in a transaction: its handler writes, or its source
+/// queues an outbox row with the claim. Otherwise claim and answer are one INSERT (and may be
+/// batched with others, see [`Batcher`]).
+pub fn needs_transaction(delivery: &Delivery, handler: &dyn Handler) -> bool {
+    handler.uses_connection() || delivery.forward
+}
+
 /// Claims, processes and stores `delivery` atomically, or finds the stored answer.
 pub fn claim(
     conn: &mut PgConnection,
@@ -115,7 +122,7 @@ pub fn claim(
     // The only way round twice: the stored row vanished (purged) between the INSERT's
     // conflict and the read of the stored response. The second INSERT then claims afresh.
     for _ in 0..2 {
-        let attempt = if handler.uses_connection() || delivery.forward {
+        let attempt = if needs_transaction(delivery, handler) {
             conn.transaction(|conn| claim_in_transaction(conn, delivery, handler))
         } else {
             claim_in_one_statement(conn, delivery, handler)

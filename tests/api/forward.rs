@@ -65,14 +65,19 @@ pub async fn deliveries(app: &TestApp, id: &str) -> serde_json::Value {
     answer.json()["deliveries"].clone()
 }
 
+/// A server whose stripe source forwards to `downstream`.
+async fn forwarding_app(downstream: &Downstream, timeout: &str, max_attempts: u32) -> TestApp {
+    TestApp::spawn_with(
+        &forward_extra(&downstream.url, timeout, max_attempts),
+        Handlers::default(),
+    )
+    .await
+}
+
 #[actix_web::test]
 async fn a_stored_event_is_forwarded_once_signed_with_its_key_and_a_redelivery_queues_nothing() {
     let downstream = Downstream::start(always(200));
-    let app = TestApp::spawn_with(
-        &forward_extra(&downstream.url, "5s", 12),
-        Handlers::default(),
-    )
-    .await;
+    let app = forwarding_app(&downstream, "5s", 12).await;
     let id = unique_id("evt");
     let body = stripe_event(&id, "payment_intent.succeeded", 1);
     let answer = app.send(&app.delivery("stripe", &body, &id)).await;
@@ -141,11 +146,7 @@ async fn a_stored_event_is_forwarded_once_signed_with_its_key_and_a_redelivery_q
 async fn a_failing_downstream_is_retried_with_growing_gaps_and_the_same_key() {
     let downstream =
         Downstream::start(|_, earlier| (if earlier < 3 { 503 } else { 200 }, Duration::ZERO));
-    let app = TestApp::spawn_with(
-        &forward_extra(&downstream.url, "5s", 12),
-        Handlers::default(),
-    )
-    .await;
+    let app = forwarding_app(&downstream, "5s", 12).await;
     let id = unique_id("evt");
     app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
         .await;
@@ -177,11 +178,7 @@ async fn a_failing_downstream_is_retried_with_growing_gaps_and_the_same_key() {
 #[actix_web::test]
 async fn a_410_stops_the_delivery_at_once() {
     let downstream = Downstream::start(always(410));
-    let app = TestApp::spawn_with(
-        &forward_extra(&downstream.url, "5s", 12),
-        Handlers::default(),
-    )
-    .await;
+    let app = forwarding_app(&downstream, "5s", 12).await;
     let id = unique_id("evt");
     app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
         .await;
@@ -205,11 +202,7 @@ async fn a_410_stops_the_delivery_at_once() {
 /// timeout, with 2 attempts: each delivery is dead-lettered within about two seconds.
 pub async fn forwarding_to_a_silent_downstream() -> (Downstream, TestApp) {
     let downstream = Downstream::start(|_, _| (200, Duration::from_secs(3)));
-    let app = TestApp::spawn_with(
-        &forward_extra(&downstream.url, "300ms", 2),
-        Handlers::default(),
-    )
-    .await;
+    let app = forwarding_app(&downstream, "300ms", 2).await;
     (downstream, app)
 }
 
@@ -280,11 +273,7 @@ async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() 
 #[actix_web::test]
 async fn a_slow_downstream_does_not_slow_the_providers_answers() {
     let downstream = Downstream::start(|_, _| (200, Duration::from_secs(3)));
-    let app = TestApp::spawn_with(
-        &forward_extra(&downstream.url, "10s", 12),
-        Handlers::default(),
-    )
-    .await;
+    let app = forwarding_app(&downstream, "10s", 12).await;
     let mut slowest = Duration::ZERO;
     for _ in 0..20 {
         let id = unique_id("evt");

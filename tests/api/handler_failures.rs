@@ -114,7 +114,13 @@ async fn a_failed_first_delivery_lets_a_concurrent_duplicate_claim_the_event() {
     let first = app.delivery("stripe", &body, &id);
     let second = delivery_for(&app.config, "stripe", &body, &id, unix_now() - 1);
     let (a, b) = tokio::join!(app.send(&first), async {
-        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+        // The duplicate arrives once the original is inside its handler, holding the claim.
+        eventually(
+            "the original is in its handler",
+            Duration::from_secs(10),
+            || calls.load(Ordering::SeqCst) == 1,
+        )
+        .await;
         app.send(&second).await
     });
     assert_eq!(a.status, 500);
