@@ -14,11 +14,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_web::web;
 use chrono::{DateTime, Utc};
-use diesel::pg::PgConnection;
-use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Text};
+use diesel::QueryResult;
 
-use crate::db;
+use crate::db::{self, AnyConnection};
 use crate::ids::SourceName;
 use crate::metrics::{Outcome, UNKNOWN_SOURCE};
 use crate::startup::AppState;
@@ -307,23 +305,12 @@ impl Activity {
 
 /// Adds replay counts to `events.replays`, in statements of at most [`FLUSH_BATCH`] events.
 /// Counts of events purged meanwhile match no row and are dropped.
-fn add_replays(conn: &mut PgConnection, counts: &[(String, String, u64)]) -> QueryResult<()> {
+fn add_replays(conn: &mut AnyConnection, counts: &[(String, String, u64)]) -> QueryResult<()> {
     for batch in counts.chunks(FLUSH_BATCH) {
-        let sources: Vec<&str> = batch.iter().map(|(s, _, _)| s.as_str()).collect();
-        let ids: Vec<&str> = batch.iter().map(|(_, id, _)| id.as_str()).collect();
-        let ns: Vec<i64> = batch
-            .iter()
-            .map(|(_, _, n)| i64::try_from(*n).unwrap_or(i64::MAX))
-            .collect();
-        diesel::sql_query(
-            "UPDATE events AS e SET replays = e.replays + v.n \
-             FROM unnest($1, $2, $3) AS v(source, event_id, n) \
-             WHERE e.source = v.source AND e.event_id = v.event_id",
-        )
-        .bind::<Array<Text>, _>(&sources)
-        .bind::<Array<Text>, _>(&ids)
-        .bind::<Array<BigInt>, _>(&ns)
-        .execute(conn)?;
+        match conn {
+            AnyConnection::Postgres(c) => db::pg::add_replays(c, batch)?,
+            AnyConnection::Sqlite(c) => db::sqlite::add_replays(c, batch)?,
+        }
     }
     Ok(())
 }

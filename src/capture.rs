@@ -15,11 +15,10 @@ use std::path::{Path, PathBuf};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::db::schema::events;
+use crate::db::{self, on_backend, AnyConnection};
 
 /// Headers a capture never carries, whatever was stored: credentials of the sender's own.
 const NEVER_KEPT: [&str; 4] = [
@@ -172,14 +171,11 @@ type StoredRow = (
 /// # Errors
 /// A database error, or a failure to write to `out`.
 pub fn export(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     filter: &ExportFilter,
     out: &mut dyn Write,
 ) -> anyhow::Result<u64> {
-    conn.build_transaction()
-        .read_only()
-        .repeatable_read()
-        .run(|conn| {
+    db::read_snapshot(conn, |conn| {
             let mut written = 0;
             let mut after: Option<(DateTime<Utc>, i64)> = None;
             loop {
@@ -203,10 +199,11 @@ pub fn export(
 
 /// The next batch in (received time, row id) order, after `after`.
 fn export_batch(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     filter: &ExportFilter,
     after: Option<(DateTime<Utc>, i64)>,
 ) -> anyhow::Result<Vec<StoredRow>> {
+    Ok(on_backend!(conn, c => {
     let mut query = events::table
         .select((
             events::id,
@@ -238,7 +235,8 @@ fn export_batch(
                 .and(events::received_at.gt(received_at).or(events::id.gt(id))),
         );
     }
-    Ok(query.load(conn)?)
+    query.load(c)?
+    }))
 }
 
 /// A stored event as a capture line: only string-valued headers, never a credential.

@@ -255,7 +255,7 @@ fn serve(config: Config) -> anyhow::Result<()> {
 }
 
 fn migrate(config: &Config) -> anyhow::Result<()> {
-    let applied = crate::db::migrate(&config.database, |_| Ok(()))?;
+    let applied = crate::db::migrate_store(&config.database, |_| Ok(()))?;
     if applied.is_empty() {
         println!(
             "database schema is up to date ({})",

@@ -51,9 +51,12 @@ pub struct ServerConfig {
 /// `[database]`
 #[derive(Clone)]
 pub struct DatabaseConfig {
-    /// A libpq connection URL (`DATABASE_URL` overrides). It may hold a password, so it is
-    /// shown only through [`DatabaseConfig::display_url`].
+    /// Where events are kept (`DATABASE_URL` overrides): a libpq `postgres://` URL, or
+    /// `sqlite://PATH` / `sqlite::memory:` for the embedded store. It may hold a password, so
+    /// it is shown only through [`DatabaseConfig::display_url`].
     pub url: String,
+    /// Whether the URL came from the config or the environment, rather than the default.
+    pub configured: bool,
     /// The most connections this process opens.
     pub pool_size: u32,
 }
@@ -63,7 +66,17 @@ impl DatabaseConfig {
     pub fn display_url(&self) -> String {
         redact_url(&self.url)
     }
+
+    /// The store the URL names (checked when the config is loaded).
+    pub fn store(&self) -> anyhow::Result<crate::db::Store> {
+        crate::db::Store::parse(&self.url)
+            .map_err(|e| anyhow::anyhow!("database.url: {:?} {e}", self.display_url()))
+    }
 }
+
+/// Where events are kept when no database is configured: an SQLite file in the working
+/// directory.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://hookbox.db";
 
 impl fmt::Debug for DatabaseConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -408,13 +421,18 @@ impl RawConfig {
                 "must be longer than 0s",
             ));
         }
+        let url = env.var("DATABASE_URL").or(self.database.url);
         let database = DatabaseConfig {
-            url: env
-                .var("DATABASE_URL")
-                .or(self.database.url)
-                .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/hookbox".to_owned()),
+            configured: url.is_some(),
+            url: url.unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
             pool_size: self.database.pool_size.unwrap_or(16),
         };
+        if let Err(e) = crate::db::Store::parse(&database.url) {
+            return Err(ConfigError::at(
+                "database.url",
+                format!("{:?} {e}", database.display_url()),
+            ));
+        }
         if database.pool_size == 0 {
             return Err(ConfigError::at("database.pool_size", "must be at least 1"));
         }

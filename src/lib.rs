@@ -26,5 +26,5 @@ pub mod startup;
 pub mod telemetry;
 
 pub use config::Config;
-pub use handlers::{Event, Handler, Response};
+pub use handlers::{AnyConnection, Event, Handler, Response};
 pub use startup::{Application, Handlers};

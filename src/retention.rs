@@ -12,18 +12,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use diesel::pg::PgConnection;
-use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Bool, Text, Timestamptz};
+use diesel::QueryResult;
 
 use crate::config::{Config, SourceConfig};
+use crate::db::{pg, sqlite, AnyConnection};
 use crate::signature::Scheme;
 
 /// Rows one DELETE removes at most.
 pub const BATCH_SIZE: i64 = 5000;
-
-/// Any number, as long as every hookbox uses the same one.
-const PURGE_LOCK_KEY: i64 = 0x686f_6f6b_626f_7802;
 
 /// Which events a pass removes: one cutoff per configured source, and the global window for
 /// events of sources no longer configured.
@@ -105,35 +101,6 @@ impl Report {
     }
 }
 
-#[derive(QueryableByName)]
-struct Removed {
-    #[diesel(sql_type = Text)]
-    source: String,
-}
-
-#[derive(QueryableByName)]
-struct Counted {
-    #[diesel(sql_type = Text)]
-    source: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(QueryableByName)]
-struct Locked {
-    #[diesel(sql_type = Bool)]
-    locked: bool,
-}
-
-/// The `WHERE` of a target, with its binds in order: `$1` the cutoff, `$2` the source or the
-/// names to leave out.
-fn filter(target: &Target) -> &'static str {
-    match target.source {
-        Some(_) => "source = $2 AND received_at < $1",
-        None => "source <> ALL($2) AND received_at < $1",
-    }
-}
-
 fn cutoff(target: &Target, now: DateTime<Utc>) -> DateTime<Utc> {
     chrono::Duration::from_std(target.older_than)
         .ok()
@@ -143,30 +110,33 @@ fn cutoff(target: &Target, now: DateTime<Utc>) -> DateTime<Utc> {
 
 /// One purge pass. `None` when another instance holds the purge lock (nothing was done).
 /// `stop` is checked between batches; `progress` sees the running tally after each batch.
+///
+/// On SQLite there is no lock to take: the store belongs to one machine, and each batch is a
+/// write transaction of its own, so two passes at once only share the work.
 pub fn purge(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     plan: &Plan,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&Report),
 ) -> QueryResult<Option<Report>> {
-    let locked = diesel::sql_query("SELECT pg_try_advisory_lock($1) AS locked")
-        .bind::<BigInt, _>(PURGE_LOCK_KEY)
-        .get_result::<Locked>(conn)?
-        .locked;
-    if !locked {
+    let AnyConnection::Postgres(pg) = conn else {
+        return purge_locked(conn, plan, stop, progress).map(Some);
+    };
+    if !pg::try_lock_purge(pg)? {
         return Ok(None);
     }
     let result = purge_locked(conn, plan, stop, progress);
-    let unlocked = diesel::sql_query("SELECT pg_advisory_unlock($1) AS locked")
-        .bind::<BigInt, _>(PURGE_LOCK_KEY)
-        .get_result::<Locked>(conn);
+    let unlocked = match conn {
+        AnyConnection::Postgres(pg) => pg::unlock_purge(pg),
+        AnyConnection::Sqlite(_) => Ok(()),
+    };
     let report = result?;
     unlocked?;
     Ok(Some(report))
 }
 
 fn purge_locked(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     plan: &Plan,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&Report),
@@ -175,24 +145,21 @@ fn purge_locked(
     let named = plan.named();
     let mut report = Report::default();
     for target in &plan.targets {
-        let sql = format!(
-            "DELETE FROM events WHERE ctid = ANY(ARRAY(\
-                SELECT ctid FROM events WHERE {} LIMIT {BATCH_SIZE})) \
-             RETURNING source",
-            filter(target)
-        );
+        let source = target.source.as_deref();
+        let cutoff = cutoff(target, now);
         loop {
             if stop.load(Ordering::Relaxed) {
                 report.interrupted = true;
                 return Ok(report);
             }
-            let query = diesel::sql_query(&sql).bind::<Timestamptz, _>(cutoff(target, now));
-            let removed: Vec<Removed> = match &target.source {
-                Some(source) => query.bind::<Text, _>(source).load(conn)?,
-                None => query.bind::<Array<Text>, _>(&named).load(conn)?,
+            let removed = match conn {
+                AnyConnection::Postgres(c) => pg::purge_batch(c, source, &named, cutoff, BATCH_SIZE)?,
+                AnyConnection::Sqlite(c) => {
+                    sqlite::purge_batch(c, source, &named, cutoff, BATCH_SIZE)?
+                }
             };
-            for row in &removed {
-                *report.removed.entry(row.source.clone()).or_default() += 1;
+            for removed_source in &removed {
+                *report.removed.entry(removed_source.clone()).or_default() += 1;
             }
             progress(&report);
             if (removed.len() as i64) < BATCH_SIZE {
@@ -204,22 +171,19 @@ fn purge_locked(
 }
 
 /// What a pass would remove, without removing anything.
-pub fn dry_run(conn: &mut PgConnection, plan: &Plan) -> QueryResult<Report> {
+pub fn dry_run(conn: &mut AnyConnection, plan: &Plan) -> QueryResult<Report> {
     let now = Utc::now();
     let named = plan.named();
     let mut report = Report::default();
     for target in &plan.targets {
-        let sql = format!(
-            "SELECT source, count(*) AS n FROM events WHERE {} GROUP BY source",
-            filter(target)
-        );
-        let query = diesel::sql_query(&sql).bind::<Timestamptz, _>(cutoff(target, now));
-        let counted: Vec<Counted> = match &target.source {
-            Some(source) => query.bind::<Text, _>(source).load(conn)?,
-            None => query.bind::<Array<Text>, _>(&named).load(conn)?,
+        let source = target.source.as_deref();
+        let cutoff = cutoff(target, now);
+        let counted = match conn {
+            AnyConnection::Postgres(c) => pg::count_older(c, source, &named, cutoff)?,
+            AnyConnection::Sqlite(c) => sqlite::count_older(c, source, &named, cutoff)?,
         };
-        for row in counted {
-            *report.removed.entry(row.source).or_default() += u64::try_from(row.n).unwrap_or(0);
+        for (source, n) in counted {
+            *report.removed.entry(source).or_default() += u64::try_from(n).unwrap_or(0);
         }
     }
     Ok(report)
@@ -270,7 +234,7 @@ pub fn horizon_warning(source: &SourceConfig, default_window: Duration) -> Optio
 /// Runs one pass and logs it, with counts and `duration_ms`. For the scheduled task and the
 /// `purge` command alike.
 pub fn purge_logged(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     plan: &Plan,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&Report),

@@ -168,19 +168,30 @@ impl Application {
             })
             .collect::<anyhow::Result<HashMap<_, _>>>()?;
 
-        let applied = db::migrate(&config.database, |conn| {
+        let store = config.database.store()?;
+        let pool = db::pool(&config.database, config.server.in_flight_wait)?;
+        let prepare = |conn: &mut db::AnyConnection| {
             handlers.all().try_for_each(|handler| handler.prepare(conn))
-        })?;
+        };
+        let applied = match store {
+            // The database lives in the pool's one connection.
+            db::Store::SqliteMemory => db::migrate(&mut *pool.get()?, prepare)?,
+            _ => db::migrate_store(&config.database, prepare)?,
+        };
         if applied.is_empty() {
             tracing::info!("database schema is up to date");
         } else {
             tracing::info!(migrations = ?applied, "applied database migrations");
         }
 
-        let pool = db::pool(&config.database, config.server.in_flight_wait);
         // A writer per four connections: enough to keep batches flowing while one is in the
-        // database, and the rest of the pool stays free for the other work.
-        let writers = (config.database.pool_size as usize / 4).clamp(1, 8);
+        // database, and the rest of the pool stays free for the other work. SQLite has one
+        // writer at a time, so one writer thread there.
+        let writers = if store.is_sqlite() {
+            1
+        } else {
+            (config.database.pool_size as usize / 4).clamp(1, 8)
+        };
         let state = web::Data::new(AppState {
             claims: Batcher::start(pool.clone(), writers),
             pool,
@@ -223,11 +234,26 @@ impl Application {
             .first()
             .context("the listener has no address")?;
 
-        tracing::info!(
-            database = %config.database.display_url(),
-            pool_size = config.database.pool_size,
-            "database ready"
-        );
+        match &store {
+            db::Store::Postgres(_) => tracing::info!(
+                database = %config.database.display_url(),
+                pool_size = config.database.pool_size,
+                "database ready: PostgreSQL"
+            ),
+            db::Store::SqliteMemory => tracing::info!(
+                database = %config.database.display_url(),
+                "database ready: SQLite in memory, gone when hookbox stops (for trying things out)"
+            ),
+            db::Store::SqliteFile(path) if !config.database.configured => tracing::info!(
+                database = %config.database.display_url(),
+                "no database configured: keeping events in the SQLite file {path} in the working \
+                 directory (set [database].url or DATABASE_URL to choose; postgres:// for several instances)"
+            ),
+            db::Store::SqliteFile(path) => tracing::info!(
+                database = %config.database.display_url(),
+                "database ready: SQLite file {path}"
+            ),
+        }
         for source in &config.sources {
             tracing::info!(
                 source = %source.name,

@@ -6,9 +6,8 @@
 //! transaction fails leaves no booking behind, so "order 101 is charged once" holds however often
 //! Stripe retries, and however many of those retries arrive at the same moment.
 
-use diesel::pg::PgConnection;
 use diesel::prelude::*;
-use hookbox::{Event, Handler, Response};
+use hookbox::{AnyConnection, Event, Handler, Response};
 
 diesel::table! {
     ledger_entries (id) {
@@ -26,24 +25,29 @@ diesel::table! {
 pub struct Ledger;
 
 impl Handler for Ledger {
-    fn prepare(&self, conn: &mut PgConnection) -> anyhow::Result<()> {
+    fn prepare(&self, conn: &mut AnyConnection) -> anyhow::Result<()> {
         // ON DELETE CASCADE: when the retention purge removes the event, its booking goes too;
-        // the UNIQUE is a second guard that one payment intent is booked once.
-        diesel::sql_query(
+        // the UNIQUE is a second guard that one payment intent is booked once. The table's DDL
+        // is the one thing that differs between the stores; the handler below is the same.
+        let id = match conn {
+            AnyConnection::Postgres(_) => "id BIGSERIAL PRIMARY KEY",
+            AnyConnection::Sqlite(_) => "id INTEGER PRIMARY KEY AUTOINCREMENT",
+        };
+        diesel::sql_query(format!(
             "CREATE TABLE IF NOT EXISTS ledger_entries (
-                id BIGSERIAL PRIMARY KEY,
+                {id},
                 event_row BIGINT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
                 payment_intent TEXT NOT NULL UNIQUE,
                 order_id TEXT,
                 amount BIGINT NOT NULL,
                 currency TEXT NOT NULL
-            )",
-        )
+            )"
+        ))
         .execute(conn)?;
         Ok(())
     }
 
-    fn handle(&self, conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response> {
+    fn handle(&self, conn: &mut AnyConnection, event: &Event<'_>) -> anyhow::Result<Response> {
         if event.event_type != Some("payment_intent.succeeded") {
             return Ok(Response::processed(event));
         }

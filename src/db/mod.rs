@@ -1,26 +1,126 @@
-//! The database: the connection pool, the embedded migrations, and how a database failure is
+//! The store: the connection pool, the embedded migrations, and how a database failure is
 //! told apart from the rest.
+//!
+//! hookbox keeps its events in PostgreSQL (`postgres://...`), the store of record for teams and
+//! for several instances, or in an embedded SQLite file (`sqlite://PATH`, `sqlite::memory:`)
+//! for one instance with nothing else installed. This module is the one place that knows which:
+//! the rest of hookbox, handlers included, works with an [`AnyConnection`], and code whose SQL
+//! differs between the two goes through [`on_backend!`] or the [`pg`] and [`sqlite`] modules.
 
-pub mod schema;
+pub mod pg;
+pub mod pg_schema;
+pub mod sqlite;
+pub mod sqlite_schema;
 
 use std::time::Duration;
 
 use anyhow::Context;
-use diesel::connection::SimpleConnection;
+use diesel::connection::{AnsiTransactionManager, TransactionManager};
 use diesel::pg::PgConnection;
-use diesel::r2d2::{ConnectionManager, ManageConnection, Pool, PooledConnection};
+use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use crate::config::DatabaseConfig;
 
-/// The migrations in `migrations/`, compiled into the binary.
-pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
+/// A connection to either store. Handlers get one: diesel's query builder and `sql_query`
+/// work on it as on either backend (through diesel's `MultiBackend`), and a handler that needs
+/// SQL of one backend's own matches on it.
+#[derive(diesel::MultiConnection)]
+pub enum AnyConnection {
+    /// PostgreSQL.
+    Postgres(PgConnection),
+    /// The embedded SQLite store.
+    Sqlite(SqliteConnection),
+}
 
-/// Any number will do, as long as every hookbox uses the same one: it serialises the
-/// migrations (and the handlers' own setup) of instances starting together.
-const MIGRATION_LOCK_KEY: i64 = 0x686f_6f6b_626f_7801;
+/// Runs `$body` with `$conn` (an `&mut AnyConnection`) opened up as the backend's own
+/// connection, named `$c`, and that backend's `events` and `deliveries` tables and `Instant`
+/// SQL type in scope. The body is written once and compiled for each backend.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! on_backend {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $crate::db::as_any($conn) {
+            $crate::db::AnyConnection::Postgres($c) => {
+                #[allow(unused_imports)]
+                use $crate::db::pg::Instant;
+                #[allow(unused_imports)]
+                use $crate::db::pg_schema::{deliveries, events};
+                $body
+            }
+            $crate::db::AnyConnection::Sqlite($c) => {
+                #[allow(unused_imports)]
+                use $crate::db::sqlite::Instant;
+                #[allow(unused_imports)]
+                use $crate::db::sqlite_schema::{deliveries, events};
+                $body
+            }
+        }
+    };
+}
+pub use on_backend;
+
+/// The identity, so [`on_backend!`] takes anything that derefs to an [`AnyConnection`].
+#[doc(hidden)]
+pub fn as_any(conn: &mut AnyConnection) -> &mut AnyConnection {
+    conn
+}
+
+/// Where the events are kept, as `database.url` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Store {
+    /// A PostgreSQL server: the URL as given.
+    Postgres(String),
+    /// An SQLite file at this path.
+    SqliteFile(String),
+    /// An SQLite database in memory, gone when the process ends.
+    SqliteMemory,
+}
+
+impl Store {
+    /// Reads a `database.url`: `postgres://` or `postgresql://`, `sqlite://PATH` (relative to
+    /// the working directory; `sqlite:///abs/path` for an absolute one) or `sqlite::memory:`.
+    pub fn parse(url: &str) -> Result<Store, String> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Store::Postgres(url.to_owned()));
+        }
+        if url == "sqlite::memory:" || url == "sqlite://:memory:" {
+            return Ok(Store::SqliteMemory);
+        }
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err("needs a file path, as in sqlite://hookbox.db".to_owned());
+            }
+            return Ok(Store::SqliteFile(path.to_owned()));
+        }
+        Err("is not a postgres:// URL, a sqlite://PATH or sqlite::memory:".to_owned())
+    }
+
+    /// Whether this is the embedded store.
+    pub fn is_sqlite(&self) -> bool {
+        !matches!(self, Store::Postgres(_))
+    }
+}
+
+/// The migrations of each backend, compiled into the binary.
+const PG_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+
+/// Applies the backend's pending migrations; returns the versions applied.
+fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Vec<String>> {
+    let applied = match conn {
+        AnyConnection::Postgres(pg) => pg
+            .run_pending_migrations(PG_MIGRATIONS)
+            .map(|v| v.iter().map(ToString::to_string).collect()),
+        AnyConnection::Sqlite(sqlite) => sqlite
+            .run_pending_migrations(SQLITE_MIGRATIONS)
+            .map(|v| v.iter().map(ToString::to_string).collect()),
+    };
+    applied.map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+}
 
 /// How long a request waits for a pooled connection before it is answered 503. Short, so a
 /// provider hears "try later" quickly while the database is away.
@@ -32,11 +132,11 @@ pub type DbPool = Pool<Manager>;
 /// One connection out of the pool.
 pub type DbConnection = PooledConnection<Manager>;
 
-/// A pooled PostgreSQL connection that remembers whether it was seen to fail, so the pool drops
-/// it instead of handing it out again. This replaces a test query on every checkout (one round
+/// A pooled connection that remembers whether it was seen to fail, so the pool drops it
+/// instead of handing it out again. This replaces a test query on every checkout (one round
 /// trip per request): a connection that died is found by the query that needed it.
 pub struct Conn {
-    pg: PgConnection,
+    conn: AnyConnection,
     broken: bool,
 }
 
@@ -53,15 +153,15 @@ impl Conn {
 }
 
 impl std::ops::Deref for Conn {
-    type Target = PgConnection;
-    fn deref(&self) -> &PgConnection {
-        &self.pg
+    type Target = AnyConnection;
+    fn deref(&self) -> &AnyConnection {
+        &self.conn
     }
 }
 
 impl std::ops::DerefMut for Conn {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.pg
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        &mut self.conn
     }
 }
 
@@ -80,7 +180,7 @@ pub enum DbError {
 /// pool rather than handed out again.
 pub fn with_connection<T>(
     pool: &DbPool,
-    work: impl FnOnce(&mut PgConnection) -> Result<T, DieselError>,
+    work: impl FnOnce(&mut AnyConnection) -> Result<T, DieselError>,
 ) -> Result<T, DbError> {
     let mut conn = pool.get()?;
     work(&mut conn).map_err(|e| {
@@ -100,10 +200,59 @@ pub fn is_connection_error(error: &DieselError) -> bool {
     )
 }
 
+/// Runs `work` in a transaction that writes. On PostgreSQL a plain `BEGIN`: row locks sort out
+/// who waits for whom. On SQLite, which has one writer at a time, `BEGIN IMMEDIATE` takes the
+/// write lock at once, so a transaction never reads first and then finds it cannot write; a
+/// wait for the lock past the busy timeout (the in-flight wait) fails as [`is_lock_timeout`].
+pub fn write_transaction<T, E>(
+    conn: &mut AnyConnection,
+    work: impl FnOnce(&mut AnyConnection) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<DieselError>,
+{
+    match conn {
+        AnyConnection::Postgres(_) => conn.transaction(work),
+        AnyConnection::Sqlite(sqlite) => {
+            AnsiTransactionManager::begin_transaction_sql(sqlite, "BEGIN IMMEDIATE")?;
+            match work(conn) {
+                Ok(value) => {
+                    AnyConnection::commit_transaction(conn)?;
+                    Ok(value)
+                }
+                Err(e) => {
+                    // The error that ended the work is the one to report; a failed rollback
+                    // leaves the transaction manager broken, so the pool drops the connection.
+                    let _ = AnyConnection::rollback_transaction(conn);
+                    Err(e)
+                }
+            }
+        }
+    }
+}
+
+/// Runs `work` on one consistent snapshot that it only reads: a read-only repeatable-read
+/// transaction on PostgreSQL, a read transaction on SQLite (a WAL reader sees one snapshot).
+pub fn read_snapshot<T, E>(
+    conn: &mut AnyConnection,
+    work: impl FnOnce(&mut AnyConnection) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<DieselError>,
+{
+    conn.transaction(|conn| {
+        if let AnyConnection::Postgres(pg) = conn {
+            diesel::sql_query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(pg)?;
+        }
+        work(conn)
+    })
+}
+
 /// Makes the pool's connections, sets each session up for hookbox's transactions, and tells
 /// the pool which to drop.
 pub struct Manager {
-    inner: ConnectionManager<PgConnection>,
+    store: Store,
     /// A duplicate waits this long on the first delivery's uncommitted claim.
     lock_timeout: Duration,
 }
@@ -113,87 +262,156 @@ impl ManageConnection for Manager {
     type Error = diesel::r2d2::Error;
 
     fn connect(&self) -> Result<Conn, Self::Error> {
-        let mut pg = self.inner.connect()?;
-        // lock_timeout bounds the wait on another transaction's claim (the in-flight wait);
-        // idle_in_transaction_session_timeout makes the server abandon a transaction whose
-        // client went away or stalled mid-way, so its claim cannot block the provider's retry
-        // for long: 60 s, unless the server, database, role or URL already sets one.
-        pg.batch_execute(&format!(
-            "SET lock_timeout = {}; SET application_name = 'hookbox'; \
-             SELECT set_config('idle_in_transaction_session_timeout', '60000', false) \
-             WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
-            self.lock_timeout.as_millis().max(1)
-        ))
-        .map_err(diesel::r2d2::Error::QueryError)?;
-        Ok(Conn { pg, broken: false })
+        let conn = match &self.store {
+            Store::Postgres(url) => {
+                AnyConnection::Postgres(pg::connect(url, self.lock_timeout)?)
+            }
+            Store::SqliteFile(path) => {
+                AnyConnection::Sqlite(sqlite::connect(path, self.lock_timeout)?)
+            }
+            Store::SqliteMemory => {
+                AnyConnection::Sqlite(sqlite::connect(":memory:", self.lock_timeout)?)
+            }
+        };
+        Ok(Conn {
+            conn,
+            broken: false,
+        })
     }
 
     fn is_valid(&self, conn: &mut Conn) -> Result<(), Self::Error> {
-        self.inner.is_valid(&mut conn.pg)
+        conn.conn.ping().map_err(diesel::r2d2::Error::QueryError)
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.broken || self.inner.has_broken(&mut conn.pg)
+        conn.broken || conn.conn.is_broken()
     }
 }
 
 /// Builds the pool. It does not wait for the database: connections are made as they are
 /// needed, so a server started during an outage answers 503 until the database is back.
-pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> DbPool {
-    Pool::builder()
-        .max_size(config.pool_size)
-        .min_idle(Some(config.pool_size.min(2)))
+///
+/// An in-memory SQLite store lives in its one connection, so its pool holds exactly one and
+/// never retires it.
+pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<DbPool> {
+    let store = config.store()?;
+    let manager = Manager {
+        store: store.clone(),
+        lock_timeout,
+    };
+    let builder = Pool::builder()
         .connection_timeout(CHECKOUT_TIMEOUT)
-        .test_on_check_out(false)
-        .build_unchecked(Manager {
-            inner: ConnectionManager::new(&config.url),
-            lock_timeout,
-        })
-}
-
-/// Connects once, outside the pool, with an error that says what to check.
-pub fn connect(config: &DatabaseConfig) -> anyhow::Result<PgConnection> {
-    PgConnection::establish(&config.url).with_context(|| {
-        format!(
-            "cannot connect to the database at {} (is PostgreSQL running? set DATABASE_URL or [database].url)",
-            config.display_url()
-        )
+        .test_on_check_out(false);
+    Ok(match store {
+        Store::SqliteMemory => builder
+            .max_size(1)
+            .min_idle(Some(1))
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .build(manager)
+            .context("cannot open the in-memory SQLite store")?,
+        Store::SqliteFile(_) => builder
+            .max_size(config.pool_size)
+            .min_idle(Some(1))
+            .build(manager)
+            .with_context(|| format!("cannot open the SQLite store {}", config.display_url()))?,
+        Store::Postgres(_) => builder
+            .max_size(config.pool_size)
+            .min_idle(Some(config.pool_size.min(2)))
+            .build_unchecked(manager),
     })
 }
 
-/// Applies pending migrations under a session advisory lock, so instances starting together
-/// take turns, then runs `after` (the handlers' own setup) under the same lock. Returns the
-/// versions it applied.
-pub fn migrate(
+/// Connects once, outside the pool, with an error that says what to check.
+pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
+    match config.store()? {
+        Store::Postgres(url) => PgConnection::establish(&url)
+            .map(AnyConnection::Postgres)
+            .with_context(|| {
+                format!(
+                    "cannot connect to the database at {} (is PostgreSQL running? set DATABASE_URL or [database].url)",
+                    config.display_url()
+                )
+            }),
+        Store::SqliteFile(path) => sqlite::connect(&path, Duration::from_secs(5))
+            .map(AnyConnection::Sqlite)
+            .with_context(|| {
+                format!(
+                    "cannot open the SQLite store {} (is its directory there and writable?)",
+                    config.display_url()
+                )
+            }),
+        Store::SqliteMemory => anyhow::bail!(
+            "sqlite::memory: lives inside one `hookbox serve`; a separate command cannot reach it"
+        ),
+    }
+}
+
+/// Connects to the configured store and applies its pending migrations (see [`migrate`]).
+pub fn migrate_store(
     config: &DatabaseConfig,
-    after: impl FnOnce(&mut PgConnection) -> anyhow::Result<()>,
+    after: impl FnOnce(&mut AnyConnection) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<String>> {
-    let mut conn = connect(config)?;
-    diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
-        .execute(&mut conn)
-        .context("cannot take the migration lock")?;
-    let result = conn
-        .run_pending_migrations(MIGRATIONS)
-        .map(|versions| versions.iter().map(ToString::to_string).collect::<Vec<_>>())
-        .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
-        .and_then(|versions| after(&mut conn).map(|()| versions));
-    // The lock is released with the session anyway; unlocking is just prompt.
-    let _ = diesel::sql_query(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"))
-        .execute(&mut conn);
-    result
+    migrate(&mut connect(config)?, after)
+}
+
+/// Applies pending migrations, with instances starting together taking turns (a session
+/// advisory lock on PostgreSQL, the write lock on SQLite), then runs `after` (the handlers' own
+/// setup) under the same lock. Returns the versions it applied.
+pub fn migrate(
+    conn: &mut AnyConnection,
+    after: impl FnOnce(&mut AnyConnection) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<String>> {
+    let run = |conn: &mut AnyConnection| {
+        run_migrations(conn).and_then(|versions| after(conn).map(|()| versions))
+    };
+    match conn {
+        AnyConnection::Postgres(pg) => {
+            pg::lock_migrations(pg)?;
+            let result = run(conn);
+            if let AnyConnection::Postgres(pg) = conn {
+                // The lock is released with the session anyway; unlocking is just prompt.
+                let _ = pg::unlock_migrations(pg);
+            }
+            result
+        }
+        AnyConnection::Sqlite(_) => {
+            write_transaction(conn, |conn| run(conn).map_err(MigrateError))
+                .map_err(|MigrateError(e)| e)
+        }
+    }
+}
+
+/// An error of the migration run, or of the transaction around it.
+struct MigrateError(anyhow::Error);
+
+impl From<DieselError> for MigrateError {
+    fn from(e: DieselError) -> Self {
+        MigrateError(anyhow::anyhow!("the migration transaction failed: {e}"))
+    }
 }
 
 /// Whether every embedded migration has been applied: what `/readyz` needs.
-pub fn is_migrated(conn: &mut PgConnection) -> anyhow::Result<bool> {
-    conn.has_pending_migration(MIGRATIONS)
+pub fn is_migrated(conn: &mut AnyConnection) -> anyhow::Result<bool> {
+    let pending = match conn {
+        AnyConnection::Postgres(pg) => pg.has_pending_migration(PG_MIGRATIONS),
+        AnyConnection::Sqlite(sqlite) => sqlite.has_pending_migration(SQLITE_MIGRATIONS),
+    };
+    pending
         .map(|pending| !pending)
         .map_err(|e| anyhow::anyhow!("cannot read the migrations table: {e}"))
 }
 
-/// Whether the error says a duplicate waited on another transaction's claim past the lock
-/// timeout. PostgreSQL reports it as SQLSTATE 55P03, which diesel does not expose, so the
-/// server's message is matched (its default English text).
+/// Whether the error says a delivery waited on another transaction past the in-flight wait:
+/// PostgreSQL's lock timeout on another transaction's claim, or SQLite's busy timeout on the
+/// write lock.
 pub fn is_lock_timeout(error: &DieselError) -> bool {
-    matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
-        if info.message().contains("lock timeout"))
+    pg::is_lock_timeout(error) || sqlite::is_busy(error)
+}
+
+/// Now, to the microsecond: both stores keep microseconds, and a time stored must read back
+/// as the same time.
+pub fn now() -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp_micros(chrono::Utc::now().timestamp_micros())
+        .expect("now is a representable time")
 }

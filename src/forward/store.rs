@@ -4,12 +4,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use diesel::pg::PgConnection;
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Bytea, Double, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text};
 use serde::Serialize;
 
-use crate::db::schema::{deliveries, events};
+use crate::db::{self, on_backend, AnyConnection};
 
 /// A delivery taken for an attempt: its lease runs, so no other dispatcher takes it meanwhile.
 #[derive(Debug, QueryableByName)]
@@ -38,23 +37,12 @@ pub struct Due {
 }
 
 /// Takes up to `limit` due deliveries, oldest due first, and leases each for `lease`: its
-/// `next_attempt_at` moves past the attempt's end, and `FOR UPDATE SKIP LOCKED` lets several
-/// dispatchers take rows at once without taking the same row twice.
-pub fn take_due(conn: &mut PgConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
-    diesel::sql_query(
-        "UPDATE deliveries d \
-         SET attempts = d.attempts + 1, next_attempt_at = now() + make_interval(secs => $2) \
-         FROM events e \
-         WHERE d.id IN (SELECT id FROM deliveries \
-                        WHERE state = 'pending' AND next_attempt_at <= now() \
-                        ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
-           AND e.id = d.event_row \
-         RETURNING d.id, d.attempts AS attempt, e.source, e.event_id, e.event_type, e.payload, \
-                   e.headers ->> 'content-type' AS content_type",
-    )
-    .bind::<BigInt, _>(limit)
-    .bind::<Double, _>(lease.as_secs_f64())
-    .load(conn)
+/// `next_attempt_at` moves past the attempt's end, so no other dispatcher takes it meanwhile.
+pub fn take_due(conn: &mut AnyConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
+    match conn {
+        AnyConnection::Postgres(c) => db::pg::take_due(c, limit, lease),
+        AnyConnection::Sqlite(c) => db::sqlite::take_due(c, limit, lease),
+    }
 }
 
 /// How an attempt ended, as stored.
@@ -88,7 +76,9 @@ fn status_column(status: Option<u16>) -> Option<i16> {
 }
 
 /// Records an attempt's outcome.
-pub fn settle(conn: &mut PgConnection, id: i64, outcome: &Settle) -> QueryResult<()> {
+pub fn settle(conn: &mut AnyConnection, id: i64, outcome: &Settle) -> QueryResult<()> {
+    let now = db::now();
+    on_backend!(conn, c => {
     let row = deliveries::table.find(id);
     match outcome {
         Settle::Delivered { status } => diesel::update(row)
@@ -96,23 +86,23 @@ pub fn settle(conn: &mut PgConnection, id: i64, outcome: &Settle) -> QueryResult
                 deliveries::state.eq("delivered"),
                 deliveries::last_status.eq(status_column(Some(*status))),
                 deliveries::last_error.eq(None::<String>),
-                deliveries::delivered_at.eq(diesel::dsl::now),
+                deliveries::delivered_at.eq(now),
             ))
-            .execute(conn),
+            .execute(c),
         Settle::Retry {
             status,
             error,
             after,
         } => {
-            let due = Utc::now()
-                + chrono::Duration::from_std(*after).unwrap_or(chrono::Duration::hours(24));
+            let due =
+                now + chrono::Duration::from_std(*after).unwrap_or(chrono::Duration::hours(24));
             diesel::update(row)
                 .set((
                     deliveries::last_status.eq(status_column(*status)),
                     deliveries::last_error.eq(error),
                     deliveries::next_attempt_at.eq(due),
                 ))
-                .execute(conn)
+                .execute(c)
         }
         Settle::Dead { status, error } => diesel::update(row)
             .set((
@@ -120,9 +110,10 @@ pub fn settle(conn: &mut PgConnection, id: i64, outcome: &Settle) -> QueryResult
                 deliveries::last_status.eq(status_column(*status)),
                 deliveries::last_error.eq(error),
             ))
-            .execute(conn),
+            .execute(c),
     }
     .map(|_| ())
+    })
 }
 
 /// A delivery as the admin API shows it.
@@ -171,37 +162,34 @@ fn view(row: ViewRow) -> DeliveryView {
     }
 }
 
-const VIEW_COLUMNS: (
-    deliveries::id,
-    deliveries::state,
-    deliveries::attempts,
-    deliveries::last_status,
-    deliveries::last_error,
-    deliveries::next_attempt_at,
-    deliveries::created_at,
-    deliveries::delivered_at,
-) = (
-    deliveries::id,
-    deliveries::state,
-    deliveries::attempts,
-    deliveries::last_status,
-    deliveries::last_error,
-    deliveries::next_attempt_at,
-    deliveries::created_at,
-    deliveries::delivered_at,
-);
+/// The columns of a [`ViewRow`], for the backend's `deliveries` in scope.
+macro_rules! view_columns {
+    () => {
+        (
+            deliveries::id,
+            deliveries::state,
+            deliveries::attempts,
+            deliveries::last_status,
+            deliveries::last_error,
+            deliveries::next_attempt_at,
+            deliveries::created_at,
+            deliveries::delivered_at,
+        )
+    };
+}
 
 /// The deliveries of one stored event; `None` when no such event is stored.
 pub fn for_event(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     source: &str,
     event_id: &str,
 ) -> QueryResult<Option<Vec<DeliveryView>>> {
+    on_backend!(conn, c => {
     let row: Option<i64> = events::table
         .filter(events::source.eq(source))
         .filter(events::event_id.eq(event_id))
         .select(events::id)
-        .first(conn)
+        .first(c)
         .optional()?;
     let Some(row) = row else {
         return Ok(None);
@@ -209,51 +197,58 @@ pub fn for_event(
     let rows: Vec<ViewRow> = deliveries::table
         .filter(deliveries::event_row.eq(row))
         .order(deliveries::id)
-        .select(VIEW_COLUMNS)
-        .load(conn)?;
+        .select(view_columns!())
+        .load(c)?;
     Ok(Some(rows.into_iter().map(view).collect()))
+    })
 }
 
 /// Makes a dead delivery pending again, due now, with a fresh count of attempts.
 /// `Ok(None)`: no such delivery; `Ok(Some(Err(state)))`: it is not dead.
 pub fn requeue(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     id: i64,
 ) -> QueryResult<Option<Result<DeliveryView, String>>> {
-    conn.transaction(|conn| {
+    let now = db::now();
+    db::write_transaction(conn, |conn| on_backend!(conn, c => {
+        // Under the write transaction the row cannot change before the UPDATE: PostgreSQL
+        // holds the row lock of the UPDATE's WHERE, SQLite the database's write lock.
         let state: Option<String> = deliveries::table
             .find(id)
             .select(deliveries::state)
-            .for_update()
-            .first(conn)
+            .first(c)
             .optional()?;
         match state.as_deref() {
             None => Ok(None),
             Some("dead") => {
-                let row: ViewRow = diesel::update(deliveries::table.find(id))
+                let row: Option<ViewRow> = diesel::update(deliveries::table.find(id))
                     .set((
                         deliveries::state.eq("pending"),
                         deliveries::attempts.eq(0),
-                        deliveries::next_attempt_at.eq(diesel::dsl::now),
+                        deliveries::next_attempt_at.eq(now),
                     ))
-                    .returning(VIEW_COLUMNS)
-                    .get_result(conn)?;
-                Ok(Some(Ok(view(row))))
+                    .filter(deliveries::state.eq("dead"))
+                    .returning(view_columns!())
+                    .get_result(c)
+                    .optional()?;
+                Ok(Some(row.map(view).ok_or_else(|| "pending".to_owned())))
             }
             Some(other) => Ok(Some(Err(other.to_owned()))),
         }
-    })
+    }))
 }
 
 /// Pending and dead rows, for the gauges.
-pub fn counts(conn: &mut PgConnection) -> QueryResult<(i64, i64)> {
+pub fn counts(conn: &mut AnyConnection) -> QueryResult<(i64, i64)> {
+    on_backend!(conn, c => {
     let pending = deliveries::table
         .filter(deliveries::state.eq("pending"))
         .count()
-        .get_result(conn)?;
+        .get_result(c)?;
     let dead = deliveries::table
         .filter(deliveries::state.eq("dead"))
         .count()
-        .get_result(conn)?;
+        .get_result(c)?;
     Ok((pending, dead))
+    })
 }

@@ -13,7 +13,7 @@ mod record;
 pub use record::Record;
 
 use chrono::{DateTime, Utc};
-use diesel::pg::PgConnection;
+pub use crate::db::AnyConnection;
 
 use crate::ids::{EventId, SourceName};
 
@@ -81,14 +81,14 @@ impl Response {
 pub trait Handler: Send + Sync + 'static {
     /// Runs once at startup, after hookbox's migrations and under the same advisory lock: the
     /// place to create the handler's own tables (`CREATE TABLE IF NOT EXISTS ...`).
-    fn prepare(&self, conn: &mut PgConnection) -> anyhow::Result<()> {
+    fn prepare(&self, conn: &mut AnyConnection) -> anyhow::Result<()> {
         let _ = conn;
         Ok(())
     }
 
     /// Processes one claimed event inside the claim transaction and returns the response to
     /// store. An `Err` rolls the claim back and answers 500 `processing_failed`.
-    fn handle(&self, conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response>;
+    fn handle(&self, conn: &mut AnyConnection, event: &Event<'_>) -> anyhow::Result<Response>;
 
     /// Whether `handle` uses the connection. A handler that answers from the event alone returns
     /// `false`: hookbox then asks it first and stores the claim and its response in one

@@ -1,8 +1,6 @@
 //! `record`, the built-in handler: keep the event, answer 200.
 
-use diesel::pg::PgConnection;
-
-use super::{Event, Handler, Response};
+use super::{AnyConnection, Event, Handler, Response};
 
 /// Keeps the event as an inbox row and answers 200 `{"status": "processed", ...}`.
 ///
@@ -13,7 +11,7 @@ use super::{Event, Handler, Response};
 pub struct Record;
 
 impl Handler for Record {
-    fn handle(&self, _conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response> {
+    fn handle(&self, _conn: &mut AnyConnection, event: &Event<'_>) -> anyhow::Result<Response> {
         Ok(Response::processed(event))
     }
 

@@ -4,14 +4,13 @@ use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::parse_time_or_ago;
-use crate::db::schema::events;
+use crate::db::{on_backend, AnyConnection};
 use crate::forward;
 use crate::http::{with_db, ApiError};
 use crate::secret::Secret;
@@ -77,6 +76,7 @@ pub async fn list_events(
         )));
     }
     let rows: Vec<Summary> = with_db(&state, "admin query", move |conn| {
+        on_backend!(conn, c => {
         let mut select = events::table
             .select((
                 events::source,
@@ -94,7 +94,8 @@ pub async fn list_events(
         if let Some(since) = since {
             select = select.filter(events::received_at.ge(since));
         }
-        select.load(conn)
+        select.load(c)
+        })
     })
     .await?;
     let events: Vec<_> = rows
@@ -128,11 +129,11 @@ pub(super) struct StoredEvent {
 
 /// `source`'s stored event `event_id`, if it is stored.
 pub(super) fn stored_event(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     source: &str,
     event_id: &str,
 ) -> QueryResult<Option<StoredEvent>> {
-    events::table
+    on_backend!(conn, c => events::table
         .filter(events::source.eq(source))
         .filter(events::event_id.eq(event_id))
         .select((
@@ -145,8 +146,8 @@ pub(super) fn stored_event(
             events::response_body,
             events::replays,
         ))
-        .first(conn)
-        .optional()
+        .first(c)
+        .optional())
 }
 
 /// `GET /admin/events/{source}/{event_id}`: the stored event and its stored answer.

@@ -9,10 +9,9 @@ mod ops;
 mod webhook;
 
 use actix_web::web;
-use diesel::pg::PgConnection;
 use diesel::QueryResult;
 
-use crate::db;
+use crate::db::{self, AnyConnection};
 use crate::startup::AppState;
 
 pub use console::Sessions;
@@ -23,7 +22,7 @@ pub use error::ApiError;
 pub(crate) async fn with_db<T: Send + 'static>(
     state: &web::Data<AppState>,
     what: &'static str,
-    work: impl FnOnce(&mut PgConnection) -> QueryResult<T> + Send + 'static,
+    work: impl FnOnce(&mut AnyConnection) -> QueryResult<T> + Send + 'static,
 ) -> Result<T, ApiError> {
     let state = state.clone();
     web::block(move || db::with_connection(&state.pool, work))

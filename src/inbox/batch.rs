@@ -23,8 +23,7 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use super::{
     claim, event, run_handler, status_column, ClaimError, Delivery, Outcome, StoredResponse,
 };
-use crate::db::schema::events;
-use crate::db::{self, DbPool};
+use crate::db::{self, on_backend, DbPool};
 use crate::handlers::{Handler, Response};
 
 /// Claims one INSERT carries at most.
@@ -150,8 +149,7 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
             return;
         }
     };
-    let received_at = DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
-        .expect("now is a representable time");
+    let received_at = db::now();
 
     // Each job's answer, from its handler; a handler that fails fails its own job only.
     let mut ready: Vec<(Job, Response)> = Vec::with_capacity(batch.len());
@@ -226,6 +224,7 @@ fn insert(
     groups: &Groups,
     received_at: DateTime<Utc>,
 ) -> Result<std::collections::BTreeSet<(String, String)>, DieselError> {
+    let claimed: Vec<(String, String)> = on_backend!(&mut **conn, c => {
     let rows: Vec<_> = groups
         .values()
         .map(|jobs| {
@@ -245,12 +244,13 @@ fn insert(
             )
         })
         .collect();
-    let claimed: Vec<(String, String)> = diesel::insert_into(events::table)
+    diesel::insert_into(events::table)
         .values(&rows)
         .on_conflict((events::source, events::event_id))
         .do_nothing()
         .returning((events::source, events::event_id))
-        .get_results(&mut ***conn)?;
+        .get_results(c)?
+    });
     Ok(claimed.into_iter().collect())
 }
 
@@ -274,7 +274,7 @@ fn answer_from_store(conn: &mut db::DbConnection, pool: &DbPool, groups: Groups)
     }
     let mut found: BTreeMap<(String, String), (Vec<u8>, StoredResponse)> = BTreeMap::new();
     for (source, ids) in by_source {
-        let rows: Result<Vec<StoredRow>, _> = events::table
+        let rows: Result<Vec<StoredRow>, _> = on_backend!(&mut **conn, c => events::table
             .filter(events::source.eq(&source))
             .filter(events::event_id.eq_any(&ids))
             .select((
@@ -285,7 +285,7 @@ fn answer_from_store(conn: &mut db::DbConnection, pool: &DbPool, groups: Groups)
                 events::response_content_type,
                 events::response_body,
             ))
-            .load(&mut ***conn);
+            .load(c));
         let Ok(rows) = rows.map_err(|e| conn.note(&e)) else {
             return one_by_one(pool, groups);
         };

@@ -27,12 +27,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use actix_web::web::Bytes;
 use chrono::{DateTime, Utc};
-use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::result::Error as DieselError;
 
-use crate::db;
-use crate::db::schema::{deliveries, events};
+use crate::db::{self, on_backend, AnyConnection};
 use crate::handlers::{Event, Handler, Response};
 use crate::ids::{EventId, SourceName};
 
@@ -115,7 +113,7 @@ pub fn needs_transaction(delivery: &Delivery, handler: &dyn Handler) -> bool {
 
 /// Claims, processes and stores `delivery` atomically, or finds the stored answer.
 pub fn claim(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     delivery: &Delivery,
     handler: &dyn Handler,
 ) -> Result<Outcome, ClaimError> {
@@ -123,7 +121,7 @@ pub fn claim(
     // conflict and the read of the stored response. The second INSERT then claims afresh.
     for _ in 0..2 {
         let attempt = if needs_transaction(delivery, handler) {
-            conn.transaction(|conn| claim_in_transaction(conn, delivery, handler))
+            db::write_transaction(conn, |conn| claim_in_transaction(conn, delivery, handler))
         } else {
             claim_in_one_statement(conn, delivery, handler)
         };
@@ -142,7 +140,7 @@ pub fn claim(
 /// Runs the handler, turning a panic into an error and a nonsense status into one too.
 fn run_handler(
     handler: &dyn Handler,
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     event: &Event<'_>,
 ) -> Result<Response, ClaimError> {
     match catch_unwind(AssertUnwindSafe(|| handler.handle(conn, event))) {
@@ -189,15 +187,14 @@ fn status_column(response: &Response) -> i16 {
 
 /// The claim and a precomputed response in one INSERT.
 fn claim_in_one_statement(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     delivery: &Delivery,
     handler: &dyn Handler,
 ) -> Result<Option<Outcome>, ClaimError> {
     // The database keeps microseconds; the stored time and the one in the answer must agree.
-    let received_at = DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
-        .expect("now is a representable time");
+    let received_at = db::now();
     let response = run_handler(handler, conn, &event(delivery, 0, received_at))?;
-    let claimed: Option<i64> = diesel::insert_into(events::table)
+    let claimed: Option<i64> = on_backend!(conn, c => diesel::insert_into(events::table)
         .values((
             events::source.eq(delivery.source.as_str()),
             events::event_id.eq(delivery.event_id.as_str()),
@@ -213,8 +210,8 @@ fn claim_in_one_statement(
         .on_conflict((events::source, events::event_id))
         .do_nothing()
         .returning(events::id)
-        .get_result(conn)
-        .optional()?;
+        .get_result(c)
+        .optional())?;
     match claimed {
         Some(_) => Ok(Some(Outcome::Claimed(StoredResponse::new(
             response,
@@ -226,41 +223,45 @@ fn claim_in_one_statement(
 
 /// The claim, the handler's writes and the response in one transaction.
 fn claim_in_transaction(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     delivery: &Delivery,
     handler: &dyn Handler,
 ) -> Result<Option<Outcome>, ClaimError> {
-    let claimed: Option<(i64, DateTime<Utc>)> = diesel::insert_into(events::table)
+    let received_at = db::now();
+    let claimed: Option<i64> = on_backend!(conn, c => diesel::insert_into(events::table)
         .values((
             events::source.eq(delivery.source.as_str()),
             events::event_id.eq(delivery.event_id.as_str()),
             events::event_type.eq(delivery.event_type.as_deref()),
             events::fingerprint.eq(&delivery.fingerprint[..]),
+            events::received_at.eq(received_at),
             events::payload.eq(&delivery.body[..]),
             events::headers.eq(&delivery.headers),
         ))
         .on_conflict((events::source, events::event_id))
         .do_nothing()
-        .returning((events::id, events::received_at))
-        .get_result(conn)
-        .optional()?;
+        .returning(events::id)
+        .get_result(c)
+        .optional())?;
 
-    let Some((row_id, received_at)) = claimed else {
+    let Some(row_id) = claimed else {
         return stored(conn, delivery);
     };
     let response = run_handler(handler, conn, &event(delivery, row_id, received_at))?;
-    diesel::update(events::table.find(row_id))
-        .set((
-            events::response_status.eq(status_column(&response)),
-            events::response_content_type.eq(&response.content_type),
-            events::response_body.eq(&response.body),
-        ))
-        .execute(conn)?;
-    if delivery.forward {
-        diesel::insert_into(deliveries::table)
-            .values(deliveries::event_row.eq(row_id))
-            .execute(conn)?;
-    }
+    on_backend!(conn, c => {
+        diesel::update(events::table.find(row_id))
+            .set((
+                events::response_status.eq(status_column(&response)),
+                events::response_content_type.eq(&response.content_type),
+                events::response_body.eq(&response.body),
+            ))
+            .execute(c)?;
+        if delivery.forward {
+            diesel::insert_into(deliveries::table)
+                .values(deliveries::event_row.eq(row_id))
+                .execute(c)?;
+        }
+    });
     Ok(Some(Outcome::Claimed(StoredResponse::new(
         response,
         received_at,
@@ -276,8 +277,8 @@ type StoredRow = (
 );
 
 /// Reads the committed answer for an event another transaction claimed.
-fn stored(conn: &mut PgConnection, delivery: &Delivery) -> Result<Option<Outcome>, ClaimError> {
-    let row: Option<StoredRow> = events::table
+fn stored(conn: &mut AnyConnection, delivery: &Delivery) -> Result<Option<Outcome>, ClaimError> {
+    let row: Option<StoredRow> = on_backend!(conn, c => events::table
         .filter(events::source.eq(delivery.source.as_str()))
         .filter(events::event_id.eq(delivery.event_id.as_str()))
         .select((
@@ -287,8 +288,8 @@ fn stored(conn: &mut PgConnection, delivery: &Delivery) -> Result<Option<Outcome
             events::response_content_type,
             events::response_body,
         ))
-        .first(conn)
-        .optional()?;
+        .first(c)
+        .optional())?;
     let Some((fingerprint, received_at, status, content_type, body)) = row else {
         return Ok(None);
     };

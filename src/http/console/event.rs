@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use super::html::{esc, link, page, redirect, respond, show_body, time};
 use super::{check_csrf, field, gate, message, Refused};
+use crate::db::AnyConnection;
 use crate::forward::store::{self, DeliveryView};
 use crate::http::admin::{self, StoredEvent};
 use crate::http::with_db;
@@ -28,7 +29,7 @@ pub struct Which {
 }
 
 fn load(
-    conn: &mut PgConnection,
+    conn: &mut AnyConnection,
     source: &str,
     event_id: &str,
 ) -> QueryResult<Option<(StoredEvent, Vec<DeliveryView>)>> {

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::html::{esc, link, page, respond, time};
 use super::{gate, Refused};
 use crate::config::parse_time_or_ago;
-use crate::db::schema::{deliveries, events};
+use crate::db::{on_backend, AnyConnection};
 use crate::http::with_db;
 use crate::metrics::UNKNOWN_SOURCE;
 use crate::startup::AppState;
@@ -134,7 +134,8 @@ type Row = (
     i64,
 );
 
-fn load(conn: &mut PgConnection, query: Query) -> QueryResult<Vec<Row>> {
+fn load(conn: &mut AnyConnection, query: Query) -> QueryResult<Vec<Row>> {
+    on_backend!(conn, c => {
     let mut select = events::table
         .select((
             events::id,
@@ -178,7 +179,8 @@ fn load(conn: &mut PgConnection, query: Query) -> QueryResult<Vec<Row>> {
             .filter(events::received_at.le(at))
             .filter(events::received_at.lt(at).or(events::id.lt(id)));
     }
-    select.load(conn)
+    select.load(c)
+    })
 }
 
 fn filter_form(state: &AppState, filters: &Filters) -> String {

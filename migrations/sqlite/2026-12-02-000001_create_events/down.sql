@@ -1,0 +1,2 @@
+DROP TABLE deliveries;
+DROP TABLE events;

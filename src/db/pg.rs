@@ -1,0 +1,190 @@
+//! What only PostgreSQL does: session setup, advisory locks, and the statements that use its
+//! own SQL (arrays, `ctid`, `FOR UPDATE SKIP LOCKED`, `make_interval`).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::pg::PgConnection;
+use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::sql_types::{Array, BigInt, Bool, Double, Text};
+use diesel::connection::SimpleConnection;
+
+use crate::forward::store::Due;
+
+/// The SQL type of hookbox's times on this backend.
+pub type Instant = diesel::sql_types::Timestamptz;
+
+/// Any number will do, as long as every hookbox uses the same one: it serialises the
+/// migrations (and the handlers' own setup) of instances starting together.
+const MIGRATION_LOCK_KEY: i64 = 0x686f_6f6b_626f_7801;
+
+/// Any number, as long as every hookbox uses the same one.
+const PURGE_LOCK_KEY: i64 = 0x686f_6f6b_626f_7802;
+
+/// Opens a session set up for hookbox's transactions.
+pub fn connect(url: &str, lock_timeout: Duration) -> Result<PgConnection, diesel::r2d2::Error> {
+    let mut pg = PgConnection::establish(url).map_err(diesel::r2d2::Error::ConnectionError)?;
+    // lock_timeout bounds the wait on another transaction's claim (the in-flight wait);
+    // idle_in_transaction_session_timeout makes the server abandon a transaction whose client
+    // went away or stalled mid-way, so its claim cannot block the provider's retry for long:
+    // 60 s, unless the server, database, role or URL already sets one.
+    pg.batch_execute(&format!(
+        "SET lock_timeout = {}; SET application_name = 'hookbox'; \
+         SELECT set_config('idle_in_transaction_session_timeout', '60000', false) \
+         WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
+        lock_timeout.as_millis().max(1)
+    ))
+    .map_err(diesel::r2d2::Error::QueryError)?;
+    Ok(pg)
+}
+
+#[derive(QueryableByName)]
+struct Locked {
+    #[diesel(sql_type = Bool)]
+    locked: bool,
+}
+
+/// Waits for the migration lock.
+pub fn lock_migrations(conn: &mut PgConnection) -> anyhow::Result<()> {
+    diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
+        .execute(conn)
+        .map_err(|e| anyhow::anyhow!("cannot take the migration lock: {e}"))?;
+    Ok(())
+}
+
+/// Lets go of the migration lock.
+pub fn unlock_migrations(conn: &mut PgConnection) -> QueryResult<()> {
+    diesel::sql_query(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"))
+        .execute(conn)
+        .map(|_| ())
+}
+
+/// Takes the purge lock if no other instance holds it.
+pub fn try_lock_purge(conn: &mut PgConnection) -> QueryResult<bool> {
+    Ok(diesel::sql_query("SELECT pg_try_advisory_lock($1) AS locked")
+        .bind::<BigInt, _>(PURGE_LOCK_KEY)
+        .get_result::<Locked>(conn)?
+        .locked)
+}
+
+/// Lets go of the purge lock.
+pub fn unlock_purge(conn: &mut PgConnection) -> QueryResult<()> {
+    diesel::sql_query("SELECT pg_advisory_unlock($1) AS locked")
+        .bind::<BigInt, _>(PURGE_LOCK_KEY)
+        .get_result::<Locked>(conn)
+        .map(|_| ())
+}
+
+/// The `WHERE` of a purge target, with its binds in order: `$1` the cutoff, `$2` the source or
+/// the names to leave out.
+fn filter(source: Option<&str>) -> &'static str {
+    match source {
+        Some(_) => "source = $2 AND received_at < $1",
+        None => "source <> ALL($2) AND received_at < $1",
+    }
+}
+
+#[derive(QueryableByName)]
+struct Removed {
+    #[diesel(sql_type = Text)]
+    source: String,
+}
+
+#[derive(QueryableByName)]
+struct Counted {
+    #[diesel(sql_type = Text)]
+    source: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// Deletes up to `limit` events older than `cutoff`, of `source` (or of every source but
+/// `named`); returns the source of each row removed.
+pub fn purge_batch(
+    conn: &mut PgConnection,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+    limit: i64,
+) -> QueryResult<Vec<String>> {
+    let sql = format!(
+        "DELETE FROM events WHERE ctid = ANY(ARRAY(\
+            SELECT ctid FROM events WHERE {} LIMIT {limit})) \
+         RETURNING source",
+        filter(source)
+    );
+    let query = diesel::sql_query(&sql).bind::<Instant, _>(cutoff);
+    let removed: Vec<Removed> = match source {
+        Some(source) => query.bind::<Text, _>(source).load(conn)?,
+        None => query.bind::<Array<Text>, _>(named).load(conn)?,
+    };
+    Ok(removed.into_iter().map(|r| r.source).collect())
+}
+
+/// How many events `purge_batch` would remove in all, by source.
+pub fn count_older(
+    conn: &mut PgConnection,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+) -> QueryResult<Vec<(String, i64)>> {
+    let sql = format!(
+        "SELECT source, count(*) AS n FROM events WHERE {} GROUP BY source",
+        filter(source)
+    );
+    let query = diesel::sql_query(&sql).bind::<Instant, _>(cutoff);
+    let counted: Vec<Counted> = match source {
+        Some(source) => query.bind::<Text, _>(source).load(conn)?,
+        None => query.bind::<Array<Text>, _>(named).load(conn)?,
+    };
+    Ok(counted.into_iter().map(|c| (c.source, c.n)).collect())
+}
+
+/// Takes up to `limit` due deliveries, oldest due first, and leases each for `lease`: its
+/// `next_attempt_at` moves past the attempt's end, and `FOR UPDATE SKIP LOCKED` lets several
+/// dispatchers take rows at once without taking the same row twice.
+pub fn take_due(conn: &mut PgConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
+    diesel::sql_query(
+        "UPDATE deliveries d \
+         SET attempts = d.attempts + 1, next_attempt_at = now() + make_interval(secs => $2) \
+         FROM events e \
+         WHERE d.id IN (SELECT id FROM deliveries \
+                        WHERE state = 'pending' AND next_attempt_at <= now() \
+                        ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+           AND e.id = d.event_row \
+         RETURNING d.id, d.attempts AS attempt, e.source, e.event_id, e.event_type, e.payload, \
+                   e.headers ->> 'content-type' AS content_type",
+    )
+    .bind::<BigInt, _>(limit)
+    .bind::<Double, _>(lease.as_secs_f64())
+    .load(conn)
+}
+
+/// Adds replay counts (source, event id, count) to `events.replays` in one statement.
+pub fn add_replays(conn: &mut PgConnection, batch: &[(String, String, u64)]) -> QueryResult<()> {
+    let sources: Vec<&str> = batch.iter().map(|(s, _, _)| s.as_str()).collect();
+    let ids: Vec<&str> = batch.iter().map(|(_, id, _)| id.as_str()).collect();
+    let ns: Vec<i64> = batch
+        .iter()
+        .map(|(_, _, n)| i64::try_from(*n).unwrap_or(i64::MAX))
+        .collect();
+    diesel::sql_query(
+        "UPDATE events AS e SET replays = e.replays + v.n \
+         FROM unnest($1, $2, $3) AS v(source, event_id, n) \
+         WHERE e.source = v.source AND e.event_id = v.event_id",
+    )
+    .bind::<Array<Text>, _>(&sources)
+    .bind::<Array<Text>, _>(&ids)
+    .bind::<Array<BigInt>, _>(&ns)
+    .execute(conn)
+    .map(|_| ())
+}
+
+/// Whether the error says a duplicate waited on another transaction's claim past the lock
+/// timeout. PostgreSQL reports it as SQLSTATE 55P03, which diesel does not expose, so the
+/// server's message is matched (its default English text).
+pub fn is_lock_timeout(error: &DieselError) -> bool {
+    matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
+        if info.message().contains("lock timeout"))
+}

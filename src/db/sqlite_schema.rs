@@ -1,0 +1,37 @@
+//! The embedded store's tables, as `src/db/pg_schema.rs` has them on PostgreSQL: the same
+//! names and Rust types, in SQLite's SQL types.
+
+diesel::table! {
+    deliveries (id) {
+        id -> BigInt,
+        event_row -> BigInt,
+        state -> Text,
+        attempts -> Integer,
+        next_attempt_at -> TimestamptzSqlite,
+        last_status -> Nullable<SmallInt>,
+        last_error -> Nullable<Text>,
+        created_at -> TimestamptzSqlite,
+        delivered_at -> Nullable<TimestamptzSqlite>,
+    }
+}
+
+diesel::table! {
+    events (id) {
+        id -> BigInt,
+        source -> Text,
+        event_id -> Text,
+        event_type -> Nullable<Text>,
+        fingerprint -> Binary,
+        received_at -> TimestamptzSqlite,
+        payload -> Binary,
+        headers -> Json,
+        response_status -> Nullable<SmallInt>,
+        response_content_type -> Nullable<Text>,
+        response_body -> Nullable<Binary>,
+        replays -> BigInt,
+    }
+}
+
+diesel::joinable!(deliveries -> events (event_row));
+
+diesel::allow_tables_to_appear_in_same_query!(deliveries, events,);
