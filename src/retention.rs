@@ -165,6 +165,11 @@ fn purge_locked(
             if (removed.len() as i64) < BATCH_SIZE {
                 break;
             }
+            if let AnyConnection::Sqlite(_) = conn {
+                // SQLite has one write lock, and a writer waiting for it sleeps between tries:
+                // without a pause the next batch would take the lock again before it woke.
+                std::thread::sleep(sqlite::YIELD_TO_WRITERS);
+            }
         }
     }
     Ok(report)

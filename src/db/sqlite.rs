@@ -18,6 +18,10 @@ use diesel::sqlite::SqliteConnection;
 
 use crate::forward::store::Due;
 
+/// How long a long job of many write transactions (a purge) pauses between them, so writers
+/// waiting for the lock get it: SQLite's busy handler sleeps up to 100 ms between its tries.
+pub const YIELD_TO_WRITERS: Duration = Duration::from_millis(110);
+
 /// The SQL type of hookbox's times on this backend: TEXT, always UTC, in one format, so times
 /// compare in order as strings.
 pub type Instant = diesel::sql_types::TimestamptzSqlite;

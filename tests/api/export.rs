@@ -205,20 +205,16 @@ fn export_pages_through_more_than_a_batch_in_received_order_with_ties_broken_by_
     // 1201 events in three runs of 400 that share a received time, stored newest run first:
     // the export crosses batches inside runs of equal times.
     let total = 1201;
-    diesel::RunQueryDsl::execute(
-        diesel::sql_query(format!(
-            "INSERT INTO events (source, event_id, fingerprint, received_at, payload, headers, \
-             response_status, response_content_type, response_body) \
-             SELECT 'stripe', 'evt_' || i, '\\x00', \
-                    timestamptz '2026-12-01 00:00:00+00' - (i / 400) * interval '1 second', \
-                    convert_to('{{\"id\":\"evt_' || i || '\"}}', 'UTF8'), '{{}}', 200, \
-                    'application/json', '\\x7b7d' \
-             FROM generate_series(0, {}) AS i",
-            total - 1
-        )),
-        &mut db.connect(),
-    )
-    .expect("insert the events");
+    let newest: chrono::DateTime<chrono::Utc> = "2026-12-01T00:00:00Z".parse().expect("a time");
+    let rows: Vec<RawEvent> = (0..total)
+        .map(|i| RawEvent {
+            source: "stripe".to_owned(),
+            event_id: format!("evt_{i}"),
+            received_at: newest - chrono::Duration::seconds((i / 400) as i64),
+            payload: format!("{{\"id\":\"evt_{i}\"}}").into_bytes(),
+        })
+        .collect();
+    insert_events(&db.url, &rows);
     let config = TempFile::new(&format!("[database]\nurl = \"{}\"\n", db.url));
 
     let (code, stdout, stderr) = run_hookbox(&["export", "--config", &config.path()], &[]);

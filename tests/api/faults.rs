@@ -63,6 +63,9 @@ async fn a_server_killed_mid_load_loses_nothing_and_the_providers_retries_comple
 
 #[actix_web::test]
 async fn a_postgres_fast_restart_mid_load_is_503_with_retry_after_then_recovers_by_itself() {
+    if skip_on_sqlite("a_postgres_fast_restart_mid_load_is_503_with_retry_after_then_recovers_by_itself", "it restarts a PostgreSQL server") {
+        return;
+    }
     let cluster =
         match Cluster::start() {
             Ok(cluster) => cluster,
@@ -139,6 +142,12 @@ enum Loss {
 /// working connection then processes the retries without waiting on anything, and the first
 /// instance recovers once the connection is back.
 async fn connection_lost_mid_transaction(loss: Loss) {
+    if skip_on_sqlite(
+        &format!("connection_lost_mid_transaction({loss:?})"),
+        "an embedded store has no connection to cut or stall",
+    ) {
+        return;
+    }
     let db = TestDb::create();
     // What a stall leaves behind is abandoned by the server after this long.
     diesel::sql_query(format!(
@@ -264,23 +273,30 @@ async fn three_hundred_deliveries_at_once_through_four_connections_are_each_200_
             .map(|w| provider.deliver(&address, w, 1, deadline)),
     )
     .await;
+    // On SQLite the wait is for the one write lock, past the in-flight wait: 409 `in_progress`
+    // with a Retry-After, the answer for a delivery that waited too long on another's write.
+    let turned_away_with = |attempt: &Attempt| match attempt.status {
+        Some(503) => true,
+        Some(409) => store_is_sqlite() && attempt.error == "in_progress",
+        _ => false,
+    };
     for d in &delivered {
         let attempt = &d.attempts[0];
         assert!(
-            matches!(attempt.status, Some(200) | Some(503)),
-            "200 or 503, none 500, none unanswered: {attempt:?}"
+            attempt.status == Some(200) || turned_away_with(attempt),
+            "200 or 503 (409 on SQLite), none 500, none unanswered: {attempt:?}"
         );
-        if attempt.status == Some(503) {
+        if attempt.status != Some(200) {
             assert!(attempt.retry_after, "{attempt:?}");
         }
     }
     let turned_away = delivered
         .iter()
-        .filter(|d| d.attempts[0].status == Some(503))
+        .filter(|d| turned_away_with(&d.attempts[0]))
         .count();
     assert!(
         (1..all.len()).contains(&turned_away),
-        "some were served and some turned away: {turned_away} of 300 got 503"
+        "some were served and some turned away: {turned_away} of 300 got 503 (or 409)"
     );
     join_all(
         delivered
@@ -293,6 +309,9 @@ async fn three_hundred_deliveries_at_once_through_four_connections_are_each_200_
 
 #[actix_web::test]
 async fn a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_recovers() {
+    if skip_on_sqlite("a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_recovers", "an embedded store has no connection to stall") {
+        return;
+    }
     // The built-in handler's claims go through the batch writer, not a transaction per
     // delivery: a stall must not hold them past the request timeout either.
     let db = TestDb::create();

@@ -4,9 +4,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use diesel::pg::PgConnection;
 use diesel::prelude::*;
-use hookbox::{Event, Handler, Handlers, Response};
+use hookbox::{AnyConnection, Event, Handler, Handlers, Response};
 
 use crate::helpers::*;
 use crate::provider::{eventually, Counting};
@@ -19,13 +18,13 @@ struct Flaky {
 }
 
 impl Handler for Flaky {
-    fn prepare(&self, conn: &mut PgConnection) -> anyhow::Result<()> {
+    fn prepare(&self, conn: &mut AnyConnection) -> anyhow::Result<()> {
         diesel::sql_query("CREATE TABLE IF NOT EXISTS side_effects (event_row BIGINT NOT NULL REFERENCES events (id) ON DELETE CASCADE)")
             .execute(conn)?;
         Ok(())
     }
 
-    fn handle(&self, conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response> {
+    fn handle(&self, conn: &mut AnyConnection, event: &Event<'_>) -> anyhow::Result<Response> {
         diesel::sql_query(format!(
             "INSERT INTO side_effects VALUES ({})",
             event.row_id
@@ -95,7 +94,7 @@ async fn a_failed_first_delivery_lets_a_concurrent_duplicate_claim_the_event() {
     // then claims the event itself instead of finding nothing.
     struct SlowFail(Arc<AtomicUsize>);
     impl Handler for SlowFail {
-        fn handle(&self, _conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response> {
+        fn handle(&self, _conn: &mut AnyConnection, event: &Event<'_>) -> anyhow::Result<Response> {
             if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
                 std::thread::sleep(Duration::from_millis(500));
                 anyhow::bail!("first attempt fails (on purpose)");

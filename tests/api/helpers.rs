@@ -5,14 +5,50 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
 use hookbox::config::Config;
+use hookbox::db::Store;
+use hookbox::AnyConnection;
 use hookbox::signature::Verifier;
 use hookbox::{Application, Handlers};
 
 /// The admin token the test config enables the admin API with.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// Whether the suite runs against the embedded SQLite store (`HOOKBOX_TEST_STORE=sqlite`)
+/// rather than PostgreSQL (the default, `HOOKBOX_TEST_STORE=postgres`).
+pub fn store_is_sqlite() -> bool {
+    match std::env::var("HOOKBOX_TEST_STORE").as_deref() {
+        Ok("sqlite") => true,
+        Ok("postgres") | Err(_) => false,
+        Ok(other) => panic!("HOOKBOX_TEST_STORE={other:?}: set it to postgres or sqlite"),
+    }
+}
+
+/// For a test of something only PostgreSQL has (its server restarted, its TCP connection cut,
+/// its catalog): true, with a line saying why, when the suite runs on SQLite.
+pub fn skip_on_sqlite(test: &str, why: &str) -> bool {
+    if store_is_sqlite() {
+        eprintln!("{test}: skipped on SQLite: {why}");
+    }
+    store_is_sqlite()
+}
+
+/// A connection to the test database at `url`, of either store.
+pub fn connect_url(url: &str) -> AnyConnection {
+    match Store::parse(url).expect("a test database URL") {
+        Store::Postgres(url) => AnyConnection::Postgres(
+            PgConnection::establish(&url).expect("connect to the test database"),
+        ),
+        Store::SqliteFile(path) => AnyConnection::Sqlite(
+            hookbox::db::sqlite::connect(&path, Duration::from_secs(10))
+                .expect("open the test database"),
+        ),
+        Store::SqliteMemory => panic!("an in-memory store cannot be reached from a test"),
+    }
+}
 
 /// The PostgreSQL server the tests create their databases on: `DATABASE_URL` (any database on
 /// it), or the local default.
@@ -59,10 +95,12 @@ fn connect_server() -> PgConnection {
     })
 }
 
-/// A database of its own for one test, dropped (with any connections left) when it goes.
+/// A database of its own for one test, dropped (with any connections left) when it goes: a
+/// PostgreSQL database, or on SQLite a file in the temporary directory.
 pub struct TestDb {
     pub name: String,
     pub url: String,
+    sqlite_file: Option<std::path::PathBuf>,
 }
 
 impl TestDb {
@@ -77,17 +115,28 @@ impl TestDb {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
+        if store_is_sqlite() {
+            let dir = std::env::temp_dir().join("hookbox-tests");
+            std::fs::create_dir_all(&dir).expect("a directory for the test databases");
+            let file = dir.join(format!("{name}.db"));
+            return TestDb {
+                url: format!("sqlite://{}", file.display()),
+                name,
+                sqlite_file: Some(file),
+            };
+        }
         diesel::sql_query(format!("CREATE DATABASE {name}"))
             .execute(&mut connect_server())
             .expect("create the test database");
         TestDb {
             url: with_database(&server_url(), &name),
             name,
+            sqlite_file: None,
         }
     }
 
-    pub fn connect(&self) -> PgConnection {
-        PgConnection::establish(&self.url).expect("connect to the test database")
+    pub fn connect(&self) -> AnyConnection {
+        connect_url(&self.url)
     }
 
     /// `SELECT count(*) FROM {sql}`.
@@ -103,7 +152,7 @@ pub fn count_at(url: &str, sql: &str) -> i64 {
         #[diesel(sql_type = BigInt)]
         n: i64,
     }
-    let mut conn = PgConnection::establish(url).expect("connect to the test database");
+    let mut conn = connect_url(url);
     diesel::sql_query(format!("SELECT count(*) AS n FROM {sql}"))
         .get_result::<Count>(&mut conn)
         .expect("count query")
@@ -112,6 +161,14 @@ pub fn count_at(url: &str, sql: &str) -> i64 {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        if let Some(file) = &self.sqlite_file {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut path = file.clone().into_os_string();
+                path.push(suffix);
+                let _ = std::fs::remove_file(path);
+            }
+            return;
+        }
         let _ = diesel::sql_query(format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
             self.name
@@ -687,4 +744,40 @@ pub fn unique_id(prefix: &str) -> String {
             .expect("clock after 1970")
             .subsec_nanos()
     )
+}
+
+/// A stored event written straight into the table, as if claimed at `received_at`.
+pub struct RawEvent {
+    pub source: String,
+    pub event_id: String,
+    pub received_at: chrono::DateTime<chrono::Utc>,
+    pub payload: Vec<u8>,
+}
+
+/// Writes `rows` into the events table of the database at `url`, with a 200 `{}` answer, in
+/// multi-row INSERTs (either store).
+pub fn insert_events(url: &str, rows: &[RawEvent]) {
+    let mut conn = connect_url(url);
+    for chunk in rows.chunks(1000) {
+        hookbox::on_backend!(&mut conn, c => {
+            let values: Vec<_> = chunk
+                .iter()
+                .map(|row| {
+                    (
+                        events::source.eq(&row.source),
+                        events::event_id.eq(&row.event_id),
+                        events::fingerprint.eq(&[0u8][..]),
+                        events::received_at.eq(row.received_at),
+                        events::payload.eq(&row.payload),
+                        events::headers.eq(serde_json::json!({})),
+                        events::response_status.eq(200i16),
+                        events::response_content_type.eq("application/json"),
+                        events::response_body.eq(&b"{}"[..]),
+                    )
+                })
+                .collect();
+            diesel::insert_into(events::table).values(&values).execute(c)
+        })
+        .expect("insert the events");
+    }
 }

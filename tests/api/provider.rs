@@ -6,11 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 use hookbox::config::Config;
-use hookbox::{Event, Handler, Response};
+use hookbox::{AnyConnection, Event, Handler, Response};
 
 use crate::helpers::*;
 
@@ -40,12 +39,12 @@ impl Counting {
 }
 
 impl Handler for Counting {
-    fn prepare(&self, conn: &mut PgConnection) -> anyhow::Result<()> {
+    fn prepare(&self, conn: &mut AnyConnection) -> anyhow::Result<()> {
         diesel::sql_query(SIDE_EFFECTS).execute(conn)?;
         Ok(())
     }
 
-    fn handle(&self, conn: &mut PgConnection, event: &Event<'_>) -> anyhow::Result<Response> {
+    fn handle(&self, conn: &mut AnyConnection, event: &Event<'_>) -> anyhow::Result<Response> {
         self.entered.fetch_add(1, Ordering::SeqCst);
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
@@ -63,10 +62,19 @@ impl Handler for Counting {
 /// For a `hookbox serve` process, whose handler is the built-in one: the same side-effect row,
 /// written by a trigger inside the claim's transaction.
 pub fn count_side_effects_with_a_trigger(db_url: &str) {
-    let mut conn = PgConnection::establish(db_url).expect("connect to the test database");
+    let mut conn = connect_url(db_url);
     diesel::sql_query(SIDE_EFFECTS)
         .execute(&mut conn)
         .expect("side-effect table");
+    if store_is_sqlite() {
+        diesel::sql_query(
+            "CREATE TRIGGER side_effect AFTER INSERT ON events FOR EACH ROW \
+             BEGIN INSERT INTO side_effects VALUES (NEW.source, NEW.event_id, NEW.id); END",
+        )
+        .execute(&mut conn)
+        .expect("side-effect trigger");
+        return;
+    }
     diesel::sql_query(
         "CREATE FUNCTION side_effect() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN INSERT INTO side_effects VALUES (NEW.source, NEW.event_id, NEW.id); RETURN NEW; END $$",
@@ -243,7 +251,20 @@ pub async fn eventually(what: &str, limit: Duration, mut condition: impl FnMut()
 }
 
 /// Sessions of the database at `url` (other than the asking one) that are inside a transaction.
+///
+/// On SQLite, where only a writer can block a retry: 1 while another holds the write lock (for
+/// longer than a second: the server's own short writes come and go), else 0.
 pub fn open_transactions(url: &str) -> i64 {
+    if store_is_sqlite() {
+        use diesel::connection::SimpleConnection;
+        let mut conn = connect_url(url);
+        conn.batch_execute("PRAGMA busy_timeout = 1000")
+            .expect("set the busy timeout");
+        return match conn.batch_execute("BEGIN IMMEDIATE; ROLLBACK") {
+            Ok(()) => 0,
+            Err(_) => 1,
+        };
+    }
     count_at(
         url,
         "pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() \
@@ -293,7 +314,7 @@ pub async fn assert_invariants(
         #[diesel(sql_type = BigInt)]
         n: i64,
     }
-    let mut conn = PgConnection::establish(db_url).expect("connect to the test database");
+    let mut conn = connect_url(db_url);
     let effects: Vec<Effect> =
         diesel::sql_query("SELECT event_id, count(*) AS n FROM side_effects GROUP BY event_id")
             .load(&mut conn)

@@ -18,18 +18,34 @@ fn config_with_windows(database_url: &str, github_window: &str, every: &str) -> 
     )
 }
 
-/// Adds `n` stored events of `source`, received `age` ago, straight into the table.
+/// Adds `n` stored events of `source`, received `age` ago (`4 days`), straight into the table,
+/// in one statement (hundreds of thousands for the large purge).
 fn insert_aged(db: &TestDb, source: &str, prefix: &str, n: u32, age: &str) {
     use diesel::RunQueryDsl;
-    diesel::sql_query(format!(
-        "INSERT INTO events (source, event_id, fingerprint, received_at, payload, headers, \
-             response_status, response_content_type, response_body) \
-         SELECT '{source}', '{prefix}_' || g, '\\x00', now() - interval '{age}', '{{}}', '{{}}', \
-             200, 'application/json', '{{}}' \
-         FROM generate_series(1, {n}) g"
-    ))
-    .execute(&mut db.connect())
-    .expect("insert aged events");
+    let sql = if store_is_sqlite() {
+        let age = humantime::parse_duration(&age.replace(' ', "")).expect("an age");
+        let received_at = chrono::Utc::now() - chrono::Duration::from_std(age).expect("an age");
+        format!(
+            "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {n}) \
+             INSERT INTO events (source, event_id, fingerprint, received_at, payload, headers, \
+                 response_status, response_content_type, response_body) \
+             SELECT '{source}', '{prefix}_' || n, X'00', '{}', X'7B7D', '{{}}', \
+                 200, 'application/json', X'7B7D' \
+             FROM g",
+            received_at.format("%Y-%m-%d %H:%M:%S%.6f+00:00")
+        )
+    } else {
+        format!(
+            "INSERT INTO events (source, event_id, fingerprint, received_at, payload, headers, \
+                 response_status, response_content_type, response_body) \
+             SELECT '{source}', '{prefix}_' || g, '\\x00', now() - interval '{age}', '{{}}', '{{}}', \
+                 200, 'application/json', '{{}}' \
+             FROM generate_series(1, {n}) g"
+        )
+    };
+    diesel::sql_query(sql)
+        .execute(&mut db.connect())
+        .expect("insert aged events");
 }
 
 async fn poll_until<F: std::future::Future<Output = bool>>(
