@@ -176,25 +176,25 @@ pub fn export(
     out: &mut dyn Write,
 ) -> anyhow::Result<u64> {
     db::read_snapshot(conn, |conn| {
-            let mut written = 0;
-            let mut after: Option<(DateTime<Utc>, i64)> = None;
-            loop {
-                let batch = export_batch(conn, filter, after)?;
-                let full = batch.len() as i64 == EXPORT_BATCH;
-                after = batch
-                    .last()
-                    .map(|(id, _, _, _, received_at, _, _)| (*received_at, *id));
-                written += batch.len() as u64;
-                for row in batch {
-                    capture_line(row).write_to(out)?;
-                }
-                if !full {
-                    break;
-                }
+        let mut written = 0;
+        let mut after: Option<(DateTime<Utc>, i64)> = None;
+        loop {
+            let batch = export_batch(conn, filter, after)?;
+            let full = batch.len() as i64 == EXPORT_BATCH;
+            after = batch
+                .last()
+                .map(|(id, _, _, _, received_at, _, _)| (*received_at, *id));
+            written += batch.len() as u64;
+            for row in batch {
+                capture_line(row).write_to(out)?;
             }
-            out.flush()?;
-            Ok(written)
-        })
+            if !full {
+                break;
+            }
+        }
+        out.flush()?;
+        Ok(written)
+    })
 }
 
 /// The next batch in (received time, row id) order, after `after`.

@@ -153,7 +153,9 @@ fn purge_locked(
                 return Ok(report);
             }
             let removed = match conn {
-                AnyConnection::Postgres(c) => pg::purge_batch(c, source, &named, cutoff, BATCH_SIZE)?,
+                AnyConnection::Postgres(c) => {
+                    pg::purge_batch(c, source, &named, cutoff, BATCH_SIZE)?
+                }
                 AnyConnection::Sqlite(c) => {
                     sqlite::purge_batch(c, source, &named, cutoff, BATCH_SIZE)?
                 }

@@ -263,9 +263,7 @@ impl ManageConnection for Manager {
 
     fn connect(&self) -> Result<Conn, Self::Error> {
         let conn = match &self.store {
-            Store::Postgres(url) => {
-                AnyConnection::Postgres(pg::connect(url, self.lock_timeout)?)
-            }
+            Store::Postgres(url) => AnyConnection::Postgres(pg::connect(url, self.lock_timeout)?),
             Store::SqliteFile(path) => {
                 AnyConnection::Sqlite(sqlite::connect(path, self.lock_timeout)?)
             }
@@ -375,10 +373,8 @@ pub fn migrate(
             }
             result
         }
-        AnyConnection::Sqlite(_) => {
-            write_transaction(conn, |conn| run(conn).map_err(MigrateError))
-                .map_err(|MigrateError(e)| e)
-        }
+        AnyConnection::Sqlite(_) => write_transaction(conn, |conn| run(conn).map_err(MigrateError))
+            .map_err(|MigrateError(e)| e),
     }
 }
 
@@ -414,4 +410,38 @@ pub fn is_lock_timeout(error: &DieselError) -> bool {
 pub fn now() -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp_micros(chrono::Utc::now().timestamp_micros())
         .expect("now is a representable time")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Store;
+
+    #[test]
+    fn database_urls_name_their_store() {
+        let cases = [
+            (
+                "postgres://u@h:5432/db",
+                Store::Postgres("postgres://u@h:5432/db".to_owned()),
+            ),
+            (
+                "postgresql://h/db",
+                Store::Postgres("postgresql://h/db".to_owned()),
+            ),
+            (
+                "sqlite://hookbox.db",
+                Store::SqliteFile("hookbox.db".to_owned()),
+            ),
+            (
+                "sqlite:///var/lib/hookbox/events.db",
+                Store::SqliteFile("/var/lib/hookbox/events.db".to_owned()),
+            ),
+            ("sqlite::memory:", Store::SqliteMemory),
+        ];
+        for (url, store) in cases {
+            assert_eq!(Store::parse(url), Ok(store), "{url}");
+        }
+        for bad in ["sqlite://", "mysql://h/db", "hookbox.db", ""] {
+            assert!(Store::parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::sql_types::{Array, BigInt, Bool, Double, Text};
-use diesel::connection::SimpleConnection;
 
 use crate::forward::store::Due;
 
@@ -62,10 +62,12 @@ pub fn unlock_migrations(conn: &mut PgConnection) -> QueryResult<()> {
 
 /// Takes the purge lock if no other instance holds it.
 pub fn try_lock_purge(conn: &mut PgConnection) -> QueryResult<bool> {
-    Ok(diesel::sql_query("SELECT pg_try_advisory_lock($1) AS locked")
-        .bind::<BigInt, _>(PURGE_LOCK_KEY)
-        .get_result::<Locked>(conn)?
-        .locked)
+    Ok(
+        diesel::sql_query("SELECT pg_try_advisory_lock($1) AS locked")
+            .bind::<BigInt, _>(PURGE_LOCK_KEY)
+            .get_result::<Locked>(conn)?
+            .locked,
+    )
 }
 
 /// Lets go of the purge lock.

@@ -27,7 +27,10 @@ pub const YIELD_TO_WRITERS: Duration = Duration::from_millis(110);
 pub type Instant = diesel::sql_types::TimestamptzSqlite;
 
 /// Opens the file at `path` (`:memory:` for a database in memory), creating it if need be.
-pub fn connect(path: &str, busy_timeout: Duration) -> Result<SqliteConnection, diesel::r2d2::Error> {
+pub fn connect(
+    path: &str,
+    busy_timeout: Duration,
+) -> Result<SqliteConnection, diesel::r2d2::Error> {
     let mut conn =
         SqliteConnection::establish(path).map_err(diesel::r2d2::Error::ConnectionError)?;
     conn.batch_execute(&format!(
@@ -109,11 +112,7 @@ pub fn count_older(
 
 /// See [`super::pg::take_due`]. The write lock, taken first, keeps other dispatchers (of other
 /// processes on the same file) out until the leases are written.
-pub fn take_due(
-    conn: &mut SqliteConnection,
-    limit: i64,
-    lease: Duration,
-) -> QueryResult<Vec<Due>> {
+pub fn take_due(conn: &mut SqliteConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
     let now = super::now();
     let lease_end = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
     conn.immediate_transaction(|conn| {

@@ -210,32 +210,34 @@ pub fn requeue(
     id: i64,
 ) -> QueryResult<Option<Result<DeliveryView, String>>> {
     let now = db::now();
-    db::write_transaction(conn, |conn| on_backend!(conn, c => {
-        // Under the write transaction the row cannot change before the UPDATE: PostgreSQL
-        // holds the row lock of the UPDATE's WHERE, SQLite the database's write lock.
-        let state: Option<String> = deliveries::table
-            .find(id)
-            .select(deliveries::state)
-            .first(c)
-            .optional()?;
-        match state.as_deref() {
-            None => Ok(None),
-            Some("dead") => {
-                let row: Option<ViewRow> = diesel::update(deliveries::table.find(id))
-                    .set((
-                        deliveries::state.eq("pending"),
-                        deliveries::attempts.eq(0),
-                        deliveries::next_attempt_at.eq(now),
-                    ))
-                    .filter(deliveries::state.eq("dead"))
-                    .returning(view_columns!())
-                    .get_result(c)
-                    .optional()?;
-                Ok(Some(row.map(view).ok_or_else(|| "pending".to_owned())))
+    db::write_transaction(conn, |conn| {
+        on_backend!(conn, c => {
+            // Under the write transaction the row cannot change before the UPDATE: PostgreSQL
+            // holds the row lock of the UPDATE's WHERE, SQLite the database's write lock.
+            let state: Option<String> = deliveries::table
+                .find(id)
+                .select(deliveries::state)
+                .first(c)
+                .optional()?;
+            match state.as_deref() {
+                None => Ok(None),
+                Some("dead") => {
+                    let row: Option<ViewRow> = diesel::update(deliveries::table.find(id))
+                        .set((
+                            deliveries::state.eq("pending"),
+                            deliveries::attempts.eq(0),
+                            deliveries::next_attempt_at.eq(now),
+                        ))
+                        .filter(deliveries::state.eq("dead"))
+                        .returning(view_columns!())
+                        .get_result(c)
+                        .optional()?;
+                    Ok(Some(row.map(view).ok_or_else(|| "pending".to_owned())))
+                }
+                Some(other) => Ok(Some(Err(other.to_owned()))),
             }
-            Some(other) => Ok(Some(Err(other.to_owned()))),
-        }
-    }))
+        })
+    })
 }
 
 /// Pending and dead rows, for the gauges.

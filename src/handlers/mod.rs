@@ -12,8 +12,8 @@ mod record;
 
 pub use record::Record;
 
-use chrono::{DateTime, Utc};
 pub use crate::db::AnyConnection;
+use chrono::{DateTime, Utc};
 
 use crate::ids::{EventId, SourceName};
 

@@ -37,6 +37,11 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
             "sources.s.secrets_env",
         ),
         ("[retention]\nwindow = \"-1h\"\n", "retention.window"),
+        (
+            "[database]\nurl = \"mysql://hookbox:hunter2@db/hookbox\"\n",
+            "database.url",
+        ),
+        ("[database]\nurl = \"sqlite://\"\n", "database.url"),
         ("[server\n", "line 1"),
     ];
     for (config, key) in cases {
@@ -49,6 +54,10 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
             "{config:?} should name {key}: {stderr}"
         );
         assert!(!stderr.contains("listening"), "nothing listens");
+        assert!(
+            !stderr.contains("hunter2"),
+            "no password in the message: {stderr}"
+        );
     }
 }
 

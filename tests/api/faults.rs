@@ -63,7 +63,10 @@ async fn a_server_killed_mid_load_loses_nothing_and_the_providers_retries_comple
 
 #[actix_web::test]
 async fn a_postgres_fast_restart_mid_load_is_503_with_retry_after_then_recovers_by_itself() {
-    if skip_on_sqlite("a_postgres_fast_restart_mid_load_is_503_with_retry_after_then_recovers_by_itself", "it restarts a PostgreSQL server") {
+    if skip_on_sqlite(
+        "a_postgres_fast_restart_mid_load_is_503_with_retry_after_then_recovers_by_itself",
+        "it restarts a PostgreSQL server",
+    ) {
         return;
     }
     let cluster =
@@ -309,7 +312,10 @@ async fn three_hundred_deliveries_at_once_through_four_connections_are_each_200_
 
 #[actix_web::test]
 async fn a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_recovers() {
-    if skip_on_sqlite("a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_recovers", "an embedded store has no connection to stall") {
+    if skip_on_sqlite(
+        "a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_recovers",
+        "an embedded store has no connection to stall",
+    ) {
         return;
     }
     // The built-in handler's claims go through the batch writer, not a transaction per

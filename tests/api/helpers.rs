@@ -10,8 +10,8 @@ use diesel::prelude::*;
 use diesel::sql_types::BigInt;
 use hookbox::config::Config;
 use hookbox::db::Store;
-use hookbox::AnyConnection;
 use hookbox::signature::Verifier;
+use hookbox::AnyConnection;
 use hookbox::{Application, Handlers};
 
 /// The admin token the test config enables the admin API with.
@@ -576,7 +576,20 @@ impl Drop for TempFile {
 
 /// Runs `hookbox ARGS` to completion: (exit code, stdout, stderr).
 pub fn run_hookbox(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_hookbox"))
+    run_hookbox_in(args, env, None)
+}
+
+/// [`run_hookbox`] in the working directory `dir`.
+pub fn run_hookbox_in(
+    args: &[&str],
+    env: &[(&str, &str)],
+    dir: Option<&std::path::Path>,
+) -> (i32, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hookbox"));
+    if let Some(dir) = dir {
+        command.current_dir(dir);
+    }
+    let output = command
         .args(args)
         .env_remove("DATABASE_URL")
         .env_remove("HOOKBOX_CONFIG")
@@ -612,9 +625,18 @@ impl Process {
     /// [`Process::serve`] with more environment variables (`RUST_LOG` among them, which is
     /// `info` otherwise).
     pub fn serve_with_env(config: &str, env: &[(&str, &str)]) -> Process {
+        Process::serve_in(config, env, None)
+    }
+
+    /// [`Process::serve_with_env`] in the working directory `dir` (the tests' own otherwise).
+    pub fn serve_in(config: &str, env: &[(&str, &str)], dir: Option<&std::path::Path>) -> Process {
         use std::io::BufRead;
         let config_file = TempFile::new(config);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_hookbox"));
+        if let Some(dir) = dir {
+            command.current_dir(dir);
+        }
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(&config_file.0)
@@ -779,5 +801,22 @@ pub fn insert_events(url: &str, rows: &[RawEvent]) {
             diesel::insert_into(events::table).values(&values).execute(c)
         })
         .expect("insert the events");
+    }
+}
+
+/// A directory of its own, removed with what is in it when dropped.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        let dir = std::env::temp_dir().join(unique_id("hookbox-dir"));
+        std::fs::create_dir_all(&dir).expect("make the temp directory");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -26,5 +26,6 @@ mod retention;
 mod schemes;
 mod security;
 mod send;
+mod stores;
 mod vectors;
 mod webdriver;

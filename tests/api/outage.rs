@@ -9,7 +9,10 @@ use crate::proxy::Proxy;
 
 #[actix_web::test]
 async fn while_the_database_is_unreachable_deliveries_get_503_and_the_server_recovers_by_itself() {
-    if skip_on_sqlite("while_the_database_is_unreachable_deliveries_get_503_and_the_server_recovers_by_itself", "an embedded store cannot become unreachable") {
+    if skip_on_sqlite(
+        "while_the_database_is_unreachable_deliveries_get_503_and_the_server_recovers_by_itself",
+        "an embedded store cannot become unreachable",
+    ) {
         return;
     }
     let db = TestDb::create();
