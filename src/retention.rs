@@ -3,9 +3,11 @@
 //! A pass deletes events received longer ago than their source's window, in batches of
 //! [`BATCH_SIZE`] rows, each its own short statement, until a batch comes back short; so a
 //! delivery never waits behind one long delete, and a pass can stop between batches. Whatever a
-//! handler hung off an event (`REFERENCES events (id) ON DELETE CASCADE`) goes with it. Only one
-//! instance purges at a time: a pass starts by taking a session advisory lock with
-//! `pg_try_advisory_lock`, and an instance that cannot take it skips its turn.
+//! handler hung off an event (`REFERENCES events (id) ON DELETE CASCADE`) goes with it. On
+//! PostgreSQL only one instance purges at a time: a pass starts by taking a session advisory
+//! lock with `pg_try_advisory_lock`, and an instance that cannot take it skips its turn. On
+//! SQLite each batch is a write of its own, with a pause between batches for the writers
+//! waiting on the one write lock.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

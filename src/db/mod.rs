@@ -308,11 +308,16 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<D
             .max_lifetime(None)
             .build(manager)
             .context("cannot open the in-memory SQLite store")?,
-        Store::SqliteFile(_) => builder
-            .max_size(config.pool_size)
-            .min_idle(Some(1))
-            .build(manager)
-            .with_context(|| format!("cannot open the SQLite store {}", config.display_url()))?,
+        Store::SqliteFile(_) => {
+            // Opened once first, for an error at once that says what to check (the pool
+            // would retry until its checkout timeout).
+            drop(connect(config)?);
+            builder
+                .max_size(config.pool_size)
+                .min_idle(Some(1))
+                .build(manager)
+                .with_context(|| format!("cannot open the SQLite store {}", config.display_url()))?
+        }
         Store::Postgres(_) => builder
             .max_size(config.pool_size)
             .min_idle(Some(config.pool_size.min(2)))

@@ -79,8 +79,10 @@ impl Response {
 /// Processes claimed events. Implement it to give a source its own behaviour, and register it
 /// with [`crate::startup::Handlers::with`].
 pub trait Handler: Send + Sync + 'static {
-    /// Runs once at startup, after hookbox's migrations and under the same advisory lock: the
-    /// place to create the handler's own tables (`CREATE TABLE IF NOT EXISTS ...`).
+    /// Runs once at startup, after hookbox's migrations and under the same lock (an advisory
+    /// lock on PostgreSQL, the write lock on SQLite): the place to create the handler's own
+    /// tables (`CREATE TABLE IF NOT EXISTS ...`). Match on `conn` where the DDL differs
+    /// between the stores.
     fn prepare(&self, conn: &mut AnyConnection) -> anyhow::Result<()> {
         let _ = conn;
         Ok(())

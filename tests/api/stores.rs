@@ -133,3 +133,22 @@ fn the_readmes_quick_start_processes_then_replays() {
         "the same answer, byte for byte"
     );
 }
+
+#[test]
+fn a_store_file_in_a_missing_directory_fails_at_once_and_says_what_to_check() {
+    let config = TempFile::new(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[database]\nurl = \"sqlite:///nonexistent-hookbox-dir/events.db\"\n",
+    );
+    let started = std::time::Instant::now();
+    let (code, _, stderr) = run_hookbox(&["serve", "--config", &config.path()], &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent-hookbox-dir/events.db") && stderr.contains("directory"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("listening"), "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "at once, not after a checkout timeout"
+    );
+}
