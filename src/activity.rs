@@ -307,10 +307,7 @@ impl Activity {
 /// Counts of events purged meanwhile match no row and are dropped.
 fn add_replays(conn: &mut AnyConnection, counts: &[(String, String, u64)]) -> QueryResult<()> {
     for batch in counts.chunks(FLUSH_BATCH) {
-        match conn {
-            AnyConnection::Postgres(c) => db::pg::add_replays(c, batch)?,
-            AnyConnection::Sqlite(c) => db::sqlite::add_replays(c, batch)?,
-        }
+        db::add_replays(conn, batch)?;
     }
     Ok(())
 }

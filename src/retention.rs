@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use diesel::QueryResult;
 
 use crate::config::{Config, SourceConfig};
-use crate::db::{pg, sqlite, AnyConnection};
+use crate::db::{self, AnyConnection};
 use crate::signature::Scheme;
 
 /// Rows one DELETE removes at most.
@@ -112,26 +112,17 @@ fn cutoff(target: &Target, now: DateTime<Utc>) -> DateTime<Utc> {
 
 /// One purge pass. `None` when another instance holds the purge lock (nothing was done).
 /// `stop` is checked between batches; `progress` sees the running tally after each batch.
-///
-/// On SQLite there is no lock to take: the store belongs to one machine, and each batch is a
-/// write transaction of its own, so two passes at once only share the work.
 pub fn purge(
     conn: &mut AnyConnection,
     plan: &Plan,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&Report),
 ) -> QueryResult<Option<Report>> {
-    let AnyConnection::Postgres(pg) = conn else {
-        return purge_locked(conn, plan, stop, progress).map(Some);
-    };
-    if !pg::try_lock_purge(pg)? {
+    if !db::try_lock_purge(conn)? {
         return Ok(None);
     }
     let result = purge_locked(conn, plan, stop, progress);
-    let unlocked = match conn {
-        AnyConnection::Postgres(pg) => pg::unlock_purge(pg),
-        AnyConnection::Sqlite(_) => Ok(()),
-    };
+    let unlocked = db::unlock_purge(conn);
     let report = result?;
     unlocked?;
     Ok(Some(report))
@@ -154,14 +145,7 @@ fn purge_locked(
                 report.interrupted = true;
                 return Ok(report);
             }
-            let removed = match conn {
-                AnyConnection::Postgres(c) => {
-                    pg::purge_batch(c, source, &named, cutoff, BATCH_SIZE)?
-                }
-                AnyConnection::Sqlite(c) => {
-                    sqlite::purge_batch(c, source, &named, cutoff, BATCH_SIZE)?
-                }
-            };
+            let removed = db::purge_batch(conn, source, &named, cutoff, BATCH_SIZE)?;
             for removed_source in &removed {
                 *report.removed.entry(removed_source.clone()).or_default() += 1;
             }
@@ -169,11 +153,7 @@ fn purge_locked(
             if (removed.len() as i64) < BATCH_SIZE {
                 break;
             }
-            if let AnyConnection::Sqlite(_) = conn {
-                // SQLite has one write lock, and a writer waiting for it sleeps between tries:
-                // without a pause the next batch would take the lock again before it woke.
-                std::thread::sleep(sqlite::YIELD_TO_WRITERS);
-            }
+            db::between_batches(conn);
         }
     }
     Ok(report)
@@ -187,10 +167,7 @@ pub fn dry_run(conn: &mut AnyConnection, plan: &Plan) -> QueryResult<Report> {
     for target in &plan.targets {
         let source = target.source.as_deref();
         let cutoff = cutoff(target, now);
-        let counted = match conn {
-            AnyConnection::Postgres(c) => pg::count_older(c, source, &named, cutoff)?,
-            AnyConnection::Sqlite(c) => sqlite::count_older(c, source, &named, cutoff)?,
-        };
+        let counted = db::count_older(conn, source, &named, cutoff)?;
         for (source, n) in counted {
             *report.removed.entry(source).or_default() += u64::try_from(n).unwrap_or(0);
         }

@@ -184,14 +184,7 @@ impl Application {
             tracing::info!(migrations = ?applied, "applied database migrations");
         }
 
-        // A writer per four connections: enough to keep batches flowing while one is in the
-        // database, and the rest of the pool stays free for the other work. SQLite has one
-        // writer at a time, so one writer thread there.
-        let writers = if store.is_sqlite() {
-            1
-        } else {
-            (config.database.pool_size as usize / 4).clamp(1, 8)
-        };
+        let writers = store.claim_writers(config.database.pool_size);
         let state = web::Data::new(AppState {
             claims: Batcher::start(pool.clone(), writers),
             pool,

@@ -15,15 +15,17 @@ pub mod sqlite_schema;
 use std::time::Duration;
 
 use anyhow::Context;
+use chrono::{DateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, TransactionManager};
 use diesel::pg::PgConnection;
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::sqlite::SqliteConnection;
-use diesel::{Connection, RunQueryDsl};
+use diesel::{Connection, QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use crate::config::DatabaseConfig;
+use crate::forward::store::Due;
 
 /// A connection to either store. Handlers get one: diesel's query builder and `sql_query`
 /// work on it as on either backend (through diesel's `MultiBackend`), and a handler that needs
@@ -99,9 +101,15 @@ impl Store {
         Err("is not a postgres:// URL, a sqlite://PATH or sqlite::memory:".to_owned())
     }
 
-    /// Whether this is the embedded store.
-    pub fn is_sqlite(&self) -> bool {
-        !matches!(self, Store::Postgres(_))
+    /// How many threads write batched claims (see [`crate::inbox::Batcher`]) with a pool of
+    /// `pool_size`. On PostgreSQL a writer per four connections: enough to keep batches flowing
+    /// while one is in the database, with the rest of the pool free for the other work. SQLite
+    /// has one writer at a time, so one.
+    pub fn claim_writers(&self, pool_size: u32) -> usize {
+        match self {
+            Store::Postgres(_) => (pool_size as usize / 4).clamp(1, 8),
+            Store::SqliteFile(_) | Store::SqliteMemory => 1,
+        }
     }
 }
 
@@ -410,10 +418,81 @@ pub fn is_lock_timeout(error: &DieselError) -> bool {
     pg::is_lock_timeout(error) || sqlite::is_busy(error)
 }
 
+/// Takes the purge lock if no other instance holds it. On SQLite there is none to take: the
+/// store is one machine's file, and each purge batch is a write of its own, so two passes at
+/// once only share the work.
+pub fn try_lock_purge(conn: &mut AnyConnection) -> QueryResult<bool> {
+    match conn {
+        AnyConnection::Postgres(c) => pg::try_lock_purge(c),
+        AnyConnection::Sqlite(_) => Ok(true),
+    }
+}
+
+/// Lets go of the purge lock.
+pub fn unlock_purge(conn: &mut AnyConnection) -> QueryResult<()> {
+    match conn {
+        AnyConnection::Postgres(c) => pg::unlock_purge(c),
+        AnyConnection::Sqlite(_) => Ok(()),
+    }
+}
+
+/// Deletes up to `limit` events received before `cutoff`, of `source` (or of every source but
+/// `named`); returns the source of each row removed.
+pub fn purge_batch(
+    conn: &mut AnyConnection,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+    limit: i64,
+) -> QueryResult<Vec<String>> {
+    match conn {
+        AnyConnection::Postgres(c) => pg::purge_batch(c, source, named, cutoff, limit),
+        AnyConnection::Sqlite(c) => sqlite::purge_batch(c, source, named, cutoff, limit),
+    }
+}
+
+/// Between two writes of a long job (purge batches): a pause on SQLite, so the writers waiting
+/// on its one write lock get it; nothing on PostgreSQL, where they do not wait on each other.
+pub fn between_batches(conn: &AnyConnection) {
+    if let AnyConnection::Sqlite(_) = conn {
+        std::thread::sleep(sqlite::YIELD_TO_WRITERS);
+    }
+}
+
+/// How many events [`purge_batch`] would remove in all, by source.
+pub fn count_older(
+    conn: &mut AnyConnection,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+) -> QueryResult<Vec<(String, i64)>> {
+    match conn {
+        AnyConnection::Postgres(c) => pg::count_older(c, source, named, cutoff),
+        AnyConnection::Sqlite(c) => sqlite::count_older(c, source, named, cutoff),
+    }
+}
+
+/// Takes up to `limit` due deliveries, oldest due first, and leases each for `lease`: its
+/// `next_attempt_at` moves past the attempt's end, so no other dispatcher takes it meanwhile.
+pub fn take_due(conn: &mut AnyConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
+    match conn {
+        AnyConnection::Postgres(c) => pg::take_due(c, limit, lease),
+        AnyConnection::Sqlite(c) => sqlite::take_due(c, limit, lease),
+    }
+}
+
+/// Adds replay counts (source, event id, count) to `events.replays`.
+pub fn add_replays(conn: &mut AnyConnection, batch: &[(String, String, u64)]) -> QueryResult<()> {
+    match conn {
+        AnyConnection::Postgres(c) => pg::add_replays(c, batch),
+        AnyConnection::Sqlite(c) => sqlite::add_replays(c, batch),
+    }
+}
+
 /// Now, to the microsecond: both stores keep microseconds, and a time stored must read back
 /// as the same time.
-pub fn now() -> chrono::DateTime<chrono::Utc> {
-    chrono::DateTime::from_timestamp_micros(chrono::Utc::now().timestamp_micros())
+pub fn now() -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is a representable time")
 }
 

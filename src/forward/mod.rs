@@ -119,7 +119,7 @@ async fn run(state: web::Data<AppState>, wake: Wake, lease: Duration) {
             let pool_state = state.clone();
             let due = web::block(move || {
                 db::with_connection(&pool_state.pool, |conn| {
-                    store::take_due(conn, free as i64, lease)
+                    db::take_due(conn, free as i64, lease)
                 })
             })
             .await;

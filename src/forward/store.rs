@@ -36,15 +36,6 @@ pub struct Due {
     pub content_type: Option<String>,
 }
 
-/// Takes up to `limit` due deliveries, oldest due first, and leases each for `lease`: its
-/// `next_attempt_at` moves past the attempt's end, so no other dispatcher takes it meanwhile.
-pub fn take_due(conn: &mut AnyConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
-    match conn {
-        AnyConnection::Postgres(c) => db::pg::take_due(c, limit, lease),
-        AnyConnection::Sqlite(c) => db::sqlite::take_due(c, limit, lease),
-    }
-}
-
 /// How an attempt ended, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settle {
