@@ -1,7 +1,7 @@
 # Shared by the benchmark scripts: a database of their own on the server DATABASE_URL names
 # (dropped on exit), a work directory, a port, and release builds of hookbox and the load
 # generator. Source it after setting BENCH_NAME; it sets server_url, db, db_url, work, port,
-# secret, hookbox, loadgen, and server_pid (for start_server).
+# secret, hookbox, loadgen, and server_pid (for start_server and stop_server).
 
 server_url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 db="hookbox_bench_${BENCH_NAME}_$$"
@@ -24,9 +24,10 @@ hookbox="${CARGO_TARGET_DIR:-target}/release/hookbox"
 loadgen="${CARGO_TARGET_DIR:-target}/release/examples/loadgen"
 psql "$server_url" -qc "CREATE DATABASE $db" >/dev/null
 
-# Starts `hookbox serve` with $work/hookbox.toml and waits until it is ready.
+# Starts `hookbox serve` with the config given (default $work/hookbox.toml) and waits until it
+# is ready.
 start_server() {
-  RUST_LOG=warn "$hookbox" serve --config "$work/hookbox.toml" 2>"$work/serve.log" &
+  RUST_LOG=warn "$hookbox" serve --config "${1:-$work/hookbox.toml}" 2>"$work/serve.log" &
   server_pid=$!
   for _ in $(seq 1 100); do
     curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return 0
@@ -35,4 +36,13 @@ start_server() {
   echo "hookbox did not become ready:" >&2
   cat "$work/serve.log" >&2
   return 1
+}
+
+# Stops the server start_server started, and waits until it has gone.
+stop_server() {
+  if [ -n "$server_pid" ]; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    server_pid=""
+  fi
 }
