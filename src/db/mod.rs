@@ -12,6 +12,7 @@ pub mod pg_schema;
 pub mod sqlite;
 pub mod sqlite_schema;
 
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -146,9 +147,17 @@ pub type DbConnection = PooledConnection<Manager>;
 pub struct Conn {
     conn: AnyConnection,
     broken: bool,
+    /// The pool's write turns, on SQLite.
+    turns: Option<Arc<WriteTurns>>,
 }
 
 impl Conn {
+    /// Waits for this process's turn to write, on SQLite, for at most the in-flight wait
+    /// (see [`WriteTurns`]); `Err` past it. On PostgreSQL there are no turns: at once.
+    pub fn write_turn(&self) -> Result<Option<WriteTurn>, TurnTimeout> {
+        self.turns.as_ref().map(WriteTurns::take).transpose()
+    }
+
     /// Marks the connection broken when `error` says the connection itself failed (closed, or
     /// a command could not be sent): the pool then drops it rather than hand it out again.
     /// Returns whether it did.
@@ -170,6 +179,57 @@ impl std::ops::Deref for Conn {
 impl std::ops::DerefMut for Conn {
     fn deref_mut(&mut self) -> &mut AnyConnection {
         &mut self.conn
+    }
+}
+
+/// One writer at a time among a pool's SQLite connections.
+///
+/// SQLite has one write lock per database, and a writer that finds it taken sleeps between
+/// tries (up to 100 ms at a time), so under contention the lock sits free while the waiters
+/// sleep. The claims of one process instead queue here, woken the moment the writer before them
+/// is done, and take SQLite's lock (`BEGIN IMMEDIATE`) only to be safe from other processes on
+/// the same file.
+pub struct WriteTurns {
+    taken: Mutex<bool>,
+    freed: Condvar,
+    /// The longest wait for a turn: the in-flight wait.
+    wait: Duration,
+}
+
+/// No turn came within the in-flight wait.
+#[derive(Debug)]
+pub struct TurnTimeout;
+
+/// A turn to write; the next writer's comes when it is dropped.
+pub struct WriteTurn(Arc<WriteTurns>);
+
+impl WriteTurns {
+    fn new(wait: Duration) -> Arc<WriteTurns> {
+        Arc::new(WriteTurns {
+            taken: Mutex::new(false),
+            freed: Condvar::new(),
+            wait,
+        })
+    }
+
+    fn take(self: &Arc<Self>) -> Result<WriteTurn, TurnTimeout> {
+        let taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut taken, waited) = self
+            .freed
+            .wait_timeout_while(taken, self.wait, |taken| *taken)
+            .unwrap_or_else(|e| e.into_inner());
+        if waited.timed_out() && *taken {
+            return Err(TurnTimeout);
+        }
+        *taken = true;
+        Ok(WriteTurn(self.clone()))
+    }
+}
+
+impl Drop for WriteTurn {
+    fn drop(&mut self) {
+        *self.0.taken.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.0.freed.notify_one();
     }
 }
 
@@ -263,6 +323,8 @@ pub struct Manager {
     store: Store,
     /// A duplicate waits this long on the first delivery's uncommitted claim.
     lock_timeout: Duration,
+    /// Shared by the connections, on SQLite.
+    turns: Option<Arc<WriteTurns>>,
 }
 
 impl ManageConnection for Manager {
@@ -282,6 +344,7 @@ impl ManageConnection for Manager {
         Ok(Conn {
             conn,
             broken: false,
+            turns: self.turns.clone(),
         })
     }
 
@@ -302,6 +365,8 @@ impl ManageConnection for Manager {
 pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<DbPool> {
     let store = config.store()?;
     let manager = Manager {
+        turns: matches!(store, Store::SqliteFile(_) | Store::SqliteMemory)
+            .then(|| WriteTurns::new(lock_timeout)),
         store: store.clone(),
         lock_timeout,
     };

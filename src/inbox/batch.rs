@@ -179,7 +179,13 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
         return;
     }
 
-    let inserted = insert(&mut conn, &groups, received_at);
+    let inserted = {
+        // Past the in-flight wait without a turn, the batch goes ahead anyway: SQLite's own
+        // lock still keeps it safe. The turn ends with the INSERT, before any claim one by one
+        // (which takes turns of its own).
+        let _turn = conn.write_turn().ok().flatten();
+        insert(&mut conn, &groups, received_at)
+    };
     let inserted = match inserted {
         Ok(keys) => keys,
         Err(e) => {

@@ -113,10 +113,14 @@ pub fn needs_transaction(delivery: &Delivery, handler: &dyn Handler) -> bool {
 
 /// Claims, processes and stores `delivery` atomically, or finds the stored answer.
 pub fn claim(
-    conn: &mut AnyConnection,
+    conn: &mut db::Conn,
     delivery: &Delivery,
     handler: &dyn Handler,
 ) -> Result<Outcome, ClaimError> {
+    let Ok(_turn) = conn.write_turn() else {
+        return Ok(Outcome::InFlight);
+    };
+    let conn: &mut AnyConnection = conn;
     // The only way round twice: the stored row vanished (purged) between the INSERT's
     // conflict and the read of the stored response. The second INSERT then claims afresh.
     for _ in 0..2 {
