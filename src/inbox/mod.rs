@@ -8,6 +8,12 @@
 //! check waits for it), for at most the session's `lock_timeout` (the in-flight wait); if the
 //! first rolls back, the waiting INSERT claims the event itself.
 //!
+//! On SQLite the same statements run, but a transaction holds the database's one write lock
+//! from its start (`BEGIN IMMEDIATE`, see [`db::write_transaction`]): a duplicate waits before
+//! its transaction begins, for the first one's commit or rollback, then its INSERT finds the
+//! committed row (or claims the event). Within a process, claims wait their turn on
+//! [`db::WriteTurns`] first. Either wait past the in-flight wait is [`Outcome::InFlight`].
+//!
 //! Two ways to the same guarantee:
 //! - a handler that uses the connection runs inside a transaction: INSERT the claim, run the
 //!   handler, UPDATE the row with its response (and queue the outbox row), COMMIT;
