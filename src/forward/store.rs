@@ -203,8 +203,9 @@ pub fn requeue(
     let now = db::now();
     db::write_transaction(conn, |conn| {
         on_backend!(conn, c => {
-            // Under the write transaction the row cannot change before the UPDATE: PostgreSQL
-            // holds the row lock of the UPDATE's WHERE, SQLite the database's write lock.
+            // The state read tells the caller why nothing was re-queued; the UPDATE itself
+            // re-checks `state = 'dead'`, so two re-queues at once re-queue it once (on SQLite
+            // the write lock keeps the two apart anyway).
             let state: Option<String> = deliveries::table
                 .find(id)
                 .select(deliveries::state)
