@@ -27,7 +27,8 @@ pub(super) fn is_admin_token(expected: &Secret, given: &str) -> bool {
     )
 }
 
-/// Checks `Authorization: Bearer <token>`.
+/// Checks `Authorization: Bearer <token>`. The scheme's name is matched without regard to
+/// case, and spaces may follow it, as RFC 7235 has it.
 fn authorize(state: &AppState, request: &HttpRequest) -> Result<(), ApiError> {
     let Some(expected) = &state.admin_token else {
         return Err(ApiError::NotFound);
@@ -36,8 +37,9 @@ fn authorize(state: &AppState, request: &HttpRequest) -> Result<(), ApiError> {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim_start_matches(' '));
     if is_admin_token(expected, given) {
         Ok(())
     } else {

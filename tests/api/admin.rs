@@ -61,6 +61,29 @@ async fn a_wrong_or_missing_token_is_401_without_a_hint() {
 }
 
 #[actix_web::test]
+async fn the_bearer_scheme_is_read_in_any_case_and_other_schemes_are_401() {
+    let app = TestApp::spawn().await;
+    let cases = [
+        (format!("Bearer {ADMIN_TOKEN}"), 200),
+        (format!("bearer {ADMIN_TOKEN}"), 200),
+        (format!("BEARER  {ADMIN_TOKEN}"), 200),
+        (format!("Basic {ADMIN_TOKEN}"), 401),
+        (format!("Bearer{ADMIN_TOKEN}"), 401),
+        (ADMIN_TOKEN.to_owned(), 401),
+        (format!("Bearer x{ADMIN_TOKEN}"), 401),
+    ];
+    for (value, status) in cases {
+        let answer = awc::Client::new()
+            .get(format!("{}/admin/events", app.address))
+            .insert_header(("Authorization", value.as_str()))
+            .send()
+            .await
+            .expect("the server answers");
+        assert_eq!(answer.status().as_u16(), status, "{value:?}");
+    }
+}
+
+#[actix_web::test]
 async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
     let app = TestApp::spawn().await;
     let ids: Vec<String> = (0..3).map(|_| unique_id("evt")).collect();
