@@ -10,8 +10,11 @@
 #   SOAK_SECONDS=60 SAMPLE_EVERY=2 bench/soak.sh    # a short one
 #   RATE=800 CONNECTIONS=32 CSV=soak.csv bench/soak.sh
 #   DATABASE_URL=postgres://postgres:secret@127.0.0.1:5433/postgres bench/soak.sh
+#   STORE=sqlite bench/soak.sh                      # the embedded store, a file in a temp dir
 #
-# Needs a release build (made here), psql and curl.
+# On SQLite the database-sessions column is the size of the write-ahead log instead (KB), the
+# thing that could grow there. Needs a release build (made here), psql and curl, and for
+# STORE=sqlite the sqlite3 CLI (to count rows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,11 +29,18 @@ csv="${CSV:-$work/soak.csv}"
 load_pid=""
 trap 'if [ -n "$load_pid" ]; then kill "$load_pid" 2>/dev/null || true; fi; cleanup' EXIT
 
+STORE="${STORE:-postgres}"
+case "$STORE" in
+  postgres) store_url="$db_url" ;;
+  sqlite) store_url="sqlite://$work/soak.db" ;;
+  *) echo "STORE=$STORE: use postgres or sqlite" >&2; exit 2 ;;
+esac
+
 cat > "$work/hookbox.toml" <<TOML
 [server]
 listen = "127.0.0.1:$port"
 [database]
-url = "$db_url"
+url = "$store_url"
 pool_size = 8
 [retention]
 window = "5m"
@@ -51,15 +61,24 @@ echo "soaking for $SOAK_SECONDS s at $RATE requests/s over $CONNECTIONS connecti
   --seconds "$SOAK_SECONDS" --mode mixed --rate "$RATE" >"$work/load.json" &
 load_pid=$!
 
-echo "seconds,rss_kb,threads,fds,db_sessions,events" >"$csv"
+if [ "$STORE" = sqlite ]; then
+  echo "seconds,rss_kb,threads,fds,wal_kb,events" >"$csv"
+else
+  echo "seconds,rss_kb,threads,fds,db_sessions,events" >"$csv"
+fi
 started=$(date +%s)
 while kill -0 "$load_pid" 2>/dev/null; do
   now=$(( $(date +%s) - started ))
   rss=$(awk '/^VmRSS/ {print $2}' "/proc/$server_pid/status")
   threads=$(awk '/^Threads/ {print $2}' "/proc/$server_pid/status")
   fds=$(ls "/proc/$server_pid/fd" | wc -l)
-  sessions=$(psql "$server_url" -Atqc "SELECT count(*) FROM pg_stat_activity WHERE datname = '$db'")
-  events=$(psql "$db_url" -Atqc "SELECT count(*) FROM events")
+  if [ "$STORE" = sqlite ]; then
+    sessions=$(( $(stat -c %s "$work/soak.db-wal" 2>/dev/null || echo 0) / 1024 ))
+    events=$(sqlite3 "$work/soak.db" "PRAGMA busy_timeout = 5000; SELECT count(*) FROM events" | tail -n 1)
+  else
+    sessions=$(psql "$server_url" -Atqc "SELECT count(*) FROM pg_stat_activity WHERE datname = '$db'")
+    events=$(psql "$db_url" -Atqc "SELECT count(*) FROM events")
+  fi
   echo "$now,$rss,$threads,$fds,$sessions,$events" >>"$csv"
   sleep "$SAMPLE_EVERY"
 done

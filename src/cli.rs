@@ -22,8 +22,9 @@ use crate::startup::{Application, Handlers};
 /// hookbox: a webhook receiver that processes every event exactly once.
 ///
 /// It verifies each delivery's signature (Stripe, Standard Webhooks, GitHub, Shopify, Slack or a
-/// generic HMAC), claims the event id with a unique insert in PostgreSQL, processes the event and
-/// stores the response in one transaction, and answers every redelivery with the stored response.
+/// generic HMAC), claims the event id with a unique insert in its store (an SQLite file, or
+/// PostgreSQL for several instances), processes the event and stores the response in one
+/// transaction, and answers every redelivery with the stored response.
 #[derive(Parser, Debug)]
 #[command(name = "hookbox", version, about, long_about)]
 pub struct Cli {
@@ -36,12 +37,14 @@ enum Command {
     /// Run the receiver: apply pending migrations, then serve POST /webhooks/{source}.
     ///
     /// Listens on [server].listen (or HOOKBOX_LISTEN) and stops gracefully on SIGTERM or
-    /// Ctrl-C, letting in-flight deliveries finish.
+    /// Ctrl-C, letting in-flight deliveries finish. Events are kept where [database].url (or
+    /// DATABASE_URL) says: postgres://..., sqlite://PATH or sqlite::memory:; with neither set,
+    /// in the SQLite file hookbox.db in the working directory.
     Serve(ConfigArg),
     /// Apply pending database migrations and exit.
     ///
-    /// Instances take turns through an advisory lock, so running this while servers start is
-    /// safe. Needs only [database].url or DATABASE_URL.
+    /// Instances take turns (an advisory lock on PostgreSQL, the write lock on SQLite), so
+    /// running this while servers start is safe. Needs only [database].url or DATABASE_URL.
     Migrate(ConfigArg),
     /// Run one retention purge pass now; print what it removed per source and in total.
     ///
