@@ -19,16 +19,20 @@ FLOOR_CLIENTS="${FLOOR_CLIENTS:-32}"
 BENCH_NAME=run
 # shellcheck source=bench/common.sh
 . bench/common.sh
-cat > "$work/hookbox.toml" <<TOML
+# The server's config, the same on both stores but for the database URL.
+config_for() {
+  cat <<TOML
 [server]
 listen = "127.0.0.1:$port"
 [database]
-url = "$db_url"
+url = "$1"
 pool_size = ${POOL_SIZE:-8}
 [sources.stripe]
 scheme = "stripe"
 secrets = ["$secret"]
 TOML
+}
+config_for "$db_url" > "$work/hookbox.toml"
 "$hookbox" migrate --config "$work/hookbox.toml" >/dev/null
 
 # The floor: the statements hookbox sends for one new event and for one replay (see
@@ -87,16 +91,7 @@ pg_rss=$(rss)
 stop_server
 
 # SQLite: the same deliveries against a fresh file, after a floor on a file of its own.
-cat > "$work/sqlite.toml" <<TOML
-[server]
-listen = "127.0.0.1:$port"
-[database]
-url = "sqlite://$work/hookbox.db"
-pool_size = ${POOL_SIZE:-8}
-[sources.stripe]
-scheme = "stripe"
-secrets = ["$secret"]
-TOML
+config_for "sqlite://$work/hookbox.db" > "$work/sqlite.toml"
 sqlite_floor_fresh="" sqlite_floor_replay=""
 if command -v sqlite3 >/dev/null 2>&1; then
   # The floor: the INSERT hookbox sends for a new event on SQLite, one per commit, from one

@@ -55,6 +55,8 @@ pub struct DatabaseConfig {
     /// `sqlite://PATH` / `sqlite::memory:` for the embedded store. It may hold a password, so
     /// it is shown only through [`DatabaseConfig::display_url`].
     pub url: String,
+    /// The store `url` names, read once when the config is loaded.
+    pub store: crate::db::Store,
     /// Whether the URL came from the config or the environment, rather than the default.
     pub configured: bool,
     /// The most connections this process opens.
@@ -65,12 +67,6 @@ impl DatabaseConfig {
     /// The URL with any password replaced, for logs and error messages.
     pub fn display_url(&self) -> String {
         redact_url(&self.url)
-    }
-
-    /// The store the URL names (checked when the config is loaded).
-    pub fn store(&self) -> anyhow::Result<crate::db::Store> {
-        crate::db::Store::parse(&self.url)
-            .map_err(|e| anyhow::anyhow!("database.url: {:?} {e}", self.display_url()))
     }
 }
 
@@ -421,18 +417,18 @@ impl RawConfig {
                 "must be longer than 0s",
             ));
         }
-        let url = env.var("DATABASE_URL").or(self.database.url);
+        let configured = env.var("DATABASE_URL").or(self.database.url);
+        let url = configured
+            .clone()
+            .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
+        let store = crate::db::Store::parse(&url)
+            .map_err(|e| ConfigError::at("database.url", format!("{:?} {e}", redact_url(&url))))?;
         let database = DatabaseConfig {
-            configured: url.is_some(),
-            url: url.unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+            configured: configured.is_some(),
+            store,
+            url,
             pool_size: self.database.pool_size.unwrap_or(16),
         };
-        if let Err(e) = crate::db::Store::parse(&database.url) {
-            return Err(ConfigError::at(
-                "database.url",
-                format!("{:?} {e}", database.display_url()),
-            ));
-        }
         if database.pool_size == 0 {
             return Err(ConfigError::at("database.pool_size", "must be at least 1"));
         }

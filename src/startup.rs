@@ -168,7 +168,7 @@ impl Application {
             })
             .collect::<anyhow::Result<HashMap<_, _>>>()?;
 
-        let store = config.database.store()?;
+        let store = config.database.store.clone();
         let pool = db::pool(&config.database, config.server.in_flight_wait)?;
         let prepare = |conn: &mut db::AnyConnection| {
             handlers.all().try_for_each(|handler| handler.prepare(conn))

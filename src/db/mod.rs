@@ -363,7 +363,7 @@ impl ManageConnection for Manager {
 /// An in-memory SQLite store lives in its one connection, so its pool holds exactly one and
 /// never retires it.
 pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<DbPool> {
-    let store = config.store()?;
+    let store = &config.store;
     let manager = Manager {
         turns: matches!(store, Store::SqliteFile(_) | Store::SqliteMemory)
             .then(|| WriteTurns::new(lock_timeout)),
@@ -400,8 +400,8 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<D
 
 /// Connects once, outside the pool, with an error that says what to check.
 pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
-    match config.store()? {
-        Store::Postgres(url) => PgConnection::establish(&url)
+    match &config.store {
+        Store::Postgres(url) => PgConnection::establish(url)
             .map(AnyConnection::Postgres)
             .with_context(|| {
                 format!(
@@ -409,7 +409,7 @@ pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
                     config.display_url()
                 )
             }),
-        Store::SqliteFile(path) => sqlite::connect(&path, Duration::from_secs(5))
+        Store::SqliteFile(path) => sqlite::connect(path, Duration::from_secs(5))
             .map(AnyConnection::Sqlite)
             .with_context(|| {
                 format!(
@@ -481,6 +481,22 @@ pub fn is_migrated(conn: &mut AnyConnection) -> anyhow::Result<bool> {
 /// write lock.
 pub fn is_lock_timeout(error: &DieselError) -> bool {
     pg::is_lock_timeout(error) || sqlite::is_busy(error)
+}
+
+/// A row of a purge batch's `RETURNING source` (either store).
+#[derive(diesel::QueryableByName)]
+struct Removed {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    source: String,
+}
+
+/// A row of a dry run's `SELECT source, count(*) AS n ... GROUP BY source` (either store).
+#[derive(diesel::QueryableByName)]
+struct Counted {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    source: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
 }
 
 /// Takes the purge lock if no other instance holds it. On SQLite there is none to take: the

@@ -10,6 +10,7 @@ use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::sql_types::{Array, BigInt, Bool, Double, Text};
 
+use super::{Counted, Removed};
 use crate::forward::store::Due;
 
 /// The SQL type of hookbox's times on this backend.
@@ -85,20 +86,6 @@ fn filter(source: Option<&str>) -> &'static str {
         Some(_) => "source = $2 AND received_at < $1",
         None => "source <> ALL($2) AND received_at < $1",
     }
-}
-
-#[derive(QueryableByName)]
-struct Removed {
-    #[diesel(sql_type = Text)]
-    source: String,
-}
-
-#[derive(QueryableByName)]
-struct Counted {
-    #[diesel(sql_type = Text)]
-    source: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
 }
 
 /// Deletes up to `limit` events older than `cutoff`, of `source` (or of every source but

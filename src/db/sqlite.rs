@@ -16,6 +16,7 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::SqliteConnection;
 
+use super::{Counted, Removed};
 use crate::forward::store::Due;
 
 /// How long a long job of many write transactions (a purge) pauses between them, so writers
@@ -49,20 +50,6 @@ fn filter(source: Option<&str>) -> &'static str {
         Some(_) => "source = ?2 AND received_at < ?1",
         None => "source NOT IN (SELECT value FROM json_each(?2)) AND received_at < ?1",
     }
-}
-
-#[derive(QueryableByName)]
-struct Removed {
-    #[diesel(sql_type = Text)]
-    source: String,
-}
-
-#[derive(QueryableByName)]
-struct Counted {
-    #[diesel(sql_type = Text)]
-    source: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
 }
 
 fn named_json(named: &[String]) -> String {
