@@ -19,6 +19,7 @@ pub mod inbox;
 pub mod metrics;
 pub mod replay;
 pub mod retention;
+pub mod retry;
 pub mod secret;
 pub mod send;
 pub mod signature;

@@ -22,6 +22,7 @@ use actix_web::web;
 use crate::config::ForwardConfig;
 use crate::db;
 use crate::metrics::ForwardResult;
+use crate::retry;
 use crate::signature::{Scheme, Verifier};
 use crate::startup::AppState;
 use store::{Due, Settle};
@@ -328,8 +329,11 @@ fn judge(status: u16, retry_after: Option<&str>, attempt: i32) -> Settle {
             error: "the downstream answered 410 Gone; not retried".to_owned(),
         },
         429 | 500..=599 => {
-            let wait =
-                backoff(attempt).max(retry_after.and_then(parse_retry_after).unwrap_or_default());
+            let wait = backoff(attempt).max(
+                retry_after
+                    .and_then(|v| retry::retry_after(v, SystemTime::now()))
+                    .unwrap_or_default(),
+            );
             Settle::Retry {
                 status: Some(status),
                 error: format!("the downstream answered {status}"),
@@ -343,38 +347,13 @@ fn judge(status: u16, retry_after: Option<&str>, attempt: i32) -> Settle {
     }
 }
 
-/// `Retry-After` as seconds or an HTTP date.
-fn parse_retry_after(value: &str) -> Option<Duration> {
-    let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(SystemTime::now()).unwrap_or_default())
-}
-
-/// Exponential backoff with "equal jitter": half the step fixed, half random, so gaps grow
-/// with each attempt but instances retrying together drift apart.
+/// The wait before retry `attempt` of a delivery.
 fn backoff(attempt: i32) -> Duration {
-    let exponent = u32::try_from(attempt.saturating_sub(1))
-        .unwrap_or(0)
-        .min(20);
-    let step = BACKOFF_BASE
-        .saturating_mul(2u32.saturating_pow(exponent))
-        .min(BACKOFF_CAP);
-    let half = step / 2;
-    half + half.mul_f64(jitter())
-}
-
-/// A number in [0, 1) that differs between calls, without a random-number crate: the hash of the
-/// time and a counter.
-fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::AtomicU64;
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+    retry::backoff(
+        BACKOFF_BASE,
+        BACKOFF_CAP,
+        u32::try_from(attempt).unwrap_or(0),
+    )
 }
 
 #[cfg(test)]
@@ -423,23 +402,6 @@ mod tests {
             after <= BACKOFF_BASE,
             "a date in the past asks for no extra wait"
         );
-    }
-
-    #[test]
-    fn backoff_grows_with_jitter_inside_each_step() {
-        for attempt in 1..=6 {
-            let step = BACKOFF_BASE * 2u32.pow(attempt as u32 - 1);
-            for _ in 0..50 {
-                let wait = backoff(attempt);
-                assert!(
-                    wait >= step / 2 && wait <= step,
-                    "attempt {attempt}: {wait:?}"
-                );
-            }
-        }
-        assert!(backoff(40) <= BACKOFF_CAP);
-        let waits: std::collections::HashSet<_> = (0..20).map(|_| backoff(5)).collect();
-        assert!(waits.len() > 1, "jitter varies");
     }
 
     #[test]

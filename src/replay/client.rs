@@ -3,18 +3,22 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use actix_web::web::Bytes;
 use awc::http::Uri;
+
+use crate::retry;
 
 /// How long one attempt may take. Longer than a receiver's in-flight wait (hookbox's default
 /// is 10 s), so a duplicate that waits on the first delivery is answered, not cut off.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Network failures are retried this often, waiting 250 ms, 500 ms, 1 s between tries.
+/// Network failures are retried this often, waiting about 250 ms, 500 ms, 1 s between tries
+/// (the upper half of each step, jittered).
 const NETWORK_RETRIES: u32 = 3;
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const BACKOFF_CAP: Duration = Duration::from_secs(1);
 
 /// A 409 `in_progress` is retried this often, each time after its `Retry-After`.
 const IN_PROGRESS_RETRIES: u32 = 5;
@@ -153,7 +157,8 @@ pub async fn deliver(client: &awc::Client, request: &Request) -> Result<Answer, 
             }
             Err(error) if network_failures < NETWORK_RETRIES => {
                 tracing::debug!(%error, url = %request.url, "network failure; retrying");
-                actix_web::rt::time::sleep(FIRST_BACKOFF * 2u32.pow(network_failures)).await;
+                let wait = retry::backoff(FIRST_BACKOFF * 2, BACKOFF_CAP, network_failures + 1);
+                actix_web::rt::time::sleep(wait).await;
                 network_failures += 1;
             }
             Err(error) => return Err(error),
@@ -161,7 +166,7 @@ pub async fn deliver(client: &awc::Client, request: &Request) -> Result<Answer, 
     }
 }
 
-/// One try: the answer and its `Retry-After` (in seconds), or why there was none.
+/// One try: the answer and its `Retry-After` (seconds or an HTTP date), or why there was none.
 async fn attempt(
     client: &awc::Client,
     request: &Request,
@@ -189,9 +194,7 @@ async fn attempt(
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
-    let retry_after = header("Retry-After")
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_secs);
+    let retry_after = header("Retry-After").and_then(|v| retry::retry_after(v, SystemTime::now()));
     let answer = Answer {
         status: response.status().as_u16(),
         replayed: header("Idempotent-Replayed").is_some_and(|v| v.eq_ignore_ascii_case("true")),
