@@ -472,6 +472,15 @@ impl RawSource {
         let key = |field: &str| format!("sources.{name}.{field}");
         let source_name = SourceName::try_from(name)
             .map_err(|e| ConfigError::at(format!("sources.{name}"), e))?;
+        if name == crate::metrics::UNKNOWN_SOURCE {
+            return Err(ConfigError::at(
+                format!("sources.{name}"),
+                format!(
+                    "the source name {name:?} is reserved: /metrics and the console count \
+                     requests to unconfigured sources under it; choose another name"
+                ),
+            ));
+        }
         let generic_only = [
             ("signature_header", self.signature_header.is_some()),
             ("signature_prefix", self.signature_prefix.is_some()),

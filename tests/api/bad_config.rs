@@ -33,6 +33,10 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
             "sources.s.tolerance",
         ),
         (
+            "[sources._unknown]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n",
+            "sources._unknown: the source name \"_unknown\" is reserved",
+        ),
+        (
             "[sources.s]\nscheme = \"stripe\"\nsecrets_env = \"HOOKBOX_TEST_NOT_SET\"\n",
             "sources.s.secrets_env",
         ),
