@@ -119,7 +119,16 @@ async fn no_secret_reaches_the_logs_at_trace_level_an_answer_or_the_metrics() {
             .expect("the server answers");
         let login = read(response).await;
         record(&login);
-        if let Some(cookie) = login.header("Set-Cookie") {
+        // The right token must sign in, so the console's pages are always part of this check;
+        // the wrong one must not.
+        let cookie = login.header("Set-Cookie");
+        assert_eq!(
+            cookie.is_some(),
+            token == ADMIN_TOKEN,
+            "only the right token signs in: {:?}",
+            login.status
+        );
+        if let Some(cookie) = cookie {
             let session = cookie.split(';').next().unwrap_or("").to_owned();
             let page = client()
                 .get(format!("{}/console/events", server.address))
