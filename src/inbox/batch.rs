@@ -217,8 +217,15 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
             unresolved.insert(key, jobs);
         }
     }
-    if !unresolved.is_empty() {
-        answer_from_store(&mut conn, pool, unresolved);
+    if unresolved.is_empty() {
+        return;
+    }
+    let left = answer_from_store(&mut conn, unresolved);
+    // The connection goes back to the pool before any claim one by one takes its own: held, it
+    // would leave a pool of one (as `sqlite::memory:` has) waiting on itself until it timed out.
+    drop(conn);
+    if !left.is_empty() {
+        one_by_one(pool, left);
     }
 }
 
@@ -269,8 +276,9 @@ type StoredRow = (
     Option<Vec<u8>>,
 );
 
-/// Answers the groups whose rows another delivery committed, from what it stored.
-fn answer_from_store(conn: &mut db::DbConnection, pool: &DbPool, groups: Groups) {
+/// Answers the groups whose rows another delivery committed, from what it stored, and returns
+/// those it could not answer so (purged meanwhile, or the read failed), to be claimed one by one.
+fn answer_from_store(conn: &mut db::DbConnection, groups: Groups) -> Groups {
     let mut by_source: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (source, event_id) in groups.keys() {
         by_source
@@ -293,7 +301,7 @@ fn answer_from_store(conn: &mut db::DbConnection, pool: &DbPool, groups: Groups)
             ))
             .load(c));
         let Ok(rows) = rows.map_err(|e| conn.note(&e)) else {
-            return one_by_one(pool, groups);
+            return groups;
         };
         for (event_id, fingerprint, received_at, status, content_type, body) in rows {
             if let (Some(status), Some(content_type), Some(body)) = (status, content_type, body) {
@@ -326,9 +334,7 @@ fn answer_from_store(conn: &mut db::DbConnection, pool: &DbPool, groups: Groups)
             }
         }
     }
-    if !missing.is_empty() {
-        one_by_one(pool, missing);
-    }
+    missing
 }
 
 /// Claims each delivery on its own, as the single-statement path does.
