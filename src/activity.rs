@@ -63,6 +63,8 @@ impl Minute {
             Outcome::Replayed => self.replayed += n,
             Outcome::Rejected => self.rejected += n,
             Outcome::Failed => self.failed += n,
+            // A handshake carries no event: the console's history counts deliveries.
+            Outcome::Handshake => {}
         }
         if let Some(reason) = reason {
             match self.reasons.iter_mut().find(|(code, _)| *code == reason) {

@@ -49,7 +49,8 @@ enum Command {
     /// Run one retention purge pass now; print what it removed per source and in total.
     ///
     /// Without --older-than, each source keeps its own window (sources.NAME.retention, else
-    /// [retention].window), exactly as the scheduled purge inside `serve` does. Waits for
+    /// [retention].window or its provider's redelivery horizon, whichever is longer), exactly
+    /// as the scheduled purge inside `serve` does. Waits for
     /// nothing: if another hookbox is purging at this moment, it says so and exits 1.
     Purge(PurgeArgs),
     /// Write stored deliveries as a capture: NDJSON, one delivery a line, oldest first.

@@ -25,14 +25,17 @@ pub enum Outcome {
     Rejected,
     /// Answered 5xx.
     Failed,
+    /// A provider's handshake (Slack's `url_verification`), answered and not stored.
+    Handshake,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 4] = [
+    const ALL: [Outcome; 5] = [
         Outcome::Processed,
         Outcome::Replayed,
         Outcome::Rejected,
         Outcome::Failed,
+        Outcome::Handshake,
     ];
 
     fn label(self) -> &'static str {
@@ -41,6 +44,7 @@ impl Outcome {
             Outcome::Replayed => "replayed",
             Outcome::Rejected => "rejected",
             Outcome::Failed => "failed",
+            Outcome::Handshake => "handshake",
         }
     }
 }
@@ -124,7 +128,7 @@ impl Histogram {
 
 #[derive(Default)]
 struct Series {
-    outcomes: [AtomicU64; 4],
+    outcomes: [AtomicU64; 5],
     duration: Histogram,
     purged: AtomicU64,
     forwarded: [AtomicU64; 3],

@@ -39,14 +39,15 @@ struct Target {
 }
 
 impl Plan {
-    /// Each source's own window (`sources.NAME.retention`), else `[retention].window`.
+    /// Each source's window (see [`source_window`]); `[retention].window` for the events of
+    /// sources no longer configured.
     pub fn from_config(config: &Config) -> Plan {
         let mut targets: Vec<Target> = config
             .sources
             .iter()
             .map(|source| Target {
                 source: Some(source.name.as_str().to_owned()),
-                older_than: source.retention.unwrap_or(config.retention.window),
+                older_than: source_window(source, config.retention.window),
             })
             .collect();
         targets.push(Target {
@@ -200,9 +201,19 @@ pub fn redelivery_horizon(scheme: &Scheme) -> Option<(Duration, &'static str)> {
     }
 }
 
-/// The startup warning for a source whose window is shorter than its provider's horizon.
-pub fn horizon_warning(source: &SourceConfig, default_window: Duration) -> Option<String> {
-    let window = source.retention.unwrap_or(default_window);
+/// How long `source`'s events are kept: its own `retention` when set; otherwise
+/// `[retention].window`, or its provider's redelivery horizon where that is longer, so that a
+/// source left at the defaults never forgets an id its provider can still redeliver.
+pub fn source_window(source: &SourceConfig, global: Duration) -> Duration {
+    source.retention.unwrap_or_else(|| {
+        redelivery_horizon(&source.scheme).map_or(global, |(horizon, _)| global.max(horizon))
+    })
+}
+
+/// The startup warning for a source whose own window is set shorter than its provider's
+/// horizon (a source without one gets at least the horizon, see [`source_window`]).
+pub fn horizon_warning(source: &SourceConfig, global: Duration) -> Option<String> {
+    let window = source_window(source, global);
     let (horizon, why) = redelivery_horizon(&source.scheme)?;
     (window < horizon).then(|| {
         format!(

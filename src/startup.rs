@@ -72,7 +72,7 @@ pub struct Source {
     pub kept_headers: Vec<String>,
     /// Where its events are forwarded, if anywhere.
     pub forward: Option<forward::Target>,
-    /// How long its events are kept: `sources.NAME.retention`, else `[retention].window`.
+    /// How long its events are kept (see [`retention::source_window`]).
     pub retention: Duration,
 }
 
@@ -162,7 +162,7 @@ impl Application {
                         verifier,
                         kept_headers,
                         forward,
-                        retention: source.retention.unwrap_or(config.retention.window),
+                        retention: retention::source_window(source, config.retention.window),
                     }),
                 ))
             })
@@ -252,6 +252,10 @@ impl Application {
                 source = %source.name,
                 scheme = source.scheme.name(),
                 secrets = source.secrets.len(),
+                retention = %humantime::format_duration(retention::source_window(
+                    source,
+                    config.retention.window
+                )),
                 "source live at POST /webhooks/{}",
                 source.name
             );

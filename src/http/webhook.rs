@@ -102,7 +102,7 @@ async fn answer(
     if let Some(challenge) = slack_challenge(source.verifier.scheme(), json.as_ref()) {
         return Ok((
             HttpResponse::Ok().json(serde_json::json!({ "challenge": challenge })),
-            Counted::Processed,
+            Counted::Handshake,
         ));
     }
 

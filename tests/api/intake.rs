@@ -248,6 +248,14 @@ async fn slack_url_verification_is_answered_with_its_challenge_and_not_stored() 
         "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"
     );
     assert_eq!(app.db.count("events"), 0);
+    // Counted as what it is: a handshake, not a processed event.
+    let metrics = app.get("/metrics", None).await.text();
+    for line in [
+        "hookbox_webhooks_total{source=\"slack\",outcome=\"handshake\"} 1",
+        "hookbox_webhooks_total{source=\"slack\",outcome=\"processed\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+    }
     // The handshake is signed like any Slack request.
     let forged = app
         .delivery("slack", body, "")

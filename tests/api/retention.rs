@@ -332,10 +332,38 @@ fn a_window_shorter_than_the_providers_redelivery_horizon_is_warned_about_at_sta
     );
     drop(process);
 
-    let default = Process::serve(&config_text(&db.url, ""));
-    let log = default.log();
-    assert!(
-        !log.contains("source stripe: retention"),
-        "the default 72h suits Stripe:\n{log}"
-    );
+    // Left at the defaults, no source warns: each keeps at least its provider's horizon
+    // (Standard Webhooks' 76 hours, past the default 72h), even under a short global window.
+    for extra in ["", "\n[retention]\nwindow = \"1h\"\n"] {
+        let default = Process::serve(&config_text(&db.url, extra));
+        let log = default.log();
+        assert!(
+            !log.contains("shorter than its provider's redelivery horizon"),
+            "a source at the defaults warned ({extra:?}):\n{log}"
+        );
+        assert!(
+            log.contains("retention=3days 4h")
+                && log.contains("source live at POST /webhooks/standard"),
+            "the standard source's window is not logged as 76h:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn a_source_without_its_own_window_keeps_events_for_its_providers_horizon() {
+    let db = TestDb::create();
+    let config = TempFile::new(&config_text(&db.url, ""));
+    let config_path = config.path();
+    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    // 74 hours: past the default 72h window, within Standard Webhooks' 76-hour horizon.
+    insert_aged(&db, "standard", "kept", 2, "74 hours");
+    insert_aged(&db, "stripe", "old", 3, "74 hours");
+    insert_aged(&db, "standard", "old", 1, "77 hours");
+
+    let (code, stdout, stderr) = run_hookbox(&["purge", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("removed 4 in total"), "{stdout}");
+    assert_eq!(db.count("events WHERE event_id LIKE 'kept_%'"), 2);
+    assert_eq!(db.count("events WHERE event_id LIKE 'old_%'"), 0);
 }
