@@ -66,7 +66,7 @@ pub struct DatabaseConfig {
 impl DatabaseConfig {
     /// The URL with any password replaced, for logs and error messages.
     pub fn display_url(&self) -> String {
-        redact_url(&self.url)
+        crate::redact::database_url(&self.url)
     }
 }
 
@@ -421,8 +421,12 @@ impl RawConfig {
         let url = configured
             .clone()
             .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
-        let store = crate::db::Store::parse(&url)
-            .map_err(|e| ConfigError::at("database.url", format!("{:?} {e}", redact_url(&url))))?;
+        let store = crate::db::Store::parse(&url).map_err(|e| {
+            ConfigError::at(
+                "database.url",
+                format!("{:?} {e}", crate::redact::database_url(&url)),
+            )
+        })?;
         let database = DatabaseConfig {
             configured: configured.is_some(),
             store,
@@ -588,25 +592,6 @@ impl RawSource {
                 ),
             },
         })
-    }
-}
-
-/// Replaces the password in a `postgres://user:password@host/db` URL with `***`.
-fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match (authority.rfind('@'), authority.find(':')) {
-        (Some(at), Some(colon)) if colon < at => format!(
-            "{}://{}:***{}",
-            &url[..scheme_end],
-            &authority[..colon],
-            &rest[at..]
-        ),
-        _ => url.to_owned(),
     }
 }
 

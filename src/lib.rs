@@ -17,6 +17,7 @@ pub mod http;
 pub mod ids;
 pub mod inbox;
 pub mod metrics;
+pub mod redact;
 pub mod replay;
 pub mod retention;
 pub mod retry;

@@ -72,8 +72,9 @@ pub fn as_any(conn: &mut AnyConnection) -> &mut AnyConnection {
     conn
 }
 
-/// Where the events are kept, as `database.url` says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where the events are kept, as `database.url` says. Its `Debug` shows a PostgreSQL URL
+/// redacted.
+#[derive(Clone, PartialEq, Eq)]
 pub enum Store {
     /// A PostgreSQL server: the URL as given.
     Postgres(String),
@@ -81,6 +82,19 @@ pub enum Store {
     SqliteFile(String),
     /// An SQLite database in memory, gone when the process ends.
     SqliteMemory,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Store::Postgres(url) => f
+                .debug_tuple("Postgres")
+                .field(&crate::redact::database_url(url))
+                .finish(),
+            Store::SqliteFile(path) => f.debug_tuple("SqliteFile").field(path).finish(),
+            Store::SqliteMemory => f.write_str("SqliteMemory"),
+        }
+    }
 }
 
 impl Store {
@@ -403,6 +417,7 @@ pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
     match &config.store {
         Store::Postgres(url) => PgConnection::establish(url)
             .map(AnyConnection::Postgres)
+            .map_err(|e| anyhow::anyhow!(crate::redact::message_about(&e.to_string(), url)))
             .with_context(|| {
                 format!(
                     "cannot connect to the database at {} (is PostgreSQL running? set DATABASE_URL or [database].url)",

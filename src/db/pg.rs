@@ -25,7 +25,12 @@ const PURGE_LOCK_KEY: i64 = 0x686f_6f6b_626f_7802;
 
 /// Opens a session set up for hookbox's transactions.
 pub fn connect(url: &str, lock_timeout: Duration) -> Result<PgConnection, diesel::r2d2::Error> {
-    let mut pg = PgConnection::establish(url).map_err(diesel::r2d2::Error::ConnectionError)?;
+    // libpq's message may quote a piece of the URL, a password among them.
+    let mut pg = PgConnection::establish(url).map_err(|e| {
+        diesel::r2d2::Error::ConnectionError(diesel::ConnectionError::BadConnection(
+            crate::redact::message_about(&e.to_string(), url),
+        ))
+    })?;
     // lock_timeout bounds the wait on another transaction's claim (the in-flight wait);
     // idle_in_transaction_session_timeout makes the server abandon a transaction whose client
     // went away or stalled mid-way, so its claim cannot block the provider's retry for long:

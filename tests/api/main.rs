@@ -21,6 +21,7 @@ mod outage;
 mod provider;
 mod proxy;
 mod raw;
+mod redaction;
 mod replay;
 mod retention;
 mod schemes;

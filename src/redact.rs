@@ -1,0 +1,213 @@
+//! Keeping a database URL's secrets out of everything hookbox prints: startup logs, `migrate`
+//! output and connection errors all go through here.
+//!
+//! A libpq URL carries a password in two places: the userinfo (`postgres://user:PW@host/db`)
+//! and the query (`?password=PW`, `?sslpassword=PW`). Both are replaced with `***`. libpq's own
+//! error messages can quote a piece of the URL (`invalid percent-encoded token: "PW%zz"`), so an
+//! error about a URL is scrubbed of every secret value it names as well.
+
+/// Query parameters whose value is a secret (libpq's keywords, compared ignoring case).
+const SECRET_PARAMETERS: &[&str] = &["password", "sslpassword"];
+
+/// What a secret is shown as.
+const MASK: &str = "***";
+
+/// `url` with the userinfo password and every secret-bearing query parameter's value replaced
+/// with `***`; the rest (user, host, database, other parameters) is kept so the URL still says
+/// where it points.
+pub fn database_url(url: &str) -> String {
+    let parts = Parts::of(url);
+    let mut shown = String::with_capacity(url.len());
+    shown.push_str(&url[..parts.authority_start]);
+    match parts.password {
+        Some((start, end)) => {
+            shown.push_str(&url[parts.authority_start..start]);
+            shown.push_str(MASK);
+            shown.push_str(&url[end..parts.query_start]);
+        }
+        None => shown.push_str(&url[parts.authority_start..parts.query_start]),
+    }
+    if parts.query_start < url.len() {
+        // The '?' itself, then each pair with a secret's value masked.
+        shown.push('?');
+        let query = &url[parts.query_start + 1..];
+        for (i, pair) in query.split('&').enumerate() {
+            if i > 0 {
+                shown.push('&');
+            }
+            match pair.split_once('=') {
+                Some((key, _)) if is_secret_parameter(key) => {
+                    shown.push_str(key);
+                    shown.push('=');
+                    shown.push_str(MASK);
+                }
+                _ => shown.push_str(pair),
+            }
+        }
+    }
+    shown
+}
+
+/// `message` (an error about connecting to `url`) with `url` shown redacted and every secret
+/// value of `url` (as written, and percent-decoded) replaced with `***`, wherever it appears.
+pub fn message_about(message: &str, url: &str) -> String {
+    let mut message = message.replace(url, &database_url(url));
+    let mut secrets = secrets(url);
+    // Longest first, so a secret that contains another is masked whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    for secret in secrets {
+        message = message.replace(&secret, MASK);
+    }
+    message
+}
+
+/// Every secret value `url` holds, as written and percent-decoded; no empty ones.
+fn secrets(url: &str) -> Vec<String> {
+    let parts = Parts::of(url);
+    let mut raw: Vec<&str> = Vec::new();
+    if let Some((start, end)) = parts.password {
+        raw.push(&url[start..end]);
+    }
+    if parts.query_start < url.len() {
+        for pair in url[parts.query_start + 1..].split('&') {
+            if let Some((key, value)) = pair.split_once('=') {
+                if is_secret_parameter(key) {
+                    raw.push(value);
+                }
+            }
+        }
+    }
+    let mut all = Vec::new();
+    for value in raw {
+        for candidate in [value.to_owned(), percent_decoded(value)] {
+            if !candidate.is_empty() && !all.contains(&candidate) {
+                all.push(candidate);
+            }
+        }
+    }
+    all
+}
+
+fn is_secret_parameter(key: &str) -> bool {
+    let key = percent_decoded(key);
+    SECRET_PARAMETERS
+        .iter()
+        .any(|secret| key.eq_ignore_ascii_case(secret))
+}
+
+/// `%XX` sequences decoded (as libpq does); a malformed one is left as written.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|pair| {
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+        });
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Where the pieces of a URL are, as byte offsets.
+struct Parts {
+    /// Just past `scheme://` (0 when there is none).
+    authority_start: usize,
+    /// The userinfo password's span, without the ':' and the '@'.
+    password: Option<(usize, usize)>,
+    /// The '?' that starts the query, or the URL's length when there is none.
+    query_start: usize,
+}
+
+impl Parts {
+    fn of(url: &str) -> Parts {
+        let authority_start = url.find("://").map_or(0, |i| i + 3);
+        let rest = &url[authority_start..];
+        // The userinfo runs to the last '@' before the query, not to the first '/' as libpq
+        // reads it: a password holding an unencoded '/' or '@' (base64 ones do) is then masked
+        // whole, and an '@' in a query value is not taken for one.
+        let before_query = rest.find('?').unwrap_or(rest.len());
+        let userinfo_end = rest[..before_query].rfind('@');
+        let password = userinfo_end.and_then(|at| {
+            rest[..at]
+                .find(':')
+                .map(|colon| (authority_start + colon + 1, authority_start + at))
+        });
+        let query_start = authority_start + before_query;
+        Parts {
+            authority_start,
+            password,
+            query_start,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn userinfo_and_query_passwords_are_masked_and_the_rest_kept() {
+        let cases = [
+            ("postgres://u:pw@h/db", "postgres://u:***@h/db"),
+            (
+                "postgres://u@h/db?password=pw",
+                "postgres://u@h/db?password=***",
+            ),
+            (
+                "postgres://u@h:5432/db?sslmode=require&sslpassword=k&password=p",
+                "postgres://u@h:5432/db?sslmode=require&sslpassword=***&password=***",
+            ),
+            (
+                "postgresql://u:p@h?PassWord=x",
+                "postgresql://u:***@h?PassWord=***",
+            ),
+            (
+                "postgres://u@h/db?pass%77ord=pw",
+                "postgres://u@h/db?pass%77ord=***",
+            ),
+            ("postgres://u:p@ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:ab/c+d==@h/db", "postgres://u:***@h/db"),
+            (
+                "postgres://h/db?application_name=me@x&password=pw",
+                "postgres://h/db?application_name=me@x&password=***",
+            ),
+            ("postgres://h/db", "postgres://h/db"),
+            (
+                "postgres://u@h/db?application_name=x",
+                "postgres://u@h/db?application_name=x",
+            ),
+            ("sqlite://hookbox.db", "sqlite://hookbox.db"),
+            ("sqlite::memory:", "sqlite::memory:"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(database_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_message_quoting_a_secret_shows_it_masked() {
+        let url = "postgres://u:top%21secret@h/db?sslpassword=abc%zzkey";
+        let message = format!(
+            "at {url}: invalid percent-encoded token: \"abc%zzkey\"; password top!secret refused"
+        );
+        let scrubbed = message_about(&message, url);
+        assert!(!scrubbed.contains("secret"), "{scrubbed}");
+        assert!(!scrubbed.contains("zzkey"), "{scrubbed}");
+        assert!(
+            scrubbed.contains("postgres://u:***@h/db?sslpassword=***"),
+            "{scrubbed}"
+        );
+    }
+}
