@@ -90,9 +90,78 @@ impl fmt::Display for EventId {
     }
 }
 
+/// A provider's event type, in a form every store can hold.
+///
+/// The type is only shown and filtered on, never a key, so rather than refuse a delivery for it
+/// (and have the provider retry for ever), a control character is kept JSON-style: U+0000
+/// becomes the six characters `\u0000`. PostgreSQL `text` cannot hold U+0000 at all, and the
+/// others would garble a log line or a console cell.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EventType(String);
+
+impl EventType {
+    /// The type as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for EventType {
+    fn from(text: String) -> Self {
+        EventType(escape_controls(text))
+    }
+}
+
+impl From<&str> for EventType {
+    fn from(text: &str) -> Self {
+        EventType::from(text.to_owned())
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `text` with each control character written as JSON writes one: `\u` and four hex digits.
+fn escape_controls(text: String) -> String {
+    if !text.chars().any(char::is_control) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 10);
+    for c in text.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Whether a store can hold `text` as it is: PostgreSQL `text` cannot hold U+0000, so a value
+/// with one can never have been stored, and a lookup by it finds nothing.
+pub fn storable(text: &str) -> bool {
+    !text.contains('\0')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_types_keep_control_characters_json_style() {
+        assert_eq!(
+            EventType::from("charge.succeeded").as_str(),
+            "charge.succeeded"
+        );
+        assert_eq!(EventType::from("a\u{0}b").as_str(), "a\\u0000b");
+        assert_eq!(EventType::from("a\nb\u{7f}").as_str(), "a\\u000ab\\u007f");
+        assert_eq!(EventType::from("ünïcode").as_str(), "ünïcode");
+        assert!(storable(EventType::from("\u{0}").as_str()));
+        assert!(!storable("a\u{0}b"));
+    }
 
     #[test]
     fn event_id_accepts_printable_ids_up_to_255_bytes() {

@@ -9,6 +9,7 @@ use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text};
 use serde::Serialize;
 
 use crate::db::{self, on_backend, AnyConnection};
+use crate::ids::storable;
 
 /// A delivery taken for an attempt: its lease runs, so no other dispatcher takes it meanwhile.
 #[derive(Debug, QueryableByName)]
@@ -175,6 +176,9 @@ pub fn for_event(
     source: &str,
     event_id: &str,
 ) -> QueryResult<Option<Vec<DeliveryView>>> {
+    if !storable(source) || !storable(event_id) {
+        return Ok(None);
+    }
     on_backend!(conn, c => {
     let row: Option<i64> = events::table
         .filter(events::source.eq(source))

@@ -13,6 +13,7 @@ use crate::config::parse_time_or_ago;
 use crate::db::{on_backend, AnyConnection};
 use crate::forward;
 use crate::http::{with_db, ApiError};
+use crate::ids::storable;
 use crate::secret::Secret;
 use crate::startup::AppState;
 
@@ -91,6 +92,9 @@ pub async fn list_events(
             .limit(limit)
             .into_boxed();
         if let Some(source) = query.source {
+            if !storable(&source) {
+                return Ok(Vec::new());
+            }
             select = select.filter(events::source.eq(source));
         }
         if let Some(since) = since {
@@ -135,6 +139,10 @@ pub(super) fn stored_event(
     source: &str,
     event_id: &str,
 ) -> QueryResult<Option<StoredEvent>> {
+    // A value no store can hold was never stored (PostgreSQL would refuse even to compare it).
+    if !storable(source) || !storable(event_id) {
+        return Ok(None);
+    }
     on_backend!(conn, c => events::table
         .filter(events::source.eq(source))
         .filter(events::event_id.eq(event_id))

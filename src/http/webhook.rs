@@ -7,7 +7,7 @@ use actix_web::http::header::{self, HeaderMap};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
 
-use crate::ids::EventId;
+use crate::ids::{EventId, EventType};
 use crate::inbox::{self, Cached, ClaimError, Delivery, Outcome, StoredResponse};
 use crate::metrics::{self, Outcome as Counted};
 use crate::signature::{unix_now, Headers, Scheme, SignatureError};
@@ -138,7 +138,7 @@ async fn answer(
         headers: kept_headers(&source, request.headers()),
         source: source.name.clone(),
         event_id: event_id.clone(),
-        event_type: identity.event_type,
+        event_type: identity.event_type.map(EventType::from),
         body,
         json,
         forward: source.forward.is_some(),

@@ -25,6 +25,7 @@ use super::{
 };
 use crate::db::{self, on_backend, DbPool};
 use crate::handlers::{Handler, Response};
+use crate::ids::EventType;
 
 /// Claims one INSERT carries at most.
 pub const MAX_BATCH: usize = 64;
@@ -246,7 +247,7 @@ fn insert(
             (
                 events::source.eq(d.source.as_str()),
                 events::event_id.eq(d.event_id.as_str()),
-                events::event_type.eq(d.event_type.as_deref()),
+                events::event_type.eq(d.event_type.as_ref().map(EventType::as_str)),
                 events::fingerprint.eq(&d.fingerprint[..]),
                 events::received_at.eq(received_at),
                 events::payload.eq(&d.body[..]),

@@ -38,7 +38,7 @@ use diesel::result::Error as DieselError;
 
 use crate::db::{self, on_backend, AnyConnection};
 use crate::handlers::{Event, Handler, Response};
-use crate::ids::{EventId, SourceName};
+use crate::ids::{EventId, EventType, SourceName};
 
 /// A delivery whose signature checked out and whose event id is known: ready to be claimed.
 #[derive(Debug)]
@@ -47,8 +47,8 @@ pub struct Delivery {
     pub source: SourceName,
     /// The provider's event id.
     pub event_id: EventId,
-    /// The provider's event type, if the scheme carries one.
-    pub event_type: Option<String>,
+    /// The provider's event type, if the scheme carries one, as stores can hold it.
+    pub event_type: Option<EventType>,
     /// See [`fingerprint`].
     pub fingerprint: [u8; 32],
     /// The raw body.
@@ -154,11 +154,22 @@ fn run_handler(
     event: &Event<'_>,
 ) -> Result<Response, ClaimError> {
     match catch_unwind(AssertUnwindSafe(|| handler.handle(conn, event))) {
-        Ok(Ok(response)) if (100..=599).contains(&response.status) => Ok(response),
-        Ok(Ok(response)) => Err(ClaimError::Handler(anyhow::anyhow!(
-            "the handler answered with status {}, which is not an HTTP status",
-            response.status
-        ))),
+        Ok(Ok(response)) if !(100..=599).contains(&response.status) => {
+            Err(ClaimError::Handler(anyhow::anyhow!(
+                "the handler answered with status {}, which is not an HTTP status",
+                response.status
+            )))
+        }
+        // Stored as text and sent as a header: a control character (a NUL, which PostgreSQL
+        // cannot store) is the handler's mistake, a 500, not a database failure.
+        Ok(Ok(response))
+            if actix_web::http::header::HeaderValue::from_str(&response.content_type).is_err() =>
+        {
+            Err(ClaimError::Handler(anyhow::anyhow!(
+                "the handler answered with a Content-Type that is not a valid header value"
+            )))
+        }
+        Ok(Ok(response)) => Ok(response),
         // A statement of the handler's that failed because the connection did (the database
         // restarted or went away) is the database's failure, not the handler's: 503, not 500.
         Ok(Err(e)) => Err(match e.downcast::<DieselError>() {
@@ -184,7 +195,7 @@ fn event<'a>(delivery: &'a Delivery, row_id: i64, received_at: DateTime<Utc>) ->
         row_id,
         source: &delivery.source,
         event_id: &delivery.event_id,
-        event_type: delivery.event_type.as_deref(),
+        event_type: delivery.event_type.as_ref().map(EventType::as_str),
         received_at,
         body: &delivery.body,
         json: delivery.json.as_ref(),
@@ -208,7 +219,7 @@ fn claim_in_one_statement(
         .values((
             events::source.eq(delivery.source.as_str()),
             events::event_id.eq(delivery.event_id.as_str()),
-            events::event_type.eq(delivery.event_type.as_deref()),
+            events::event_type.eq(delivery.event_type.as_ref().map(EventType::as_str)),
             events::fingerprint.eq(&delivery.fingerprint[..]),
             events::received_at.eq(received_at),
             events::payload.eq(&delivery.body[..]),
@@ -242,7 +253,7 @@ fn claim_in_transaction(
         .values((
             events::source.eq(delivery.source.as_str()),
             events::event_id.eq(delivery.event_id.as_str()),
-            events::event_type.eq(delivery.event_type.as_deref()),
+            events::event_type.eq(delivery.event_type.as_ref().map(EventType::as_str)),
             events::fingerprint.eq(&delivery.fingerprint[..]),
             events::received_at.eq(received_at),
             events::payload.eq(&delivery.body[..]),

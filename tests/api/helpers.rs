@@ -105,6 +105,12 @@ pub struct TestDb {
 
 impl TestDb {
     pub fn create() -> TestDb {
+        TestDb::create_on(store_is_sqlite())
+    }
+
+    /// A database of its own on the store named, whatever `HOOKBOX_TEST_STORE` says: for a test
+    /// that moves events from one store to the other.
+    pub fn create_on(sqlite: bool) -> TestDb {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -115,7 +121,7 @@ impl TestDb {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        if store_is_sqlite() {
+        if sqlite {
             let dir = std::env::temp_dir().join("hookbox-tests");
             std::fs::create_dir_all(&dir).expect("a directory for the test databases");
             let file = dir.join(format!("{name}.db"));

@@ -27,6 +27,7 @@ mod retention;
 mod schemes;
 mod security;
 mod send;
+mod storable;
 mod stores;
 mod vectors;
 mod webdriver;

@@ -14,6 +14,7 @@ use super::{gate, Refused};
 use crate::config::parse_time_or_ago;
 use crate::db::{on_backend, AnyConnection};
 use crate::http::with_db;
+use crate::ids::{storable, EventType};
 use crate::metrics::UNKNOWN_SOURCE;
 use crate::startup::AppState;
 
@@ -135,6 +136,16 @@ type Row = (
 );
 
 fn load(conn: &mut AnyConnection, query: Query) -> QueryResult<Vec<Row>> {
+    // A source or id no store can hold matches nothing (PostgreSQL would refuse to compare it);
+    // a type is matched in the form it is stored in.
+    if [&query.source, &query.id]
+        .into_iter()
+        .flatten()
+        .any(|v| !storable(v))
+    {
+        return Ok(Vec::new());
+    }
+    let event_type = query.event_type.map(EventType::from);
     on_backend!(conn, c => {
     let mut select = events::table
         .select((
@@ -152,8 +163,8 @@ fn load(conn: &mut AnyConnection, query: Query) -> QueryResult<Vec<Row>> {
     if let Some(source) = query.source {
         select = select.filter(events::source.eq(source));
     }
-    if let Some(event_type) = query.event_type {
-        select = select.filter(events::event_type.eq(event_type));
+    if let Some(event_type) = event_type {
+        select = select.filter(events::event_type.eq(event_type.as_str().to_owned()));
     }
     if let Some(since) = query.since {
         select = select.filter(events::received_at.ge(since));
