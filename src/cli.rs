@@ -216,7 +216,14 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     crate::telemetry::init();
     let outcome = match cli.command {
-        Command::Serve(arg) => load(arg.config.as_deref()).and_then(|config| finish(serve(config))),
+        Command::Serve(arg) => load(arg.config.as_deref())
+            .and_then(|config| {
+                config
+                    .check_admin_token()
+                    .map_err(|e| usage(format_args!("config error: {e}")))?;
+                Ok(config)
+            })
+            .and_then(|config| finish(serve(config))),
         Command::Migrate(arg) => load(arg.config.as_deref()).and_then(|c| finish(migrate(&c))),
         Command::Export(args) => export(args),
         Command::Replay(args) => replay(args),

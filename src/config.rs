@@ -29,6 +29,9 @@ pub struct Config {
     pub retention: RetentionConfig,
     /// `[admin]`: the bearer token, when the variable `token_env` names is set and not empty.
     pub admin_token: Option<Secret>,
+    /// `[admin].token_env`, when given: `serve` refuses to start while it names a variable
+    /// that is unset or empty (see [`Config::check_admin_token`]).
+    pub admin_token_env: Option<String>,
     /// `[sources.NAME]`, in name order.
     pub sources: Vec<SourceConfig>,
 }
@@ -156,6 +159,22 @@ impl<F: Fn(&str) -> Option<String>> Env for F {
 }
 
 impl Config {
+    /// For `serve`: an `[admin].token_env` that names an unset or empty variable is a config
+    /// error naming the variable, as for `secrets_env`, rather than an admin API silently off.
+    /// (The other commands never use the token, so they do not ask for it.)
+    pub fn check_admin_token(&self) -> Result<(), ConfigError> {
+        match (&self.admin_token_env, &self.admin_token) {
+            (Some(var), None) => Err(ConfigError::at(
+                "admin.token_env",
+                format!(
+                    "the environment variable {var} is not set (or is empty); set it to the \
+                     admin token, or remove token_env to run with the admin API and console off"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Finds and loads the config file: `path`, else `$HOOKBOX_CONFIG`, else `./hookbox.toml`.
     /// A file that was asked for by name must exist; a missing default file means an empty
     /// configuration (defaults and environment only), which is enough for `migrate`.
@@ -466,6 +485,7 @@ impl RawConfig {
             database,
             retention,
             admin_token,
+            admin_token_env: self.admin.token_env,
             sources,
         })
     }
@@ -813,6 +833,31 @@ mod tests {
         assert!(
             error.contains("RFC 3339") && error.contains("duration"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn an_admin_token_env_naming_an_unset_variable_is_refused_for_serve() {
+        let text = "[admin]\ntoken_env = \"HOOKBOX_NOPE_UNSET\"\n";
+        let config = Config::parse(text, &no_env).expect("other commands need no token");
+        let message = config.check_admin_token().expect_err("serve refuses").0;
+        assert!(
+            message.starts_with("admin.token_env:") && message.contains("HOOKBOX_NOPE_UNSET"),
+            "{message}"
+        );
+        let empty = |name: &str| (name == "HOOKBOX_NOPE_UNSET").then(String::new);
+        let config = Config::parse(text, &empty).expect("valid");
+        assert!(
+            config.check_admin_token().is_err(),
+            "an empty token is no token"
+        );
+        let set = |name: &str| (name == "HOOKBOX_NOPE_UNSET").then(|| "tok".to_owned());
+        let config = Config::parse(text, &set).expect("valid");
+        assert!(config.check_admin_token().is_ok());
+        let config = Config::parse("", &no_env).expect("valid");
+        assert!(
+            config.check_admin_token().is_ok(),
+            "no token_env: admin off"
         );
     }
 

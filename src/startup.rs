@@ -111,6 +111,8 @@ pub struct Application {
     purge: PurgeTask,
     flusher: activity::Flusher,
     forward: forward::Wake,
+    pool: DbPool,
+    store: db::Store,
     stop: futures_util::future::BoxFuture<'static, &'static str>,
 }
 
@@ -132,6 +134,7 @@ impl Application {
     /// Applies migrations (and each handler's setup), builds the pool and binds the listen
     /// address; with port 0, a free port is picked (tests do this).
     pub fn build(config: Config, handlers: Handlers) -> anyhow::Result<Application> {
+        config.check_admin_token()?;
         for name in handlers.by_source.keys() {
             if !config.sources.iter().any(|s| s.name.as_str() == name) {
                 anyhow::bail!(
@@ -307,6 +310,8 @@ impl Application {
             purge,
             flusher,
             forward: state.forward.clone(),
+            pool: state.pool.clone(),
+            store,
             stop,
         })
     }
@@ -339,6 +344,11 @@ impl Application {
         }
         // After the server: replays answered while it drained are counted too.
         self.flusher.stop().await;
+        // Last: after it, an SQLite file copied on its own holds every committed event.
+        if matches!(self.store, db::Store::SqliteFile(_)) {
+            let pool = self.pool;
+            let _ = web::block(move || db::checkpoint_on_stop(&pool)).await;
+        }
         tracing::info!("hookbox stopped");
         Ok(())
     }

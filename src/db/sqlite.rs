@@ -43,6 +43,22 @@ pub fn connect(
     Ok(conn)
 }
 
+/// What `PRAGMA wal_checkpoint` reports.
+#[derive(QueryableByName)]
+struct Checkpoint {
+    /// 1 when another connection (another process's) kept the checkpoint from finishing.
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    busy: i32,
+}
+
+/// Copies every committed page from the write-ahead log into the database file and empties the
+/// log (`wal_checkpoint(TRUNCATE)`), so the file alone holds everything. Returns false when
+/// another connection (another process on the file) kept it from finishing.
+pub fn checkpoint(conn: &mut SqliteConnection) -> QueryResult<bool> {
+    let done: Checkpoint = diesel::sql_query("PRAGMA wal_checkpoint(TRUNCATE)").get_result(conn)?;
+    Ok(done.busy == 0)
+}
+
 /// The `WHERE` of a purge target: `?1` the cutoff, `?2` the source or the names to leave
 /// out (a JSON array).
 fn filter(source: Option<&str>) -> &'static str {

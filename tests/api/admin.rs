@@ -4,13 +4,10 @@ use hookbox::Handlers;
 
 use crate::helpers::*;
 
-/// A server whose `[admin].token_env` names a variable that is not set.
+/// A server with no `[admin]` table: the admin API and the console are off.
 pub async fn spawn_without_admin_token() -> TestApp {
     let db = TestDb::create();
-    let text = config_text(&db.url, "").replace(
-        "token_env = \"TEST_ADMIN_TOKEN\"",
-        "token_env = \"HOOKBOX_TEST_UNSET_TOKEN\"",
-    );
+    let text = config_text(&db.url, "").replace("[admin]\ntoken_env = \"TEST_ADMIN_TOKEN\"\n", "");
     TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await
 }
 

@@ -165,6 +165,20 @@ async fn a_failing_downstream_is_retried_with_growing_gaps_and_the_same_key() {
         .collect();
     assert_eq!(numbers, ["1", "2", "3", "4"]);
     assert!(attempts.iter().all(|r| r.header("webhook-id") == key));
+    // Each attempt is signed afresh: its own timestamp, and a signature over it (as the README
+    // says), while the key stays.
+    for attempt in &attempts {
+        assert_standard_signature(attempt);
+    }
+    let (first, last) = (&attempts[0], &attempts[3]);
+    assert_ne!(
+        first.header("webhook-timestamp"),
+        last.header("webhook-timestamp")
+    );
+    assert_ne!(
+        first.header("webhook-signature"),
+        last.header("webhook-signature")
+    );
     let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1].at - w[0].at).collect();
     assert!(
         gaps.iter().all(|g| *g >= Duration::from_millis(400)),

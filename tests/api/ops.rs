@@ -135,3 +135,51 @@ async fn sigterm_lets_an_in_flight_delivery_finish_then_exits_cleanly() {
         "the in-flight delivery was committed"
     );
 }
+
+#[actix_web::test]
+async fn after_a_clean_stop_the_sqlite_file_alone_holds_every_event() {
+    if !store_is_sqlite() {
+        eprintln!("after_a_clean_stop_the_sqlite_file_alone_holds_every_event: SQLite only");
+        return;
+    }
+    let db = TestDb::create();
+    let text = config_text(&db.url, "");
+    let mut process = Process::serve(&text);
+    let ids: Vec<String> = (0..3).map(|_| unique_id("evt")).collect();
+    for id in &ids {
+        let delivery = delivery_for(
+            &parse_config(&text),
+            "stripe",
+            &stripe_event(id, "a", 1),
+            id,
+            unix_now(),
+        );
+        let answer = send(&process.address, &delivery).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &process.child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let exit = process.wait_exit(std::time::Duration::from_secs(20));
+    assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
+    assert!(
+        process.log().contains("write-ahead log checkpointed"),
+        "{}",
+        process.log()
+    );
+
+    // The backup a user makes of hookbox.db alone, without its -wal and -shm files.
+    let file = db.url.trim_start_matches("sqlite://").to_owned();
+    let wal = std::fs::metadata(format!("{file}-wal")).map_or(0, |m| m.len());
+    assert_eq!(wal, 0, "the write-ahead log was emptied into the file");
+    let dir = TempDir::new();
+    let copy = dir.0.join("backup.db");
+    std::fs::copy(&file, &copy).expect("copy the database file alone");
+    let in_copy = count_at(
+        &format!("sqlite://{}", copy.display()),
+        "events WHERE source = 'stripe'",
+    );
+    assert_eq!(in_copy, 3, "every event is in the file copied on its own");
+}
