@@ -267,6 +267,82 @@ fn capture_line(row: StoredRow) -> CaptureLine {
     }
 }
 
+/// Writes what `write` produces to the file at `path` (`export --out`), so that a capture found
+/// there is never a truncated one, and returns what `write` returned.
+///
+/// A regular file (or none yet) is written to a new partial file beside it and renamed over it
+/// once complete. The partial file has a random name and is created exclusively (`O_EXCL`,
+/// which follows no symlink), so nothing planted in the directory can redirect the write.
+/// Anything else (a FIFO, a terminal, `/dev/stdout`) is written straight through: renaming a
+/// file over it would replace it instead of writing to it.
+///
+/// # Errors
+/// A failure to create, write or rename the file, or `write`'s own error; the partial file is
+/// removed.
+pub fn write_whole<T>(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    use anyhow::Context;
+    if std::fs::metadata(path).is_ok_and(|meta| !meta.is_file()) {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        let mut out = io::BufWriter::new(file);
+        let value = write(&mut out)?;
+        out.flush()
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        return Ok(value);
+    }
+    let (partial, file) = create_partial(path)?;
+    let mut out = io::BufWriter::new(file);
+    let written = write(&mut out).and_then(|value| {
+        let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
+        file.sync_all()?;
+        std::fs::rename(&partial, path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(value)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written
+}
+
+/// A new file `NAME.<16 random hex digits>.partial` beside `path`, made by this call alone.
+fn create_partial(path: &Path) -> anyhow::Result<(PathBuf, File)> {
+    use anyhow::Context;
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} names no file", path.display()))?;
+    // 64 random bits: a name already taken is someone else's file, and taking several in a
+    // row means something is wrong.
+    for _ in 0..8 {
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random).map_err(|e| anyhow::anyhow!("no random bytes: {e}"))?;
+        let mut partial_name = name.to_os_string();
+        partial_name.push(format!(".{}.partial", hex::encode(random)));
+        let partial = path.with_file_name(partial_name);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&partial)
+        {
+            Ok(file) => return Ok((partial, file)),
+            // Someone else's file (or link) by that name: draw another.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot create {}", partial.display()))
+            }
+        }
+    }
+    anyhow::bail!(
+        "cannot create a partial file beside {}: every name tried was taken",
+        path.display()
+    )
+}
+
 /// What a file given to `replay` holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputKind {

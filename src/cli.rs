@@ -343,19 +343,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
                 capture::export(&mut conn, &filter, &mut out)?
             }
             Some(path) => {
-                // Written beside the target and renamed when complete, so a capture that
-                // exists is never a truncated one.
-                let partial = partial_path(path);
-                let file = std::fs::File::create(&partial)
-                    .with_context(|| format!("cannot create {}", partial.display()))?;
-                let mut out = std::io::BufWriter::new(file);
-                let count = capture::export(&mut conn, &filter, &mut out).inspect_err(|_| {
-                    let _ = std::fs::remove_file(&partial);
-                })?;
-                drop(out);
-                std::fs::rename(&partial, path)
-                    .with_context(|| format!("cannot write {}", path.display()))?;
-                count
+                capture::write_whole(path, |out| capture::export(&mut conn, &filter, out))?
             }
         };
         let place = args
@@ -365,12 +353,6 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
         eprintln!("hookbox: exported {count} event(s) to {place}");
         Ok(())
     })())
-}
-
-fn partial_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    path.with_file_name(name)
 }
 
 /// The signer `--config` or `--scheme`/`--secret` describe.

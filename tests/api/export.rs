@@ -233,3 +233,116 @@ fn export_pages_through_more_than_a_batch_in_received_order_with_ties_broken_by_
         "{stderr}"
     );
 }
+
+/// A migrated test database holding `n` stripe events, and a config file naming it.
+fn stored_events(n: usize) -> (TestDb, TempFile) {
+    let db = TestDb::create();
+    let (code, _, stderr) = run_hookbox(
+        &["migrate", "--config", "/dev/null"],
+        &[("DATABASE_URL", &db.url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let received_at = time("2026-12-01T00:00:00Z");
+    let rows: Vec<RawEvent> = (0..n)
+        .map(|i| RawEvent {
+            source: "stripe".to_owned(),
+            event_id: format!("evt_{i}"),
+            received_at,
+            payload: format!("{{\"id\":\"evt_{i}\"}}").into_bytes(),
+        })
+        .collect();
+    insert_events(&db.url, &rows);
+    let config = TempFile::new(&format!("[database]\nurl = \"{}\"\n", db.url));
+    (db, config)
+}
+
+#[test]
+fn export_out_never_writes_through_a_link_planted_at_a_partial_path() {
+    let (_db, config) = stored_events(3);
+    let dir = TempDir::new();
+    let victim = dir.0.join("victim");
+    std::fs::write(&victim, "precious").expect("write the victim");
+    let out = dir.0.join("capture.ndjson");
+    // The name a partial file had before, and a link at the target itself.
+    let planted = dir.0.join("capture.ndjson.partial");
+    std::os::unix::fs::symlink(&victim, &planted).expect("plant a link");
+
+    let out_arg = out.to_string_lossy();
+    let (code, _, stderr) = run_hookbox(
+        &["export", "--config", &config.path(), "--out", &out_arg],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("the victim"),
+        "precious"
+    );
+    assert!(std::fs::symlink_metadata(&planted)
+        .expect("the planted link")
+        .file_type()
+        .is_symlink());
+    let written = std::fs::read_to_string(&out).expect("the capture");
+    assert_eq!(ids(&parse_capture(&written)), ["evt_0", "evt_1", "evt_2"]);
+    let mut left: Vec<String> = std::fs::read_dir(&dir.0)
+        .expect("list the directory")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["capture.ndjson", "capture.ndjson.partial", "victim"],
+        "no partial file left behind"
+    );
+}
+
+#[test]
+fn export_out_writes_straight_through_a_fifo_and_a_link_to_stdout() {
+    let (_db, config) = stored_events(2);
+    let dir = TempDir::new();
+    let fifo = dir.0.join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || std::fs::read_to_string(fifo).expect("read the FIFO")
+    });
+    let fifo_arg = fifo.to_string_lossy();
+    let (code, _, stderr) = run_hookbox(
+        &["export", "--config", &config.path(), "--out", &fifo_arg],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .expect("the FIFO")
+            .file_type()
+            .is_fifo(),
+        "the FIFO is still a FIFO, not replaced by a file"
+    );
+    let read = reader.join().expect("the reader");
+    assert_eq!(ids(&parse_capture(&read)), ["evt_0", "evt_1"]);
+
+    // A link to /dev/stdout, so that nothing outside the test's directory is at stake.
+    let stdout_link = dir.0.join("stdout");
+    std::os::unix::fs::symlink("/dev/stdout", &stdout_link).expect("link to stdout");
+    let link_arg = stdout_link.to_string_lossy();
+    let (code, stdout, stderr) = run_hookbox(
+        &["export", "--config", &config.path(), "--out", &link_arg],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(ids(&parse_capture(&stdout)), ["evt_0", "evt_1"]);
+    assert!(std::fs::symlink_metadata(&stdout_link)
+        .expect("the link")
+        .file_type()
+        .is_symlink());
+}
