@@ -1,52 +1,22 @@
-//! The admin API: stored events, behind a bearer token. Off (404) while no token is set.
+//! The admin API: stored events, behind a bearer token ([`Admin<Bearer>`]). Off (404) while no
+//! token is set.
 
-use actix_web::http::header;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpResponse};
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use crate::config::parse_time_or_ago;
 use crate::db::{on_backend, AnyConnection};
 use crate::forward;
+use crate::http::auth::{Admin, Bearer};
 use crate::http::{with_db, ApiError};
 use crate::ids::storable;
-use crate::secret::Secret;
 use crate::startup::AppState;
 
 const DEFAULT_LIMIT: i64 = 100;
 const MAX_LIMIT: i64 = 1000;
-
-/// Whether `given` is the admin token. The comparison is over SHA-256 digests with `subtle`,
-/// so it takes the same time whatever the token's length or first wrong byte.
-pub(super) fn is_admin_token(expected: &Secret, given: &str) -> bool {
-    bool::from(
-        Sha256::digest(given.as_bytes()).ct_eq(&Sha256::digest(expected.expose().as_bytes())),
-    )
-}
-
-/// Checks `Authorization: Bearer <token>`. The scheme's name is matched without regard to
-/// case, and spaces may follow it, as RFC 7235 has it.
-fn authorize(state: &AppState, request: &HttpRequest) -> Result<(), ApiError> {
-    let Some(expected) = &state.admin_token else {
-        return Err(ApiError::NotFound);
-    };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map_or("", |(_, token)| token.trim_start_matches(' '));
-    if is_admin_token(expected, given) {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
-    }
-}
 
 /// `GET /admin/events` query.
 #[derive(Deserialize)]
@@ -66,10 +36,9 @@ type Summary = (String, String, Option<String>, DateTime<Utc>, Option<i16>);
 /// `GET /admin/events?source=&since=&limit=`: newest first.
 pub async fn list_events(
     state: web::Data<AppState>,
-    request: HttpRequest,
     query: web::Query<ListQuery>,
+    _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&state, &request)?;
     let query = query.into_inner();
     let since = query.since.as_deref().map(parse_since).transpose()?;
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
@@ -163,10 +132,9 @@ pub(super) fn stored_event(
 /// `GET /admin/events/{source}/{event_id}`: the stored event and its stored answer.
 pub async fn get_event(
     state: web::Data<AppState>,
-    request: HttpRequest,
     path: web::Path<(String, String)>,
+    _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&state, &request)?;
     let (source, event_id) = path.into_inner();
     let stored = with_db(&state, "admin query", {
         let (source, event_id) = (source.clone(), event_id.clone());
@@ -205,10 +173,9 @@ fn put_bytes(fields: &mut serde_json::Map<String, serde_json::Value>, name: &str
 /// `GET /admin/events/{source}/{event_id}/deliveries`: the event's forward deliveries.
 pub async fn event_deliveries(
     state: web::Data<AppState>,
-    request: HttpRequest,
     path: web::Path<(String, String)>,
+    _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&state, &request)?;
     let (source, event_id) = path.into_inner();
     let found = with_db(&state, "admin query", move |conn| {
         forward::store::for_event(conn, &source, &event_id)
@@ -221,10 +188,9 @@ pub async fn event_deliveries(
 /// `POST /admin/deliveries/{id}/requeue`: a dead delivery becomes pending again, due now.
 pub async fn requeue_delivery(
     state: web::Data<AppState>,
-    request: HttpRequest,
     path: web::Path<i64>,
+    _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&state, &request)?;
     match requeue(&state, path.into_inner(), "the admin API").await? {
         None => Err(ApiError::NotFound),
         Some(Err(state)) => Err(ApiError::NotDead(state)),

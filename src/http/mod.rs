@@ -2,6 +2,7 @@
 //! operator console.
 
 mod admin;
+mod auth;
 mod console;
 pub mod error;
 mod observe;

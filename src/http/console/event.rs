@@ -4,16 +4,17 @@
 use std::fmt::Write;
 
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpResponse};
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use serde::Deserialize;
 
 use super::html::{esc, link, page, redirect, respond, show_body, time};
-use super::{check_csrf, field, gate, message, Refused};
+use super::{check_csrf, field, message, Refused, Session};
 use crate::db::AnyConnection;
 use crate::forward::store::{self, DeliveryView};
 use crate::http::admin::{self, StoredEvent};
+use crate::http::auth::Admin;
 use crate::http::with_db;
 use crate::startup::AppState;
 
@@ -128,10 +129,9 @@ fn deliveries_table(
 /// `GET /console/event?source=&id=`.
 pub async fn show(
     state: web::Data<AppState>,
-    request: HttpRequest,
     which: web::Query<Which>,
+    Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
-    let session = gate(&state, &request)?;
     let which = which.into_inner();
     let (source, event_id) = (which.source.clone(), which.id.clone());
     let found = with_db(&state, "console event", move |conn| {
@@ -227,11 +227,10 @@ pub async fn show(
 /// dead delivery, then back to its event's page with the outcome.
 pub async fn requeue(
     state: web::Data<AppState>,
-    request: HttpRequest,
     path: web::Path<i64>,
     body: web::Bytes,
+    Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
-    let session = gate(&state, &request)?;
     check_csrf(&session, &body)?;
     let id = path.into_inner();
     let outcome = match admin::requeue(&state, id, "the console").await {

@@ -4,15 +4,16 @@
 use std::fmt::Write;
 
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpResponse};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use diesel::prelude::*;
 use serde::Deserialize;
 
 use super::html::{esc, link, page, respond, time};
-use super::{gate, Refused};
+use super::{Refused, Session};
 use crate::config::parse_time_or_ago;
 use crate::db::{on_backend, AnyConnection};
+use crate::http::auth::Admin;
 use crate::http::with_db;
 use crate::ids::{storable, EventType};
 use crate::metrics::UNKNOWN_SOURCE;
@@ -242,10 +243,9 @@ fn filter_form(state: &AppState, filters: &Filters) -> String {
 /// `GET /console/events`.
 pub async fn list(
     state: web::Data<AppState>,
-    request: HttpRequest,
     filters: web::Query<Filters>,
+    Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
-    let session = gate(&state, &request)?;
     let filters = filters.into_inner();
     let mut main = String::from("<h1>Events</h1>");
     main.push_str(&filter_form(&state, &filters));

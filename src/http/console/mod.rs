@@ -17,13 +17,12 @@ use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use std::fmt::Write;
 
-pub use session::Sessions;
+pub use session::{Session, Sessions};
 
-use super::admin::is_admin_token;
+use super::auth::{Admin, Login};
 use super::ApiError;
 use crate::startup::AppState;
 use html::{esc, guarded, page, redirect, respond};
-use session::Session;
 
 /// Mounts the console's routes under `/console`.
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -49,6 +48,9 @@ pub enum Refused {
     /// No live session: 303 to the login form.
     #[error("not logged in")]
     LoggedOut,
+    /// A login with a token that is not the admin token: 401 and the form again.
+    #[error("the token was not accepted")]
+    WrongToken,
     /// A POST without the session's CSRF token: 403.
     #[error("the form's CSRF token is missing or wrong")]
     Forged,
@@ -69,6 +71,7 @@ impl ResponseError for Refused {
         match self {
             Refused::Off => StatusCode::NOT_FOUND,
             Refused::LoggedOut => StatusCode::SEE_OTHER,
+            Refused::WrongToken => StatusCode::UNAUTHORIZED,
             Refused::Forged => StatusCode::FORBIDDEN,
             Refused::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -78,6 +81,9 @@ impl ResponseError for Refused {
         match self {
             Refused::Off => ApiError::NotFound.error_response(),
             Refused::LoggedOut => redirect("/console/login"),
+            Refused::WrongToken => {
+                login_page(self.status_code(), Some("That token was not accepted."))
+            }
             Refused::Forged => message(
                 self.status_code(),
                 "Refused",
@@ -91,14 +97,6 @@ impl ResponseError for Refused {
             ),
         }
     }
-}
-
-/// The session of a request to a console page.
-fn gate(state: &AppState, request: &HttpRequest) -> Result<Session, Refused> {
-    if state.admin_token.is_none() {
-        return Err(Refused::Off);
-    }
-    state.sessions.find(request).ok_or(Refused::LoggedOut)
 }
 
 /// A field of a form-encoded body; empty when missing.
@@ -154,12 +152,9 @@ fn login_page(status: StatusCode, error: Option<&str>) -> HttpResponse {
     respond(status, page("Log in", None, &main))
 }
 
-/// `GET /console/login`.
-async fn login_form(
-    state: web::Data<AppState>,
-    request: HttpRequest,
-) -> Result<HttpResponse, Refused> {
-    match gate(&state, &request) {
+/// `GET /console/login`: the form, or on to the overview when already logged in.
+async fn login_form(session: Result<Admin<Session>, Refused>) -> Result<HttpResponse, Refused> {
+    match session {
         Ok(_) => Ok(redirect("/console")),
         Err(Refused::LoggedOut) => Ok(login_page(StatusCode::OK, None)),
         Err(refused) => Err(refused),
@@ -171,32 +166,15 @@ fn over_https(request: &HttpRequest) -> bool {
     request.connection_info().scheme() == "https"
 }
 
-/// `POST /console/login` with `token=...`: a session cookie and the overview, or 401 and the
-/// form again.
-async fn login(
-    state: web::Data<AppState>,
-    request: HttpRequest,
-    body: web::Bytes,
-) -> Result<HttpResponse, Refused> {
-    let Some(expected) = &state.admin_token else {
-        return Err(Refused::Off);
-    };
-    if !is_admin_token(expected, &field(&body, "token")) {
-        tracing::warn!("console login refused: wrong token");
-        return Ok(login_page(
-            StatusCode::UNAUTHORIZED,
-            Some("That token was not accepted."),
-        ));
-    }
+/// `POST /console/login` with `token=...`: a session cookie and the overview; a wrong token
+/// gets 401 and the form again ([`Admin<Login>`]).
+async fn login(state: web::Data<AppState>, request: HttpRequest, _: Admin<Login>) -> HttpResponse {
     let id = state.sessions.start();
     tracing::info!("console login");
-    Ok(guarded(HttpResponse::SeeOther())
+    guarded(HttpResponse::SeeOther())
         .insert_header((header::LOCATION, "/console"))
-        .insert_header((
-            header::SET_COOKIE,
-            session::set_cookie(&id, over_https(&request)),
-        ))
-        .finish())
+        .cookie(session::cookie(id, over_https(&request)))
+        .finish()
 }
 
 /// `POST /console/logout`: forgets the session and clears its cookie.
@@ -204,14 +182,12 @@ async fn logout(
     state: web::Data<AppState>,
     request: HttpRequest,
     body: web::Bytes,
+    Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
-    check_csrf(&gate(&state, &request)?, &body)?;
+    check_csrf(&session, &body)?;
     state.sessions.end(&request);
     Ok(guarded(HttpResponse::SeeOther())
         .insert_header((header::LOCATION, "/console/login"))
-        .insert_header((
-            header::SET_COOKIE,
-            session::clear_cookie(over_https(&request)),
-        ))
+        .cookie(session::removal_cookie(over_https(&request)))
         .finish())
 }

@@ -4,12 +4,13 @@
 use std::fmt::Write;
 
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpResponse};
 
 use super::html::{esc, link, page, respond, time};
-use super::{chart, gate, Refused};
+use super::{chart, Refused, Session};
 use crate::activity::{current_minute, PurgeResult, HISTORY_MINUTES};
 use crate::forward;
+use crate::http::auth::Admin;
 use crate::http::with_db;
 use crate::metrics::UNKNOWN_SOURCE;
 use crate::startup::AppState;
@@ -17,9 +18,8 @@ use crate::startup::AppState;
 /// `GET /console`.
 pub async fn show(
     state: web::Data<AppState>,
-    request: HttpRequest,
+    Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
-    let session = gate(&state, &request)?;
     let outbox = with_db(&state, "console outbox count", forward::store::counts).await;
 
     let mut main = String::from("<h1>Overview</h1><div class=\"row\">");

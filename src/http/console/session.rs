@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use actix_web::http::header;
+use actix_web::cookie::{time, Cookie, SameSite};
 use actix_web::HttpRequest;
 use base64::Engine;
 use sha2::{Digest, Sha256};
@@ -112,39 +112,42 @@ fn random_token() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
-/// The value of the session cookie in the request's `Cookie` headers.
+/// The value of the session cookie among the request's cookies.
 fn cookie_value(request: &HttpRequest) -> Option<String> {
     request
-        .headers()
-        .get_all(header::COOKIE)
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, value)| *name == COOKIE && !value.is_empty())
-        .map(|(_, value)| value.to_owned())
+        .cookie(COOKIE)
+        .map(|cookie| cookie.value().to_owned())
+        .filter(|value| !value.is_empty())
 }
 
-/// The `Set-Cookie` value that hands a browser its session. `Secure` when the console was
-/// reached over HTTPS (directly or as a proxy says), so a plain-HTTP console still works.
-pub fn set_cookie(id: &str, secure: bool) -> String {
-    format!(
-        "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}{}",
-        LIFETIME.as_secs(),
-        if secure { "; Secure" } else { "" }
-    )
+/// The session cookie with `value`, lasting `max_age`: `HttpOnly`, `SameSite=Strict`, scoped
+/// to `/console`, and `Secure` when the console was reached over HTTPS (directly or as a proxy
+/// says), so a plain-HTTP console still works.
+fn build(value: String, max_age: time::Duration, secure: bool) -> Cookie<'static> {
+    Cookie::build(COOKIE, value)
+        .path("/console")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .max_age(max_age)
+        .secure(secure)
+        .finish()
 }
 
-/// The `Set-Cookie` value that removes the session cookie.
-pub fn clear_cookie(secure: bool) -> String {
-    format!(
-        "{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0{}",
-        if secure { "; Secure" } else { "" }
-    )
+/// The cookie that hands a browser its session `id`.
+pub fn cookie(id: String, secure: bool) -> Cookie<'static> {
+    let lifetime = i64::try_from(LIFETIME.as_secs()).expect("the lifetime is eight hours");
+    build(id, time::Duration::seconds(lifetime), secure)
+}
+
+/// The cookie that removes the session cookie.
+pub fn removal_cookie(secure: bool) -> Cookie<'static> {
+    build(String::new(), time::Duration::ZERO, secure)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use actix_web::http::header;
     use actix_web::test::TestRequest;
 
     fn with_cookie(value: &str) -> HttpRequest {
@@ -190,12 +193,33 @@ mod tests {
 
     #[test]
     fn the_cookie_is_http_only_strict_and_scoped_to_the_console() {
-        let set = set_cookie("abc", false);
-        assert_eq!(
-            set,
-            "hookbox_console=abc; Path=/console; HttpOnly; SameSite=Strict; Max-Age=28800"
-        );
-        assert!(set_cookie("abc", true).ends_with("; Secure"));
-        assert!(clear_cookie(false).contains("Max-Age=0"));
+        let set = cookie("abc".to_owned(), false).to_string();
+        let attributes: Vec<&str> = set.split("; ").collect();
+        assert_eq!(attributes[0], "hookbox_console=abc");
+        for wanted in [
+            "HttpOnly",
+            "SameSite=Strict",
+            "Path=/console",
+            "Max-Age=28800",
+        ] {
+            assert!(attributes.contains(&wanted), "{wanted} in {set}");
+        }
+        assert!(!attributes.contains(&"Secure"), "{set}");
+        assert!(cookie("abc".to_owned(), true)
+            .to_string()
+            .split("; ")
+            .any(|a| a == "Secure"));
+        let removal = removal_cookie(false).to_string();
+        assert!(removal.starts_with("hookbox_console=;"), "{removal}");
+        assert!(removal.contains("Max-Age=0"), "{removal}");
+    }
+
+    #[test]
+    fn a_cookie_header_that_does_not_parse_does_not_hide_the_session() {
+        let sessions = Sessions::default();
+        let id = sessions.start();
+        let request = with_cookie(&format!("junk; ={COOKIE}; {COOKIE}={id}"));
+        assert!(sessions.find(&request).is_some());
+        assert!(sessions.find(&with_cookie(&format!("{COOKIE}="))).is_none());
     }
 }

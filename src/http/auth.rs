@@ -1,0 +1,155 @@
+//! Who may use the admin API and the console: the one place the admin token is checked.
+//!
+//! A handler runs only for a caller that holds the admin token when it takes an [`Admin`]
+//! argument, whose type parameter says how the token is shown:
+//! - [`Admin<Bearer>`]: `Authorization: Bearer <token>`, for the admin API (401 `unauthorized`
+//!   otherwise);
+//! - [`Admin<Session>`]: a live console session cookie, for the console's pages and forms (303
+//!   to the login form otherwise);
+//! - [`Admin<Login>`]: the token posted in the console's login form, which starts a session (401
+//!   and the form again otherwise).
+//!
+//! While no admin token is configured every one of them answers 404, as if the routes did not
+//! exist. Handlers take `Admin<_>` as their last argument, so a malformed path or query is
+//! answered as it was before the token is looked at.
+
+use std::future::{ready, Future, Ready};
+use std::pin::Pin;
+
+use actix_web::dev::Payload;
+use actix_web::http::header;
+use actix_web::{web, FromRequest, HttpRequest};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::console::{Refused, Session};
+use super::ApiError;
+use crate::secret::Secret;
+use crate::startup::AppState;
+
+/// Proof that the request carries the admin token, shown the way `P` says. Holds what that way
+/// yields: nothing for a bearer token, the session for a console cookie.
+pub struct Admin<P>(pub P);
+
+/// The admin API's way: `Authorization: Bearer <token>`.
+pub struct Bearer;
+
+/// The console's login form: the token in its `token` field.
+pub struct Login;
+
+/// Whether `given` is the admin token. The comparison is over SHA-256 digests with `subtle`,
+/// so it takes the same time whatever the token's length or first wrong byte.
+fn is_admin_token(expected: &Secret, given: &str) -> bool {
+    bool::from(
+        Sha256::digest(given.as_bytes()).ct_eq(&Sha256::digest(expected.expose().as_bytes())),
+    )
+}
+
+fn state(request: &HttpRequest) -> &AppState {
+    request
+        .app_data::<web::Data<AppState>>()
+        .expect("the application state is registered with every route")
+}
+
+/// The token of `Authorization: Bearer <token>`, or "" when there is none. The scheme's name is
+/// matched without regard to case, and spaces may follow it, as RFC 7235 has it.
+fn bearer_token(request: &HttpRequest) -> &str {
+    request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim_start_matches(' '))
+}
+
+impl FromRequest for Admin<Bearer> {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(request: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let Some(expected) = &state(request).admin_token else {
+            return ready(Err(ApiError::NotFound));
+        };
+        ready(if is_admin_token(expected, bearer_token(request)) {
+            Ok(Admin(Bearer))
+        } else {
+            Err(ApiError::Unauthorized)
+        })
+    }
+}
+
+impl FromRequest for Admin<Session> {
+    type Error = Refused;
+    type Future = Ready<Result<Self, Refused>>;
+
+    fn from_request(request: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let state = state(request);
+        if state.admin_token.is_none() {
+            return ready(Err(Refused::Off));
+        }
+        ready(
+            state
+                .sessions
+                .find(request)
+                .map(Admin)
+                .ok_or(Refused::LoggedOut),
+        )
+    }
+}
+
+impl FromRequest for Admin<Login> {
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, actix_web::Error>>>>;
+
+    fn from_request(request: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let expected = state(request).admin_token.clone();
+        let body = web::Bytes::from_request(request, payload);
+        Box::pin(async move {
+            let Some(expected) = expected else {
+                return Err(Refused::Off.into());
+            };
+            let body = body.await?;
+            let given = form_urlencoded::parse(&body)
+                .find(|(name, _)| name == "token")
+                .map(|(_, value)| value.into_owned())
+                .unwrap_or_default();
+            if is_admin_token(&expected, &given) {
+                Ok(Admin(Login))
+            } else {
+                tracing::warn!("console login refused: wrong token");
+                Err(Refused::WrongToken.into())
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::test::TestRequest;
+
+    #[test]
+    fn the_bearer_scheme_is_read_without_regard_to_case_or_extra_spaces() {
+        let token = |value: &str| {
+            let request = TestRequest::default()
+                .insert_header((header::AUTHORIZATION, value))
+                .to_http_request();
+            bearer_token(&request).to_owned()
+        };
+        assert_eq!(token("Bearer abc"), "abc");
+        assert_eq!(token("bEaReR   abc"), "abc");
+        assert_eq!(token("Basic abc"), "");
+        assert_eq!(token("Bearerabc"), "");
+        assert_eq!(bearer_token(&TestRequest::default().to_http_request()), "");
+    }
+
+    #[test]
+    fn only_the_exact_token_is_the_admin_token() {
+        let expected = Secret::new("s3cret-token");
+        assert!(is_admin_token(&expected, "s3cret-token"));
+        assert!(!is_admin_token(&expected, "s3cret-toke"));
+        assert!(!is_admin_token(&expected, "s3cret-token "));
+        assert!(!is_admin_token(&expected, ""));
+    }
+}
