@@ -20,8 +20,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use hookbox::providers::{Provider, Scheme};
 use hookbox::secret::Secret;
-use hookbox::signature::{Scheme, Verifier};
+
+type Verifier = std::sync::Arc<dyn Provider>;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -177,12 +179,13 @@ struct Tally {
 fn main() {
     let args = Rc::new(parse_args());
     let verifier = Rc::new(
-        Verifier::new(
-            Scheme::Stripe,
-            &[Secret::new(args.secret.clone())],
-            Duration::from_secs(300),
-        )
-        .expect("a usable secret"),
+        Scheme::builtin("stripe")
+            .expect("built in")
+            .build(
+                &[Secret::new(args.secret.clone())],
+                Duration::from_secs(300),
+            )
+            .expect("a usable secret"),
     );
     let run = format!("{}_{}", std::process::id(), unix_now());
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -13,7 +13,9 @@ use serde::Deserialize;
 
 use crate::ids::SourceName;
 use crate::secret::Secret;
-use crate::signature::{Encoding, GenericRule, Locator, Scheme, Verifier};
+use std::sync::Arc;
+
+use crate::providers::{Provider, ProviderError, Registry, Scheme, Standard};
 
 /// Where the config file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "hookbox.toml";
@@ -100,8 +102,12 @@ pub struct RetentionConfig {
 pub struct SourceConfig {
     /// The `NAME`.
     pub name: SourceName,
-    /// How its deliveries are signed and where their ids live.
+    /// Its provider's scheme, with the source's own keys for it: it builds the provider again
+    /// from other secrets (a signer holds only the first).
     pub scheme: Scheme,
+    /// Its provider, built with all its secrets and its tolerance: how its deliveries are
+    /// checked, where their ids live, and the rest of what hookbox knows about the provider.
+    pub provider: Arc<dyn Provider>,
     /// One or more secrets; any may match (rotation). Never empty.
     pub secrets: Vec<Secret>,
     /// How far a signed timestamp may be from now, either way.
@@ -199,8 +205,19 @@ impl Config {
         }
     }
 
-    /// Parses and validates a config text, then applies the environment overrides.
+    /// Parses and validates a config text, then applies the environment overrides. Sources may
+    /// name the built-in schemes.
     pub fn parse(text: &str, env: &dyn Env) -> Result<Config, ConfigError> {
+        Config::parse_with(text, env, &Registry::builtin())
+    }
+
+    /// [`Config::parse`], with sources naming the schemes of `registry`: the built-in ones and
+    /// any provider registered beside them.
+    pub fn parse_with(
+        text: &str,
+        env: &dyn Env,
+        registry: &Registry,
+    ) -> Result<Config, ConfigError> {
         let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
             let line = e
                 .span()
@@ -223,7 +240,7 @@ impl Config {
                     ConfigError::at(key, problem)
                 }
             })?;
-        raw.validate(env)
+        raw.validate(env, registry)
     }
 }
 
@@ -275,8 +292,9 @@ struct RawAdmin {
     token_env: Option<String>,
 }
 
+/// A source: the keys every source has, and the rest, which its provider reads and checks (an
+/// unknown key is refused there).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawSource {
     scheme: String,
     secrets: Option<Vec<String>>,
@@ -285,12 +303,9 @@ struct RawSource {
     tolerance: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     retention: Option<Duration>,
-    signature_header: Option<String>,
-    signature_prefix: Option<String>,
-    encoding: Option<String>,
-    event_id: Option<String>,
-    event_type: Option<String>,
     forward: Option<RawForward>,
+    #[serde(flatten)]
+    own: toml::Table,
 }
 
 #[derive(Deserialize)]
@@ -347,12 +362,8 @@ impl RawForward {
             }
         };
         let secret = Secret::new(secret.trim());
-        Verifier::new(
-            Scheme::Standard,
-            std::slice::from_ref(&secret),
-            Duration::ZERO,
-        )
-        .map_err(|e| ConfigError::at(key("secret"), e))?;
+        Standard::new(std::slice::from_ref(&secret), Duration::ZERO)
+            .map_err(|e| ConfigError::at(key("secret"), e.problem))?;
         Ok(ForwardConfig {
             url,
             timeout,
@@ -402,7 +413,7 @@ pub fn parse_time_or_ago(
 }
 
 impl RawConfig {
-    fn validate(self, env: &dyn Env) -> Result<Config, ConfigError> {
+    fn validate(self, env: &dyn Env, registry: &Registry) -> Result<Config, ConfigError> {
         let server = ServerConfig {
             listen: env
                 .var("HOOKBOX_LISTEN")
@@ -478,7 +489,7 @@ impl RawConfig {
         let sources = self
             .sources
             .into_iter()
-            .map(|(name, raw)| raw.validate(&name, env))
+            .map(|(name, raw)| raw.validate(&name, env, registry))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Config {
             server,
@@ -492,7 +503,12 @@ impl RawConfig {
 }
 
 impl RawSource {
-    fn validate(self, name: &str, env: &dyn Env) -> Result<SourceConfig, ConfigError> {
+    fn validate(
+        self,
+        name: &str,
+        env: &dyn Env,
+        registry: &Registry,
+    ) -> Result<SourceConfig, ConfigError> {
         let key = |field: &str| format!("sources.{name}.{field}");
         let source_name = SourceName::try_from(name)
             .map_err(|e| ConfigError::at(format!("sources.{name}"), e))?;
@@ -505,28 +521,9 @@ impl RawSource {
                 ),
             ));
         }
-        let generic_only = [
-            ("signature_header", self.signature_header.is_some()),
-            ("signature_prefix", self.signature_prefix.is_some()),
-            ("encoding", self.encoding.is_some()),
-            ("event_id", self.event_id.is_some()),
-            ("event_type", self.event_type.is_some()),
-        ];
-        let scheme = match self.scheme.as_str() {
-            "hmac-sha256" => Scheme::HmacSha256(self.generic_rule(name)?),
-            other => Scheme::builtin(other).map_err(|e| ConfigError::at(key("scheme"), e))?,
-        };
-        if !matches!(scheme, Scheme::HmacSha256(_)) {
-            if let Some((field, _)) = generic_only.iter().find(|(_, set)| *set) {
-                return Err(ConfigError::at(
-                    key(field),
-                    format!(
-                        "only an hmac-sha256 source takes this key; the {} scheme has it built in",
-                        self.scheme
-                    ),
-                ));
-            }
-        }
+        let scheme = registry
+            .scheme(&self.scheme, Some(self.own))
+            .map_err(|e| ConfigError::at(key("scheme"), e))?;
         let secrets = match (self.secrets, self.secrets_env) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::at(
@@ -561,56 +558,27 @@ impl RawSource {
             ));
         }
         let secrets: Vec<Secret> = secrets.into_iter().map(Secret::new).collect();
-        // Deriving the keys is how a secret is found unusable (a Standard Webhooks secret
-        // that is not base64), and that is a config error like any other.
-        Verifier::new(scheme.clone(), &secrets, Duration::ZERO)
-            .map_err(|e| ConfigError::at(key("secrets"), e))?;
+        let tolerance = self.tolerance.unwrap_or(Duration::from_secs(300));
+        // Building the provider is how a key of its own is found wrong, or a secret unusable
+        // (a Standard Webhooks secret that is not base64), and that is a config error like any
+        // other.
+        let provider = scheme.build(&secrets, tolerance).map_err(
+            |ProviderError {
+                 key: field,
+                 problem,
+             }| ConfigError::at(key(&field), problem),
+        )?;
         Ok(SourceConfig {
             name: source_name,
             scheme,
+            provider,
             secrets,
-            tolerance: self.tolerance.unwrap_or(Duration::from_secs(300)),
+            tolerance,
             retention: self.retention,
             forward: self
                 .forward
                 .map(|forward| forward.validate(name, env))
                 .transpose()?,
-        })
-    }
-
-    fn generic_rule(&self, name: &str) -> Result<GenericRule, ConfigError> {
-        let key = |field: &str| format!("sources.{name}.{field}");
-        let signature_header = self.signature_header.clone().ok_or_else(|| {
-            ConfigError::at(
-                key("signature_header"),
-                "an hmac-sha256 source must name the header that carries the signature",
-            )
-        })?;
-        let event_id = self.event_id.as_deref().ok_or_else(|| {
-            ConfigError::at(
-                key("event_id"),
-                "an hmac-sha256 source must say where the event id is (\"header:NAME\" or \"json:/pointer\")",
-            )
-        })?;
-        Ok(GenericRule {
-            signature_header,
-            signature_prefix: self.signature_prefix.clone().filter(|p| !p.is_empty()),
-            encoding: match self.encoding.as_deref() {
-                None => Encoding::Hex,
-                Some(text) => text
-                    .parse()
-                    .map_err(|e| ConfigError::at(key("encoding"), e))?,
-            },
-            event_id: event_id
-                .parse()
-                .map_err(|e| ConfigError::at(key("event_id"), e))?,
-            event_type: match self.event_type.as_deref() {
-                None => None,
-                Some(text) => Some(
-                    text.parse::<Locator>()
-                        .map_err(|e| ConfigError::at(key("event_type"), e))?,
-                ),
-            },
         })
     }
 }

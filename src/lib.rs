@@ -2,7 +2,7 @@
 //! a unique insert, processes it and stores the response in one transaction, and answers every
 //! redelivery with the stored response.
 //!
-//! The path of a request: [`http`] reads the bytes, [`signature`] verifies them, [`inbox`]
+//! The path of a request: [`http`] reads the bytes, [`providers`] verify them, [`inbox`]
 //! claims the event and runs its [`handlers::Handler`], and the stored response goes back out.
 //! [`startup::Application`] puts it together; [`cli`] is the command line.
 
@@ -17,13 +17,13 @@ pub mod http;
 pub mod ids;
 pub mod inbox;
 pub mod metrics;
+pub mod providers;
 pub mod redact;
 pub mod replay;
 pub mod retention;
 pub mod retry;
 pub mod secret;
 pub mod send;
-pub mod signature;
 pub mod startup;
 pub mod telemetry;
 

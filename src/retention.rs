@@ -18,7 +18,6 @@ use diesel::QueryResult;
 
 use crate::config::{Config, SourceConfig};
 use crate::db::{self, AnyConnection};
-use crate::signature::Scheme;
 
 /// Rows one DELETE removes at most.
 pub const BATCH_SIZE: i64 = 5000;
@@ -176,37 +175,15 @@ pub fn dry_run(conn: &mut AnyConnection, plan: &Plan) -> QueryResult<Report> {
     Ok(report)
 }
 
-/// How long a provider may redeliver an event, where it says so: a window shorter than this
-/// forgets ids a retry can still bring back.
-pub fn redelivery_horizon(scheme: &Scheme) -> Option<(Duration, &'static str)> {
-    const HOUR: u64 = 3600;
-    match scheme {
-        Scheme::Stripe => Some((
-            Duration::from_secs(72 * HOUR),
-            "Stripe retries automatically for up to 3 days",
-        )),
-        Scheme::Shopify => Some((
-            Duration::from_secs(4 * HOUR),
-            "Shopify retries for about 4 hours",
-        )),
-        Scheme::Github => Some((
-            Duration::from_secs(72 * HOUR),
-            "GitHub lets deliveries be redelivered for 3 days",
-        )),
-        Scheme::Standard => Some((
-            Duration::from_secs(76 * HOUR),
-            "the Standard Webhooks retry schedule runs about 76 hours",
-        )),
-        Scheme::Slack | Scheme::HmacSha256(_) => None,
-    }
-}
-
 /// How long `source`'s events are kept: its own `retention` when set; otherwise
 /// `[retention].window`, or its provider's redelivery horizon where that is longer, so that a
 /// source left at the defaults never forgets an id its provider can still redeliver.
 pub fn source_window(source: &SourceConfig, global: Duration) -> Duration {
     source.retention.unwrap_or_else(|| {
-        redelivery_horizon(&source.scheme).map_or(global, |(horizon, _)| global.max(horizon))
+        source
+            .provider
+            .redelivery_horizon()
+            .map_or(global, |(horizon, _)| global.max(horizon))
     })
 }
 
@@ -214,7 +191,7 @@ pub fn source_window(source: &SourceConfig, global: Duration) -> Duration {
 /// horizon (a source without one gets at least the horizon, see [`source_window`]).
 pub fn horizon_warning(source: &SourceConfig, global: Duration) -> Option<String> {
     let window = source_window(source, global);
-    let (horizon, why) = redelivery_horizon(&source.scheme)?;
+    let (horizon, why) = source.provider.redelivery_horizon()?;
     (window < horizon).then(|| {
         format!(
             "source {}: retention {} is shorter than its provider's redelivery horizon ({why}); \

@@ -10,9 +10,9 @@ use actix_web::web::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::ids::SourceName;
+use crate::providers::unix_now;
 use crate::replay::client::{self, Request};
 use crate::replay::{signing, Signer, Target};
-use crate::signature::unix_now;
 
 /// What `hookbox send` was asked to do.
 #[derive(Debug)]
@@ -56,7 +56,7 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         return Err(SendError::Usage(format!(
             "the {} scheme reads the event id from the body, so --event-id does not apply; \
              change the id in the body instead",
-            verifier.scheme().name()
+            verifier.scheme()
         )));
     }
     let event_id = options.event_id.clone().unwrap_or_else(generated_id);

@@ -18,9 +18,9 @@ use crate::http;
 use crate::ids::SourceName;
 use crate::inbox::{Batcher, ReplayCache};
 use crate::metrics::Metrics;
+use crate::providers::Provider;
 use crate::retention::{self, Plan};
 use crate::secret::Secret;
-use crate::signature::Verifier;
 
 /// The most a client may take to send a request's headers (actix's own default).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -64,8 +64,8 @@ impl Handlers {
 pub struct Source {
     /// Its name.
     pub name: SourceName,
-    /// Its scheme and keys.
-    pub verifier: Verifier,
+    /// Its provider, with its keys.
+    pub provider: Arc<dyn Provider>,
     /// What processes its events.
     pub handler: Arc<dyn Handler>,
     /// The lowercase names of the headers kept with each event.
@@ -146,10 +146,8 @@ impl Application {
             .sources
             .iter()
             .map(|source| {
-                let verifier =
-                    Verifier::new(source.scheme.clone(), &source.secrets, source.tolerance)
-                        .map_err(|e| anyhow::anyhow!("sources.{}.secrets: {e}", source.name))?;
-                let mut kept_headers = verifier.kept_headers();
+                let provider = source.provider.clone();
+                let mut kept_headers = provider.kept_headers();
                 kept_headers.push("content-type".to_owned());
                 let forward = source
                     .forward
@@ -162,7 +160,7 @@ impl Application {
                     Arc::new(Source {
                         name: source.name.clone(),
                         handler: handlers.for_source(&source.name),
-                        verifier,
+                        provider,
                         kept_headers,
                         forward,
                         retention: retention::source_window(source, config.retention.window),

@@ -22,8 +22,8 @@ use actix_web::web;
 use crate::config::ForwardConfig;
 use crate::db;
 use crate::metrics::ForwardResult;
+use crate::providers::{Provider, Standard};
 use crate::retry;
-use crate::signature::{Scheme, Verifier};
 use crate::startup::AppState;
 use store::{Due, Settle};
 
@@ -52,17 +52,14 @@ pub struct Target {
     /// `[sources.NAME.forward]`.
     pub config: ForwardConfig,
     /// Signs what hookbox sends, the Standard Webhooks way, with the target's secret.
-    signer: Verifier,
+    signer: Standard,
 }
 
 impl Target {
     /// Builds the signer from the target's secret.
     pub fn new(config: ForwardConfig) -> Result<Target, String> {
-        let signer = Verifier::new(
-            Scheme::Standard,
-            std::slice::from_ref(&config.secret),
-            Duration::ZERO,
-        )?;
+        let signer = Standard::new(std::slice::from_ref(&config.secret), Duration::ZERO)
+            .map_err(|e| e.problem)?;
         Ok(Target { config, signer })
     }
 }

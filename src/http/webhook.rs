@@ -10,12 +10,12 @@ use futures_util::StreamExt;
 use crate::ids::{EventId, EventType};
 use crate::inbox::{self, Cached, ClaimError, Delivery, Outcome, StoredResponse};
 use crate::metrics::{self, Outcome as Counted};
-use crate::signature::{unix_now, Headers, Scheme, SignatureError};
+use crate::providers::{unix_now, Answer, Headers, Inbound, Received, Refusal, SignatureError};
 use crate::startup::{AppState, Source};
 
 use super::ApiError;
 
-/// Lets the signature schemes read actix's headers.
+/// Lets the providers read actix's headers.
 struct RequestHeaders<'a>(&'a HeaderMap);
 
 impl Headers for RequestHeaders<'_> {
@@ -86,33 +86,28 @@ async fn answer(
         .await
         .map_err(|_| ApiError::RequestTimeout)??;
     let headers = RequestHeaders(request.headers());
-
-    source
-        .verifier
-        .verify(&headers, &body, unix_now())
-        .map_err(|e| match e {
-            SignatureError::Invalid => ApiError::InvalidSignature,
-            SignatureError::Stale => ApiError::StaleTimestamp,
-        })?;
-
-    let json: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
-    if json.is_none() && source.verifier.needs_json() {
-        return Err(ApiError::MalformedPayload);
-    }
-    if let Some(challenge) = slack_challenge(source.verifier.scheme(), json.as_ref()) {
-        return Ok((
-            HttpResponse::Ok().json(serde_json::json!({ "challenge": challenge })),
-            Counted::Handshake,
-        ));
-    }
-
-    let identity = source.verifier.identify(&headers, json.as_ref());
-    let event_id = EventId::try_from(identity.event_id.ok_or(ApiError::MissingEventId)?)
-        .map_err(ApiError::InvalidEventId)?;
+    let inbound = Inbound {
+        method: request.method().as_str(),
+        query: request.query_string(),
+        headers: &headers,
+        body: &body,
+        now: unix_now(),
+    };
+    // A provider that fetches a certificate to check the signature waits within the deadline.
+    let received = tokio::time::timeout_at(deadline, source.provider.receive(&inbound))
+        .await
+        .map_err(|_| ApiError::Unavailable)?
+        .map_err(refused)?;
+    let incoming = match received {
+        Received::Event(incoming) => incoming,
+        Received::Handshake(answer) => return Ok((handshake(answer), Counted::Handshake)),
+    };
+    let json = incoming.json;
+    let event_id = EventId::try_from(incoming.event_id).map_err(ApiError::InvalidEventId)?;
     super::observe::identified(request, &event_id);
     tracing::Span::current().record("event.id", tracing::field::display(&event_id));
 
-    let fingerprint = inbox::fingerprint(source.verifier.scheme(), &body, json.as_ref());
+    let fingerprint = inbox::fingerprint(source.provider.volatile_fields(), &body, json.as_ref());
     let cached = state.replays.get(
         source.name.as_str(),
         event_id.as_str(),
@@ -138,7 +133,7 @@ async fn answer(
         headers: kept_headers(&source, request.headers()),
         source: source.name.clone(),
         event_id: event_id.clone(),
-        event_type: identity.event_type.map(EventType::from),
+        event_type: incoming.event_type.map(EventType::from),
         body,
         json,
         forward: source.forward.is_some(),
@@ -286,11 +281,22 @@ fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(kept)
 }
 
-/// Slack's `url_verification` handshake: answered with its challenge, never stored.
-fn slack_challenge<'a>(scheme: &Scheme, json: Option<&'a serde_json::Value>) -> Option<&'a str> {
-    let json = json?;
-    if !matches!(scheme, Scheme::Slack) || json.get("type")?.as_str()? != "url_verification" {
-        return None;
+/// The answer to a refused request.
+fn refused(refusal: Refusal) -> ApiError {
+    match refusal {
+        Refusal::Signature(SignatureError::Invalid) => ApiError::InvalidSignature,
+        Refusal::Signature(SignatureError::Stale) => ApiError::StaleTimestamp,
+        Refusal::MalformedPayload => ApiError::MalformedPayload,
+        Refusal::MissingEventId => ApiError::MissingEventId,
+        Refusal::Unavailable => ApiError::Unavailable,
     }
-    json.get("challenge")?.as_str()
+}
+
+/// A handshake's answer, as the provider expects it; nothing is stored.
+fn handshake(answer: Answer) -> HttpResponse {
+    let status = actix_web::http::StatusCode::from_u16(answer.status)
+        .unwrap_or(actix_web::http::StatusCode::OK);
+    HttpResponse::build(status)
+        .insert_header((header::CONTENT_TYPE, answer.content_type))
+        .body(answer.body)
 }

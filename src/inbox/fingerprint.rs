@@ -2,23 +2,12 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::signature::Scheme;
-
-/// Top-level fields a provider changes between deliveries of one event, by scheme. Stripe
-/// counts down `pending_webhooks` as other endpoints acknowledge the event, so a retry of the
-/// same event carries a different number.
-fn volatile_fields(scheme: &Scheme) -> &'static [&'static str] {
-    match scheme {
-        Scheme::Stripe => &["pending_webhooks"],
-        _ => &[],
-    }
-}
-
-/// SHA-256 of the payload. For a scheme with volatile fields and a JSON object body, the hash
-/// is over the body re-serialized without them (keys sorted, no whitespace); otherwise over the
-/// raw bytes, so any change at all counts as a different payload.
-pub fn fingerprint(scheme: &Scheme, body: &[u8], json: Option<&serde_json::Value>) -> [u8; 32] {
-    let volatile = volatile_fields(scheme);
+/// SHA-256 of the payload. With `volatile` fields (the top-level fields a provider changes
+/// between deliveries of one event, see
+/// [`Provider::volatile_fields`](crate::providers::Provider::volatile_fields)) and a JSON object
+/// body, the hash is over the body re-serialized without them (keys sorted, no whitespace);
+/// otherwise over the raw bytes, so any change at all counts as a different payload.
+pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Value>) -> [u8; 32] {
     match json {
         Some(serde_json::Value::Object(map)) if !volatile.is_empty() => {
             // Serialized straight into the hasher, member by member, as `{"k":v,...}` would
@@ -60,23 +49,36 @@ impl std::io::Write for HashWriter {
 mod tests {
     use super::*;
 
-    fn of(scheme: &Scheme, body: &str) -> [u8; 32] {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::providers::{Provider, Scheme};
+    use crate::secret::Secret;
+
+    fn provider(name: &str) -> Arc<dyn Provider> {
+        Scheme::builtin(name)
+            .expect("built in")
+            .build(&[Secret::new("whsec_c2VjcmV0")], Duration::ZERO)
+            .expect("valid")
+    }
+
+    fn of(scheme: &Arc<dyn Provider>, body: &str) -> [u8; 32] {
         let json = serde_json::from_str(body).ok();
-        fingerprint(scheme, body.as_bytes(), json.as_ref())
+        fingerprint(scheme.volatile_fields(), body.as_bytes(), json.as_ref())
     }
 
     #[test]
     fn stripe_ignores_pending_webhooks_only() {
         let first = of(
-            &Scheme::Stripe,
+            &provider("stripe"),
             r#"{"id":"evt_1","pending_webhooks":3,"type":"a"}"#,
         );
         let retry = of(
-            &Scheme::Stripe,
+            &provider("stripe"),
             r#"{"id":"evt_1","pending_webhooks":1,"type":"a"}"#,
         );
         let other = of(
-            &Scheme::Stripe,
+            &provider("stripe"),
             r#"{"id":"evt_1","pending_webhooks":1,"type":"b"}"#,
         );
         assert_eq!(first, retry);
@@ -88,16 +90,19 @@ mod tests {
         let body = r#"{"type":"a", "id":"evt_1","pending_webhooks":3,"data":{"b":1,"a":[1,"x"]}}"#;
         let canonical = r#"{"data":{"a":[1,"x"],"b":1},"id":"evt_1","type":"a"}"#;
         let expected: [u8; 32] = Sha256::digest(canonical.as_bytes()).into();
-        assert_eq!(of(&Scheme::Stripe, body), expected);
+        assert_eq!(of(&provider("stripe"), body), expected);
     }
 
     #[test]
     fn other_schemes_hash_the_raw_bytes() {
-        let a = of(&Scheme::Github, r#"{"a":1,"pending_webhooks":1}"#);
-        let b = of(&Scheme::Github, r#"{"a":1,"pending_webhooks":2}"#);
-        let c = of(&Scheme::Github, r#"{"a": 1,"pending_webhooks":1}"#);
+        let a = of(&provider("github"), r#"{"a":1,"pending_webhooks":1}"#);
+        let b = of(&provider("github"), r#"{"a":1,"pending_webhooks":2}"#);
+        let c = of(&provider("github"), r#"{"a": 1,"pending_webhooks":1}"#);
         assert_ne!(a, b);
         assert_ne!(a, c);
-        assert_eq!(a, of(&Scheme::Github, r#"{"a":1,"pending_webhooks":1}"#));
+        assert_eq!(
+            a,
+            of(&provider("github"), r#"{"a":1,"pending_webhooks":1}"#)
+        );
     }
 }

@@ -26,7 +26,8 @@ use sha2::{Digest, Sha256};
 
 use crate::capture::{Entries, Entry, InputFile, Item};
 use crate::ids::SourceName;
-use crate::signature::{unix_now, Identity, Verifier};
+use crate::providers::{unix_now, Identity};
+use signing::Verifier;
 
 pub use client::Target;
 pub use pace::Rate;

@@ -3,11 +3,15 @@
 //! own retry.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::providers::{Identity, Provider, Scheme};
 use crate::secret::Secret;
-use crate::signature::{Identity, Scheme, Verifier};
+
+/// A provider that signs: its first key is the one used.
+pub type Verifier = Arc<dyn Provider>;
 
 /// The keys to sign with: one per configured source, or one for every source.
 #[derive(Debug)]
@@ -30,13 +34,11 @@ impl Signer {
             .sources
             .iter()
             .map(|source| {
-                Verifier::new(
-                    source.scheme.clone(),
-                    &source.secrets[..1],
-                    source.tolerance,
-                )
-                .map(|verifier| (source.name.as_str().to_owned(), verifier))
-                .map_err(|e| format!("sources.{}.secrets: {e}", source.name))
+                source
+                    .scheme
+                    .build(&source.secrets[..1], source.tolerance)
+                    .map(|verifier| (source.name.as_str().to_owned(), verifier))
+                    .map_err(|e| format!("sources.{}.{e}", source.name))
             })
             .collect::<Result<_, _>>()?;
         Ok(Signer::Config(verifiers))
@@ -50,9 +52,13 @@ impl Signer {
     pub fn from_flags(scheme: &str, secret: Secret) -> Result<Signer, String> {
         let scheme = Scheme::builtin(scheme).map_err(|e| format!("--scheme: {e}"))?;
         // The tolerance plays no part in signing.
-        Verifier::new(scheme, &[secret], Duration::ZERO)
+        scheme
+            .build(&[secret], Duration::ZERO)
             .map(Signer::Flags)
-            .map_err(|e| format!("--secret: {e}"))
+            .map_err(|e| match e.key.as_str() {
+                "secrets" => format!("--secret: {}", e.problem),
+                _ => format!("--scheme: {}", e.problem),
+            })
     }
 
     /// The verifier that signs `source`'s deliveries.

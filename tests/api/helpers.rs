@@ -10,7 +10,6 @@ use diesel::prelude::*;
 use diesel::sql_types::BigInt;
 use hookbox::config::Config;
 use hookbox::db::Store;
-use hookbox::signature::Verifier;
 use hookbox::AnyConnection;
 use hookbox::{Application, Handlers};
 
@@ -330,12 +329,10 @@ pub fn delivery_of_bytes(
         .unwrap_or_else(|| panic!("no source {source} in the test config"));
     // The last secret is the current one (the test stripe source has a rotated-out first).
     let current = &source_config.secrets[source_config.secrets.len() - 1..];
-    let verifier = Verifier::new(
-        source_config.scheme.clone(),
-        current,
-        source_config.tolerance,
-    )
-    .expect("test secrets are valid");
+    let verifier = source_config
+        .scheme
+        .build(current, source_config.tolerance)
+        .expect("test secrets are valid");
     let mut headers = verifier.sign(body, timestamp, event_id, Some("test.event"));
     headers.push(("Content-Type".to_owned(), "application/json".to_owned()));
     Delivery {

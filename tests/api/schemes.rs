@@ -1,8 +1,8 @@
 //! Each scheme over real HTTP: a valid delivery is processed, a redelivery is a replay with the
 //! same bytes, and every kind of bad signature is 401 and stores nothing.
 
+use hookbox::providers::Scheme;
 use hookbox::secret::Secret;
-use hookbox::signature::Verifier;
 
 use crate::helpers::*;
 
@@ -16,7 +16,10 @@ fn signed_with_wrong_secret(app: &TestApp, source: &str, body: &str, id: &str) -
         .expect("test source");
     // A Standard Webhooks secret must be base64 after whsec_; this one is, and is still wrong.
     let wrong = Secret::new("whsec_d3Jvbmcgc2VjcmV0IHdyb25nIHNlY3JldA==");
-    let verifier = Verifier::new(config.scheme.clone(), &[wrong], config.tolerance).expect("key");
+    let verifier = config
+        .scheme
+        .build(&[wrong], config.tolerance)
+        .expect("key");
     let mut headers = verifier.sign(body.as_bytes(), unix_now(), id, Some("test.event"));
     headers.push(("Content-Type".to_owned(), "application/json".to_owned()));
     Delivery {
@@ -261,12 +264,10 @@ async fn a_source_with_rotated_secrets_accepts_either() {
         .expect("stripe")
         .secrets[0]
         .clone();
-    let verifier = Verifier::new(
-        hookbox::signature::Scheme::Stripe,
-        &[first_secret],
-        std::time::Duration::from_secs(300),
-    )
-    .expect("key");
+    let verifier = Scheme::builtin("stripe")
+        .expect("built in")
+        .build(&[first_secret], std::time::Duration::from_secs(300))
+        .expect("key");
     let mut headers = verifier.sign(body.as_bytes(), unix_now(), &id, None);
     headers.push(("Content-Type".to_owned(), "application/json".to_owned()));
     let old_key = Delivery {

@@ -1,22 +1,74 @@
 //! GitHub: `X-Hub-Signature-256: sha256=<hex>`, an HMAC-SHA256 of the body. The older SHA-1
 //! `X-Hub-Signature` is not accepted: GitHub sends both, and SHA-1 adds nothing but risk.
 
-use super::{any_matches, header_text, required_header, tag_of, Headers, Identity, SignatureError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::mac::{any_matches, header_text, required_header, tag_of};
+use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
+
+/// A GitHub source: its webhook secrets, used as text. GitHub signs no timestamp.
+#[derive(Debug)]
+pub struct Github {
+    keys: Keys,
+}
+
+/// Builds a GitHub source; it takes no key of its own.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    settings.only(&[])?;
+    Ok(Arc::new(Github {
+        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+    }))
+}
+
+impl Provider for Github {
+    fn scheme(&self) -> &'static str {
+        "github"
+    }
+
+    fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
+        verify(self.keys.all(), headers, body)
+    }
+
+    fn needs_json(&self) -> bool {
+        false
+    }
+
+    fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
+        identify(headers)
+    }
+
+    fn kept_headers(&self) -> Vec<String> {
+        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        _timestamp: i64,
+        event_id: &str,
+        event_type: Option<&str>,
+    ) -> Vec<(String, String)> {
+        sign(self.keys.first(), body, event_id, event_type)
+    }
+
+    fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
+        Some((
+            Duration::from_secs(72 * 3600),
+            "GitHub lets deliveries be redelivered for 3 days",
+        ))
+    }
+}
 
 const SIGNATURE: &str = "X-Hub-Signature-256";
 const DELIVERY: &str = "X-GitHub-Delivery";
 const EVENT: &str = "X-GitHub-Event";
 
 /// What a capture keeps.
-pub(super) const KEPT_HEADERS: &[&str] =
-    &["x-hub-signature-256", "x-github-delivery", "x-github-event"];
+const KEPT_HEADERS: &[&str] = &["x-hub-signature-256", "x-github-delivery", "x-github-event"];
 
 /// Checks a GitHub delivery: one signature, hex after `sha256=`.
-pub(super) fn verify(
-    keys: &[Vec<u8>],
-    headers: &dyn Headers,
-    body: &[u8],
-) -> Result<(), SignatureError> {
+fn verify(keys: &[Vec<u8>], headers: &dyn Headers, body: &[u8]) -> Result<(), SignatureError> {
     let header = required_header(headers, SIGNATURE)?;
     let encoded = header
         .strip_prefix("sha256=")
@@ -30,7 +82,7 @@ pub(super) fn verify(
 }
 
 /// GitHub names the delivery and the event in headers; the body need not be read.
-pub(super) fn identify(headers: &dyn Headers) -> Identity {
+fn identify(headers: &dyn Headers) -> Identity {
     Identity {
         event_id: header_text(headers, DELIVERY),
         event_type: header_text(headers, EVENT),
@@ -38,7 +90,7 @@ pub(super) fn identify(headers: &dyn Headers) -> Identity {
 }
 
 /// The headers GitHub would send.
-pub(super) fn sign(
+fn sign(
     key: &[u8],
     body: &[u8],
     event_id: &str,
@@ -60,7 +112,8 @@ pub(super) fn sign(
 #[cfg(test)]
 mod tests {
     use super::super::tests::{headers, verifier};
-    use super::super::{Scheme, SignatureError, Verifier};
+    use super::super::{Provider, SignatureError};
+    type Verifier = std::sync::Arc<dyn Provider>;
 
     // GitHub's documented example.
     const SECRET: &str = "It's a Secret to Everybody";
@@ -68,7 +121,7 @@ mod tests {
     const GOOD: &str = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
 
     fn github(secrets: &[&str]) -> Verifier {
-        verifier(Scheme::Github, secrets)
+        verifier("github", secrets)
     }
 
     fn check(verifier: &Verifier, signature: &str, body: &[u8]) -> Result<(), SignatureError> {

@@ -1,15 +1,222 @@
 //! `hmac-sha256`: a configured HMAC-SHA256 of the raw body in one header, for providers without a
 //! scheme of their own. No timestamp is signed, so replays are caught only by idempotency.
 
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 
-use super::{any_matches, header_text, is_token_byte, json_text, required_header, tag_of};
-use super::{Encoding, GenericRule, Headers, Identity, Locator, SignatureError};
+use super::mac::{any_matches, header_text, is_token_byte, json_text, required_header, tag_of};
+use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
+use crate::secret::Secret;
+
+/// How the `hmac-sha256` scheme writes its MAC in the signature header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// Hexadecimal, either case.
+    Hex,
+    /// Base64, standard alphabet with padding.
+    Base64,
+}
+
+impl FromStr for Encoding {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "hex" => Ok(Encoding::Hex),
+            "base64" => Ok(Encoding::Base64),
+            other => Err(format!(
+                "unknown signature encoding {other:?}: expected one of hex, base64"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Encoding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Encoding::Hex => "hex",
+            Encoding::Base64 => "base64",
+        })
+    }
+}
+
+/// Where the `hmac-sha256` scheme finds a value of the delivery: a header or a place in the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Locator {
+    /// A request header, by name (any case).
+    Header(String),
+    /// A JSON pointer (RFC 6901) into the parsed body: `/id`, `/data/object/id`, or empty for the
+    /// whole document.
+    Json(String),
+}
+
+impl FromStr for Locator {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(name) = s.strip_prefix("header:") {
+            if name.is_empty() || !name.bytes().all(is_token_byte) {
+                return Err(format!(
+                    "locator {s:?} does not name a valid header after \"header:\""
+                ));
+            }
+            Ok(Locator::Header(name.to_owned()))
+        } else if let Some(pointer) = s.strip_prefix("json:") {
+            if !(pointer.is_empty() || pointer.starts_with('/')) {
+                return Err(format!(
+                    "locator {s:?} needs a JSON pointer starting with '/' after \"json:\""
+                ));
+            }
+            Ok(Locator::Json(pointer.to_owned()))
+        } else {
+            Err(format!(
+                "locator {s:?} must be \"header:<name>\" or \"json:<pointer>\""
+            ))
+        }
+    }
+}
+
+impl fmt::Display for Locator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Locator::Header(name) => write!(f, "header:{name}"),
+            Locator::Json(pointer) => write!(f, "json:{pointer}"),
+        }
+    }
+}
+
+/// The configuration of the `hmac-sha256` scheme, for providers with no scheme of their own:
+/// an HMAC-SHA256 of the raw body in one header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenericRule {
+    /// The header carrying the signature.
+    pub signature_header: String,
+    /// Text the header value starts with before the MAC, e.g. `sha256=`. When set, a header that
+    /// lacks it is rejected.
+    pub signature_prefix: Option<String>,
+    /// How the MAC is written.
+    pub encoding: Encoding,
+    /// Where the event id is.
+    pub event_id: Locator,
+    /// Where the event type is, if the provider sends one.
+    pub event_type: Option<Locator>,
+}
+
+/// An `hmac-sha256` source: its rule and the keys of its secrets, used as text.
+#[derive(Debug)]
+pub struct HmacSha256 {
+    rule: GenericRule,
+    keys: Keys,
+}
+
+impl HmacSha256 {
+    /// A source checked by `rule` with `secrets`.
+    ///
+    /// # Errors
+    /// A rule that could never match, an empty list or an empty secret.
+    pub fn new(rule: GenericRule, secrets: &[Secret]) -> Result<HmacSha256, ProviderError> {
+        check_rule(&rule).map_err(|reason| ProviderError::at("scheme", reason))?;
+        Ok(HmacSha256 {
+            keys: Keys::as_text("hmac-sha256", secrets)?,
+            rule,
+        })
+    }
+}
+
+/// The keys an `hmac-sha256` source takes beyond the common ones.
+const OWN_KEYS: &[&str] = &[
+    "signature_header",
+    "signature_prefix",
+    "encoding",
+    "event_id",
+    "event_type",
+];
+
+/// Builds an `hmac-sha256` source from its configured rule. Named alone (`--scheme`), it is
+/// refused: its header and id location come from a source's configuration.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    if settings.table.is_none() {
+        return Err(ProviderError::at(
+            "scheme",
+            "the hmac-sha256 scheme needs a config source (its signature header and event id location are configured)",
+        ));
+    }
+    settings.only(OWN_KEYS)?;
+    let signature_header = settings.text("signature_header")?.ok_or_else(|| {
+        ProviderError::at(
+            "signature_header",
+            "an hmac-sha256 source must name the header that carries the signature",
+        )
+    })?;
+    let event_id = settings.text("event_id")?.ok_or_else(|| {
+        ProviderError::at(
+            "event_id",
+            "an hmac-sha256 source must say where the event id is (\"header:NAME\" or \"json:/pointer\")",
+        )
+    })?;
+    let rule = GenericRule {
+        signature_header: signature_header.to_owned(),
+        signature_prefix: settings
+            .text("signature_prefix")?
+            .filter(|prefix| !prefix.is_empty())
+            .map(str::to_owned),
+        encoding: match settings.text("encoding")? {
+            None => Encoding::Hex,
+            Some(text) => text.parse().map_err(|e| ProviderError::at("encoding", e))?,
+        },
+        event_id: event_id
+            .parse()
+            .map_err(|e| ProviderError::at("event_id", e))?,
+        event_type: match settings.text("event_type")? {
+            None => None,
+            Some(text) => Some(
+                text.parse::<Locator>()
+                    .map_err(|e| ProviderError::at("event_type", e))?,
+            ),
+        },
+    };
+    Ok(Arc::new(HmacSha256::new(rule, settings.secrets)?))
+}
+
+impl Provider for HmacSha256 {
+    fn scheme(&self) -> &'static str {
+        "hmac-sha256"
+    }
+
+    fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
+        verify(&self.rule, self.keys.all(), headers, body)
+    }
+
+    fn needs_json(&self) -> bool {
+        matches!(self.rule.event_id, Locator::Json(_))
+    }
+
+    fn identify(&self, headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
+        identify(&self.rule, headers, json)
+    }
+
+    fn kept_headers(&self) -> Vec<String> {
+        kept_headers(&self.rule)
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        _timestamp: i64,
+        event_id: &str,
+        event_type: Option<&str>,
+    ) -> Vec<(String, String)> {
+        sign(&self.rule, self.keys.first(), body, event_id, event_type)
+    }
+}
 
 /// Refuses a rule that could never match, so the mistake shows at startup. [`Locator`]'s
 /// `FromStr` already checks this, but the rule's fields are public and may be built directly.
-pub(super) fn check_rule(rule: &GenericRule) -> Result<(), String> {
+fn check_rule(rule: &GenericRule) -> Result<(), String> {
     check_header_name(&rule.signature_header, "signature_header")?;
     for (locator, what) in [
         (Some(&rule.event_id), "event_id"),
@@ -37,7 +244,7 @@ fn check_header_name(name: &str, what: &str) -> Result<(), String> {
 /// several signatures separated by commas or whitespace, each optionally repeating the prefix
 /// (`sha256=a,sha256=b` and `sha256=a,b` both work), so that a prefix which itself contains a
 /// separator, like `v1,`, still works.
-pub(super) fn verify(
+fn verify(
     rule: &GenericRule,
     keys: &[Vec<u8>],
     headers: &dyn Headers,
@@ -74,7 +281,7 @@ fn encode(encoding: Encoding, tag: &[u8]) -> String {
 }
 
 /// Follows the configured locators.
-pub(super) fn identify(
+fn identify(
     rule: &GenericRule,
     headers: &dyn Headers,
     json: Option<&serde_json::Value>,
@@ -90,7 +297,7 @@ pub(super) fn identify(
 }
 
 /// The signature header and every header a locator names, lowercase and without repeats.
-pub(super) fn kept_headers(rule: &GenericRule) -> Vec<String> {
+fn kept_headers(rule: &GenericRule) -> Vec<String> {
     let mut kept = vec![rule.signature_header.to_ascii_lowercase()];
     for locator in std::iter::once(&rule.event_id).chain(rule.event_type.as_ref()) {
         if let Locator::Header(name) = locator {
@@ -104,7 +311,7 @@ pub(super) fn kept_headers(rule: &GenericRule) -> Vec<String> {
 }
 
 /// The headers such a provider would send, named as configured.
-pub(super) fn sign(
+fn sign(
     rule: &GenericRule,
     key: &[u8],
     body: &[u8],
@@ -127,10 +334,9 @@ pub(super) fn sign(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use super::super::tests::{headers, verifier};
-    use super::super::{Encoding, GenericRule, Locator, Scheme, SignatureError, Verifier};
+    use super::super::tests::headers;
+    use super::super::{Encoding, GenericRule, Locator, Provider, SignatureError};
+    type Verifier = std::sync::Arc<dyn Provider>;
     use crate::secret::Secret;
 
     const SECRET: &str = "acme-signing-secret";
@@ -149,7 +355,7 @@ mod tests {
     }
 
     fn generic(rule: GenericRule, secrets: &[&str]) -> Verifier {
-        verifier(Scheme::HmacSha256(rule), secrets)
+        super::super::tests::generic(rule, secrets)
     }
 
     fn check(verifier: &Verifier, signature: &str, body: &[u8]) -> Result<(), SignatureError> {
@@ -366,11 +572,7 @@ mod tests {
         let mut bad_id_header = rule(None, Encoding::Hex);
         bad_id_header.event_id = Locator::Header(String::new());
         for bad in [bad_header, bad_pointer, bad_id_header] {
-            let outcome = Verifier::new(
-                Scheme::HmacSha256(bad),
-                &[Secret::new(SECRET)],
-                Duration::from_secs(300),
-            );
+            let outcome = super::HmacSha256::new(bad, &[Secret::new(SECRET)]);
             assert!(outcome.is_err());
         }
     }

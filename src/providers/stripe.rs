@@ -1,17 +1,85 @@
 //! Stripe: `Stripe-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>...]`, an HMAC-SHA256 of
 //! `{t}.{body}` keyed by the whole secret string, `whsec_` and all.
 
-use super::{any_matches, json_text, parse_timestamp, required_header, tag_of, Clock, Headers};
-use super::{Identity, SignatureError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::mac::{any_matches, json_text, parse_timestamp, required_header, tag_of, Clock};
+use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
+
+/// A Stripe source: its signing secrets, used whole (`whsec_` and all), and its tolerance.
+#[derive(Debug)]
+pub struct Stripe {
+    keys: Keys,
+    tolerance: Duration,
+}
+
+/// Builds a Stripe source; it takes no key of its own.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    settings.only(&[])?;
+    Ok(Arc::new(Stripe {
+        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        tolerance: settings.tolerance,
+    }))
+}
+
+impl Provider for Stripe {
+    fn scheme(&self) -> &'static str {
+        "stripe"
+    }
+
+    fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
+        let clock = Clock {
+            now,
+            tolerance: self.tolerance,
+        };
+        verify(self.keys.all(), headers, body, clock)
+    }
+
+    fn needs_json(&self) -> bool {
+        true
+    }
+
+    fn identify(&self, _headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
+        identify(json)
+    }
+
+    fn kept_headers(&self) -> Vec<String> {
+        vec![KEPT_HEADER.to_owned()]
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        timestamp: i64,
+        _event_id: &str,
+        _event_type: Option<&str>,
+    ) -> Vec<(String, String)> {
+        sign(self.keys.first(), body, timestamp)
+    }
+
+    /// Stripe counts down `pending_webhooks` as other endpoints acknowledge the event, so a
+    /// retry of the same event carries a different number.
+    fn volatile_fields(&self) -> &'static [&'static str] {
+        &["pending_webhooks"]
+    }
+
+    fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
+        Some((
+            Duration::from_secs(72 * 3600),
+            "Stripe retries automatically for up to 3 days",
+        ))
+    }
+}
 
 const SIGNATURE: &str = "Stripe-Signature";
 
 /// What a capture keeps: the id and type travel in the body.
-pub(super) const KEPT_HEADERS: &[&str] = &["stripe-signature"];
+const KEPT_HEADER: &str = "stripe-signature";
 
 /// Checks a Stripe delivery. Only `v1` entries count: `v0` is Stripe's test-mode scheme and other
 /// schemes may be added, and none of them is something this secret signs.
-pub(super) fn verify(
+fn verify(
     keys: &[Vec<u8>],
     headers: &dyn Headers,
     body: &[u8],
@@ -48,7 +116,7 @@ pub(super) fn verify(
 }
 
 /// A Stripe event names itself in the body: `id` and `type`.
-pub(super) fn identify(json: Option<&serde_json::Value>) -> Identity {
+fn identify(json: Option<&serde_json::Value>) -> Identity {
     Identity {
         event_id: json_text(json, "/id"),
         event_type: json_text(json, "/type"),
@@ -56,7 +124,7 @@ pub(super) fn identify(json: Option<&serde_json::Value>) -> Identity {
 }
 
 /// The header Stripe would send for `body` at `timestamp`.
-pub(super) fn sign(key: &[u8], body: &[u8], timestamp: i64) -> Vec<(String, String)> {
+fn sign(key: &[u8], body: &[u8], timestamp: i64) -> Vec<(String, String)> {
     let stamp = timestamp.to_string();
     let tag = tag_of(key, &[stamp.as_bytes(), b".", body]);
     vec![(
@@ -68,7 +136,8 @@ pub(super) fn sign(key: &[u8], body: &[u8], timestamp: i64) -> Vec<(String, Stri
 #[cfg(test)]
 mod tests {
     use super::super::tests::{headers, verifier};
-    use super::super::{Scheme, SignatureError, Verifier};
+    use super::super::{Provider, SignatureError};
+    type Verifier = std::sync::Arc<dyn Provider>;
 
     const SECRET: &str = "whsec_test_secret";
     const BODY: &[u8] = b"{\n  \"id\": \"evt_test_webhook\",\n  \"object\": \"event\"\n}";
@@ -78,7 +147,7 @@ mod tests {
     const WRONG: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
     fn stripe(secrets: &[&str]) -> Verifier {
-        verifier(Scheme::Stripe, secrets)
+        verifier("stripe", secrets)
     }
 
     fn check(
@@ -250,7 +319,7 @@ mod tests {
         let verifier = stripe(&[SECRET]);
         let stamp = "99999999999999999999999999";
         // Signed by hand: `sign` takes an i64, and this stamp does not fit one.
-        let tag = super::tag_of(SECRET.as_bytes(), &[stamp.as_bytes(), b".", BODY]);
+        let tag = super::super::mac::tag_of(SECRET.as_bytes(), &[stamp.as_bytes(), b".", BODY]);
         let header = format!("t={stamp},v1={}", hex::encode(tag));
         assert_eq!(
             check(&verifier, &header, BODY, NOW),

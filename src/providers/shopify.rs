@@ -4,25 +4,78 @@
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 
-use super::{any_matches, header_text, required_header, tag_of, Headers, Identity, SignatureError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::mac::{any_matches, header_text, required_header, tag_of};
+use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
+
+/// A Shopify source: its app's client secrets, used as text. Shopify signs no timestamp.
+#[derive(Debug)]
+pub struct Shopify {
+    keys: Keys,
+}
+
+/// Builds a Shopify source; it takes no key of its own.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    settings.only(&[])?;
+    Ok(Arc::new(Shopify {
+        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+    }))
+}
+
+impl Provider for Shopify {
+    fn scheme(&self) -> &'static str {
+        "shopify"
+    }
+
+    fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
+        verify(self.keys.all(), headers, body)
+    }
+
+    fn needs_json(&self) -> bool {
+        false
+    }
+
+    fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
+        identify(headers)
+    }
+
+    fn kept_headers(&self) -> Vec<String> {
+        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        _timestamp: i64,
+        event_id: &str,
+        event_type: Option<&str>,
+    ) -> Vec<(String, String)> {
+        sign(self.keys.first(), body, event_id, event_type)
+    }
+
+    fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
+        Some((
+            Duration::from_secs(4 * 3600),
+            "Shopify retries for about 4 hours",
+        ))
+    }
+}
 
 const SIGNATURE: &str = "X-Shopify-Hmac-Sha256";
 const WEBHOOK_ID: &str = "X-Shopify-Webhook-Id";
 const TOPIC: &str = "X-Shopify-Topic";
 
 /// What a capture keeps.
-pub(super) const KEPT_HEADERS: &[&str] = &[
+const KEPT_HEADERS: &[&str] = &[
     "x-shopify-hmac-sha256",
     "x-shopify-webhook-id",
     "x-shopify-topic",
 ];
 
 /// Checks a Shopify delivery: one base64 signature.
-pub(super) fn verify(
-    keys: &[Vec<u8>],
-    headers: &dyn Headers,
-    body: &[u8],
-) -> Result<(), SignatureError> {
+fn verify(keys: &[Vec<u8>], headers: &dyn Headers, body: &[u8]) -> Result<(), SignatureError> {
     let encoded = required_header(headers, SIGNATURE)?;
     let tags: Vec<Vec<u8>> = STANDARD.decode(encoded).into_iter().collect();
     if any_matches(keys, &[body], &tags) {
@@ -34,7 +87,7 @@ pub(super) fn verify(
 
 /// Shopify names the webhook and its topic in headers; the body's `id` is the resource's, not
 /// the delivery's, so it is not used.
-pub(super) fn identify(headers: &dyn Headers) -> Identity {
+fn identify(headers: &dyn Headers) -> Identity {
     Identity {
         event_id: header_text(headers, WEBHOOK_ID),
         event_type: header_text(headers, TOPIC),
@@ -42,7 +95,7 @@ pub(super) fn identify(headers: &dyn Headers) -> Identity {
 }
 
 /// The headers Shopify would send.
-pub(super) fn sign(
+fn sign(
     key: &[u8],
     body: &[u8],
     event_id: &str,
@@ -61,7 +114,8 @@ pub(super) fn sign(
 #[cfg(test)]
 mod tests {
     use super::super::tests::{headers, verifier};
-    use super::super::{Scheme, SignatureError, Verifier};
+    use super::super::{Provider, SignatureError};
+    type Verifier = std::sync::Arc<dyn Provider>;
 
     // From the shared vectors.
     const SECRET: &str = "hush";
@@ -69,7 +123,7 @@ mod tests {
     const GOOD: &str = "D0UMXmhjwBRi4y66TmhJrDlhQABD7zI2fm3p6/QLMo8=";
 
     fn shopify(secrets: &[&str]) -> Verifier {
-        verifier(Scheme::Shopify, secrets)
+        verifier("shopify", secrets)
     }
 
     fn check(verifier: &Verifier, signature: &str, body: &[u8]) -> Result<(), SignatureError> {

@@ -1,17 +1,94 @@
 //! Slack: `X-Slack-Signature: v0=<hex>` with `X-Slack-Request-Timestamp`, an HMAC-SHA256 of
 //! `v0:{timestamp}:{body}` keyed by the app's signing secret as text.
 
-use super::{any_matches, json_text, parse_timestamp, required_header, tag_of, Clock, Headers};
-use super::{Identity, SignatureError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::mac::{any_matches, json_text, parse_timestamp, required_header, tag_of, Clock};
+use super::SignatureError;
+use super::{Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Settings};
+
+/// A Slack app's source: its signing secrets, used as text, and its tolerance.
+#[derive(Debug)]
+pub struct Slack {
+    keys: Keys,
+    tolerance: Duration,
+}
+
+/// Builds a Slack source; it takes no key of its own.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    settings.only(&[])?;
+    Ok(Arc::new(Slack {
+        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        tolerance: settings.tolerance,
+    }))
+}
+
+impl Provider for Slack {
+    fn scheme(&self) -> &'static str {
+        "slack"
+    }
+
+    fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
+        let clock = Clock {
+            now,
+            tolerance: self.tolerance,
+        };
+        verify(self.keys.all(), headers, body, clock)
+    }
+
+    fn needs_json(&self) -> bool {
+        true
+    }
+
+    fn identify(&self, _headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
+        identify(json)
+    }
+
+    fn kept_headers(&self) -> Vec<String> {
+        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        timestamp: i64,
+        _event_id: &str,
+        _event_type: Option<&str>,
+    ) -> Vec<(String, String)> {
+        sign(self.keys.first(), body, timestamp)
+    }
+
+    /// The `url_verification` request Slack sends when an app's request URL is set: answered
+    /// with its `challenge`, never stored.
+    fn handshake(
+        &self,
+        _inbound: &Inbound<'_>,
+        json: Option<&serde_json::Value>,
+    ) -> Option<Answer> {
+        let json = json?;
+        if json.get("type")?.as_str()? != "url_verification" {
+            return None;
+        }
+        let challenge = json.get("challenge")?.as_str()?;
+        Some(Answer {
+            status: 200,
+            content_type: "application/json",
+            body: serde_json::json!({ "challenge": challenge })
+                .to_string()
+                .into_bytes(),
+        })
+    }
+}
 
 const SIGNATURE: &str = "X-Slack-Signature";
 const TIMESTAMP: &str = "X-Slack-Request-Timestamp";
 
 /// What a capture keeps: the id and type travel in the body.
-pub(super) const KEPT_HEADERS: &[&str] = &["x-slack-signature", "x-slack-request-timestamp"];
+const KEPT_HEADERS: &[&str] = &["x-slack-signature", "x-slack-request-timestamp"];
 
 /// Checks a Slack request: one `v0=` signature.
-pub(super) fn verify(
+fn verify(
     keys: &[Vec<u8>],
     headers: &dyn Headers,
     body: &[u8],
@@ -32,7 +109,7 @@ pub(super) fn verify(
 
 /// An Events API callback names itself in `event_id` and carries the inner event's type in
 /// `event.type`; other requests (e.g. `url_verification`) have only a top-level `type`.
-pub(super) fn identify(json: Option<&serde_json::Value>) -> Identity {
+fn identify(json: Option<&serde_json::Value>) -> Identity {
     Identity {
         event_id: json_text(json, "/event_id"),
         event_type: json_text(json, "/event/type").or_else(|| json_text(json, "/type")),
@@ -40,7 +117,7 @@ pub(super) fn identify(json: Option<&serde_json::Value>) -> Identity {
 }
 
 /// The headers Slack would send.
-pub(super) fn sign(key: &[u8], body: &[u8], timestamp: i64) -> Vec<(String, String)> {
+fn sign(key: &[u8], body: &[u8], timestamp: i64) -> Vec<(String, String)> {
     let stamp = timestamp.to_string();
     let tag = tag_of(key, &[b"v0:", stamp.as_bytes(), b":", body]);
     vec![
@@ -52,7 +129,8 @@ pub(super) fn sign(key: &[u8], body: &[u8], timestamp: i64) -> Vec<(String, Stri
 #[cfg(test)]
 mod tests {
     use super::super::tests::{headers, verifier};
-    use super::super::{Scheme, SignatureError, Verifier};
+    use super::super::{Provider, SignatureError};
+    type Verifier = std::sync::Arc<dyn Provider>;
 
     // Slack's documented example.
     const SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
@@ -62,7 +140,7 @@ mod tests {
     const WRONG: &str = "v0=0000000000000000000000000000000000000000000000000000000000000000";
 
     fn slack(secrets: &[&str]) -> Verifier {
-        verifier(Scheme::Slack, secrets)
+        verifier("slack", secrets)
     }
 
     fn request(signature: &str) -> Vec<(String, String)> {

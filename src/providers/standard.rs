@@ -6,15 +6,93 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STAN
 use base64::engine::DecodePaddingMode;
 use base64::{alphabet, Engine};
 
-use super::{any_matches, header_text, json_text, parse_timestamp, required_header, tag_of};
-use super::{Clock, Headers, Identity, SignatureError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::mac::Clock;
+use super::mac::{any_matches, header_text, json_text, parse_timestamp, required_header, tag_of};
+use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
+use crate::secret::Secret;
+
+/// A Standard Webhooks (or Svix) source: the keys its `whsec_` secrets decode to, and its
+/// tolerance. Forwarding signs what hookbox sends with one of these, too.
+#[derive(Debug)]
+pub struct Standard {
+    keys: Keys,
+    tolerance: Duration,
+}
+
+impl Standard {
+    /// A Standard Webhooks signer or verifier over `secrets`.
+    ///
+    /// # Errors
+    /// An empty list, or a secret that is not base64 after `whsec_`.
+    pub fn new(secrets: &[Secret], tolerance: Duration) -> Result<Standard, ProviderError> {
+        Ok(Standard {
+            keys: Keys::derived("standard", secrets, derive_key)?,
+            tolerance,
+        })
+    }
+}
+
+/// Builds a Standard Webhooks source; it takes no key of its own.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    settings.only(&[])?;
+    Ok(Arc::new(Standard::new(
+        settings.secrets,
+        settings.tolerance,
+    )?))
+}
+
+impl Provider for Standard {
+    fn scheme(&self) -> &'static str {
+        "standard"
+    }
+
+    fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
+        let clock = Clock {
+            now,
+            tolerance: self.tolerance,
+        };
+        verify(self.keys.all(), headers, body, clock)
+    }
+
+    fn needs_json(&self) -> bool {
+        false
+    }
+
+    fn identify(&self, headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
+        identify(headers, json)
+    }
+
+    fn kept_headers(&self) -> Vec<String> {
+        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        timestamp: i64,
+        event_id: &str,
+        _event_type: Option<&str>,
+    ) -> Vec<(String, String)> {
+        sign(self.keys.first(), body, timestamp, event_id)
+    }
+
+    fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
+        Some((
+            Duration::from_secs(76 * 3600),
+            "the Standard Webhooks retry schedule runs about 76 hours",
+        ))
+    }
+}
 
 /// The two spellings of the scheme's headers: id, timestamp, signature.
 const WEBHOOK: [&str; 3] = ["webhook-id", "webhook-timestamp", "webhook-signature"];
 const SVIX: [&str; 3] = ["svix-id", "svix-timestamp", "svix-signature"];
 
 /// What a capture keeps: both spellings, since a capture may come from either.
-pub(super) const KEPT_HEADERS: &[&str] = &[
+const KEPT_HEADERS: &[&str] = &[
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
@@ -32,7 +110,7 @@ const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
 
 /// The MAC key of a Standard Webhooks secret: the base64 after `whsec_`, or the whole string
 /// when it has no prefix.
-pub(super) fn derive_key(secret: &str) -> Result<Vec<u8>, String> {
+fn derive_key(secret: &str) -> Result<Vec<u8>, String> {
     let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
     let key = SECRET_BASE64
         .decode(encoded)
@@ -53,7 +131,7 @@ fn names_in_use(headers: &dyn Headers) -> Option<[&'static str; 3]> {
 
 /// Checks a Standard Webhooks delivery. Entries of other versions (`v1a,` is the asymmetric
 /// scheme) are skipped: this verifier holds only symmetric keys.
-pub(super) fn verify(
+fn verify(
     keys: &[Vec<u8>],
     headers: &dyn Headers,
     body: &[u8],
@@ -79,7 +157,7 @@ pub(super) fn verify(
 }
 
 /// The id travels in a header, the type in the body.
-pub(super) fn identify(headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
+fn identify(headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
     let event_id = match names_in_use(headers) {
         Some([id_name, ..]) => header_text(headers, id_name),
         None => header_text(headers, WEBHOOK[0]).or_else(|| header_text(headers, SVIX[0])),
@@ -91,12 +169,7 @@ pub(super) fn identify(headers: &dyn Headers, json: Option<&serde_json::Value>) 
 }
 
 /// The headers a Standard Webhooks sender would send; the spec spells them in lowercase.
-pub(super) fn sign(
-    key: &[u8],
-    body: &[u8],
-    timestamp: i64,
-    event_id: &str,
-) -> Vec<(String, String)> {
+fn sign(key: &[u8], body: &[u8], timestamp: i64, event_id: &str) -> Vec<(String, String)> {
     let stamp = timestamp.to_string();
     let tag = tag_of(
         key,
@@ -117,7 +190,8 @@ mod tests {
     use std::time::Duration;
 
     use super::super::tests::{headers, verifier};
-    use super::super::{Scheme, SignatureError, Verifier};
+    use super::super::{Provider, SignatureError};
+    type Verifier = std::sync::Arc<dyn Provider>;
     use crate::secret::Secret;
 
     // From the standard-webhooks Rust library's tests (also in the shared vectors).
@@ -129,7 +203,7 @@ mod tests {
     const WRONG: &str = "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
 
     fn standard(secrets: &[&str]) -> Verifier {
-        verifier(Scheme::Standard, secrets)
+        verifier("standard", secrets)
     }
 
     fn delivery(signature: &str) -> Vec<(String, String)> {
@@ -161,12 +235,9 @@ mod tests {
     }
 
     fn refusal(secret: &str) -> String {
-        Verifier::new(
-            Scheme::Standard,
-            &[Secret::new(secret)],
-            Duration::from_secs(300),
-        )
-        .unwrap_err()
+        super::Standard::new(&[Secret::new(secret)], Duration::from_secs(300))
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]

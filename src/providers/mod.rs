@@ -1,0 +1,694 @@
+//! Everything hookbox knows about each provider, one file per provider behind [`Provider`].
+//!
+//! A provider's file holds how its deliveries are verified, where their id and type live, which
+//! headers are kept, how `send` and `replay` sign as it would, the fingerprint's volatile fields,
+//! its redelivery horizon and the handshakes it expects answered without storing. The rest of
+//! hookbox reaches it only through the trait; nothing outside this folder matches on a scheme.
+//!
+//! Adding a provider: a file with a type that implements [`Provider`] and a [`Constructor`]
+//! that builds it from a source's [`Settings`], and one line in [`Registry::builtin`] (or, for a
+//! provider of one's own, [`Registry::with`] and [`Config::parse_with`](crate::Config::parse_with)).
+
+pub mod generic;
+mod github;
+mod keys;
+pub mod mac;
+mod shopify;
+mod slack;
+pub mod standard;
+mod stripe;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::LocalBoxFuture;
+
+use crate::secret::Secret;
+
+pub use generic::{Encoding, GenericRule, Locator};
+pub use keys::Keys;
+pub use standard::Standard;
+
+/// Read access to request headers, case-insensitive by name. The crate implements it for actix's
+/// `HeaderMap`.
+pub trait Headers {
+    /// The first value of header `name` (any case), as raw bytes.
+    fn get(&self, name: &str) -> Option<&[u8]>;
+}
+
+/// A plain list of `(name, value)` pairs, as a capture or a test holds them.
+impl Headers for [(String, String)] {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_bytes())
+    }
+}
+
+/// Lets a `&Vec<(String, String)>` stand in as `&dyn Headers`, which a slice cannot.
+impl Headers for Vec<(String, String)> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        Headers::get(self.as_slice(), name)
+    }
+}
+
+/// Why a delivery's signature was refused. Deliberately coarse: telling a caller which part of
+/// the check failed would help a forger, and the messages never carry a header value, a computed
+/// signature or a secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    /// A header is missing or malformed, or no signature matched any secret.
+    #[error("The request signature is missing or does not match.")]
+    Invalid,
+    /// A signature matched, but its timestamp is too far in the past or the future.
+    #[error("The request signature's timestamp is outside the allowed tolerance.")]
+    Stale,
+}
+
+/// What a delivery says about itself: its id and type, found where the provider puts them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The provider's event id, the key of idempotency.
+    pub event_id: Option<String>,
+    /// The provider's event type, e.g. `charge.succeeded`.
+    pub event_type: Option<String>,
+}
+
+/// One request to `/webhooks/{source}`, as a provider sees it.
+pub struct Inbound<'a> {
+    /// The HTTP method (a handshake may come as a `GET`).
+    pub method: &'a str,
+    /// The query string, without the `?` (empty when there is none).
+    pub query: &'a str,
+    /// The request headers.
+    pub headers: &'a dyn Headers,
+    /// The raw body bytes, as received.
+    pub body: &'a [u8],
+    /// Unix seconds now, what signed timestamps are judged against.
+    pub now: i64,
+}
+
+/// An event a delivery carries, verified and identified.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incoming {
+    /// The provider's event id (or one derived from the body where it sends none).
+    pub event_id: String,
+    /// The provider's event type, where it says.
+    pub event_type: Option<String>,
+    /// The body parsed as JSON, when it is JSON.
+    pub json: Option<serde_json::Value>,
+}
+
+/// An answer a provider expects to a request hookbox does not store (a handshake).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// Its `Content-Type`.
+    pub content_type: &'static str,
+    /// Its body.
+    pub body: Vec<u8>,
+}
+
+/// What a verified request turned out to be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Received {
+    /// An event to claim and store.
+    Event(Incoming),
+    /// A handshake, answered as it says and never stored.
+    Handshake(Answer),
+}
+
+/// Why a request was refused before anything was claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The signature check failed (see [`SignatureError`]).
+    Signature(SignatureError),
+    /// The body is not the JSON the provider needs to find the event.
+    MalformedPayload,
+    /// The delivery names no event id.
+    MissingEventId,
+    /// Something the check needs (a key or certificate fetched from the provider) could not be
+    /// had just now; the provider should retry.
+    Unavailable,
+}
+
+impl From<SignatureError> for Refusal {
+    fn from(error: SignatureError) -> Self {
+        Refusal::Signature(error)
+    }
+}
+
+/// One provider's rules, with one source's keys. Built once per source at startup (see
+/// [`Scheme::build`]) and shared by every request to it, so it must be cheap to call and never
+/// show a key in `Debug`.
+pub trait Provider: Send + Sync + fmt::Debug {
+    /// The scheme's name, as configuration spells it.
+    fn scheme(&self) -> &'static str;
+
+    /// Checks the signature over the raw body. `now` is unix seconds (injectable for vectors).
+    ///
+    /// # Errors
+    /// [`SignatureError::Invalid`] when a needed header is missing or malformed or no signature
+    /// matches any secret; [`SignatureError::Stale`] when one matches but its signed timestamp is
+    /// more than the tolerance away from `now`. The MAC is checked first, so an attacker cannot
+    /// learn anything about the clock without a valid signature.
+    fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError>;
+
+    /// Whether the body must parse as JSON for the event to be found (its id is in the body).
+    fn needs_json(&self) -> bool;
+
+    /// Finds the event id and type where the provider puts them. `json` is the parsed body when
+    /// it parsed. Values that are JSON strings are taken as is; JSON integers are rendered as
+    /// decimal strings; anything else counts as absent. Header values that are not UTF-8 count
+    /// as absent.
+    fn identify(&self, headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity;
+
+    /// Lowercase names of the headers this provider needs (signature, timestamp, id, type
+    /// headers): what is kept with an event and what a capture keeps.
+    fn kept_headers(&self) -> Vec<String>;
+
+    /// Signs `body` the way the provider would, with the first key, at `timestamp` (unix
+    /// seconds). Returns the headers to send in the provider's casing, including the id header
+    /// where the id travels in a header and the type header where the type does (when
+    /// `event_type` is `Some`). Does not add `Content-Type`.
+    fn sign(
+        &self,
+        body: &[u8],
+        timestamp: i64,
+        event_id: &str,
+        event_type: Option<&str>,
+    ) -> Vec<(String, String)>;
+
+    /// A verified request that is a handshake, with the answer it expects; `None` for an event.
+    fn handshake(
+        &self,
+        _inbound: &Inbound<'_>,
+        _json: Option<&serde_json::Value>,
+    ) -> Option<Answer> {
+        None
+    }
+
+    /// Top-level body fields the provider changes between deliveries of one event, left out of
+    /// the payload fingerprint.
+    fn volatile_fields(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// How long the provider may redeliver an event, and its own words for it, where it says:
+    /// a retention window shorter than this forgets ids a retry can still bring back.
+    fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
+        None
+    }
+
+    /// Turns one request into an event or a handshake: by default [`verify`](Provider::verify),
+    /// then the JSON [`needs_json`](Provider::needs_json) asks for, then
+    /// [`handshake`](Provider::handshake), then [`identify`](Provider::identify). A provider
+    /// whose check must wait on something (a certificate it fetches) overrides this.
+    fn receive<'a>(
+        &'a self,
+        inbound: &'a Inbound<'a>,
+    ) -> LocalBoxFuture<'a, Result<Received, Refusal>> {
+        Box::pin(std::future::ready(receive_now(self, inbound)))
+    }
+}
+
+/// The default [`Provider::receive`], done at once.
+///
+/// # Errors
+/// A [`Refusal`] for a bad signature, a body that is not the JSON the provider needs, or a
+/// delivery without an event id.
+pub fn receive_now<P: Provider + ?Sized>(
+    provider: &P,
+    inbound: &Inbound<'_>,
+) -> Result<Received, Refusal> {
+    provider.verify(inbound.headers, inbound.body, inbound.now)?;
+    let json: Option<serde_json::Value> = serde_json::from_slice(inbound.body).ok();
+    if json.is_none() && provider.needs_json() {
+        return Err(Refusal::MalformedPayload);
+    }
+    if let Some(answer) = provider.handshake(inbound, json.as_ref()) {
+        return Ok(Received::Handshake(answer));
+    }
+    let identity = provider.identify(inbound.headers, json.as_ref());
+    Ok(Received::Event(Incoming {
+        event_id: identity.event_id.ok_or(Refusal::MissingEventId)?,
+        event_type: identity.event_type,
+        json,
+    }))
+}
+
+/// Unix seconds now: what a delivery's signed timestamp is checked against, and what a fresh
+/// signature carries.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A source's configuration that a provider cannot use: the key (under `sources.NAME.`) and a
+/// one-line problem that never holds a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ProviderError {
+    /// The key at fault, e.g. `secrets` or `signature_header`.
+    pub key: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl ProviderError {
+    /// The problem with `key`.
+    pub fn at(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        ProviderError {
+            key: key.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// What a provider is built from: one source's secrets, tolerance and its own keys.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings<'a> {
+    /// The scheme's name, for messages.
+    pub scheme: &'static str,
+    /// The source's secrets, in order (the first signs).
+    pub secrets: &'a [Secret],
+    /// How far a signed timestamp may be from now, either way.
+    pub tolerance: Duration,
+    /// The source's keys beyond the ones every source has, or `None` when the scheme is named
+    /// alone (`--scheme` on the command line), with no config source behind it.
+    pub table: Option<&'a toml::Table>,
+}
+
+/// The keys every source takes, whatever its scheme.
+pub const COMMON_KEYS: &[&str] = &[
+    "scheme",
+    "secrets",
+    "secrets_env",
+    "tolerance",
+    "retention",
+    "forward",
+];
+
+impl Settings<'_> {
+    /// Refuses any key of the source's table that is not in `own`.
+    ///
+    /// # Errors
+    /// The first unknown key, with the keys the scheme does take.
+    pub fn only(&self, own: &[&str]) -> Result<(), ProviderError> {
+        let Some(table) = self.table else {
+            return Ok(());
+        };
+        match table.keys().find(|key| !own.contains(&key.as_str())) {
+            None => Ok(()),
+            Some(key) => {
+                let takes: Vec<&str> = COMMON_KEYS.iter().chain(own).copied().collect();
+                Err(ProviderError::at(
+                    key.as_str(),
+                    format!(
+                        "unknown field `{key}`: a {} source takes {}",
+                        self.scheme,
+                        takes.join(", ")
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// The text of `key`, when it is set.
+    ///
+    /// # Errors
+    /// A value that is not a string.
+    pub fn text(&self, key: &str) -> Result<Option<&str>, ProviderError> {
+        match self.table.and_then(|table| table.get(key)) {
+            None => Ok(None),
+            Some(toml::Value::String(text)) => Ok(Some(text)),
+            Some(other) => Err(ProviderError::at(
+                key,
+                format!("invalid type: {}, expected a string", other.type_str()),
+            )),
+        }
+    }
+}
+
+/// Builds a provider for one source. Each provider's file has one; [`Registry`] lists them.
+pub type Constructor = fn(&Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError>;
+
+/// The schemes a config may name, each with its constructor.
+#[derive(Clone)]
+pub struct Registry {
+    entries: Vec<(&'static str, Constructor)>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.entries.iter().map(|(name, _)| name))
+            .finish()
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::builtin()
+    }
+}
+
+impl Registry {
+    /// Every provider hookbox has built in, one line each.
+    pub fn builtin() -> Registry {
+        Registry {
+            entries: Vec::new(),
+        }
+        .with("stripe", stripe::build)
+        .with("standard", standard::build)
+        .with("github", github::build)
+        .with("shopify", shopify::build)
+        .with("slack", slack::build)
+        .with("hmac-sha256", generic::build)
+    }
+
+    /// Adds (or replaces) the scheme `name`, built by `build`.
+    #[must_use]
+    pub fn with(mut self, name: &'static str, build: Constructor) -> Registry {
+        self.entries.retain(|(known, _)| *known != name);
+        self.entries.push((name, build));
+        self
+    }
+
+    /// Every scheme's name, comma-separated, for messages that list the choices.
+    pub fn names(&self) -> String {
+        let names: Vec<&str> = self.entries.iter().map(|(name, _)| *name).collect();
+        names.join(", ")
+    }
+
+    /// The scheme `name`, with the source's own keys (`None`: named alone, as `--scheme` does).
+    ///
+    /// # Errors
+    /// A one-line reason for an unknown name.
+    pub fn scheme(&self, name: &str, table: Option<toml::Table>) -> Result<Scheme, String> {
+        let (name, build) = self
+            .entries
+            .iter()
+            .find(|(known, _)| *known == name)
+            .ok_or_else(|| format!("unknown scheme {name:?}; expected one of {}", self.names()))?;
+        Ok(Scheme {
+            name,
+            build: *build,
+            table: table.map(Arc::new),
+        })
+    }
+}
+
+/// A source's scheme as configured: which provider, and the source's own keys for it. It builds
+/// the [`Provider`] once the secrets are known.
+#[derive(Clone)]
+pub struct Scheme {
+    name: &'static str,
+    build: Constructor,
+    table: Option<Arc<toml::Table>>,
+}
+
+/// The name only: a scheme's own keys may one day hold something private.
+impl fmt::Debug for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scheme({:?})", self.name)
+    }
+}
+
+impl Scheme {
+    /// A built-in scheme named alone, with no config source behind it (`--scheme`).
+    ///
+    /// # Errors
+    /// A one-line reason for an unknown name.
+    pub fn builtin(name: &str) -> Result<Scheme, String> {
+        Registry::builtin().scheme(name, None)
+    }
+
+    /// The scheme's name as configuration spells it.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The provider with these secrets (the first signs) and this tolerance.
+    ///
+    /// # Errors
+    /// A key of the source the provider refuses, or a secret it cannot use.
+    pub fn build(
+        &self,
+        secrets: &[Secret],
+        tolerance: Duration,
+    ) -> Result<Arc<dyn Provider>, ProviderError> {
+        (self.build)(&Settings {
+            scheme: self.name,
+            secrets,
+            tolerance,
+            table: self.table.as_deref(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds an owned header list from literals.
+    pub(super) fn headers(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect()
+    }
+
+    /// The built-in provider `scheme` over the given secrets with a 300 s tolerance.
+    pub(super) fn verifier(scheme: &str, secrets: &[&str]) -> Arc<dyn Provider> {
+        let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::new(*s)).collect();
+        Scheme::builtin(scheme)
+            .expect("a built-in scheme")
+            .build(&secrets, Duration::from_secs(300))
+            .expect("valid test secrets")
+    }
+
+    /// An `hmac-sha256` provider with `rule` over the given secrets.
+    pub(super) fn generic(rule: GenericRule, secrets: &[&str]) -> Arc<dyn Provider> {
+        let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::new(*s)).collect();
+        Arc::new(generic::HmacSha256::new(rule, &secrets).expect("valid test rule"))
+    }
+
+    #[test]
+    fn header_lookup_ignores_case_and_takes_the_first_value() {
+        let list = headers(&[("X-Thing", "one"), ("x-thing", "two")]);
+        assert_eq!(Headers::get(&list, "x-THING"), Some(&b"one"[..]));
+        assert_eq!(Headers::get(list.as_slice(), "X-Other"), None);
+    }
+
+    #[test]
+    fn encoding_parses_its_names_and_lists_the_choices_otherwise() {
+        assert_eq!("hex".parse::<Encoding>(), Ok(Encoding::Hex));
+        assert_eq!("base64".parse::<Encoding>(), Ok(Encoding::Base64));
+        let error = "base32".parse::<Encoding>().unwrap_err();
+        assert!(error.contains("hex") && error.contains("base64"), "{error}");
+        assert!("HEX".parse::<Encoding>().is_err());
+        assert!("".parse::<Encoding>().is_err());
+    }
+
+    #[test]
+    fn locator_parses_headers_and_json_pointers() {
+        assert_eq!(
+            "header:X-Acme-Event-Id".parse::<Locator>(),
+            Ok(Locator::Header("X-Acme-Event-Id".into()))
+        );
+        assert_eq!(
+            "json:/data/id".parse::<Locator>(),
+            Ok(Locator::Json("/data/id".into()))
+        );
+        assert_eq!("json:".parse::<Locator>(), Ok(Locator::Json(String::new())));
+        for round_trip in ["header:X-Id", "json:/a/b"] {
+            let locator: Locator = round_trip.parse().expect("valid locator");
+            assert_eq!(locator.to_string(), round_trip);
+        }
+    }
+
+    #[test]
+    fn locator_refuses_what_it_cannot_follow() {
+        for bad in [
+            "",
+            "id",
+            "header:",
+            "header: X-Id",
+            "header:X Id",
+            "json:id",
+            "json:data/id",
+            "body:/id",
+            "Header:X-Id",
+        ] {
+            let error = bad.parse::<Locator>().unwrap_err();
+            assert!(!error.is_empty(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn each_provider_names_itself_as_the_registry_does() {
+        let registry = Registry::builtin();
+        assert_eq!(
+            registry.names(),
+            "stripe, standard, github, shopify, slack, hmac-sha256"
+        );
+        for provider in every_scheme() {
+            assert!(registry.scheme(provider.scheme(), None).is_ok());
+        }
+        let error = registry.scheme("paypal", None).unwrap_err();
+        assert!(error.starts_with("unknown scheme \"paypal\""), "{error}");
+    }
+
+    #[test]
+    fn an_empty_secrets_list_is_refused() {
+        let github = Scheme::builtin("github").expect("built in");
+        let error = github.build(&[], Duration::from_secs(300)).unwrap_err();
+        assert!(error.problem.contains("at least one secret"), "{error}");
+        assert_eq!(error.key, "secrets");
+    }
+
+    #[test]
+    fn an_empty_secret_is_refused() {
+        let secrets = [Secret::new("fine"), Secret::new("")];
+        let github = Scheme::builtin("github").expect("built in");
+        let error = github
+            .build(&secrets, Duration::from_secs(300))
+            .unwrap_err();
+        assert!(error.problem.contains("#2"), "{error}");
+    }
+
+    #[test]
+    fn debug_shows_the_scheme_and_key_count_but_never_a_secret() {
+        let verifier = verifier("stripe", &["whsec_very_secret_one", "another_secret"]);
+        let shown = format!("{verifier:?}");
+        assert_eq!(shown, "Stripe { keys: Keys(2), tolerance: 300s }");
+        assert!(!shown.contains("secret_one") && !shown.contains("another"));
+    }
+
+    #[test]
+    fn error_messages_are_one_plain_sentence() {
+        for error in [SignatureError::Invalid, SignatureError::Stale] {
+            let message = error.to_string();
+            assert!(
+                message.ends_with('.') && !message.contains('\n'),
+                "{message}"
+            );
+        }
+    }
+
+    /// Every built-in provider, `hmac-sha256` in both encodings, all with one secret.
+    fn every_scheme() -> Vec<Arc<dyn Provider>> {
+        let secret = "whsec_AAECAwQFBgcICQoLDA0ODw==";
+        let rule = |encoding, prefix: Option<&str>| GenericRule {
+            signature_header: "X-Sig".into(),
+            signature_prefix: prefix.map(str::to_owned),
+            encoding,
+            event_id: Locator::Header("X-Id".into()),
+            event_type: Some(Locator::Json("/type".into())),
+        };
+        let mut every: Vec<Arc<dyn Provider>> =
+            ["stripe", "standard", "github", "shopify", "slack"]
+                .into_iter()
+                .map(|name| verifier(name, &[secret]))
+                .collect();
+        every.push(generic(rule(Encoding::Hex, Some("sha256=")), &[secret]));
+        every.push(generic(rule(Encoding::Base64, None), &[secret]));
+        every
+    }
+
+    /// Every header any scheme reads, all set to the same value.
+    struct Everywhere<'v>(&'v [u8]);
+
+    impl Headers for Everywhere<'_> {
+        fn get(&self, _name: &str) -> Option<&[u8]> {
+            Some(self.0)
+        }
+    }
+
+    #[test]
+    fn no_header_value_panics_or_passes_without_a_signature() {
+        let long_digits = "9".repeat(400);
+        let strange: Vec<Vec<u8>> = [
+            &b""[..],
+            b"\xff\xfe\x00",
+            b"=",
+            b",,,",
+            b"t=,v1=",
+            b"t=1,v1=\xc3\xa9",
+            b"v1,",
+            b"v1, v1,=",
+            b"sha256=",
+            b"v0=",
+            "t=١٢٣,v1=é".as_bytes(),
+            "sha256=éé".as_bytes(),
+            long_digits.as_bytes(),
+        ]
+        .iter()
+        .map(|value| value.to_vec())
+        .chain([format!("t={long_digits},v1=00").into_bytes()])
+        .collect();
+        for verifier in every_scheme() {
+            let name = verifier.scheme();
+            for value in &strange {
+                for now in [0, i64::MIN, i64::MAX] {
+                    let outcome = verifier.verify(&Everywhere(value), b"{}", now);
+                    assert_eq!(outcome, Err(SignatureError::Invalid), "{name} {value:?}");
+                }
+                let _ = verifier.identify(&Everywhere(value), None);
+            }
+        }
+    }
+
+    #[test]
+    fn every_scheme_signs_what_it_verifies_and_keeps_what_it_reads() {
+        let body = br#"{"id":"evt_1","event_id":"evt_1","type":"thing.happened"}"#;
+        let json: serde_json::Value = serde_json::from_slice(body).expect("test body is JSON");
+        for verifier in every_scheme() {
+            let name = verifier.scheme();
+            let signed = verifier.sign(body, 1_700_000_000, "evt_1", Some("thing.happened"));
+            assert_eq!(
+                verifier.verify(&signed, body, 1_700_000_100),
+                Ok(()),
+                "{name}"
+            );
+            assert_eq!(
+                verifier.verify(&signed, body, 1_700_000_301),
+                if matches!(name, "stripe" | "standard" | "slack") {
+                    Err(SignatureError::Stale)
+                } else {
+                    Ok(())
+                },
+                "{name}"
+            );
+            let identity = verifier.identify(&signed, Some(&json));
+            assert_eq!(identity.event_id.as_deref(), Some("evt_1"), "{name}");
+            assert_eq!(
+                identity.event_type.as_deref(),
+                Some("thing.happened"),
+                "{name}"
+            );
+            // A capture that keeps only these headers must still verify and identify.
+            let kept = verifier.kept_headers();
+            assert!(kept.iter().all(|k| *k == k.to_ascii_lowercase()), "{name}");
+            let captured: Vec<(String, String)> = signed
+                .iter()
+                .filter(|(header, _)| kept.contains(&header.to_ascii_lowercase()))
+                .cloned()
+                .collect();
+            assert_eq!(captured.len(), signed.len(), "{name} drops a signed header");
+            assert_eq!(
+                verifier.verify(&captured, body, 1_700_000_000),
+                Ok(()),
+                "{name}"
+            );
+            assert!(!signed
+                .iter()
+                .any(|(h, _)| h.eq_ignore_ascii_case("content-type")));
+        }
+    }
+}
