@@ -13,7 +13,7 @@ pub mod sqlite;
 pub mod sqlite_schema;
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
@@ -163,13 +163,48 @@ pub struct Conn {
     broken: bool,
     /// The pool's write turns, on SQLite.
     turns: Option<Arc<WriteTurns>>,
+    /// The session's own bound on a wait for a lock: the in-flight wait.
+    lock_wait: Duration,
 }
 
+/// A lock wait this much shorter than the session's is cut to size; a smaller difference is
+/// not worth the two statements that cut and restore it.
+const LOCK_WAIT_SLACK: Duration = Duration::from_millis(200);
+
 impl Conn {
-    /// Waits for this process's turn to write, on SQLite, for at most the in-flight wait
+    /// Waits for this process's turn to write, on SQLite, until `deadline` at the latest
     /// (see [`WriteTurns`]); `Err` past it. On PostgreSQL there are no turns: at once.
-    pub fn write_turn(&self) -> Result<Option<WriteTurn>, TurnTimeout> {
-        self.turns.as_ref().map(WriteTurns::take).transpose()
+    pub fn write_turn(&self, deadline: Instant) -> Result<Option<WriteTurn>, TurnTimeout> {
+        self.turns.as_ref().map(|t| t.take(deadline)).transpose()
+    }
+
+    /// Runs `work` with the session's bound on a lock wait (PostgreSQL's `lock_timeout`,
+    /// SQLite's busy timeout) cut to what is left until `deadline`, so that a delivery whose
+    /// claim is tried more than once waits `in_flight_wait` in all, not on each try. A wait
+    /// already past its deadline is still given a millisecond: a claim that does not have to
+    /// wait goes ahead.
+    pub fn waiting_until<T, E>(
+        &mut self,
+        deadline: Instant,
+        work: impl FnOnce(&mut AnyConnection) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<DieselError>,
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left + LOCK_WAIT_SLACK >= self.lock_wait {
+            return work(&mut self.conn);
+        }
+        if let Err(e) = set_lock_wait(&mut self.conn, left) {
+            self.note(&e);
+            return Err(e.into());
+        }
+        let result = work(&mut self.conn);
+        // A session left with the short wait would cut every later claim short: drop it.
+        if set_lock_wait(&mut self.conn, self.lock_wait).is_err() {
+            self.broken = true;
+        }
+        result
     }
 
     /// Marks the connection broken when `error` says the connection itself failed (closed, or
@@ -196,6 +231,18 @@ impl std::ops::DerefMut for Conn {
     }
 }
 
+/// Sets the session's bound on a wait for a lock (at least a millisecond: 0 means no bound).
+fn set_lock_wait(conn: &mut AnyConnection, wait: Duration) -> QueryResult<()> {
+    use diesel::connection::SimpleConnection;
+    let ms = wait.as_millis().max(1);
+    match conn {
+        AnyConnection::Postgres(pg) => pg.batch_execute(&format!("SET lock_timeout = {ms}")),
+        AnyConnection::Sqlite(sqlite) => {
+            sqlite.batch_execute(&format!("PRAGMA busy_timeout = {ms}"))
+        }
+    }
+}
+
 /// One writer at a time among a pool's SQLite connections.
 ///
 /// SQLite has one write lock per database, and a writer that finds it taken sleeps between
@@ -206,11 +253,9 @@ impl std::ops::DerefMut for Conn {
 pub struct WriteTurns {
     taken: Mutex<bool>,
     freed: Condvar,
-    /// The longest wait for a turn: the in-flight wait.
-    wait: Duration,
 }
 
-/// No turn came within the in-flight wait.
+/// No turn came before the delivery's in-flight wait ran out.
 #[derive(Debug)]
 pub struct TurnTimeout;
 
@@ -218,19 +263,19 @@ pub struct TurnTimeout;
 pub struct WriteTurn(Arc<WriteTurns>);
 
 impl WriteTurns {
-    fn new(wait: Duration) -> Arc<WriteTurns> {
+    fn new() -> Arc<WriteTurns> {
         Arc::new(WriteTurns {
             taken: Mutex::new(false),
             freed: Condvar::new(),
-            wait,
         })
     }
 
-    fn take(self: &Arc<Self>) -> Result<WriteTurn, TurnTimeout> {
+    fn take(self: &Arc<Self>, deadline: Instant) -> Result<WriteTurn, TurnTimeout> {
         let taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        let left = deadline.saturating_duration_since(Instant::now());
         let (mut taken, waited) = self
             .freed
-            .wait_timeout_while(taken, self.wait, |taken| *taken)
+            .wait_timeout_while(taken, left, |taken| *taken)
             .unwrap_or_else(|e| e.into_inner());
         if waited.timed_out() && *taken {
             return Err(TurnTimeout);
@@ -359,6 +404,7 @@ impl ManageConnection for Manager {
             conn,
             broken: false,
             turns: self.turns.clone(),
+            lock_wait: self.lock_timeout,
         })
     }
 
@@ -379,8 +425,7 @@ impl ManageConnection for Manager {
 pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<DbPool> {
     let store = &config.store;
     let manager = Manager {
-        turns: matches!(store, Store::SqliteFile(_) | Store::SqliteMemory)
-            .then(|| WriteTurns::new(lock_timeout)),
+        turns: matches!(store, Store::SqliteFile(_) | Store::SqliteMemory).then(WriteTurns::new),
         store: store.clone(),
         lock_timeout,
     };

@@ -137,6 +137,7 @@ async fn answer(
         body,
         json,
         forward: source.forward.is_some(),
+        deadline: Instant::now() + state.in_flight_wait,
     };
     let outcome = tokio::time::timeout_at(deadline, claim(state, source.clone(), delivery))
         .await

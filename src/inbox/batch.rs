@@ -23,7 +23,7 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use super::{
     claim, event, run_handler, status_column, ClaimError, Delivery, Outcome, StoredResponse,
 };
-use crate::db::{self, on_backend, DbPool};
+use crate::db::{self, on_backend, AnyConnection, DbPool};
 use crate::handlers::{Handler, Response};
 use crate::ids::EventType;
 
@@ -180,12 +180,20 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
         return;
     }
 
+    // The batch waits no longer than its most hurried delivery may; the others, should it
+    // time out, wait what is left of theirs in claims one by one.
+    let deadline = groups
+        .values()
+        .flatten()
+        .map(|(job, _)| job.delivery.deadline)
+        .min()
+        .expect("a batch has a job");
     let inserted = {
         // Past the in-flight wait without a turn, the batch goes ahead anyway: SQLite's own
         // lock still keeps it safe. The turn ends with the INSERT, before any claim one by one
         // (which takes turns of its own).
-        let _turn = conn.write_turn().ok().flatten();
-        insert(&mut conn, &groups, received_at)
+        let _turn = conn.write_turn(deadline).ok().flatten();
+        conn.waiting_until(deadline, |c| insert(c, &groups, received_at))
     };
     let inserted = match inserted {
         Ok(keys) => keys,
@@ -234,11 +242,11 @@ type Groups = BTreeMap<(String, String), Vec<(Job, Response)>>;
 
 /// The multi-row INSERT; returns the keys it claimed.
 fn insert(
-    conn: &mut db::DbConnection,
+    conn: &mut AnyConnection,
     groups: &Groups,
     received_at: DateTime<Utc>,
 ) -> Result<std::collections::BTreeSet<(String, String)>, DieselError> {
-    let claimed: Vec<(String, String)> = on_backend!(&mut **conn, c => {
+    let claimed: Vec<(String, String)> = on_backend!(conn, c => {
     let rows: Vec<_> = groups
         .values()
         .map(|jobs| {

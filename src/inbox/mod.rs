@@ -60,6 +60,9 @@ pub struct Delivery {
     /// Whether the source hands its events on downstream: if so, the claim queues a delivery
     /// in the outbox in the same transaction.
     pub forward: bool,
+    /// When the in-flight wait of this delivery ends: every wait of its claim (for a write
+    /// turn, for another transaction's claim, on each try) ends by then, in all.
+    pub deadline: std::time::Instant,
 }
 
 /// A response committed with its claim. It never changes once committed.
@@ -123,10 +126,20 @@ pub fn claim(
     delivery: &Delivery,
     handler: &dyn Handler,
 ) -> Result<Outcome, ClaimError> {
-    let Ok(_turn) = conn.write_turn() else {
+    let Ok(_turn) = conn.write_turn(delivery.deadline) else {
         return Ok(Outcome::InFlight);
     };
-    let conn: &mut AnyConnection = conn;
+    conn.waiting_until(delivery.deadline, |conn| {
+        claim_within(conn, delivery, handler)
+    })
+}
+
+/// [`claim`], with the wait for another transaction's claim bounded by the session.
+fn claim_within(
+    conn: &mut AnyConnection,
+    delivery: &Delivery,
+    handler: &dyn Handler,
+) -> Result<Outcome, ClaimError> {
     // The only way round twice: the stored row vanished (purged) between the INSERT's
     // conflict and the read of the stored response. The second INSERT then claims afresh.
     for _ in 0..2 {

@@ -15,6 +15,7 @@ mod fuzz;
 mod handler_failures;
 mod helpers;
 mod hostile;
+mod in_flight;
 mod intake;
 mod ops;
 mod outage;
