@@ -1,16 +1,116 @@
 //! Logging: human-readable lines on stderr, filtered by `RUST_LOG` (default `info`).
+//!
+//! actix-http logs at ERROR when it cannot read a request off a connection (`stream error:
+//! ...`: a malformed head, a head too large, a connection cut mid-request). That is a client's
+//! mistake, not hookbox's, and anyone can trigger it at will, so those lines are taken out of
+//! the log and reported here instead: at most one WARN a minute (with how many were not shown
+//! since the last), and each one at DEBUG. actix-http's other errors on a connection stay
+//! ERROR.
 
 use std::io::IsTerminal;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::time::{Duration, Instant};
 
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
+
+/// Where actix-http logs what goes wrong on one HTTP/1 connection.
+const CONNECTION_TARGETS: [&str; 2] = ["actix_http::h1::dispatcher", "actix_http::h1::decoder"];
+
+/// The beginnings of the connection errors a client causes: an unreadable request (`stream
+/// error`), a peer that stopped reading (`write zero`), a chunked body that never ends.
+const CLIENT_MISTAKES: [&str; 3] = ["stream error", "write zero", "MAX_BUFFER_SIZE"];
+
+/// At most one WARN about clients' mistakes per this long.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Installs the global subscriber once; later calls do nothing.
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
+        .with_filter(filter_fn(|metadata| !is_connection_error(metadata)));
+    let (sender, receiver) = sync_channel(256);
+    let installed = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(ConnectionErrors(sender))
         .try_init();
+    if installed.is_ok() {
+        // The report is made from a thread of its own: an event logged while another is being
+        // dispatched, on the same thread, would be dropped by tracing.
+        let _ = std::thread::Builder::new()
+            .name("hookbox-client-errors".to_owned())
+            .spawn(move || report(&receiver));
+    }
+}
+
+/// An ERROR of actix-http about one connection: kept out of the log lines, see [`report`].
+fn is_connection_error(metadata: &Metadata<'_>) -> bool {
+    *metadata.level() == Level::ERROR && CONNECTION_TARGETS.contains(&metadata.target())
+}
+
+/// Hands actix-http's connection errors to [`report`].
+struct ConnectionErrors(SyncSender<String>);
+
+impl<S: Subscriber> Layer<S> for ConnectionErrors {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        if !is_connection_error(event.metadata()) {
+            return;
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        // A flood fills the channel; what does not fit is only uncounted, never waited for.
+        let _ = self.0.try_send(message.0);
+    }
+}
+
+/// An event's `message` field, as text.
+struct Message(String);
+
+impl Visit for Message {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            value.clone_into(&mut self.0);
+        }
+    }
+}
+
+/// Logs actix-http's connection errors: a client's mistake at DEBUG, and at WARN at most once
+/// per [`WARN_EVERY`] with the count of those not warned about; anything else at ERROR.
+fn report(errors: &Receiver<String>) {
+    let mut last_warning: Option<Instant> = None;
+    let mut unshown: u64 = 0;
+    for error in errors {
+        if !CLIENT_MISTAKES.iter().any(|m| error.starts_with(m)) {
+            tracing::error!(error = %error, "HTTP connection error");
+            continue;
+        }
+        tracing::debug!(error = %error, "a client sent a request that could not be read");
+        if last_warning.is_some_and(|at| at.elapsed() < WARN_EVERY) {
+            unshown += 1;
+            continue;
+        }
+        tracing::warn!(
+            error = %error,
+            not_shown_since_last = unshown,
+            "a client sent a request that could not be read (malformed, too large or cut off); \
+             it was answered 400/431 or closed. At most one such warning a minute; \
+             RUST_LOG=debug shows each"
+        );
+        last_warning = Some(Instant::now());
+        unshown = 0;
+    }
 }

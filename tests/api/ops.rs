@@ -183,3 +183,53 @@ async fn after_a_clean_stop_the_sqlite_file_alone_holds_every_event() {
     );
     assert_eq!(in_copy, 3, "every event is in the file copied on its own");
 }
+
+#[test]
+fn malformed_request_heads_are_a_rate_limited_warning_never_an_error() {
+    let db = TestDb::create();
+    let process = Process::serve(&config_text(&db.url, ""));
+    let garbage: [&[u8]; 3] = [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon in this header\r\n\r\n",
+        b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\nContent-Length: 3\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not http at all\r\n\r\n",
+    ];
+    for request in garbage {
+        let answer = crate::raw::exchange(
+            &process.address,
+            request,
+            std::time::Duration::from_secs(10),
+        );
+        if let Ok(answer) = answer {
+            assert_eq!(answer.status, 400, "{request:?}");
+        }
+    }
+    // The report comes from a thread of its own: wait for it (or for an ERROR line).
+    let warning = "a client sent a request that could not be read";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !process.log().contains(warning) && !process.log().contains("ERROR") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning about the malformed requests:\n{}",
+            process.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The server still answers, and every malformed request has been handled by now.
+    let ready = crate::raw::exchange(
+        &process.address,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        std::time::Duration::from_secs(10),
+    )
+    .expect("healthz answers");
+    assert_eq!(ready.status, 200);
+    let log = process.log();
+    assert!(
+        !log.lines().any(|l| l.contains("ERROR")),
+        "a client's mistake logged as an error:\n{log}"
+    );
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains(warning))
+        .count();
+    assert_eq!(warnings, 1, "one warning a minute at most:\n{log}");
+}
