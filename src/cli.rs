@@ -149,14 +149,15 @@ struct ReplayArgs {
     /// The receiver's base URL (http://127.0.0.1:8080); deliveries go to
     /// /webhooks/{source} under it. A URL with a path is used as it is.
     #[arg(long, value_name = "URL")]
-    to: Target,
+    to: String,
     #[command(flatten)]
     keys: KeyArgs,
     /// The source of .json body files; with captures, replay only this source's lines
     #[arg(long, value_name = "NAME", value_parser = source_name)]
     source: Option<SourceName>,
     /// Send the captured headers unchanged instead of re-signing (old signatures past the
-    /// receiver's tolerance are refused, as they should be)
+    /// receiver's tolerance are refused, as they should be); authorization,
+    /// proxy-authorization, cookie, set-cookie, host and framing headers are never sent
     #[arg(long, conflicts_with_all = ["scheme", "secret"])]
     as_is: bool,
     /// How many deliveries may be in flight at once
@@ -179,7 +180,7 @@ struct SendArgs {
     /// The receiver's base URL (http://127.0.0.1:8080); the body goes to /webhooks/{source}
     /// under it. A URL with a path is used as it is.
     #[arg(long, value_name = "URL")]
-    to: Target,
+    to: String,
     /// The source to send as: its scheme and first secret sign the body
     #[arg(long, value_name = "NAME", value_parser = source_name)]
     source: SourceName,
@@ -368,7 +369,15 @@ fn signer(keys: KeyArgs) -> Result<Signer, Exit> {
     }
 }
 
+/// `--to`, read here rather than by clap, whose error would repeat the URL as given, a
+/// password and all.
+fn target(to: &str) -> Result<Target, Exit> {
+    to.parse::<Target>()
+        .map_err(|e| usage(format_args!("--to: {e}")))
+}
+
 fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
+    let to = target(&args.to)?;
     let files = capture::input_files(&args.captures).map_err(usage)?;
     let body_files = files.iter().any(|f| f.kind == InputKind::Body);
     if body_files && args.source.is_none() {
@@ -387,7 +396,7 @@ fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
         Mode::Resign(signer(args.keys)?)
     };
     let options = ReplayOptions {
-        to: args.to,
+        to,
         mode,
         source: args.source,
         concurrency: usize::from(args.concurrency),
@@ -395,6 +404,7 @@ fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
         dry_run: args.dry_run,
         report: args.report,
     };
+    crate::replay::check(&files, &options).map_err(usage)?;
     match crate::replay::run(files, &options) {
         Ok(tally) if tally.all_ok() => Ok(ExitCode::SUCCESS),
         Ok(_) => Ok(ExitCode::from(1)),
@@ -403,6 +413,7 @@ fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
 }
 
 fn send(args: SendArgs) -> Result<ExitCode, Exit> {
+    let to = target(&args.to)?;
     let body = if args.body_file.as_os_str() == "-" {
         let mut body = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut body)
@@ -417,7 +428,7 @@ fn send(args: SendArgs) -> Result<ExitCode, Exit> {
         })?
     };
     let options = SendOptions {
-        to: args.to,
+        to,
         source: args.source,
         signer: signer(args.keys)?,
         event_id: args.event_id,

@@ -6,6 +6,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant, SystemTime};
 
 use actix_web::web::Bytes;
+use awc::http::header::{HeaderName, HeaderValue};
 use awc::http::Uri;
 
 use crate::retry;
@@ -51,20 +52,48 @@ impl Target {
 impl FromStr for Target {
     type Err = String;
 
+    /// Refuses what would not be sent as written: a fragment and a `user:password@` are
+    /// dropped by any HTTP client, and a port outside 1-65535 names nothing. The error never
+    /// repeats a password.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let uri: Uri = text
             .parse()
-            .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+            .map_err(|e| format!("{:?} is not a URL: {e}", crate::redact::database_url(text)))?;
         match uri.scheme_str() {
             Some("http" | "https") => {}
             _ => {
                 return Err(format!(
-                    "{text:?} needs to be an http:// or https:// URL, like http://127.0.0.1:8080"
+                    "{:?} needs to be an http:// or https:// URL, like http://127.0.0.1:8080",
+                    crate::redact::database_url(text)
                 ))
             }
         }
-        if uri.authority().is_none() {
+        let Some(authority) = uri.authority() else {
             return Err(format!("{text:?} names no host"));
+        };
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "{:?} carries a user or password (user:password@), which is never sent:                  leave it out (a receiver's webhook endpoint checks signatures, not logins)",
+                crate::redact::database_url(text)
+            ));
+        }
+        if text.contains('#') {
+            return Err(format!(
+                "{text:?} has a #fragment, which is never sent: leave it out"
+            ));
+        }
+        // `Uri` keeps a port it cannot read as a u16 in the authority, and forgets it.
+        let host_port = authority.as_str();
+        let port_text = match host_port.rfind(']') {
+            Some(bracket) => host_port[bracket + 1..].strip_prefix(':'),
+            None => host_port.rsplit_once(':').map(|(_, port)| port),
+        };
+        if let Some(port_text) = port_text {
+            if !matches!(port_text.parse::<u16>(), Ok(1..)) {
+                return Err(format!(
+                    "{text:?} has port {port_text:?}: a port is a number from 1 to 65535"
+                ));
+            }
         }
         let path = uri.path();
         Ok(Target {
@@ -72,6 +101,21 @@ impl FromStr for Target {
             has_path: !(path.is_empty() || path == "/"),
         })
     }
+}
+
+/// A header as HTTP carries it, or why it cannot be: a name that is not a token, or a value
+/// holding CR, LF, NUL or another control character (a tab is fine; bytes past ASCII are
+/// sent as they are).
+///
+/// # Errors
+/// Which part is wrong, in one sentence.
+pub fn header_pair(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let header_name = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("the header name {name:?} is not a valid HTTP header name"))?;
+    let header_value = HeaderValue::from_bytes(value.as_bytes()).map_err(|_| {
+        format!("the value of header {name:?} holds a CR, LF or other control character")
+    })?;
+    Ok((header_name, header_value))
 }
 
 impl fmt::Display for Target {
@@ -138,8 +182,13 @@ pub fn client() -> awc::Client {
 /// response.
 ///
 /// # Errors
-/// The last network failure, once the retries are spent, as one line.
+/// The last network failure, once the retries are spent, or a header HTTP cannot carry, as
+/// one line.
 pub async fn deliver(client: &awc::Client, request: &Request) -> Result<Answer, String> {
+    // A header HTTP cannot carry fails every try alike: no retry.
+    for (name, value) in &request.headers {
+        header_pair(name, value)?;
+    }
     let mut network_failures = 0;
     let mut in_progress = 0;
     loop {
@@ -176,7 +225,8 @@ async fn attempt(
         .post(request.url.as_str())
         .insert_header(("User-Agent", concat!("hookbox/", env!("CARGO_PKG_VERSION"))));
     for (name, value) in &request.headers {
-        post = post.insert_header((name.as_str(), value.as_str()));
+        let pair = header_pair(name, value)?;
+        post = post.insert_header(pair);
     }
     let mut response = post
         .send_body(request.body.clone())
@@ -229,6 +279,37 @@ mod tests {
         for bad in ["127.0.0.1:8080", "ftp://x", "/webhooks/x", ""] {
             assert!(bad.parse::<Target>().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn what_would_be_dropped_or_names_no_port_is_refused_without_repeating_a_password() {
+        for bad in [
+            "http://127.0.0.1:99999",
+            "http://127.0.0.1:0",
+            "http://127.0.0.1:x/",
+            "http://[::1]:70000/hook",
+            "http://127.0.0.1:8080/hook#part",
+            "http://u:hunter2@127.0.0.1:8080",
+            "http://u@127.0.0.1:8080",
+        ] {
+            let error = bad.parse::<Target>().expect_err(bad);
+            assert!(!error.contains("hunter2"), "{error}");
+        }
+        for good in [
+            "http://127.0.0.1:65535",
+            "http://[::1]:8080/hook",
+            "https://h?x=1",
+        ] {
+            assert!(good.parse::<Target>().is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn a_header_http_cannot_carry_is_named() {
+        assert!(header_pair("x-note", "a\r\nb").is_err());
+        assert!(header_pair("x-note", "nul\0").is_err());
+        assert!(header_pair("bad name", "v").is_err());
+        assert!(header_pair("x-note", "caf\u{e9}\tok").is_ok());
     }
 
     #[test]

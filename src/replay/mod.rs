@@ -38,6 +38,26 @@ use pace::Pacer;
 use progress::Progress;
 use report::{Origin, Tally};
 
+/// Captured headers `--as-is` never sends, whatever a capture file holds (the contract's
+/// rule): credentials, which a capture never has but a hand-edited or hostile one can; the
+/// host, which is the target's own; and the framing and hop-by-hop headers, which the client
+/// makes for the body it actually sends.
+const NEVER_SENT: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
 /// How each delivery's headers are made.
 #[derive(Debug)]
 pub enum Mode {
@@ -125,6 +145,25 @@ enum Done {
     Failed(Origin, &'static str, String),
     Answered(Origin, client::Answer),
     Unanswered(Origin, String),
+}
+
+/// Checks, before anything is sent, that every delivery's headers can go out as HTTP: a
+/// captured header (or an event id or type that a scheme sends in one) holding a CR or LF is a
+/// bad input to fix, not a network failure to retry. It reads the inputs once more, one entry
+/// at a time.
+///
+/// # Errors
+/// The first delivery that cannot be sent, with its file and line.
+pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
+    for entry in Entries::new(files.to_vec()) {
+        if let Job::Send(pending) = job(entry, options) {
+            for (name, value) in &pending.request(unix_now()).headers {
+                client::header_pair(name, value)
+                    .map_err(|e| format!("{}: {e}; nothing was sent", pending.origin.place()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Replays the entries of `files`, prints the summary to stdout (and progress to stderr),
@@ -275,7 +314,16 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
                 return Job::Fail(origin, "invalid_capture", message);
             }
             let headers = match &options.mode {
-                Mode::AsIs => Headers::Captured(line.headers.into_iter().collect()),
+                Mode::AsIs => Headers::Captured(
+                    line.headers
+                        .into_iter()
+                        .filter(|(name, _)| {
+                            !NEVER_SENT
+                                .iter()
+                                .any(|never| name.eq_ignore_ascii_case(never))
+                        })
+                        .collect(),
+                ),
                 Mode::Resign(signer) => match signer.for_source(&line.source) {
                     Ok(verifier) => Headers::Sign {
                         verifier,

@@ -495,3 +495,171 @@ async fn dry_run_prints_each_delivery_and_sends_nothing() {
         run.stdout
     );
 }
+
+/// The headers of each request a receiver got, names lowercase.
+type Seen = web::Data<Mutex<Vec<Vec<(String, String)>>>>;
+
+async fn record_headers(seen: Seen, request: HttpRequest, body: web::Bytes) -> HttpResponse {
+    let mut headers: Vec<(String, String)> = request
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    headers.push(("(body length)".to_owned(), body.len().to_string()));
+    seen.lock().expect("seen lock").push(headers);
+    HttpResponse::Ok().json(json!({"status": "processed"}))
+}
+
+/// A receiver that records every request's headers; returns its URL (with a path) and port.
+fn recorder() -> (String, u16, Seen) {
+    let seen: Seen = web::Data::new(Mutex::new(Vec::new()));
+    let server = HttpServer::new({
+        let seen = seen.clone();
+        move || {
+            App::new()
+                .app_data(seen.clone())
+                .route("/hook", web::post().to(record_headers))
+        }
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(("127.0.0.1", 0))
+    .expect("bind the recording receiver");
+    let port = server.addrs()[0].port();
+    actix_web::rt::spawn(server.run());
+    (format!("http://127.0.0.1:{port}/hook"), port, seen)
+}
+
+#[actix_web::test]
+async fn as_is_never_sends_credentials_the_host_or_framing_headers_a_capture_holds() {
+    let (url, port, seen) = recorder();
+    let body = r#"{"ref":"main"}"#;
+    let hostile: Vec<(String, String)> = [
+        ("Authorization", "Bearer stolen"),
+        ("proxy-authorization", "Basic c3RvbGVu"),
+        ("cookie", "session=stolen"),
+        ("set-cookie", "session=stolen"),
+        ("host", "evil.example"),
+        ("content-length", "9999"),
+        ("transfer-encoding", "chunked"),
+        ("connection", "close"),
+        ("x-github-delivery", "d-hostile"),
+        ("x-github-event", "push"),
+        ("content-type", "application/json"),
+    ]
+    .iter()
+    .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+    .collect();
+    let file = capture(&[capture_line(
+        "github",
+        "d-hostile",
+        Some("push"),
+        &hostile,
+        body,
+    )]);
+    let path = file.path();
+
+    let run = replay(&[&path, "--to", &url, "--as-is"]).await;
+
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let seen = seen.lock().expect("seen lock");
+    assert_eq!(seen.len(), 1, "one delivery");
+    let header = |name: &str| -> Vec<&str> {
+        seen[0]
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    for never in [
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "set-cookie",
+        "transfer-encoding",
+    ] {
+        assert_eq!(header(never), Vec::<&str>::new(), "{never} was sent");
+    }
+    assert_eq!(header("host"), [format!("127.0.0.1:{port}")]);
+    assert_eq!(header("content-length"), [body.len().to_string()]);
+    assert_eq!(header("(body length)"), [body.len().to_string()]);
+    assert_eq!(header("x-github-delivery"), ["d-hostile"]);
+    assert_eq!(header("content-type"), ["application/json"]);
+}
+
+#[actix_web::test]
+async fn a_header_http_cannot_carry_is_a_usage_error_and_nothing_is_sent() {
+    let (url, _, seen) = recorder();
+    let good = capture_line("github", "d-good", Some("push"), &[], "{}");
+    let bad_value = capture_line(
+        "github",
+        "d-bad",
+        Some("push"),
+        &[("x-note".to_owned(), "a\r\nx-injected: 1".to_owned())],
+        "{}",
+    );
+    // Re-signed, the id travels in a header: a CR/LF there is the same fault.
+    let bad_id = capture_line("github", "d-\r\nx-injected: 1", Some("push"), &[], "{}");
+    for (lines, extra, place) in [
+        (vec![good.clone(), bad_value], vec!["--as-is"], ":2:"),
+        (
+            vec![good.clone(), bad_id],
+            vec!["--scheme", "github", "--secret", "s3cret"],
+            ":2:",
+        ),
+    ] {
+        let file = capture(&lines);
+        let path = file.path();
+        let mut args = vec!["replay", path.as_str(), "--to", url.as_str()];
+        args.extend(extra);
+        let (code, stdout, stderr) = run_hookbox_async(&args).await;
+        assert_eq!(code, 2, "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains(place) && stderr.contains("CR, LF"),
+            "names the line and the fault: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    assert_eq!(seen.lock().expect("seen lock").len(), 0, "nothing was sent");
+}
+
+#[test]
+fn a_to_url_that_would_not_be_sent_as_written_is_a_usage_error() {
+    let file = github_capture(1);
+    let path = file.path();
+    for (to, says) in [
+        ("http://127.0.0.1:99999", "port"),
+        ("http://127.0.0.1:0/hook", "port"),
+        ("http://127.0.0.1:8080/hook#part", "fragment"),
+        ("http://admin:hunter2@127.0.0.1:8080", "user:password@"),
+    ] {
+        for command in [
+            vec!["replay", path.as_str(), "--to", to, "--as-is"],
+            vec![
+                "send",
+                "--to",
+                to,
+                "--source",
+                "github",
+                "--scheme",
+                "github",
+                "--secret",
+                "s3cret",
+                path.as_str(),
+            ],
+        ] {
+            let (code, stdout, stderr) = run_hookbox(&command, &[]);
+            assert_eq!(code, 2, "{command:?}: {stdout}\n{stderr}");
+            assert!(stderr.contains(says), "{command:?}: {stderr}");
+            assert!(
+                !stderr.contains("hunter2"),
+                "the password is not repeated: {stderr}"
+            );
+        }
+    }
+}
