@@ -10,6 +10,7 @@ use diesel::prelude::*;
 use diesel::sql_types::BigInt;
 use hookbox::config::Config;
 use hookbox::db::Store;
+use hookbox::providers::Registry;
 use hookbox::AnyConnection;
 use hookbox::{Application, Handlers};
 
@@ -246,6 +247,11 @@ pub fn parse_config(text: &str) -> Config {
     Config::parse(text, &test_env).expect("the test config is valid")
 }
 
+/// [`parse_config`], with the schemes of `registry`.
+pub fn parse_config_with(text: &str, registry: &Registry) -> Config {
+    Config::parse_with(text, &test_env, registry).expect("the test config is valid")
+}
+
 pub fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -270,6 +276,13 @@ impl TestApp {
         let db = TestDb::create();
         let config = parse_config(&config_text(&db.url, extra));
         TestApp::spawn_on(db, config, handlers).await
+    }
+
+    /// A server whose config may name the schemes of `registry` (providers of a test's own).
+    pub async fn spawn_with_providers(extra: &str, registry: &Registry) -> TestApp {
+        let db = TestDb::create();
+        let config = parse_config_with(&config_text(&db.url, extra), registry);
+        TestApp::spawn_on(db, config, Handlers::default()).await
     }
 
     pub async fn spawn_on(db: TestDb, config: Config, handlers: Handlers) -> TestApp {

@@ -19,6 +19,7 @@ mod in_flight;
 mod intake;
 mod ops;
 mod outage;
+mod own_provider;
 mod provider;
 mod proxy;
 mod raw;
