@@ -12,6 +12,7 @@ pub mod pg_schema;
 pub mod sqlite;
 pub mod sqlite_schema;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -157,7 +158,9 @@ pub type DbConnection = PooledConnection<Manager>;
 
 /// A pooled connection that remembers whether it was seen to fail, so the pool drops it
 /// instead of handing it out again. This replaces a test query on every checkout (one round
-/// trip per request): a connection that died is found by the query that needed it.
+/// trip per request): a connection is checked only when it sat idle or a dead one was seen
+/// since it was last used (see [`Health`]), and the first query to meet a dead one is tried
+/// again on a fresh connection where that is safe.
 pub struct Conn {
     conn: AnyConnection,
     broken: bool,
@@ -165,6 +168,46 @@ pub struct Conn {
     turns: Option<Arc<WriteTurns>>,
     /// The session's own bound on a wait for a lock: the in-flight wait.
     lock_wait: Duration,
+    /// What the pool's connections have seen of the database.
+    health: Arc<Health>,
+    /// When the pool last handed this connection out (or made it).
+    handed_out: Instant,
+}
+
+/// A connection idle this long is checked with a round trip before it is handed out: a server
+/// or a proxy may have closed it meanwhile (`idle_session_timeout`, a restart).
+const IDLE_BEFORE_CHECK: Duration = Duration::from_secs(5);
+
+/// What a pool's connections have seen: when one was last found dead. A database that killed
+/// one connection (a restart, `pg_terminate_backend`) has usually killed them all, so each
+/// connection handed out before that moment is checked with a round trip before it is handed
+/// out again, and the dead ones are replaced, instead of each failing one request.
+struct Health {
+    since: Instant,
+    /// Milliseconds from `since` to the last dead connection seen, plus one; 0 if none was.
+    dead_seen: AtomicU64,
+}
+
+impl Health {
+    fn new() -> Arc<Health> {
+        Arc::new(Health {
+            since: Instant::now(),
+            dead_seen: AtomicU64::new(0),
+        })
+    }
+
+    fn saw_dead(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
+        self.dead_seen.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// Whether a dead connection was seen after `at`.
+    fn dead_seen_after(&self, at: Instant) -> bool {
+        match self.dead_seen.load(Ordering::Relaxed) {
+            0 => false,
+            ms => self.since + Duration::from_millis(ms - 1) >= at,
+        }
+    }
 }
 
 /// A lock wait this much shorter than the session's is cut to size; a smaller difference is
@@ -213,6 +256,7 @@ impl Conn {
     pub fn note(&mut self, error: &DieselError) -> bool {
         if is_connection_error(error) {
             self.broken = true;
+            self.health.saw_dead();
         }
         self.broken
     }
@@ -316,6 +360,20 @@ pub fn with_connection<T>(
     })
 }
 
+/// [`with_connection`], for work that is safe to run twice (reads, and writes that come to the
+/// same whether done once or twice): when its connection turns out dead (the database
+/// restarted or ended the session while the connection sat in the pool), it runs again, once,
+/// on a fresh one, so the first request after the database is back does not fail.
+pub fn with_connection_retried<T>(
+    pool: &DbPool,
+    mut work: impl FnMut(&mut AnyConnection) -> Result<T, DieselError>,
+) -> Result<T, DbError> {
+    match with_connection(pool, &mut work) {
+        Err(DbError::Query(e)) if is_connection_error(&e) => with_connection(pool, work),
+        result => result,
+    }
+}
+
 /// Whether the error means the connection is gone, rather than that a statement failed.
 pub fn is_connection_error(error: &DieselError) -> bool {
     matches!(
@@ -384,6 +442,8 @@ pub struct Manager {
     lock_timeout: Duration,
     /// Shared by the connections, on SQLite.
     turns: Option<Arc<WriteTurns>>,
+    /// Shared by the connections.
+    health: Arc<Health>,
 }
 
 impl ManageConnection for Manager {
@@ -405,11 +465,23 @@ impl ManageConnection for Manager {
             broken: false,
             turns: self.turns.clone(),
             lock_wait: self.lock_timeout,
+            health: self.health.clone(),
+            handed_out: Instant::now(),
         })
     }
 
+    /// Called at each checkout. A round trip only for a connection that sat idle, or that was
+    /// last handed out before a dead connection was seen (see [`Health`]); the pool drops a
+    /// connection that fails it and takes the next, or makes a new one.
     fn is_valid(&self, conn: &mut Conn) -> Result<(), Self::Error> {
-        conn.conn.ping().map_err(diesel::r2d2::Error::QueryError)
+        let last = std::mem::replace(&mut conn.handed_out, Instant::now());
+        if last.elapsed() < IDLE_BEFORE_CHECK && !self.health.dead_seen_after(last) {
+            return Ok(());
+        }
+        conn.conn.ping().map(|_| ()).map_err(|e| {
+            self.health.saw_dead();
+            diesel::r2d2::Error::QueryError(e)
+        })
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
@@ -428,10 +500,12 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<D
         turns: matches!(store, Store::SqliteFile(_) | Store::SqliteMemory).then(WriteTurns::new),
         store: store.clone(),
         lock_timeout,
+        health: Health::new(),
     };
+    // `is_valid` decides which connections are worth a round trip (most are not).
     let builder = Pool::builder()
         .connection_timeout(CHECKOUT_TIMEOUT)
-        .test_on_check_out(false);
+        .test_on_check_out(true);
     Ok(match store {
         Store::SqliteMemory => builder
             .max_size(1)

@@ -60,7 +60,7 @@ pub async fn list_events(
             .order((events::received_at.desc(), events::id.desc()))
             .limit(limit)
             .into_boxed();
-        if let Some(source) = query.source {
+        if let Some(source) = query.source.clone() {
             if !storable(&source) {
                 return Ok(Vec::new());
             }

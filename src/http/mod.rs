@@ -18,15 +18,16 @@ use crate::startup::AppState;
 pub use console::Sessions;
 pub use error::ApiError;
 
-/// Runs `work` on a blocking thread with a pooled connection. A failure is logged once, as
-/// `what` failing, and answered 503 `unavailable`.
+/// Runs `work` on a blocking thread with a pooled connection (again on a fresh one if that
+/// one turns out dead, so `work` must be safe to repeat). A failure is logged once, as `what`
+/// failing, and answered 503 `unavailable`.
 pub(crate) async fn with_db<T: Send + 'static>(
     state: &web::Data<AppState>,
     what: &'static str,
-    work: impl FnOnce(&mut AnyConnection) -> QueryResult<T> + Send + 'static,
+    work: impl FnMut(&mut AnyConnection) -> QueryResult<T> + Send + 'static,
 ) -> Result<T, ApiError> {
     let state = state.clone();
-    web::block(move || db::with_connection(&state.pool, work))
+    web::block(move || db::with_connection_retried(&state.pool, work))
         .await
         .map_err(|_| ApiError::Unavailable)?
         .map_err(|e| {

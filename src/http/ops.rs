@@ -15,13 +15,11 @@ pub async fn healthz() -> HttpResponse {
 /// The database is reachable and every migration is applied; 503 otherwise.
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let migrated = web::block(move || -> anyhow::Result<bool> {
-        let mut conn = state.pool.get()?;
-        // A cheap statement first, so a connection that died is noticed and dropped.
-        if let Err(e) = diesel::sql_query("SELECT 1").execute(&mut **conn) {
-            conn.note(&e);
-            return Err(e.into());
-        }
-        db::is_migrated(&mut conn)
+        // A cheap statement first, so a connection that died is noticed, dropped and replaced.
+        db::with_connection_retried(&state.pool, |conn| {
+            diesel::sql_query("SELECT 1").execute(conn)
+        })?;
+        db::is_migrated(&mut *state.pool.get()?)
     })
     .await
     .map_err(|_| ApiError::Unavailable)?;

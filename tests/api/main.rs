@@ -7,6 +7,7 @@ mod browser;
 mod cluster;
 mod concurrency;
 mod console;
+mod dead_connections;
 mod downstream;
 mod export;
 mod faults;

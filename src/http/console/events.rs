@@ -57,6 +57,7 @@ impl Filters {
 }
 
 /// The filters, read and checked.
+#[derive(Clone)]
 struct Query {
     source: Option<String>,
     event_type: Option<String>,
@@ -259,7 +260,10 @@ pub async fn list(
             ));
         }
     };
-    let mut rows = with_db(&state, "console event list", move |conn| load(conn, query)).await?;
+    let mut rows = with_db(&state, "console event list", move |conn| {
+        load(conn, query.clone())
+    })
+    .await?;
     let more = rows.len() as i64 > PAGE_SIZE;
     rows.truncate(PAGE_SIZE as usize);
 

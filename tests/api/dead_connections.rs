@@ -1,0 +1,104 @@
+//! Pooled connections that died while idle (the database restarted, `pg_terminate_backend`, an
+//! `idle_session_timeout`) are found and replaced before a request depends on them: once the
+//! database answers, the next request succeeds.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+use hookbox::{AnyConnection, Event, Handler, Handlers, Response};
+
+use crate::forward::poll_until;
+use crate::helpers::*;
+
+/// Answers after a statement of its own, so its claims go through a transaction.
+struct Touches;
+
+impl Handler for Touches {
+    fn handle(&self, conn: &mut AnyConnection, event: &Event<'_>) -> anyhow::Result<Response> {
+        diesel::sql_query("SELECT 1").execute(conn)?;
+        Ok(Response::processed(event))
+    }
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// Terminates every backend connected to `database`, and waits until they are gone.
+async fn terminate_every_connection(database: &str) {
+    let mut server = PgConnection::establish(&server_url()).expect("connect to the server");
+    diesel::sql_query(
+        "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind::<diesel::sql_types::Text, _>(database)
+    .get_result::<Count>(&mut server)
+    .expect("terminate the backends");
+    poll_until("every backend is gone", Duration::from_secs(10), || {
+        diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind::<diesel::sql_types::Text, _>(database)
+        .get_result::<Count>(&mut server)
+        .expect("count the backends")
+        .n
+            == 0
+    })
+    .await;
+}
+
+/// Opens up to the whole pool: several deliveries at once, each of its own event.
+async fn fill_the_pool(app: &TestApp) {
+    let sends: Vec<_> = (0..8)
+        .map(|n| {
+            let source = if n % 2 == 0 { "stripe" } else { "github" };
+            let id = unique_id("evt_fill");
+            let delivery = app.delivery(source, &sample_body(source, &id), &id);
+            async move { app.send(&delivery).await }
+        })
+        .collect();
+    for answer in futures_util::future::join_all(sends).await {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+}
+
+#[actix_web::test]
+async fn after_every_pooled_connection_is_terminated_the_next_requests_all_succeed() {
+    if skip_on_sqlite(
+        "after_every_pooled_connection_is_terminated_the_next_requests_all_succeed",
+        "an SQLite connection is a file, with no server to terminate it",
+    ) {
+        return;
+    }
+    let app = TestApp::spawn_with("", Handlers::default().with("github", Touches)).await;
+    fill_the_pool(&app).await;
+
+    terminate_every_connection(&app.db.name).await;
+    let ready = app.get("/readyz", None).await;
+    assert_eq!(ready.status, 200, "/readyz: {}", ready.text());
+
+    terminate_every_connection(&app.db.name).await;
+    let mut statuses = Vec::new();
+    for n in 0..10 {
+        // Both ways of claiming: batched (stripe) and in a transaction (github).
+        let source = if n % 2 == 0 { "stripe" } else { "github" };
+        let id = unique_id("evt_after_kill");
+        let answer = app
+            .send(&app.delivery(source, &sample_body(source, &id), &id))
+            .await;
+        statuses.push((source, answer.status, answer.text()));
+    }
+    assert!(
+        statuses.iter().all(|(_, status, _)| *status == 200),
+        "{statuses:#?}"
+    );
+
+    terminate_every_connection(&app.db.name).await;
+    let listed = app.get("/admin/events?limit=1", Some(ADMIN_TOKEN)).await;
+    assert_eq!(listed.status, 200, "/admin/events: {}", listed.text());
+    let ready = app.get("/readyz", None).await;
+    assert_eq!(ready.status, 200, "/readyz: {}", ready.text());
+}
