@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use diesel::prelude::*;
 use hookbox::Handlers;
 
 use crate::admin::spawn_without_admin_token;
@@ -486,5 +487,137 @@ async fn replays_are_added_to_the_events_row_in_batches() {
         page.text().contains("<dd id=\"replays\">3</dd>"),
         "{}",
         page.text()
+    );
+}
+
+/// Markup that would run, break out of an element or an attribute, or pass an entity through
+/// unescaped if any of it reached a page as HTML.
+const HOSTILE: &str = "</td></h1><script>alert(1)</script>\"><img src=x onerror=alert(1)>&amp;";
+
+/// `text` as HTML shows it: `&`, `<`, `>` and `"` as entities.
+fn escaped(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Stores an event (and a dead delivery of it) with `hostile` in every field the console shows:
+/// what intake never lets in (a source outside the config's charset, any header name) as much
+/// as what it does (ids, types, header values, bodies). Returns the event's source and id.
+fn store_hostile_event(app: &TestApp, hostile: &str) -> (String, String) {
+    let source = format!("src{hostile}");
+    let id = format!("{}{hostile}", unique_id("evt"));
+    let mut conn = app.db.connect();
+    hookbox::on_backend!(&mut conn, c => {
+        let row: i64 = diesel::insert_into(events::table)
+            .values((
+                events::source.eq(&source),
+                events::event_id.eq(&id),
+                events::event_type.eq(format!("type{hostile}")),
+                events::fingerprint.eq(&[0u8][..]),
+                events::received_at.eq(chrono::Utc::now()),
+                events::payload.eq(format!("body{hostile}").into_bytes()),
+                events::headers.eq(serde_json::json!({
+                    format!("name{hostile}"): format!("value{hostile}"),
+                })),
+                events::response_status.eq(200i16),
+                events::response_content_type.eq(format!("text/plain; x=\"{hostile}\"")),
+                events::response_body.eq(format!("answer{hostile}").into_bytes()),
+            ))
+            .returning(events::id)
+            .get_result(c)
+            .expect("store the event");
+        diesel::insert_into(deliveries::table)
+            .values((
+                deliveries::event_row.eq(row),
+                deliveries::state.eq("dead"),
+                deliveries::attempts.eq(3),
+                deliveries::next_attempt_at.eq(chrono::Utc::now()),
+                deliveries::last_status.eq(Some(500i16)),
+                deliveries::last_error.eq(format!("error{hostile}")),
+                deliveries::created_at.eq(chrono::Utc::now()),
+            ))
+            .execute(c)
+            .expect("store its delivery")
+    });
+    (source, id)
+}
+
+/// No element, attribute or entity of `hostile` came through as markup.
+fn assert_inert(page: &str, what: &str) {
+    for markup in ["<script", "<img", "</td></h1>"] {
+        assert!(!page.contains(markup), "{markup} in {what}:\n{page}");
+    }
+}
+
+#[actix_web::test]
+async fn a_hostile_value_in_every_shown_field_comes_out_escaped() {
+    let app = TestApp::spawn().await;
+    let (source, id) = store_hostile_event(&app, HOSTILE);
+    let cookie = log_in(&app).await;
+    let shown = escaped(HOSTILE);
+
+    let page = event_page(&app, &cookie, &form_encode(&source), &id).await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    let page = page.text();
+    assert_inert(&page, "the event page");
+    for expected in [
+        format!("<h1 id=\"event-id\">{}</h1>", escaped(&id)),
+        format!("<title>{} · hookbox</title>", escaped(&id)),
+        format!("<dd>src{shown}</dd>"),
+        format!("<dd id=\"event-type\">type{shown}</dd>"),
+        format!("<th><code>name{shown}</code></th><td><code>value{shown}</code></td>"),
+        format!("<pre id=\"payload\">body{shown}</pre>"),
+        format!("<code>text/plain; x=&quot;{shown}&quot;</code>"),
+        format!("<pre id=\"response\">answer{shown}</pre>"),
+        format!("<td>error{shown}</td>"),
+        format!("name=\"source\" value=\"src{shown}\""),
+        format!("name=\"event_id\" value=\"{}\"", escaped(&id)),
+        format!("Other events from src{shown}</a>"),
+    ] {
+        assert!(page.contains(&expected), "{expected} in:\n{page}");
+    }
+
+    let path = format!(
+        "/console/events?source={}&type={}&id={}",
+        form_encode(&source),
+        form_encode(&format!("type{HOSTILE}")),
+        form_encode(&id)
+    );
+    let list = get_page(&app, &path, Some(&cookie)).await;
+    assert_eq!(list.status, 200, "{}", list.text());
+    let list = list.text();
+    assert_inert(&list, "the event list");
+    for expected in [
+        format!("<option selected>src{shown}</option>"),
+        format!("value=\"type{shown}\""),
+        format!("value=\"{}\"", escaped(&id)),
+        format!("<td>src{shown}</td>"),
+        format!("\">{}</a>", escaped(&id)),
+        format!("<td>type{shown}</td>"),
+    ] {
+        assert!(list.contains(&expected), "{expected} in:\n{list}");
+    }
+
+    let refused = get_page(
+        &app,
+        &format!("/console/events?since={}", form_encode(HOSTILE)),
+        Some(&cookie),
+    )
+    .await;
+    assert_eq!(refused.status, 400);
+    assert_inert(&refused.text(), "a refused filter");
+    assert!(refused
+        .text()
+        .contains(&format!("value=\"{shown}\" placeholder")));
+
+    let missing = event_page(&app, &cookie, &form_encode(&source), "absent").await;
+    assert_eq!(missing.status, 404);
+    assert_inert(&missing.text(), "the missing event's page");
+    assert!(
+        missing.text().contains("src&lt;/td&gt;"),
+        "{}",
+        missing.text()
     );
 }

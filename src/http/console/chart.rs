@@ -1,11 +1,9 @@
 //! The overview's chart: one source's answers per minute as stacked bars in inline SVG. Each
 //! minute with answers is a group carrying its counts (`data-*`) and a `<title>` tooltip.
 
-use std::fmt::Write;
-
 use chrono::DateTime;
+use maud::{html, Markup};
 
-use super::html::esc;
 use crate::activity::Minute;
 
 /// Pixels per minute.
@@ -35,88 +33,75 @@ fn clock(minute: i64) -> String {
         .unwrap_or_default()
 }
 
-/// The chart of `minutes` (oldest first, one per minute) for `source`.
-pub fn svg(source: &str, minutes: &[Minute]) -> String {
+/// The chart of `minutes` (oldest first, one per minute) for `source`. Every element is
+/// closed explicitly: inside `<svg>` an HTML parser keeps an unclosed `<line>` open.
+pub fn svg(source: &str, minutes: &[Minute]) -> Markup {
     let width = minutes.len() as i64 * BAR;
     let height = TOP + PLOT + BOTTOM;
+    let base = TOP + PLOT;
     let peak = minutes.iter().map(Minute::total).max().unwrap_or(0).max(1);
-    let mut out = String::with_capacity(4096);
-    let _ = write!(
-        out,
-        "<svg class=\"chart\" data-source=\"{}\" viewBox=\"0 0 {width} {height}\" role=\"img\" \
-         aria-label=\"{} deliveries per minute\" xmlns=\"http://www.w3.org/2000/svg\">\
-         <text x=\"0\" y=\"9\">{peak}/min</text>\
-         <line x1=\"0\" y1=\"{TOP}\" x2=\"{width}\" y2=\"{TOP}\" stroke-dasharray=\"2 3\"/>\
-         <line x1=\"0\" y1=\"{base}\" x2=\"{width}\" y2=\"{base}\"/>",
-        esc(source),
-        esc(source),
-        base = TOP + PLOT,
-    );
-    for (i, minute) in minutes.iter().enumerate() {
-        let x = i as i64 * BAR;
-        // A tick and the time every half hour (of the clock), the last minute labelled "now".
-        if minute.at % 30 == 0 && i > 0 && i + 8 < minutes.len() {
-            let _ = write!(
-                out,
-                "<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>\
-                 <text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-                TOP + PLOT,
-                TOP + PLOT + 3.0,
-                height - 2.0,
-                clock(minute.at)
-            );
-        }
-        if minute.total() == 0 {
-            continue;
-        }
-        let [processed, replayed, rejected, failed] = counts(minute);
-        let reasons = minute
-            .reasons
-            .iter()
-            .map(|(code, n)| format!("{code} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let _ = write!(
-            out,
-            "<g data-minute=\"{}\" data-processed=\"{processed}\" data-replayed=\"{replayed}\" \
-             data-rejected=\"{rejected}\" data-failed=\"{failed}\" data-reasons=\"{}\">\
-             <title>{} UTC: {processed} processed, {replayed} replayed, {rejected} rejected, \
-             {failed} failed{}</title>",
-            clock(minute.at),
-            esc(&reasons),
-            clock(minute.at),
-            if reasons.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", esc(&reasons))
+    html! {
+        svg class="chart" data-source=(source) viewBox={ "0 0 " (width) " " (height) }
+            role="img" aria-label={ (source) " deliveries per minute" }
+            xmlns="http://www.w3.org/2000/svg" {
+            text x="0" y="9" { (peak) "/min" }
+            line x1="0" y1=(TOP) x2=(width) y2=(TOP) stroke-dasharray="2 3" {}
+            line x1="0" y1=(base) x2=(width) y2=(base) {}
+            @for (i, minute) in minutes.iter().enumerate() {
+                @let x = i as i64 * BAR;
+                // A tick and the time every half hour (of the clock), the last minute "now".
+                @if minute.at % 30 == 0 && i > 0 && i + 8 < minutes.len() {
+                    line x1=(x) y1=(base) x2=(x) y2=(base + 3.0) {}
+                    text x=(x) y=(height - 2.0) text-anchor="middle" { (clock(minute.at)) }
+                }
+                @if minute.total() > 0 {
+                    (bars(x, peak, minute))
+                }
             }
-        );
-        let mut y = TOP + PLOT;
-        for (class, n) in STACK.iter().zip(counts(minute)) {
-            if n == 0 {
-                continue;
-            }
+            text x=(width) y=(height - 2.0) text-anchor="end" { "now" }
+        }
+    }
+}
+
+/// One minute's group: its counts, a tooltip, and a bar per outcome stacked bottom up.
+fn bars(x: i64, peak: u64, minute: &Minute) -> Markup {
+    let [processed, replayed, rejected, failed] = counts(minute);
+    let reasons = minute
+        .reasons
+        .iter()
+        .map(|(code, n)| format!("{code} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut y = TOP + PLOT;
+    let stacked: Vec<(&str, f64, f64)> = STACK
+        .iter()
+        .zip(counts(minute))
+        .filter(|(_, n)| *n > 0)
+        .map(|(class, n)| {
             // A single answer stays visible however tall the peak.
             let h = (n as f64 * PLOT / peak as f64).max(1.0);
             y -= h;
-            let _ = write!(
-                out,
-                "<rect class=\"{class}\" x=\"{x}\" y=\"{y:.1}\" width=\"{}\" height=\"{h:.1}\"/>",
-                BAR - 1
-            );
+            (*class, y, h)
+        })
+        .collect();
+    html! {
+        g data-minute=(clock(minute.at)) data-processed=(processed) data-replayed=(replayed)
+            data-rejected=(rejected) data-failed=(failed) data-reasons=(reasons) {
+            title {
+                (clock(minute.at)) " UTC: " (processed) " processed, " (replayed) " replayed, "
+                (rejected) " rejected, " (failed) " failed"
+                @if !reasons.is_empty() { " (" (reasons) ")" }
+            }
+            @for (class, y, h) in stacked {
+                rect class=(class) x=(x) y=(format!("{y:.1}")) width=(BAR - 1)
+                    height=(format!("{h:.1}")) {}
+            }
         }
-        out.push_str("</g>");
     }
-    let _ = write!(
-        out,
-        "<text x=\"{width}\" y=\"{}\" text-anchor=\"end\">now</text></svg>",
-        height - 2.0
-    );
-    out
 }
 
 /// The line under a chart: totals per outcome, with a swatch each, and refusals by code.
-pub fn legend(minutes: &[Minute]) -> String {
+pub fn legend(minutes: &[Minute]) -> Markup {
     let mut totals = [0u64; 4];
     let mut reasons: Vec<(&'static str, u64)> = Vec::new();
     for minute in minutes {
@@ -130,27 +115,25 @@ pub fn legend(minutes: &[Minute]) -> String {
             }
         }
     }
-    let mut out = String::from("<p class=\"legend\">");
-    for (class, total) in STACK.iter().zip(totals) {
-        let _ = write!(
-            out,
-            "<span data-outcome=\"{class}\" data-total=\"{total}\"><i class=\"sw {class}\"></i>{total} {class}</span>"
-        );
+    reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    html! {
+        p class="legend" {
+            @for (class, total) in STACK.iter().zip(totals) {
+                span data-outcome=(class) data-total=(total) {
+                    i class={ "sw " (class) } {} (total) " " (class)
+                }
+            }
+            @if !reasons.is_empty() {
+                span class="muted" {
+                    "refused: "
+                    @for (i, (code, n)) in reasons.iter().enumerate() {
+                        @if i > 0 { ", " }
+                        code { (code) } " " (n)
+                    }
+                }
+            }
+        }
     }
-    if !reasons.is_empty() {
-        reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        let listed: Vec<String> = reasons
-            .iter()
-            .map(|(code, n)| format!("<code>{}</code> {n}", esc(code)))
-            .collect();
-        let _ = write!(
-            out,
-            "<span class=\"muted\">refused: {}</span>",
-            listed.join(", ")
-        );
-    }
-    out.push_str("</p>");
-    out
 }
 
 #[cfg(test)]
@@ -180,7 +163,7 @@ mod tests {
                 _ => minute(at, 0, 0),
             })
             .collect();
-        let svg = svg("stripe", &minutes);
+        let svg = svg("stripe", &minutes).into_string();
         assert!(svg.starts_with("<svg class=\"chart\" data-source=\"stripe\""));
         assert_eq!(svg.matches("<g ").count(), 2, "{svg}");
         assert!(svg.contains(
@@ -195,7 +178,7 @@ mod tests {
         assert!(svg.contains("height=\"82.5\""));
         assert!(svg.contains("height=\"27.5\""));
 
-        let legend = legend(&minutes);
+        let legend = legend(&minutes).into_string();
         assert!(legend.contains("data-outcome=\"processed\" data-total=\"4\""));
         assert!(legend.contains("<code>invalid_signature</code> 1"));
     }

@@ -1,15 +1,15 @@
 //! `GET /console/event?source=&id=`: one stored event whole (kept headers, body, stored
 //! response, forward deliveries), and `POST /console/deliveries/{id}/requeue`.
 
-use std::fmt::Write;
-
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use serde::Deserialize;
 
-use super::html::{esc, link, page, redirect, respond, show_body, time};
+use maud::{html, Markup};
+
+use super::html::{link, page, redirect, respond, show_body, time};
 use super::{check_csrf, field, message, Refused, Session};
 use crate::db::AnyConnection;
 use crate::forward::store::{self, DeliveryView};
@@ -42,17 +42,15 @@ fn load(
 }
 
 /// A body in a `<pre>`, with what it is and its size.
-fn body_block(id: &str, bytes: &[u8]) -> String {
+fn body_block(id: &str, bytes: &[u8]) -> Markup {
     let shown = show_body(bytes);
-    format!(
-        "<p class=\"muted\">{} byte{}{}</p><pre id=\"{id}\">{}</pre>",
-        bytes.len(),
-        if bytes.len() == 1 { "" } else { "s" },
-        shown
-            .note
-            .map_or_else(String::new, |note| format!(", {note}")),
-        esc(&shown.text)
-    )
+    html! {
+        p class="muted" {
+            (bytes.len()) " byte" @if bytes.len() != 1 { "s" }
+            @if let Some(note) = shown.note { ", " (note) }
+        }
+        pre id=(id) { (shown.text) }
+    }
 }
 
 fn notice(which: &Which) -> Option<(bool, String)> {
@@ -81,49 +79,72 @@ fn deliveries_table(
     source: &str,
     event_id: &str,
     deliveries: &[DeliveryView],
-) -> String {
-    let mut out = String::from(
-        "<table id=\"deliveries\"><thead><tr><th>Delivery</th><th>State</th>\
-         <th class=\"num\">Attempts</th><th class=\"num\">Last status</th><th>Last error</th>\
-         <th>Queued</th><th>Next attempt</th><th>Delivered</th><th></th></tr></thead><tbody>",
-    );
+) -> Markup {
     let when = |at: Option<DateTime<Utc>>| at.map_or_else(String::new, time);
-    for d in deliveries {
-        let _ = write!(
-            out,
-            "<tr id=\"delivery-{}\"><td>{}</td><td class=\"state {}\">{}</td>\
-             <td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>",
-            d.id,
-            d.id,
-            esc(&d.state),
-            esc(&d.state),
-            d.attempts,
-            d.last_status.map_or_else(String::new, |s| s.to_string()),
-            esc(d.last_error.as_deref().unwrap_or("")),
-            esc(&time(d.created_at)),
-            esc(&when(d.next_attempt_at)),
-            esc(&when(d.delivered_at)),
-        );
-        if d.state == "dead" {
-            let _ = write!(
-                out,
-                "<form method=\"post\" action=\"/console/deliveries/{}/requeue\">\
-                 <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-                 <input type=\"hidden\" name=\"source\" value=\"{}\">\
-                 <input type=\"hidden\" name=\"event_id\" value=\"{}\">\
-                 <button type=\"submit\" class=\"requeue\" id=\"requeue-{}\">Re-queue</button></form>",
-                d.id,
-                esc(csrf),
-                esc(source),
-                esc(event_id),
-                d.id
-            );
+    html! {
+        table id="deliveries" {
+            thead {
+                tr {
+                    th { "Delivery" } th { "State" } th class="num" { "Attempts" }
+                    th class="num" { "Last status" } th { "Last error" } th { "Queued" }
+                    th { "Next attempt" } th { "Delivered" } th {}
+                }
+            }
+            tbody {
+                @for d in deliveries {
+                    tr id={ "delivery-" (d.id) } {
+                        td { (d.id) }
+                        td class={ "state " (d.state) } { (d.state) }
+                        td class="num" { (d.attempts) }
+                        td class="num" { @if let Some(status) = d.last_status { (status) } }
+                        td { (d.last_error.as_deref().unwrap_or("")) }
+                        td { (time(d.created_at)) }
+                        td { (when(d.next_attempt_at)) }
+                        td { (when(d.delivered_at)) }
+                        td {
+                            @if d.state == "dead" {
+                                form method="post" action={ "/console/deliveries/" (d.id) "/requeue" } {
+                                    input type="hidden" name="csrf" value=(csrf);
+                                    input type="hidden" name="source" value=(source);
+                                    input type="hidden" name="event_id" value=(event_id);
+                                    button type="submit" class="requeue" id={ "requeue-" (d.id) } {
+                                        "Re-queue"
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
-        out.push_str("</td></tr>");
     }
-    out.push_str("</tbody></table>");
-    out
+}
+
+/// The kept headers, name and value; a value that is not a string is shown as JSON.
+fn headers_table(headers: &serde_json::Value) -> Markup {
+    let rows: Vec<(&String, String)> = headers
+        .as_object()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|(name, value)| {
+                    let value = value
+                        .as_str()
+                        .map_or_else(|| value.to_string(), str::to_owned);
+                    (name, value)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    html! {
+        table id="headers" {
+            tbody {
+                @for (name, value) in &rows {
+                    tr { th { code { (name) } } td { code { (value) } } }
+                }
+            }
+        }
+    }
 }
 
 /// `GET /console/event?source=&id=`.
@@ -151,75 +172,47 @@ pub async fn show(
 
     let replays =
         stored.replays as u64 + state.activity.unflushed_replays(&which.source, &which.id);
-    let mut main = String::new();
-    if let Some((ok, text)) = notice(&which) {
-        let _ = write!(
-            main,
-            "<p class=\"{}\" id=\"notice\">{}</p>",
-            if ok { "notice" } else { "error" },
-            esc(&text)
-        );
-    }
-    let _ = write!(
-        main,
-        "<h1 id=\"event-id\">{}</h1><dl class=\"facts\">\
-         <dt>Source</dt><dd>{}</dd><dt>Type</dt><dd id=\"event-type\">{}</dd>\
-         <dt>Received</dt><dd>{}</dd><dt>Stored status</dt><dd id=\"stored-status\">{}</dd>\
-         <dt>Replays</dt><dd id=\"replays\">{replays}</dd></dl>\
-         <p><a href=\"{}\">Other events from {}</a></p>",
-        esc(&which.id),
-        esc(&which.source),
-        esc(stored.event_type.as_deref().unwrap_or("")),
-        esc(&time(stored.received_at)),
-        stored.status.map_or_else(String::new, |s| s.to_string()),
-        esc(&link("/console/events", &[("source", &which.source)])),
-        esc(&which.source),
-    );
-
-    main.push_str("<h2>Kept headers</h2><table id=\"headers\"><tbody>");
-    if let Some(headers) = stored.headers.as_object() {
-        for (name, value) in headers {
-            let value = value
-                .as_str()
-                .map_or_else(|| value.to_string(), str::to_owned);
-            let _ = write!(
-                main,
-                "<tr><th><code>{}</code></th><td><code>{}</code></td></tr>",
-                esc(name),
-                esc(&value)
-            );
+    let status = stored.status.map_or_else(String::new, |s| s.to_string());
+    let main = html! {
+        @if let Some((ok, text)) = notice(&which) {
+            p class=(if ok { "notice" } else { "error" }) id="notice" { (text) }
         }
-    }
-    main.push_str("</tbody></table><h2>Body</h2>");
-    main.push_str(&body_block("payload", &stored.payload));
-    let _ = write!(
-        main,
-        "<h2>Stored response</h2><p>Status <b>{}</b>, <code>{}</code></p>",
-        stored.status.map_or_else(String::new, |s| s.to_string()),
-        esc(stored.content_type.as_deref().unwrap_or(""))
-    );
-    main.push_str(&body_block(
-        "response",
-        stored.body.as_deref().unwrap_or_default(),
-    ));
-    main.push_str("<h2>Forward deliveries</h2>");
-    if deliveries.is_empty() {
-        main.push_str("<p class=\"muted\">None: this event's source does not forward.</p>");
-    } else {
-        main.push_str(&deliveries_table(
-            session.csrf(),
-            &which.source,
-            &which.id,
-            &deliveries,
-        ));
-        main.push_str(
-            "<p class=\"muted\">The outbox keeps each delivery's latest attempt: its status, \
-             error and the attempts made so far.</p>",
-        );
-    }
+        h1 id="event-id" { (which.id) }
+        dl class="facts" {
+            dt { "Source" } dd { (which.source) }
+            dt { "Type" } dd id="event-type" { (stored.event_type.as_deref().unwrap_or("")) }
+            dt { "Received" } dd { (time(stored.received_at)) }
+            dt { "Stored status" } dd id="stored-status" { (status) }
+            dt { "Replays" } dd id="replays" { (replays) }
+        }
+        p {
+            a href=(link("/console/events", &[("source", &which.source)])) {
+                "Other events from " (which.source)
+            }
+        }
+        h2 { "Kept headers" }
+        (headers_table(&stored.headers))
+        h2 { "Body" }
+        (body_block("payload", &stored.payload))
+        h2 { "Stored response" }
+        p {
+            "Status " b { (status) } ", " code { (stored.content_type.as_deref().unwrap_or("")) }
+        }
+        (body_block("response", stored.body.as_deref().unwrap_or_default()))
+        h2 { "Forward deliveries" }
+        @if deliveries.is_empty() {
+            p class="muted" { "None: this event's source does not forward." }
+        } @else {
+            (deliveries_table(session.csrf(), &which.source, &which.id, &deliveries))
+            p class="muted" {
+                "The outbox keeps each delivery's latest attempt: its status, error and the \
+                 attempts made so far."
+            }
+        }
+    };
     Ok(respond(
         StatusCode::OK,
-        page(&which.id, Some(&session), &main),
+        page(&which.id, Some(&session), main),
     ))
 }
 

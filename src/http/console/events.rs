@@ -1,15 +1,15 @@
 //! `GET /console/events`: stored events newest first, filtered by source, type, time range,
 //! exact id and a dead delivery, in keyset pages of [`PAGE_SIZE`] by `(received_at, id)`.
 
-use std::fmt::Write;
-
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use diesel::prelude::*;
 use serde::Deserialize;
 
-use super::html::{esc, link, page, respond, time};
+use maud::{html, Markup};
+
+use super::html::{link, page, respond, time};
 use super::{Refused, Session};
 use crate::config::parse_time_or_ago;
 use crate::db::{on_backend, AnyConnection};
@@ -196,49 +196,55 @@ fn load(conn: &mut AnyConnection, query: Query) -> QueryResult<Vec<Row>> {
     })
 }
 
-fn filter_form(state: &AppState, filters: &Filters) -> String {
-    let mut options = String::from("<option value=\"\">any</option>");
-    let mut listed = false;
-    for source in state.activity.sources() {
-        if source == UNKNOWN_SOURCE {
-            continue;
-        }
-        let selected = *source == filters.source.trim();
-        listed |= selected;
-        let _ = write!(
-            options,
-            "<option{}>{}</option>",
-            if selected { " selected" } else { "" },
-            esc(source)
-        );
-    }
-    if !listed && !filters.source.trim().is_empty() {
-        // A source no longer configured, whose events the purge has not removed yet.
-        let _ = write!(
-            options,
-            "<option selected>{}</option>",
-            esc(filters.source.trim())
-        );
-    }
+fn filter_form(state: &AppState, filters: &Filters) -> Markup {
+    let chosen = filters.source.trim();
+    let sources: Vec<&str> = state
+        .activity
+        .sources()
+        .iter()
+        .map(String::as_str)
+        .filter(|source| *source != UNKNOWN_SOURCE)
+        .collect();
+    // A source no longer configured, whose events the purge has not removed yet.
+    let unlisted = !chosen.is_empty() && !sources.contains(&chosen);
     let input = |name: &str, label: &str, value: &str, hint: &str| {
-        format!(
-            "<label>{label}<input name=\"{name}\" id=\"filter-{name}\" value=\"{}\" placeholder=\"{hint}\"></label>",
-            esc(value)
-        )
+        html! {
+            label {
+                (label)
+                input name=(name) id={ "filter-" (name) } value=(value) placeholder=(hint);
+            }
+        }
     };
-    format!(
-        "<form class=\"filters\" method=\"get\" action=\"/console/events\">\
-         <label>Source<select name=\"source\" id=\"filter-source\">{options}</select></label>{}{}{}{}\
-         <label><span><input type=\"checkbox\" name=\"dead\" value=\"1\" id=\"filter-dead\"{}> \
-         with a dead delivery</span></label>\
-         <button type=\"submit\" id=\"filter-submit\">Filter</button> \
-         <a href=\"/console/events\">clear</a></form>",
-        input("id", "Event id (exact)", &filters.id, "evt_..."),
-        input("type", "Event type", &filters.event_type, "charge.succeeded"),
-        input("since", "Since", &filters.since, "1h or 2026-12-02 09:00"),
-        input("until", "Until", &filters.until, "2026-12-02T10:00:00Z"),
-        if filters.dead.is_empty() { "" } else { " checked" },
-    )
+    html! {
+        form class="filters" method="get" action="/console/events" {
+            label {
+                "Source"
+                select name="source" id="filter-source" {
+                    option value="" { "any" }
+                    @for source in &sources {
+                        option selected[*source == chosen] { (source) }
+                    }
+                    @if unlisted {
+                        option selected { (chosen) }
+                    }
+                }
+            }
+            (input("id", "Event id (exact)", &filters.id, "evt_..."))
+            (input("type", "Event type", &filters.event_type, "charge.succeeded"))
+            (input("since", "Since", &filters.since, "1h or 2026-12-02 09:00"))
+            (input("until", "Until", &filters.until, "2026-12-02T10:00:00Z"))
+            label {
+                span {
+                    input type="checkbox" name="dead" value="1" id="filter-dead"
+                        checked[!filters.dead.is_empty()];
+                    " with a dead delivery"
+                }
+            }
+            button type="submit" id="filter-submit" { "Filter" }
+            " "
+            a href="/console/events" { "clear" }
+        }
+    }
 }
 
 /// `GET /console/events`.
@@ -248,15 +254,18 @@ pub async fn list(
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
     let filters = filters.into_inner();
-    let mut main = String::from("<h1>Events</h1>");
-    main.push_str(&filter_form(&state, &filters));
+    let form = filter_form(&state, &filters);
     let query = match filters.check() {
         Ok(query) => query,
         Err(problem) => {
-            let _ = write!(main, "<p class=\"error\">{}</p>", esc(&problem));
+            let main = html! {
+                h1 { "Events" }
+                (form)
+                p class="error" { (problem) }
+            };
             return Ok(respond(
                 StatusCode::BAD_REQUEST,
-                page("Events", Some(&session), &main),
+                page("Events", Some(&session), main),
             ));
         }
     };
@@ -266,60 +275,70 @@ pub async fn list(
     .await?;
     let more = rows.len() as i64 > PAGE_SIZE;
     rows.truncate(PAGE_SIZE as usize);
-
-    if rows.is_empty() {
-        main.push_str("<p class=\"muted\" id=\"no-events\">No stored event matches.</p>");
-    } else {
-        main.push_str(
-            "<table id=\"events\"><thead><tr><th>Received</th><th>Source</th><th>Event id</th>\
-             <th>Type</th><th class=\"num\">Status</th><th class=\"num\" \
-             title=\"Deliveries answered with the stored response\">Replays</th></tr></thead><tbody>",
-        );
-        for (_, source, event_id, event_type, received_at, status, replays) in &rows {
-            let replays = *replays as u64 + state.activity.unflushed_replays(source, event_id);
-            let _ = write!(
-                main,
-                "<tr><td>{}</td><td>{}</td><td><a class=\"event-link\" href=\"{}\">{}</a></td>\
-                 <td>{}</td><td class=\"num\">{}</td><td class=\"num\">{replays}</td></tr>",
-                esc(&time(*received_at)),
-                esc(source),
-                esc(&link(
-                    "/console/event",
-                    &[("source", source), ("id", event_id)]
-                )),
-                esc(event_id),
-                esc(event_type.as_deref().unwrap_or("")),
-                status.map_or_else(String::new, |s| s.to_string()),
-            );
+    let older = match (more, rows.last()) {
+        (true, Some((id, .., received_at, _, _))) => {
+            let cursor = format!("{}.{id}", received_at.timestamp_micros());
+            let mut pairs = filters.pairs().to_vec();
+            pairs.push(("before", &cursor));
+            Some(link("/console/events", &pairs))
         }
-        main.push_str("</tbody></table>");
-    }
-    main.push_str("<nav class=\"pages\">");
-    if !filters.before.is_empty() {
-        let _ = write!(
-            main,
-            "<a href=\"{}\">Newest</a>",
-            esc(&link("/console/events", &filters.pairs()))
-        );
-    }
-    if let (true, Some((id, .., received_at, _, _))) = (more, rows.last()) {
-        let cursor = format!("{}.{id}", received_at.timestamp_micros());
-        let mut pairs = filters.pairs().to_vec();
-        pairs.push(("before", &cursor));
-        let _ = write!(
-            main,
-            "<a href=\"{}\" id=\"older\">Older →</a>",
-            esc(&link("/console/events", &pairs))
-        );
-    }
-    main.push_str(
-        "</nav><p class=\"muted\">Times are UTC. Replays count deliveries answered \
-         with the stored response; each instance adds its count to the database every few \
-         seconds, so the newest replays of other instances may not show yet.</p>",
-    );
+        _ => None,
+    };
+
+    let main = html! {
+        h1 { "Events" }
+        (form)
+        @if rows.is_empty() {
+            p class="muted" id="no-events" { "No stored event matches." }
+        } @else {
+            table id="events" {
+                thead {
+                    tr {
+                        th { "Received" } th { "Source" } th { "Event id" } th { "Type" }
+                        th class="num" { "Status" }
+                        th class="num" title="Deliveries answered with the stored response" {
+                            "Replays"
+                        }
+                    }
+                }
+                tbody {
+                    @for (_, source, event_id, event_type, received_at, status, replays) in &rows {
+                        tr {
+                            td { (time(*received_at)) }
+                            td { (source) }
+                            td {
+                                a class="event-link"
+                                    href=(link("/console/event", &[("source", source), ("id", event_id)])) {
+                                    (event_id)
+                                }
+                            }
+                            td { (event_type.as_deref().unwrap_or("")) }
+                            td class="num" { @if let Some(status) = status { (status) } }
+                            td class="num" {
+                                (*replays as u64 + state.activity.unflushed_replays(source, event_id))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        nav class="pages" {
+            @if !filters.before.is_empty() {
+                a href=(link("/console/events", &filters.pairs())) { "Newest" }
+            }
+            @if let Some(older) = older {
+                a href=(older) id="older" { "Older →" }
+            }
+        }
+        p class="muted" {
+            "Times are UTC. Replays count deliveries answered with the stored response; each \
+             instance adds its count to the database every few seconds, so the newest replays \
+             of other instances may not show yet."
+        }
+    };
     Ok(respond(
         StatusCode::OK,
-        page("Events", Some(&session), &main),
+        page("Events", Some(&session), main),
     ))
 }
 

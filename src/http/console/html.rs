@@ -1,12 +1,12 @@
-//! The console's HTML: the one escaping function every value from outside goes through, the
-//! page layout with its inline CSS, and the headers every console answer carries.
-
-use std::fmt::{self, Display, Write};
+//! The console's HTML: the page layout with its inline CSS, the headers every console answer
+//! carries, and how times and bodies are shown. Pages are maud templates, which escape every
+//! value they interpolate; only [`STYLE`], a constant, goes in unescaped.
 
 use actix_web::http::{header, StatusCode};
 use actix_web::HttpResponse;
 use base64::Engine;
 use chrono::{DateTime, Utc};
+use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::session::Session;
 
@@ -15,33 +15,7 @@ use super::session::Session;
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'unsafe-inline'; \
      img-src data:; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
 
-/// Text made safe for HTML content and quoted attribute values.
-pub struct Esc<'a>(&'a str);
-
-/// Escapes `text` for HTML: `&`, `<`, `>`, `"` and `'` become entities.
-pub fn esc(text: &str) -> Esc<'_> {
-    Esc(text)
-}
-
-impl Display for Esc<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut rest = self.0;
-        while let Some(at) = rest.find(['&', '<', '>', '"', '\'']) {
-            f.write_str(&rest[..at])?;
-            f.write_str(match rest.as_bytes()[at] {
-                b'&' => "&amp;",
-                b'<' => "&lt;",
-                b'>' => "&gt;",
-                b'"' => "&quot;",
-                _ => "&#39;",
-            })?;
-            rest = &rest[at + 1..];
-        }
-        f.write_str(rest)
-    }
-}
-
-/// `path?k=v&...`, the pairs form-encoded (empty values left out). Escape it to put it in HTML.
+/// `path?k=v&...`, the pairs form-encoded (empty values left out).
 pub fn link(path: &str, pairs: &[(&str, &str)]) -> String {
     let mut query = form_urlencoded::Serializer::new(String::new());
     for (name, value) in pairs.iter().filter(|(_, v)| !v.is_empty()) {
@@ -62,7 +36,7 @@ pub fn time(at: DateTime<Utc>) -> String {
 
 /// A stored body as the console shows it.
 pub struct Shown {
-    /// The text to show (escape it).
+    /// The text to show.
     pub text: String,
     /// What the text is, when it is not the body as it came.
     pub note: Option<&'static str>,
@@ -175,32 +149,37 @@ nav.pages{margin-top:.8em;display:flex;gap:1.2em}\
 div.row{display:flex;flex-wrap:wrap;gap:1em}div.row section.card{flex:1 1 20em;margin-bottom:0}";
 
 /// A whole page: the header (with the logout form when logged in) and `main`.
-pub fn page(title: &str, session: Option<&Session>, main: &str) -> String {
-    let mut out = String::with_capacity(main.len() + STYLE.len() + 1024);
-    let _ = write!(
-        out,
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <link rel=\"icon\" href=\"data:,\"><title>{} · hookbox</title><style>{STYLE}</style></head><body>\
-         <header><span class=\"brand\">hookbox</span>",
-        esc(title)
-    );
-    if let Some(session) = session {
-        let _ = write!(
-            out,
-            "<a href=\"/console\">Overview</a><a href=\"/console/events\">Events</a>\
-             <form method=\"post\" action=\"/console/logout\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-             <button type=\"submit\" id=\"logout\">Log out</button></form>",
-            esc(session.csrf())
-        );
+pub fn page(title: &str, session: Option<&Session>, main: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                link rel="icon" href="data:,";
+                title { (title) " · hookbox" }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                header {
+                    span class="brand" { "hookbox" }
+                    @if let Some(session) = session {
+                        a href="/console" { "Overview" }
+                        a href="/console/events" { "Events" }
+                        form method="post" action="/console/logout" {
+                            input type="hidden" name="csrf" value=(session.csrf());
+                            button type="submit" id="logout" { "Log out" }
+                        }
+                    }
+                }
+                main { (main) }
+            }
+        }
     }
-    let _ = write!(out, "</header><main>{main}</main></body></html>");
-    out
 }
 
 /// An HTML answer with the console's headers.
-pub fn respond(status: StatusCode, html: String) -> HttpResponse {
+pub fn respond(status: StatusCode, html: Markup) -> HttpResponse {
     guarded(HttpResponse::build(status))
         .content_type("text/html; charset=utf-8")
         .body(html)
@@ -230,13 +209,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn markup_in_text_is_escaped() {
-        let hostile = r#"<script>alert(1)</script> "><img src=x onerror=alert(1)> & 'q'"#;
-        assert_eq!(
-            esc(hostile).to_string(),
-            "&lt;script&gt;alert(1)&lt;/script&gt; &quot;&gt;&lt;img src=x onerror=alert(1)&gt; &amp; &#39;q&#39;"
+    fn the_title_and_the_csrf_token_are_escaped_in_the_layout() {
+        let hostile = r#"<script>alert(1)</script> "><b x='1'> &"#;
+        let shown = page(hostile, None, html! { p { (hostile) } }).into_string();
+        assert!(
+            !shown.contains("<script>") && !shown.contains("<b "),
+            "{shown}"
         );
-        assert_eq!(esc("plain ü").to_string(), "plain ü");
+        assert!(shown.contains(
+            "<title>&lt;script&gt;alert(1)&lt;/script&gt; &quot;&gt;&lt;b x='1'&gt; &amp; · hookbox</title>"
+        ));
+        assert!(shown.starts_with("<!DOCTYPE html><html lang=\"en\">"));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (404) while no token is configured.
 //!
 //! Logging in posts the token in a form; a session cookie ([`session`]) carries the browser from
-//! then on. Every page goes through [`html::esc`] for each value from outside and is served with
+//! then on. Every page is a maud template, which escapes each value it shows, and is served with
 //! a Content-Security-Policy that runs no script at all. The one action, re-queueing a dead
 //! delivery, and logging out are POSTs that carry the session's CSRF token.
 
@@ -15,14 +15,14 @@ mod session;
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
-use std::fmt::Write;
+use maud::html;
 
 pub use session::{Session, Sessions};
 
 use super::auth::{Admin, Login};
 use super::ApiError;
 use crate::startup::AppState;
-use html::{esc, guarded, page, redirect, respond};
+use html::{guarded, page, redirect, respond};
 
 /// Mounts the console's routes under `/console`.
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -118,38 +118,34 @@ fn check_csrf(session: &Session, body: &[u8]) -> Result<(), Refused> {
 
 /// A page with one sentence on it and a way back to the overview.
 fn message(status: StatusCode, title: &str, text: &str) -> HttpResponse {
-    respond(
-        status,
-        page(
-            title,
-            None,
-            &format!(
-                "<h1>{}</h1><p class=\"error\" id=\"message\">{}</p><p><a href=\"/console\">Overview</a></p>",
-                esc(title),
-                esc(text)
-            ),
-        ),
-    )
+    let main = html! {
+        h1 { (title) }
+        p class="error" id="message" { (text) }
+        p { a href="/console" { "Overview" } }
+    };
+    respond(status, page(title, None, main))
 }
 
 fn login_page(status: StatusCode, error: Option<&str>) -> HttpResponse {
-    let mut main = String::from("<h1>hookbox console</h1>");
-    if let Some(error) = error {
-        let _ = write!(
-            main,
-            "<p class=\"error\" id=\"login-error\">{}</p>",
-            esc(error)
-        );
-    }
-    main.push_str(
-        "<form class=\"login\" method=\"post\" action=\"/console/login\">\
-         <label>Admin token<input type=\"password\" name=\"token\" id=\"token\" \
-         autocomplete=\"current-password\" required autofocus></label>\
-         <button type=\"submit\" id=\"login\">Log in</button></form>\
-         <p class=\"muted\">The admin API's bearer token. It is sent once, in this form; \
-         a session cookie is used from then on.</p>",
-    );
-    respond(status, page("Log in", None, &main))
+    let main = html! {
+        h1 { "hookbox console" }
+        @if let Some(error) = error {
+            p class="error" id="login-error" { (error) }
+        }
+        form class="login" method="post" action="/console/login" {
+            label {
+                "Admin token"
+                input type="password" name="token" id="token" autocomplete="current-password"
+                    required autofocus;
+            }
+            button type="submit" id="login" { "Log in" }
+        }
+        p class="muted" {
+            "The admin API's bearer token. It is sent once, in this form; a session cookie is \
+             used from then on."
+        }
+    };
+    respond(status, page("Log in", None, main))
 }
 
 /// `GET /console/login`: the form, or on to the overview when already logged in.
