@@ -114,6 +114,9 @@ pub struct SourceConfig {
     pub tolerance: Duration,
     /// This source's own retention window, when it overrides `[retention].window`.
     pub retention: Option<Duration>,
+    /// `dedupe = "body"`: a payload already stored under another event id (within the
+    /// window) is answered as a replay of that event, not processed again.
+    pub dedupe_body: bool,
     /// `[sources.NAME.forward]`: where stored events are handed on, if anywhere.
     pub forward: Option<ForwardConfig>,
 }
@@ -303,6 +306,7 @@ struct RawSource {
     tolerance: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     retention: Option<Duration>,
+    dedupe: Option<String>,
     forward: Option<RawForward>,
     #[serde(flatten)]
     own: toml::Table,
@@ -558,6 +562,19 @@ impl RawSource {
             ));
         }
         let secrets: Vec<Secret> = secrets.into_iter().map(Secret::new).collect();
+        let dedupe_body = match self.dedupe.as_deref() {
+            None => false,
+            Some("body") => true,
+            Some(other) => {
+                return Err(ConfigError::at(
+                    key("dedupe"),
+                    format!(
+                        "{other:?} is not a dedupe mode; the one there is is \"body\" (a payload \
+                         already stored under another event id is answered as a replay)"
+                    ),
+                ))
+            }
+        };
         let tolerance = self.tolerance.unwrap_or(Duration::from_secs(300));
         // Building the provider is how a key of its own is found wrong, or a secret unusable
         // (a Standard Webhooks secret that is not base64), and that is a config error like any
@@ -575,6 +592,7 @@ impl RawSource {
             secrets,
             tolerance,
             retention: self.retention,
+            dedupe_body,
             forward: self
                 .forward
                 .map(|forward| forward.validate(name, env))
@@ -826,6 +844,20 @@ mod tests {
         assert!(
             config.check_admin_token().is_ok(),
             "no token_env: admin off"
+        );
+    }
+
+    #[test]
+    fn dedupe_takes_body_and_nothing_else() {
+        let base = "[sources.s]\nscheme = \"github\"\nsecrets = [\"x\"]\n";
+        let config = Config::parse(&format!("{base}dedupe = \"body\"\n"), &no_env).expect("valid");
+        assert!(config.sources[0].dedupe_body);
+        let config = Config::parse(base, &no_env).expect("valid");
+        assert!(!config.sources[0].dedupe_body, "off unless asked for");
+        let message = error(&format!("{base}dedupe = \"payload\"\n"));
+        assert!(
+            message.starts_with("sources.s.dedupe:") && message.contains("\"body\""),
+            "{message}"
         );
     }
 

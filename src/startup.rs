@@ -74,6 +74,8 @@ pub struct Source {
     pub forward: Option<forward::Target>,
     /// How long its events are kept (see [`retention::source_window`]).
     pub retention: Duration,
+    /// `dedupe = "body"`: a payload stored under another event id is a replay of that event.
+    pub dedupe_body: bool,
 }
 
 /// What every request handler shares.
@@ -164,6 +166,7 @@ impl Application {
                         kept_headers,
                         forward,
                         retention: retention::source_window(source, config.retention.window),
+                        dedupe_body: source.dedupe_body,
                     }),
                 ))
             })

@@ -28,6 +28,7 @@ diesel::table! {
         response_content_type -> Nullable<Text>,
         response_body -> Nullable<Bytea>,
         replays -> Int8,
+        dedupe_key -> Nullable<Bytea>,
     }
 }
 

@@ -29,6 +29,7 @@ diesel::table! {
         response_content_type -> Nullable<Text>,
         response_body -> Nullable<Binary>,
         replays -> BigInt,
+        dedupe_key -> Nullable<Binary>,
     }
 }
 

@@ -138,6 +138,7 @@ async fn answer(
         json,
         forward: source.forward.is_some(),
         deadline: Instant::now() + state.in_flight_wait,
+        dedupe_key: source.dedupe_body.then_some(fingerprint),
     };
     let outcome = tokio::time::timeout_at(deadline, claim(state, source.clone(), delivery))
         .await
@@ -158,6 +159,21 @@ async fn answer(
         }
         Outcome::Replay(stored) => {
             remember(&stored, &event_id);
+            Ok((respond(stored, true), Counted::Replayed))
+        }
+        Outcome::BodyReplay {
+            first_event_id,
+            stored,
+        } => {
+            // Not remembered under this id, where nothing is stored: the replay counts, and
+            // the console's per-event count, go to the event stored first.
+            tracing::info!(
+                first.event.id = %first_event_id,
+                "payload already stored under another event id (dedupe = \"body\"): answered as its replay"
+            );
+            if let Ok(first) = EventId::try_from(first_event_id) {
+                super::observe::identified(request, &first);
+            }
             Ok((respond(stored, true), Counted::Replayed))
         }
         Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait)),

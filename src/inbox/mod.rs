@@ -63,6 +63,10 @@ pub struct Delivery {
     /// When the in-flight wait of this delivery ends: every wait of its claim (for a write
     /// turn, for another transaction's claim, on each try) ends by then, in all.
     pub deadline: std::time::Instant,
+    /// For a source with `dedupe = "body"`: the key its payload is stored under (the
+    /// fingerprint), unique per source, so the same payload under another event id is a replay
+    /// of the event stored first ([`Outcome::BodyReplay`]). `None` otherwise.
+    pub dedupe_key: Option<[u8; 32]>,
 }
 
 /// A response committed with its claim. It never changes once committed.
@@ -96,6 +100,14 @@ pub enum Outcome {
     Claimed(StoredResponse),
     /// Another delivery committed the event first: answer with its response.
     Replay(StoredResponse),
+    /// The source dedupes by body, and this payload is stored under another event id: answer
+    /// with that event's response, as a replay of it. Nothing is stored under this id.
+    BodyReplay {
+        /// The event id the payload was first stored under.
+        first_event_id: String,
+        /// Its stored answer.
+        stored: StoredResponse,
+    },
     /// Another delivery of the event is still in its transaction after the in-flight wait.
     InFlight,
     /// The event id is stored with a different payload.
@@ -113,11 +125,12 @@ pub enum ClaimError {
     Database(#[from] DieselError),
 }
 
-/// Whether `delivery` must be claimed in a transaction: its handler writes, or its source
-/// queues an outbox row with the claim. Otherwise claim and answer are one INSERT (and may be
-/// batched with others, see [`Batcher`]).
+/// Whether `delivery` must be claimed in a transaction: its handler writes, its source
+/// queues an outbox row with the claim, or its source dedupes by body (the claim may then
+/// conflict on the payload as well as the id, see [`Delivery::dedupe_key`]). Otherwise claim
+/// and answer are one INSERT (and may be batched with others, see [`Batcher`]).
 pub fn needs_transaction(delivery: &Delivery, handler: &dyn Handler) -> bool {
-    handler.uses_connection() || delivery.forward
+    handler.uses_connection() || delivery.forward || delivery.dedupe_key.is_some()
 }
 
 /// Claims, processes and stores `delivery` atomically, or finds the stored answer.
@@ -271,9 +284,13 @@ fn claim_in_transaction(
             events::received_at.eq(received_at),
             events::payload.eq(&delivery.body[..]),
             events::headers.eq(&delivery.headers),
+            events::dedupe_key.eq(delivery.dedupe_key.as_ref().map(|key| &key[..])),
         ))
-        .on_conflict((events::source, events::event_id))
-        .do_nothing()
+        // No conflict target: a conflict on the id or, where the source dedupes by body, on
+        // the payload's key (a partial unique index) leaves the row out alike, and `stored`
+        // tells which. Like the id's, the key's index makes a concurrent claim of the same
+        // payload wait for this transaction to end.
+        .on_conflict_do_nothing()
         .returning(events::id)
         .get_result(c)
         .optional())?;
@@ -325,7 +342,10 @@ fn stored(conn: &mut AnyConnection, delivery: &Delivery) -> Result<Option<Outcom
         .first(c)
         .optional())?;
     let Some((fingerprint, received_at, status, content_type, body)) = row else {
-        return Ok(None);
+        return match delivery.dedupe_key {
+            Some(key) => stored_payload(conn, delivery, &key),
+            None => Ok(None),
+        };
     };
     if fingerprint != delivery.fingerprint {
         return Ok(Some(Outcome::Mismatch));
@@ -340,6 +360,45 @@ fn stored(conn: &mut AnyConnection, delivery: &Delivery) -> Result<Option<Outcom
             })))
         }
         // Claim and response commit together, so a committed claim has its response.
+        _ => Err(ClaimError::Database(DieselError::NotFound)),
+    }
+}
+
+/// Reads the committed answer of the event stored first with this payload, for a source that
+/// dedupes by body. `None` when there is none (purged meanwhile): the claim is tried again.
+fn stored_payload(
+    conn: &mut AnyConnection,
+    delivery: &Delivery,
+    key: &[u8; 32],
+) -> Result<Option<Outcome>, ClaimError> {
+    let row: Option<(String, StoredRow)> = on_backend!(conn, c => events::table
+        .filter(events::source.eq(delivery.source.as_str()))
+        .filter(events::dedupe_key.eq(&key[..]))
+        .select((
+            events::event_id,
+            (
+                events::fingerprint,
+                events::received_at,
+                events::response_status,
+                events::response_content_type,
+                events::response_body,
+            ),
+        ))
+        .first(c)
+        .optional())?;
+    let Some((first_event_id, (_, received_at, status, content_type, body))) = row else {
+        return Ok(None);
+    };
+    match (status, content_type, body) {
+        (Some(status), Some(content_type), Some(body)) => Ok(Some(Outcome::BodyReplay {
+            first_event_id,
+            stored: StoredResponse {
+                status: u16::try_from(status).unwrap_or(500),
+                content_type,
+                body: Bytes::from(body),
+                received_at,
+            },
+        })),
         _ => Err(ClaimError::Database(DieselError::NotFound)),
     }
 }

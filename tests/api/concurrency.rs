@@ -6,7 +6,7 @@ use hookbox::Handlers;
 use crate::helpers::*;
 
 #[path = "../../examples/payments_ledger/ledger.rs"]
-mod ledger;
+pub mod ledger;
 
 fn assert_one_processed_and_identical(answers: &[Answer]) {
     let processed = answers.iter().filter(|a| !a.replayed()).count();

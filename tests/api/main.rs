@@ -8,6 +8,7 @@ mod cluster;
 mod concurrency;
 mod console;
 mod dead_connections;
+mod dedupe;
 mod downstream;
 mod export;
 mod faults;
