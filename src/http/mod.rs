@@ -17,6 +17,7 @@ use crate::startup::AppState;
 
 pub use console::Sessions;
 pub use error::ApiError;
+pub use webhook::refused;
 
 /// Runs `work` on a blocking thread with a pooled connection (again on a fresh one if that
 /// one turns out dead, so `work` must be safe to repeat). A failure is logged once, as `what`

@@ -298,8 +298,10 @@ fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(kept)
 }
 
-/// The answer to a refused request.
-fn refused(refusal: Refusal) -> ApiError {
+/// The answer to a request a provider refused: the one mapping from a [`Refusal`] to the
+/// contract's status and error code, public so the vector tests judge a refusal as the server
+/// answers it.
+pub fn refused(refusal: Refusal) -> ApiError {
     match refusal {
         Refusal::Signature(SignatureError::Invalid) => ApiError::InvalidSignature,
         Refusal::Signature(SignatureError::Stale) => ApiError::StaleTimestamp,

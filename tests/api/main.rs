@@ -23,6 +23,7 @@ mod ops;
 mod outage;
 mod own_provider;
 mod provider;
+mod provider_vectors;
 mod proxy;
 mod raw;
 mod redaction;
