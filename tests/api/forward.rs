@@ -165,8 +165,8 @@ async fn a_failing_downstream_is_retried_with_growing_gaps_and_the_same_key() {
         .collect();
     assert_eq!(numbers, ["1", "2", "3", "4"]);
     assert!(attempts.iter().all(|r| r.header("webhook-id") == key));
-    // Each attempt is signed afresh: its own timestamp, and a signature over it (as the README
-    // says), while the key stays.
+    // Each attempt is signed afresh: its own timestamp, and a signature over it (as
+    // docs/forwarding.md says), while the key stays.
     for attempt in &attempts {
         assert_standard_signature(attempt);
     }

@@ -90,7 +90,7 @@ fn connect_server() -> PgConnection {
     let url = server_url();
     PgConnection::establish(&url).unwrap_or_else(|e| {
         panic!(
-            "cannot reach PostgreSQL at {url} ({e}): start it, or point DATABASE_URL at one (see README, Testing)"
+            "cannot reach PostgreSQL at {url} ({e}): start it, or point DATABASE_URL at one (see README.md, Test it)"
         )
     })
 }
