@@ -20,6 +20,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, TransactionManager};
 use diesel::pg::PgConnection;
+use diesel::prelude::*;
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::sqlite::SqliteConnection;
@@ -371,6 +372,101 @@ pub fn with_connection_retried<T>(
     match with_connection(pool, &mut work) {
         Err(DbError::Query(e)) if is_connection_error(&e) => with_connection(pool, work),
         result => result,
+    }
+}
+
+/// What a database failure was, in words a 503 can say without quoting the database (whose
+/// message may carry a value of the delivery).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No connection, or the connection died.
+    Unreachable,
+    /// The database refused hookbox's role the statement (`REVOKE`, a read-only file).
+    Permission,
+    /// The database refused a value (a constraint, an encoding, a length).
+    Refused,
+    /// Anything else.
+    Other,
+}
+
+impl Failure {
+    /// Reads a statement's error. PostgreSQL's SQLSTATE is not exposed by diesel, so its
+    /// message is matched (the server's default English text), as for the lock timeout.
+    pub fn of(error: &DieselError) -> Failure {
+        if is_connection_error(error) {
+            return Failure::Unreachable;
+        }
+        let DieselError::DatabaseError(kind, info) = error else {
+            return Failure::Other;
+        };
+        let message = info.message();
+        match kind {
+            DatabaseErrorKind::UniqueViolation
+            | DatabaseErrorKind::ForeignKeyViolation
+            | DatabaseErrorKind::NotNullViolation
+            | DatabaseErrorKind::CheckViolation => Failure::Refused,
+            _ if message.contains("permission denied")
+                || message.contains("readonly database")
+                || message.contains("read-only transaction") =>
+            {
+                Failure::Permission
+            }
+            _ if [
+                "invalid byte sequence",
+                "value too long",
+                "out of range",
+                "invalid input",
+            ]
+            .iter()
+            .any(|m| message.contains(m)) =>
+            {
+                Failure::Refused
+            }
+            _ => Failure::Other,
+        }
+    }
+}
+
+/// Whether the store takes a write as a claim makes one: an event inserted and updated, then
+/// rolled back, so `/readyz` says not ready when hookbox's role lost `INSERT` or `UPDATE`, or
+/// the SQLite file went read-only. On SQLite a write lock held by another writer past a short
+/// wait counts as ready: the store is evidently taking writes.
+pub fn takes_writes(conn: &mut Conn) -> QueryResult<()> {
+    let probe_id = format!(
+        "readyz-{}-{}",
+        std::process::id(),
+        Utc::now().timestamp_micros()
+    );
+    let deadline = Instant::now() + Duration::from_millis(250);
+    let result = conn.waiting_until(deadline, |conn| {
+        write_transaction(conn, |conn| -> QueryResult<()> {
+            on_backend!(conn, c => {
+                let id: i64 = diesel::insert_into(events::table)
+                    .values((
+                        events::source.eq("_readyz"),
+                        events::event_id.eq(&probe_id),
+                        events::fingerprint.eq(&[0u8][..]),
+                        events::received_at.eq(now()),
+                        events::payload.eq(&b""[..]),
+                        events::headers.eq(serde_json::json!({})),
+                    ))
+                    .returning(events::id)
+                    .get_result(c)?;
+                diesel::update(events::table.find(id))
+                    .set(events::replays.eq(events::replays))
+                    .execute(c)?;
+            });
+            Err(DieselError::RollbackTransaction)
+        })
+    });
+    match result {
+        Err(DieselError::RollbackTransaction) => Ok(()),
+        Err(e) if sqlite::is_busy(&e) => Ok(()),
+        Err(e) => {
+            conn.note(&e);
+            Err(e)
+        }
+        Ok(()) => Ok(()),
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 
+use crate::db::Failure;
 use crate::ids::EventIdError;
 
 /// Every way a request can be refused or fail.
@@ -45,9 +46,16 @@ pub enum ApiError {
     /// 500 `processing_failed`.
     #[error("processing the event failed; nothing was stored, so a retry processes it again")]
     ProcessingFailed,
+    /// 409 `in_progress`, with `Retry-After`: on SQLite, the write lock stayed with another
+    /// writer (perhaps another delivery of this event, perhaps another event) past the wait.
+    #[error("the store is busy with another write (SQLite has one writer at a time); nothing was stored, retry later")]
+    StoreBusy(Duration),
     /// 503 `unavailable`, with `Retry-After`.
     #[error("the database is unreachable; nothing was stored, retry later")]
     Unavailable,
+    /// 503 `unavailable`, with `Retry-After`: the database answered, but failed the statement.
+    #[error("{}", database_failure(*.0))]
+    Database(Failure),
     /// 401 `unauthorized` (admin API).
     #[error("a valid bearer token is required")]
     Unauthorized,
@@ -60,6 +68,23 @@ pub enum ApiError {
     /// 409 `not_dead` (admin API): only a dead-lettered delivery can be re-queued.
     #[error("the delivery is {0}, not dead; only a dead delivery can be re-queued")]
     NotDead(String),
+}
+
+/// The sentence of a failure the database answered with: what happened, never its own message
+/// (which may quote a value of the delivery).
+fn database_failure(failure: Failure) -> &'static str {
+    match failure {
+        Failure::Unreachable => "the database is unreachable; nothing was stored, retry later",
+        Failure::Permission => {
+            "the database refused hookbox permission to write; nothing was stored, retry later"
+        }
+        Failure::Refused => {
+            "the database refused a value of this request; nothing was stored, retry later"
+        }
+        Failure::Other => {
+            "the database failed the request or is not set up (migrations pending); nothing was stored, retry later"
+        }
+    }
 }
 
 /// The error code an answer carries, kept in the response's extensions so what observes the
@@ -85,9 +110,9 @@ impl ApiError {
             }
             ApiError::InvalidEventId(_) => "invalid_event_id",
             ApiError::EventIdReused => "event_id_reused",
-            ApiError::InProgress(_) => "in_progress",
+            ApiError::InProgress(_) | ApiError::StoreBusy(_) => "in_progress",
             ApiError::ProcessingFailed => "processing_failed",
-            ApiError::Unavailable => "unavailable",
+            ApiError::Unavailable | ApiError::Database(_) => "unavailable",
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound => "not_found",
             ApiError::InvalidQuery(_) => "invalid_query",
@@ -97,8 +122,8 @@ impl ApiError {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::InProgress(wait) => Some(wait.as_secs().max(1)),
-            ApiError::Unavailable => Some(UNAVAILABLE_RETRY_AFTER_SECS),
+            ApiError::InProgress(wait) | ApiError::StoreBusy(wait) => Some(wait.as_secs().max(1)),
+            ApiError::Unavailable | ApiError::Database(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
             _ => None,
         }
     }
@@ -118,9 +143,11 @@ impl ResponseError for ApiError {
             | ApiError::InvalidEventId(_)
             | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
             ApiError::EventIdReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::InProgress(_) | ApiError::NotDead(_) => StatusCode::CONFLICT,
+            ApiError::InProgress(_) | ApiError::StoreBusy(_) | ApiError::NotDead(_) => {
+                StatusCode::CONFLICT
+            }
             ApiError::ProcessingFailed => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable | ApiError::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

@@ -12,26 +12,53 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
 
-/// The database is reachable and every migration is applied; 503 otherwise.
+/// Why `/readyz` is not ready.
+enum NotReady {
+    Unreachable(String),
+    Pending,
+    Failed(db::Failure, String),
+}
+
+/// The database is reachable, every migration is applied and the store takes a write (an event
+/// inserted and updated, rolled back: the privileges a claim needs); 503 otherwise.
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let migrated = web::block(move || -> anyhow::Result<bool> {
+    let checked = web::block(move || -> Result<(), NotReady> {
         // A cheap statement first, so a connection that died is noticed, dropped and replaced.
         db::with_connection_retried(&state.pool, |conn| {
             diesel::sql_query("SELECT 1").execute(conn)
-        })?;
-        db::is_migrated(&mut *state.pool.get()?)
+        })
+        .map_err(|e| NotReady::Unreachable(e.to_string()))?;
+        let mut conn = state
+            .pool
+            .get()
+            .map_err(|e| NotReady::Unreachable(e.to_string()))?;
+        match db::is_migrated(&mut conn) {
+            Ok(true) => {}
+            Ok(false) => return Err(NotReady::Pending),
+            Err(e) => return Err(NotReady::Failed(db::Failure::Other, format!("{e:#}"))),
+        }
+        db::takes_writes(&mut conn)
+            .map_err(|e| NotReady::Failed(db::Failure::of(&e), e.to_string()))
     })
     .await
     .map_err(|_| ApiError::Unavailable)?;
-    match migrated {
-        Ok(true) => Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"}))),
-        Ok(false) => {
+    match checked {
+        Ok(()) => Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"}))),
+        Err(NotReady::Pending) => {
             tracing::warn!("not ready: migrations are pending (run hookbox migrate)");
+            Err(ApiError::Database(db::Failure::Other))
+        }
+        Err(NotReady::Unreachable(e)) => {
+            tracing::warn!(error = %e, "not ready: the database is unreachable");
             Err(ApiError::Unavailable)
         }
-        Err(e) => {
-            tracing::warn!(error = %format!("{e:#}"), "not ready: the database is unreachable");
+        Err(NotReady::Failed(db::Failure::Unreachable, e)) => {
+            tracing::warn!(error = %e, "not ready: the database is unreachable");
             Err(ApiError::Unavailable)
+        }
+        Err(NotReady::Failed(failure, e)) => {
+            tracing::warn!(error = %e, "not ready: the store does not take a write");
+            Err(ApiError::Database(failure))
         }
     }
 }

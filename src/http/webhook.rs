@@ -177,6 +177,7 @@ async fn answer(
             Ok((respond(stored, true), Counted::Replayed))
         }
         Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait)),
+        Outcome::Busy => Err(ApiError::StoreBusy(state.in_flight_wait)),
         Outcome::Mismatch => Err(ApiError::EventIdReused),
     }
 }
@@ -199,7 +200,10 @@ async fn claim(
         }
         ClaimError::Database(e) => {
             tracing::warn!(error = %e, "database error; rolled back");
-            ApiError::Unavailable
+            match crate::db::Failure::of(&e) {
+                crate::db::Failure::Unreachable => ApiError::Unavailable,
+                failure => ApiError::Database(failure),
+            }
         }
     })
 }

@@ -110,6 +110,9 @@ pub enum Outcome {
     },
     /// Another delivery of the event is still in its transaction after the in-flight wait.
     InFlight,
+    /// On SQLite: the write lock (or this process's turn at it) stayed with another writer
+    /// past the in-flight wait. It may be another delivery of this event, or any other write.
+    Busy,
     /// The event id is stored with a different payload.
     Mismatch,
 }
@@ -140,7 +143,7 @@ pub fn claim(
     handler: &dyn Handler,
 ) -> Result<Outcome, ClaimError> {
     let Ok(_turn) = conn.write_turn(delivery.deadline) else {
-        return Ok(Outcome::InFlight);
+        return Ok(Outcome::Busy);
     };
     conn.waiting_until(delivery.deadline, |conn| {
         claim_within(conn, delivery, handler)
@@ -164,6 +167,7 @@ fn claim_within(
         match attempt {
             Ok(Some(outcome)) => return Ok(outcome),
             Ok(None) => continue,
+            Err(ClaimError::Database(e)) if db::sqlite::is_busy(&e) => return Ok(Outcome::Busy),
             Err(ClaimError::Database(e)) if db::is_lock_timeout(&e) => {
                 return Ok(Outcome::InFlight)
             }

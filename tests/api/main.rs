@@ -26,6 +26,7 @@ mod provider;
 mod provider_vectors;
 mod proxy;
 mod raw;
+mod readiness;
 mod redaction;
 mod replay;
 mod retention;
