@@ -114,10 +114,11 @@ struct ExportArgs {
     /// Only this source's deliveries
     #[arg(long, value_name = "NAME", value_parser = source_name)]
     source: Option<SourceName>,
-    /// Only those received at or after this time: RFC 3339, or a duration ago (24h, 30m)
+    /// Only those received at or after this time: RFC 3339, a UTC date or date and time
+    /// (2026-12-02, 2026-12-02 09:00), or a duration ago (24h, 30m)
     #[arg(long, value_name = "TIME", value_parser = time_or_ago)]
     since: Option<DateTime<Utc>>,
-    /// Only those received before this time: RFC 3339, or a duration ago
+    /// Only those received before this time, in the same forms as --since
     #[arg(long, value_name = "TIME", value_parser = time_or_ago)]
     until: Option<DateTime<Utc>>,
     /// Write here instead of stdout (the file appears only once the export is complete)

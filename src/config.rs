@@ -394,21 +394,44 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
-/// Parses a point in time: an RFC 3339 time (`2026-12-02T09:00:00Z`), or a humantime duration
-/// meaning that long before `now` (`1h`, `2d`).
+/// Parses a point in time, the one reading shared by `export --since/--until`, the admin API's
+/// `since=` and the console's filters: an RFC 3339 time (`2026-12-02T09:00:00Z`), a date and
+/// time without a zone, taken as UTC (`2026-12-02 09:00`, `2026-12-02T09:00:00`), a date alone,
+/// meaning its midnight UTC (`2026-12-02`), or a humantime duration meaning that long before
+/// `now` (`1h`, `2d`).
 ///
 /// # Errors
-/// A one-line reason naming both accepted forms.
+/// A one-line reason naming the accepted forms.
 pub fn parse_time_or_ago(
     text: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    use chrono::{NaiveDate, NaiveDateTime};
     let text = text.trim();
     if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
         return Ok(time.with_timezone(&chrono::Utc));
     }
+    let naive = [
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M",
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%d %H:%M",
+    ]
+    .iter()
+    .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
+    .or_else(|| {
+        NaiveDate::parse_from_str(text, "%Y-%m-%d")
+            .ok()
+            .and_then(|day| day.and_hms_opt(0, 0, 0))
+    });
+    if let Some(naive) = naive {
+        return Ok(naive.and_utc());
+    }
     let ago = humantime::parse_duration(text).map_err(|_| {
-        format!("{text:?} is neither an RFC 3339 time (2026-12-02T09:00:00Z) nor a duration ago (90s, 5m, 72h, 30d)")
+        format!(
+            "{text:?} is not a time (RFC 3339 as in 2026-12-02T09:00:00Z, or 2026-12-02 09:00 \
+             or 2026-12-02, taken as UTC) or a duration ago (90s, 5m, 72h, 30d)"
+        )
     })?;
     chrono::Duration::from_std(ago)
         .ok()
@@ -604,6 +627,28 @@ impl RawSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_time_is_rfc3339_a_utc_date_and_time_a_date_or_a_duration_ago() {
+        let now: chrono::DateTime<chrono::Utc> = "2026-12-03T12:00:00Z".parse().expect("a time");
+        let at = |text: &str| {
+            parse_time_or_ago(text, now)
+                .unwrap_or_else(|e| panic!("{text}: {e}"))
+                .to_rfc3339()
+        };
+        assert_eq!(at("2026-12-02T09:00:00+01:00"), "2026-12-02T08:00:00+00:00");
+        assert_eq!(at("2026-12-02T09:00:00Z"), "2026-12-02T09:00:00+00:00");
+        assert_eq!(at("2026-12-02 09:30"), "2026-12-02T09:30:00+00:00");
+        assert_eq!(at("2026-12-02T09:30"), "2026-12-02T09:30:00+00:00");
+        assert_eq!(at("2026-12-02T09:30:00"), "2026-12-02T09:30:00+00:00");
+        assert_eq!(at("2026-12-02 09:30:15.5"), "2026-12-02T09:30:15.500+00:00");
+        assert_eq!(at(" 2026-12-02 "), "2026-12-02T00:00:00+00:00");
+        assert_eq!(at("36h"), "2026-12-02T00:00:00+00:00");
+        for bad in ["yesterday", "2026-13-02", "2026-12-02 25:00", ""] {
+            let error = parse_time_or_ago(bad, now).expect_err(bad);
+            assert!(error.contains("RFC 3339"), "{error}");
+        }
+    }
 
     fn no_env(_: &str) -> Option<String> {
         None

@@ -236,18 +236,25 @@ fn export_pages_through_more_than_a_batch_in_received_order_with_ties_broken_by_
 
 /// A migrated test database holding `n` stripe events, and a config file naming it.
 fn stored_events(n: usize) -> (TestDb, TempFile) {
+    stored_events_at(&vec!["2026-12-01T00:00:00Z"; n])
+}
+
+/// A migrated test database holding a stripe event `evt_{i}` received at each of `times`, and
+/// a config file naming it.
+fn stored_events_at(times: &[&str]) -> (TestDb, TempFile) {
     let db = TestDb::create();
     let (code, _, stderr) = run_hookbox(
         &["migrate", "--config", "/dev/null"],
         &[("DATABASE_URL", &db.url)],
     );
     assert_eq!(code, 0, "{stderr}");
-    let received_at = time("2026-12-01T00:00:00Z");
-    let rows: Vec<RawEvent> = (0..n)
-        .map(|i| RawEvent {
+    let rows: Vec<RawEvent> = times
+        .iter()
+        .enumerate()
+        .map(|(i, at)| RawEvent {
             source: "stripe".to_owned(),
             event_id: format!("evt_{i}"),
-            received_at,
+            received_at: time(at),
             payload: format!("{{\"id\":\"evt_{i}\"}}").into_bytes(),
         })
         .collect();
@@ -345,4 +352,34 @@ fn export_out_writes_straight_through_a_fifo_and_a_link_to_stdout() {
         .expect("the link")
         .file_type()
         .is_symlink());
+}
+
+#[test]
+fn export_takes_dates_and_zoneless_times_as_utc_like_the_console() {
+    let (_db, config) = stored_events_at(&[
+        "2026-12-01T23:59:59Z",
+        "2026-12-02T00:00:00Z",
+        "2026-12-02T09:00:00Z",
+        "2026-12-03T00:00:00Z",
+    ]);
+    for (since, until, expected) in [
+        ("2026-12-02", "2026-12-03", vec!["evt_1", "evt_2"]),
+        ("2026-12-02 09:00", "2026-12-04", vec!["evt_2", "evt_3"]),
+        ("2026-12-01T23:59:59", "2026-12-02T00:00", vec!["evt_0"]),
+    ] {
+        let (code, stdout, stderr) = run_hookbox(
+            &[
+                "export",
+                "--config",
+                &config.path(),
+                "--since",
+                since,
+                "--until",
+                until,
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{since}..{until}: {stderr}");
+        assert_eq!(ids(&parse_capture(&stdout)), expected, "{since}..{until}");
+    }
 }

@@ -3,7 +3,7 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
-use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use serde::Deserialize;
 
@@ -73,31 +73,15 @@ fn given(text: &str) -> Option<String> {
     (!text.is_empty()).then(|| text.to_owned())
 }
 
-/// An RFC 3339 time, a duration ago (`1h`), or a date and time without a zone, taken as UTC
-/// (`2026-12-02 09:00`, `2026-12-02T09:00:00`, `2026-12-02`).
+/// A time as [`parse_time_or_ago`] reads it (the one reading `export` and the admin API
+/// share), or nothing when the field is empty.
 fn parse_when(name: &str, text: &str) -> Result<Option<DateTime<Utc>>, String> {
     let Some(text) = given(text) else {
         return Ok(None);
     };
-    if let Ok(at) = parse_time_or_ago(&text, Utc::now()) {
-        return Ok(Some(at));
-    }
-    let naive = [
-        "%Y-%m-%dT%H:%M:%S",
-        "%Y-%m-%dT%H:%M",
-        "%Y-%m-%d %H:%M:%S",
-        "%Y-%m-%d %H:%M",
-    ]
-    .iter()
-    .find_map(|format| NaiveDateTime::parse_from_str(&text, format).ok())
-    .or_else(|| {
-        NaiveDate::parse_from_str(&text, "%Y-%m-%d")
-            .ok()
-            .and_then(|d| d.and_hms_opt(0, 0, 0))
-    });
-    naive.map(|n| Some(n.and_utc())).ok_or_else(|| {
-        format!("{name}: {text:?} is not a time (2026-12-02T09:00:00Z, 2026-12-02 09:00 UTC) or a duration ago (90s, 5m, 72h)")
-    })
+    parse_time_or_ago(&text, Utc::now())
+        .map(Some)
+        .map_err(|e| format!("{name}: {e}"))
 }
 
 fn parse_cursor(text: &str) -> Result<Option<(DateTime<Utc>, i64)>, String> {
