@@ -52,7 +52,7 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         .signer
         .for_source(options.source.as_str())
         .map_err(SendError::Usage)?;
-    if verifier.needs_json() && options.event_id.is_some() {
+    if verifier.id_in_body() && options.event_id.is_some() {
         return Err(SendError::Usage(format!(
             "the {} scheme reads the event id from the body, so --event-id does not apply; \
              change the id in the body instead",
@@ -66,10 +66,14 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         Some(&event_id),
         options.event_type.as_deref(),
     );
+    let signed = signing::signed(verifier, &options.body, unix_now(), &identity, None);
     let request = Request {
-        url: options.to.url_for(options.source.as_str()),
-        headers: signing::signed_headers(verifier, &options.body, unix_now(), &identity, None),
-        body: Bytes::from(options.body.clone()),
+        url: signing::with_query(
+            &options.to.url_for(options.source.as_str()),
+            signed.query.as_deref(),
+        ),
+        headers: signed.headers,
+        body: Bytes::from(signed.body),
     };
     let answer = actix_web::rt::System::new()
         .block_on(async { client::deliver(&client::client(), &request).await })

@@ -42,7 +42,17 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.app_data(web::QueryConfig::default().error_handler(|e, _| {
         ApiError::InvalidQuery(format!("the query string is not valid: {e}")).into()
     }))
-    .route("/webhooks/{source}", web::post().to(webhook::receive))
+    .service(
+        web::resource("/webhooks/{source}")
+            .route(web::post().to(webhook::receive))
+            // Only for a source whose provider sends a GET handshake; any other GET is
+            // answered as before, as a method the route does not take.
+            .route(
+                web::get()
+                    .guard(actix_web::guard::fn_guard(webhook::answers_get))
+                    .to(webhook::receive),
+            ),
+    )
     .route("/healthz", web::get().to(ops::healthz))
     .route("/readyz", web::get().to(ops::readyz))
     .route("/metrics", web::get().to(ops::metrics))

@@ -28,6 +28,17 @@ impl Headers for RequestHeaders<'_> {
     }
 }
 
+/// Whether a request is for a source whose provider sends a `GET` handshake (Braintree's
+/// `bt_challenge`), so the route takes its `GET`.
+pub fn answers_get(ctx: &actix_web::guard::GuardContext<'_>) -> bool {
+    let Some(name) = ctx.head().uri.path().strip_prefix("/webhooks/") else {
+        return false;
+    };
+    ctx.app_data::<web::Data<AppState>>()
+        .and_then(|state| state.sources.get(name).cloned())
+        .is_some_and(|source| source.provider.answers_get())
+}
+
 /// Receives one delivery and answers it, counting the outcome.
 #[tracing::instrument(
     name = "webhook",

@@ -5,8 +5,10 @@ use sha2::{Digest, Sha256};
 /// SHA-256 of the payload. With `volatile` fields (the top-level fields a provider changes
 /// between deliveries of one event, see
 /// [`Provider::volatile_fields`](crate::providers::Provider::volatile_fields)) and a JSON object
-/// body, the hash is over the body re-serialized without them (keys sorted, no whitespace);
-/// otherwise over the raw bytes, so any change at all counts as a different payload.
+/// body, the hash is over the body re-serialized without them (keys sorted, no whitespace); with
+/// volatile fields and a body that is not JSON (a form), over the raw bytes less the
+/// `name=value` fields so named, the others kept byte for byte and in order; otherwise over the
+/// raw bytes, so any change at all counts as a different payload.
 pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Value>) -> [u8; 32] {
     match json {
         Some(serde_json::Value::Object(map)) if !volatile.is_empty() => {
@@ -26,6 +28,20 @@ pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Val
             }
             hasher.0.update(b"}");
             hasher.0.finalize().into()
+        }
+        None if !volatile.is_empty() => {
+            let mut hasher = Sha256::new();
+            let kept = body.split(|b| *b == b'&').filter(|field| {
+                let name = form_urlencoded::parse(field).next().map(|(name, _)| name);
+                !name.is_some_and(|name| volatile.contains(&name.as_ref()))
+            });
+            for (index, field) in kept.enumerate() {
+                if index > 0 {
+                    hasher.update(b"&");
+                }
+                hasher.update(field);
+            }
+            hasher.finalize().into()
         }
         _ => Sha256::digest(body).into(),
     }
@@ -91,6 +107,30 @@ mod tests {
         let canonical = r#"{"data":{"a":[1,"x"],"b":1},"id":"evt_1","type":"a"}"#;
         let expected: [u8; 32] = Sha256::digest(canonical.as_bytes()).into();
         assert_eq!(of(&provider("stripe"), body), expected);
+    }
+
+    #[test]
+    fn a_form_body_leaves_out_its_volatile_fields_and_keeps_the_rest_byte_for_byte() {
+        let volatile = &["bt_signature"];
+        let first = fingerprint(volatile, b"bt_signature=a%7C1&bt_payload=PHg%2B", None);
+        let resigned = fingerprint(
+            volatile,
+            b"bt_signature=a%7C2%26b%7C3&bt_payload=PHg%2B",
+            None,
+        );
+        let other = fingerprint(volatile, b"bt_signature=a%7C1&bt_payload=PHk%2B", None);
+        let encoded_name = fingerprint(volatile, b"bt%5Fsignature=z&bt_payload=PHg%2B", None);
+        assert_eq!(first, resigned);
+        assert_eq!(first, encoded_name);
+        assert_ne!(first, other);
+        let expected: [u8; 32] = Sha256::digest(b"bt_payload=PHg%2B").into();
+        assert_eq!(first, expected);
+        // Without a volatile field the raw bytes are hashed as they are.
+        let raw = b"a=1&&b=%32";
+        assert_eq!(
+            fingerprint(volatile, raw, None),
+            <[u8; 32]>::from(Sha256::digest(raw))
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! that builds it from a source's [`Settings`], and one line in [`Registry::builtin`] (or, for a
 //! provider of one's own, [`Registry::with`] and [`Config::parse_with`](crate::Config::parse_with)).
 
+mod braintree;
 pub mod generic;
 mod github;
 mod keys;
@@ -17,6 +18,7 @@ mod shopify;
 mod slack;
 pub mod standard;
 mod stripe;
+mod twilio;
 
 use std::fmt;
 use std::sync::Arc;
@@ -111,6 +113,19 @@ pub struct Answer {
     pub body: Vec<u8>,
 }
 
+/// A delivery signed as the provider would send it (see [`Provider::sign_delivery`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signed {
+    /// The body to send: the one given, unless the provider signs inside the body.
+    pub body: Vec<u8>,
+    /// A query string (without `?`) the provider puts on the URL, when it signs one.
+    pub query: Option<String>,
+    /// The headers, as [`Provider::sign`] makes them.
+    pub headers: Vec<(String, String)>,
+    /// The `Content-Type` the provider sends this body with, when it is not JSON's.
+    pub content_type: Option<&'static str>,
+}
+
 /// What a verified request turned out to be.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Received {
@@ -181,6 +196,48 @@ pub trait Provider: Send + Sync + fmt::Debug {
         event_type: Option<&str>,
     ) -> Vec<(String, String)>;
 
+    /// Finds the event id and type with the raw body at hand too, for a provider that derives
+    /// the id from the body or reads a form; by default [`identify`](Provider::identify).
+    fn identify_body(
+        &self,
+        headers: &dyn Headers,
+        _body: &[u8],
+        json: Option<&serde_json::Value>,
+    ) -> Identity {
+        self.identify(headers, json)
+    }
+
+    /// Whether the event id comes from the body whatever a header says (so `send --event-id`
+    /// does not apply); by default where the body must be JSON.
+    fn id_in_body(&self) -> bool {
+        self.needs_json()
+    }
+
+    /// Whether the provider sends a handshake as a `GET` to the webhook URL, answered by
+    /// [`receive`](Provider::receive). A `GET` to a source whose provider does not is answered
+    /// as any method the route does not take.
+    fn answers_get(&self) -> bool {
+        false
+    }
+
+    /// Signs a delivery the way the provider would send it: by default the body as given with
+    /// the headers of [`sign`](Provider::sign). A provider that signs inside the body (a form
+    /// field) or signs a query it puts on the URL overrides this.
+    fn sign_delivery(
+        &self,
+        body: &[u8],
+        timestamp: i64,
+        event_id: &str,
+        event_type: Option<&str>,
+    ) -> Signed {
+        Signed {
+            body: body.to_vec(),
+            query: None,
+            headers: self.sign(body, timestamp, event_id, event_type),
+            content_type: None,
+        }
+    }
+
     /// A verified request that is a handshake, with the answer it expects; `None` for an event.
     fn handshake(
         &self,
@@ -191,7 +248,7 @@ pub trait Provider: Send + Sync + fmt::Debug {
     }
 
     /// Top-level body fields the provider changes between deliveries of one event, left out of
-    /// the payload fingerprint.
+    /// the payload fingerprint: members of a JSON object body, or fields of a form body.
     fn volatile_fields(&self) -> &'static [&'static str] {
         &[]
     }
@@ -204,8 +261,9 @@ pub trait Provider: Send + Sync + fmt::Debug {
 
     /// Turns one request into an event or a handshake: by default [`verify`](Provider::verify),
     /// then the JSON [`needs_json`](Provider::needs_json) asks for, then
-    /// [`handshake`](Provider::handshake), then [`identify`](Provider::identify). A provider
-    /// whose check must wait on something (a certificate it fetches) overrides this.
+    /// [`handshake`](Provider::handshake), then [`identify_body`](Provider::identify_body). A
+    /// provider whose check must wait on something (a certificate it fetches) or needs more of
+    /// the request (its method or query) overrides this.
     fn receive<'a>(
         &'a self,
         inbound: &'a Inbound<'a>,
@@ -224,6 +282,21 @@ pub fn receive_now<P: Provider + ?Sized>(
     inbound: &Inbound<'_>,
 ) -> Result<Received, Refusal> {
     provider.verify(inbound.headers, inbound.body, inbound.now)?;
+    receive_verified(provider, inbound)
+}
+
+/// The rest of [`receive_now`] once the signature is checked (a provider that checks with more
+/// than the headers and body overrides `receive` and calls this): the JSON
+/// [`needs_json`](Provider::needs_json) asks for, then [`handshake`](Provider::handshake), then
+/// [`identify_body`](Provider::identify_body).
+///
+/// # Errors
+/// A [`Refusal`] for a body that is not the JSON the provider needs, or a delivery without an
+/// event id.
+pub fn receive_verified<P: Provider + ?Sized>(
+    provider: &P,
+    inbound: &Inbound<'_>,
+) -> Result<Received, Refusal> {
     let json: Option<serde_json::Value> = serde_json::from_slice(inbound.body).ok();
     if json.is_none() && provider.needs_json() {
         return Err(Refusal::MalformedPayload);
@@ -231,7 +304,7 @@ pub fn receive_now<P: Provider + ?Sized>(
     if let Some(answer) = provider.handshake(inbound, json.as_ref()) {
         return Ok(Received::Handshake(answer));
     }
-    let identity = provider.identify(inbound.headers, json.as_ref());
+    let identity = provider.identify_body(inbound.headers, inbound.body, json.as_ref());
     Ok(Received::Event(Incoming {
         event_id: identity.event_id.ok_or(Refusal::MissingEventId)?,
         event_type: identity.event_type,
@@ -369,6 +442,8 @@ impl Registry {
         .with("shopify", shopify::build)
         .with("slack", slack::build)
         .with("hmac-sha256", generic::build)
+        .with("braintree", braintree::build)
+        .with("twilio", twilio::build)
     }
 
     /// Adds (or replaces) the scheme `name`, built by `build`.
@@ -535,7 +610,7 @@ mod tests {
         let registry = Registry::builtin();
         assert_eq!(
             registry.names(),
-            "stripe, standard, github, shopify, slack, hmac-sha256"
+            "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio"
         );
         for provider in every_scheme() {
             assert!(registry.scheme(provider.scheme(), None).is_ok());

@@ -107,24 +107,25 @@ struct Pending<'a> {
 
 impl Pending<'_> {
     fn request(&self, now: i64) -> Request {
-        let headers = match &self.headers {
-            Headers::Captured(headers) => headers.clone(),
+        match &self.headers {
+            Headers::Captured(headers) => Request {
+                url: self.url.clone(),
+                headers: headers.clone(),
+                body: self.body.clone(),
+            },
             Headers::Sign {
                 verifier,
                 identity,
                 content_type,
-            } => signing::signed_headers(
-                verifier,
-                &self.body,
-                now,
-                identity,
-                content_type.as_deref(),
-            ),
-        };
-        Request {
-            url: self.url.clone(),
-            headers,
-            body: self.body.clone(),
+            } => {
+                let signed =
+                    signing::signed(verifier, &self.body, now, identity, content_type.as_deref());
+                Request {
+                    url: signing::with_query(&self.url, signed.query.as_deref()),
+                    headers: signed.headers,
+                    body: Bytes::from(signed.body),
+                }
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::providers::{Identity, Provider, Scheme};
+use crate::providers::{Identity, Provider, Scheme, Signed};
 use crate::secret::Secret;
 
 /// A provider that signs: its first key is the one used.
@@ -88,10 +88,10 @@ pub fn identity(
 ) -> Identity {
     let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
     let no_headers: Vec<(String, String)> = Vec::new();
-    let from_body = verifier.identify(&no_headers, json.as_ref());
+    let from_body = verifier.identify_body(&no_headers, body, json.as_ref());
     Identity {
-        // needs_json: the scheme finds the id in the body, whatever a header says.
-        event_id: if verifier.needs_json() {
+        // The scheme finds the id in the body (or derives it from it), whatever a header says.
+        event_id: if verifier.id_in_body() {
             from_body.event_id
         } else {
             event_id.map(str::to_owned)
@@ -100,26 +100,39 @@ pub fn identity(
     }
 }
 
-/// The headers of `body` signed at `timestamp` (unix seconds): the scheme's own, with the id
-/// and type headers where the scheme has them, and `Content-Type` (JSON unless given).
-pub fn signed_headers(
+/// `body` signed at `timestamp` (unix seconds) as the scheme sends it: its headers, with the id
+/// and type headers where the scheme has them, and `Content-Type` (the given one, else the
+/// scheme's, else JSON), the body (which a scheme that signs inside it rewrites) and the query
+/// the scheme puts on the URL.
+pub fn signed(
     verifier: &Verifier,
     body: &[u8],
     timestamp: i64,
     identity: &Identity,
     content_type: Option<&str>,
-) -> Vec<(String, String)> {
-    let mut headers = verifier.sign(
+) -> Signed {
+    let mut signed = verifier.sign_delivery(
         body,
         timestamp,
         identity.event_id.as_deref().unwrap_or_default(),
         identity.event_type.as_deref(),
     );
-    headers.push((
-        "Content-Type".to_owned(),
-        content_type.unwrap_or("application/json").to_owned(),
-    ));
-    headers
+    let content_type = content_type
+        .or(signed.content_type)
+        .unwrap_or("application/json");
+    signed
+        .headers
+        .push(("Content-Type".to_owned(), content_type.to_owned()));
+    signed
+}
+
+/// `url` with the query a signed delivery carries, after any the URL has.
+pub fn with_query(url: &str, query: Option<&str>) -> String {
+    match query {
+        None | Some("") => url.to_owned(),
+        Some(query) if url.contains('?') => format!("{url}&{query}"),
+        Some(query) => format!("{url}?{query}"),
+    }
 }
 
 #[cfg(test)]
@@ -145,7 +158,7 @@ mod tests {
         };
         let found = identity(&github, b"{}", Some("d-1"), Some("push"));
         assert_eq!(found.event_id.as_deref(), Some("d-1"));
-        let headers = signed_headers(&github, b"{}", 0, &found, None);
+        let headers = signed(&github, b"{}", 0, &found, None).headers;
         assert!(headers.contains(&("X-GitHub-Delivery".to_owned(), "d-1".to_owned())));
         assert!(headers.contains(&("X-GitHub-Event".to_owned(), "push".to_owned())));
         assert!(headers.contains(&("Content-Type".to_owned(), "application/json".to_owned())));
@@ -158,7 +171,7 @@ mod tests {
         let found = identity(&stripe, body, Some("ignored"), None);
         assert_eq!(found.event_id.as_deref(), Some("evt_9"));
         assert_eq!(found.event_type.as_deref(), Some("charge.succeeded"));
-        let headers = signed_headers(&stripe, body, 0, &found, Some("text/plain"));
+        let headers = signed(&stripe, body, 0, &found, Some("text/plain")).headers;
         assert_eq!(stripe.verify(&headers, body, 0), Ok(()));
         assert!(headers.contains(&("Content-Type".to_owned(), "text/plain".to_owned())));
     }
