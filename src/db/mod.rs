@@ -7,6 +7,8 @@
 //! the rest of hookbox, handlers included, works with an [`AnyConnection`], and code whose SQL
 //! differs between the two goes through [`on_backend!`] or the [`pg`] and [`sqlite`] modules.
 
+pub mod deliveries;
+pub mod events;
 pub mod pg;
 pub mod pg_schema;
 pub mod sqlite;
@@ -28,7 +30,6 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use crate::config::DatabaseConfig;
-use crate::forward::store::Due;
 
 /// A connection to either store. Handlers get one: diesel's query builder and `sql_query`
 /// work on it as on either backend (through diesel's `MultiBackend`), and a handler that needs
@@ -780,15 +781,6 @@ pub fn count_older(
     match conn {
         AnyConnection::Postgres(c) => pg::count_older(c, source, named, cutoff),
         AnyConnection::Sqlite(c) => sqlite::count_older(c, source, named, cutoff),
-    }
-}
-
-/// Takes up to `limit` due deliveries, oldest due first, and leases each for `lease`: its
-/// `next_attempt_at` moves past the attempt's end, so no other dispatcher takes it meanwhile.
-pub fn take_due(conn: &mut AnyConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
-    match conn {
-        AnyConnection::Postgres(c) => pg::take_due(c, limit, lease),
-        AnyConnection::Sqlite(c) => sqlite::take_due(c, limit, lease),
     }
 }
 

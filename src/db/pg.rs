@@ -8,10 +8,9 @@ use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use diesel::sql_types::{Array, BigInt, Bool, Double, Text};
+use diesel::sql_types::{Array, BigInt, Bool, Text};
 
 use super::{Counted, Removed};
-use crate::forward::store::Due;
 
 /// The SQL type of hookbox's times on this backend.
 pub type Instant = diesel::sql_types::Timestamptz;
@@ -133,26 +132,6 @@ pub fn count_older(
         None => query.bind::<Array<Text>, _>(named).load(conn)?,
     };
     Ok(counted.into_iter().map(|c| (c.source, c.n)).collect())
-}
-
-/// Takes up to `limit` due deliveries, oldest due first, and leases each for `lease`: its
-/// `next_attempt_at` moves past the attempt's end, and `FOR UPDATE SKIP LOCKED` lets several
-/// dispatchers take rows at once without taking the same row twice.
-pub fn take_due(conn: &mut PgConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
-    diesel::sql_query(
-        "UPDATE deliveries d \
-         SET attempts = d.attempts + 1, next_attempt_at = now() + make_interval(secs => $2) \
-         FROM events e \
-         WHERE d.id IN (SELECT id FROM deliveries \
-                        WHERE state = 'pending' AND next_attempt_at <= now() \
-                        ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
-           AND e.id = d.event_row \
-         RETURNING d.id, d.attempts AS attempt, e.source, e.event_id, e.event_type, e.payload, \
-                   e.headers ->> 'content-type' AS content_type",
-    )
-    .bind::<BigInt, _>(limit)
-    .bind::<Double, _>(lease.as_secs_f64())
-    .load(conn)
 }
 
 /// Adds replay counts (source, event id, count) to `events.replays` in one statement.

@@ -17,7 +17,6 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::SqliteConnection;
 
 use super::{Counted, Removed};
-use crate::forward::store::Due;
 
 /// How long a long job of many write transactions (a purge) pauses between them, so writers
 /// waiting for the lock get it: SQLite's busy handler sleeps up to 100 ms between its tries.
@@ -111,36 +110,6 @@ pub fn count_older(
         None => query.bind::<Text, _>(named_json(named)).load(conn)?,
     };
     Ok(counted.into_iter().map(|c| (c.source, c.n)).collect())
-}
-
-/// See [`super::pg::take_due`]. The write lock, taken first, keeps other dispatchers (of other
-/// processes on the same file) out until the leases are written.
-pub fn take_due(conn: &mut SqliteConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
-    let now = super::now();
-    let lease_end = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
-    conn.immediate_transaction(|conn| {
-        let due: Vec<Due> = diesel::sql_query(
-            "SELECT d.id, d.attempts + 1 AS attempt, e.source, e.event_id, e.event_type, \
-                    e.payload, json_extract(e.headers, '$.\"content-type\"') AS content_type \
-             FROM deliveries d JOIN events e ON e.id = d.event_row \
-             WHERE d.state = 'pending' AND d.next_attempt_at <= ?1 \
-             ORDER BY d.next_attempt_at LIMIT ?2",
-        )
-        .bind::<Instant, _>(now)
-        .bind::<BigInt, _>(limit)
-        .load(conn)?;
-        if !due.is_empty() {
-            let ids: Vec<i64> = due.iter().map(|d| d.id).collect();
-            diesel::sql_query(
-                "UPDATE deliveries SET attempts = attempts + 1, next_attempt_at = ?1 \
-                 WHERE id IN (SELECT value FROM json_each(?2))",
-            )
-            .bind::<Instant, _>(lease_end)
-            .bind::<Text, _>(serde_json::to_string(&ids).expect("numbers serialize"))
-            .execute(conn)?;
-        }
-        Ok(due)
-    })
 }
 
 /// See [`super::pg::add_replays`]: one UPDATE per event, in one transaction.

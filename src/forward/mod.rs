@@ -8,8 +8,6 @@
 //! a lease that runs out, and another attempt follows. Every attempt of an event carries the same
 //! `Idempotency-Key: {source}:{event_id}`, so a downstream that honours it sees the effect once.
 
-pub mod store;
-
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,12 +18,12 @@ use actix_web::http::header::HeaderValue;
 use actix_web::web;
 
 use crate::config::ForwardConfig;
-use crate::db;
+use crate::db::{self, deliveries};
 use crate::metrics::ForwardResult;
 use crate::providers::{Provider, Standard};
 use crate::retry;
 use crate::startup::AppState;
-use store::{Due, Settle};
+use deliveries::{Due, Settle};
 
 /// Attempts one instance has under way at most.
 const MAX_IN_FLIGHT: usize = 16;
@@ -117,7 +115,7 @@ async fn run(state: web::Data<AppState>, wake: Wake, lease: Duration) {
             let pool_state = state.clone();
             let due = web::block(move || {
                 db::with_connection(&pool_state.pool, |conn| {
-                    db::take_due(conn, free as i64, lease)
+                    deliveries::take_due(conn, free as i64, lease)
                 })
             })
             .await;
@@ -161,7 +159,7 @@ async fn run(state: web::Data<AppState>, wake: Wake, lease: Duration) {
 async fn refresh_gauges(state: &web::Data<AppState>) {
     let state = state.clone();
     let counted = web::block(move || {
-        let (pending, dead) = db::with_connection(&state.pool, store::counts)?;
+        let (pending, dead) = db::with_connection(&state.pool, deliveries::counts)?;
         state.metrics.set_outbox(
             u64::try_from(pending).unwrap_or(0),
             u64::try_from(dead).unwrap_or(0),
@@ -224,7 +222,9 @@ async fn attempt(state: &web::Data<AppState>, client: &awc::Client, due: Due) {
     let store_state = state.clone();
     let id = due.id;
     let stored = web::block(move || {
-        db::with_connection(&store_state.pool, |conn| store::settle(conn, id, &outcome))
+        db::with_connection(&store_state.pool, |conn| {
+            deliveries::settle(conn, id, &outcome)
+        })
     })
     .await;
     if !matches!(stored, Ok(Ok(()))) {

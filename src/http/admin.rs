@@ -8,8 +8,8 @@ use diesel::prelude::*;
 use serde::Deserialize;
 
 use crate::config::parse_time_or_ago;
-use crate::db::{on_backend, AnyConnection};
-use crate::forward;
+use crate::db::deliveries::{self, DeliveryView};
+use crate::db::{self, on_backend, AnyConnection};
 use crate::http::auth::{Admin, Bearer};
 use crate::http::{with_db, ApiError};
 use crate::ids::storable;
@@ -178,11 +178,22 @@ pub async fn event_deliveries(
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
     let found = with_db(&state, "admin query", move |conn| {
-        forward::store::for_event(conn, &source, &event_id)
+        deliveries_of(conn, &source, &event_id)
     })
     .await?;
     let deliveries = found.ok_or(ApiError::NotFound)?;
     Ok(HttpResponse::Ok().json(serde_json::json!({ "deliveries": deliveries })))
+}
+
+/// The forward deliveries of a stored event; `None` when no such event is stored.
+pub(super) fn deliveries_of(
+    conn: &mut AnyConnection,
+    source: &str,
+    event_id: &str,
+) -> QueryResult<Option<Vec<DeliveryView>>> {
+    db::events::row_of(conn, source, event_id)?
+        .map(|row| deliveries::of_event(conn, row))
+        .transpose()
 }
 
 /// `POST /admin/deliveries/{id}/requeue`: a dead delivery becomes pending again, due now.
@@ -204,11 +215,8 @@ pub(super) async fn requeue(
     state: &web::Data<AppState>,
     id: i64,
     by: &'static str,
-) -> Result<Option<Result<forward::store::DeliveryView, String>>, ApiError> {
-    let result = with_db(state, "requeue", move |conn| {
-        forward::store::requeue(conn, id)
-    })
-    .await?;
+) -> Result<Option<Result<DeliveryView, String>>, ApiError> {
+    let result = with_db(state, "requeue", move |conn| deliveries::requeue(conn, id)).await?;
     if let Some(Ok(_)) = &result {
         tracing::info!(delivery = id, "dead delivery re-queued by {by}");
         state.forward.queued();

@@ -311,12 +311,10 @@ fn claim_in_transaction(
                 events::response_body.eq(&response.body),
             ))
             .execute(c)?;
-        if delivery.forward {
-            diesel::insert_into(deliveries::table)
-                .values(deliveries::event_row.eq(row_id))
-                .execute(c)?;
-        }
     });
+    if delivery.forward {
+        db::deliveries::enqueue(conn, row_id)?;
+    }
     Ok(Some(Outcome::Claimed(StoredResponse::new(
         response,
         received_at,

@@ -11,8 +11,8 @@ use maud::{html, Markup};
 
 use super::html::{link, page, redirect, respond, show_body, time};
 use super::{check_csrf, field, message, Refused, Session};
+use crate::db::deliveries::DeliveryView;
 use crate::db::AnyConnection;
-use crate::forward::store::{self, DeliveryView};
 use crate::http::admin::{self, StoredEvent};
 use crate::http::auth::Admin;
 use crate::http::with_db;
@@ -37,7 +37,7 @@ fn load(
     let Some(stored) = admin::stored_event(conn, source, event_id)? else {
         return Ok(None);
     };
-    let deliveries = store::for_event(conn, source, event_id)?.unwrap_or_default();
+    let deliveries = admin::deliveries_of(conn, source, event_id)?.unwrap_or_default();
     Ok(Some((stored, deliveries)))
 }
 

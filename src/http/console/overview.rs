@@ -9,7 +9,7 @@ use maud::{html, Markup};
 use super::html::{link, page, respond, time};
 use super::{chart, Refused, Session};
 use crate::activity::{current_minute, PurgeResult, HISTORY_MINUTES};
-use crate::forward;
+use crate::db::deliveries;
 use crate::http::auth::Admin;
 use crate::http::with_db;
 use crate::metrics::UNKNOWN_SOURCE;
@@ -20,7 +20,7 @@ pub async fn show(
     state: web::Data<AppState>,
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
-    let outbox = with_db(&state, "console outbox count", forward::store::counts).await;
+    let outbox = with_db(&state, "console outbox count", deliveries::counts).await;
     let now = current_minute();
     let mut charts = Vec::new();
     let mut quiet = Vec::new();

@@ -1,5 +1,8 @@
-//! The outbox table: taking due rows, recording how an attempt went, and what the admin API
-//! shows.
+//! The owner of the `deliveries` table (the forward outbox): every statement on it is here.
+//! A row is queued with its event's claim ([`enqueue`]), taken under a lease by the dispatcher
+//! ([`take_due`]), settled after each attempt ([`settle`]), and shown and re-queued by the
+//! admin API and the console ([`of_event`], [`requeue`], [`counts`]). Rows go with their
+//! event (`ON DELETE CASCADE`).
 
 use std::time::Duration;
 
@@ -8,8 +11,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text};
 use serde::Serialize;
 
-use crate::db::{self, on_backend, AnyConnection};
-use crate::ids::storable;
+use super::{now, on_backend, write_transaction, AnyConnection};
 
 /// A delivery taken for an attempt: its lease runs, so no other dispatcher takes it meanwhile.
 #[derive(Debug, QueryableByName)]
@@ -63,13 +65,110 @@ pub enum Settle {
     },
 }
 
+/// A delivery as the admin API and the console show it.
+#[derive(Debug, Clone, Serialize, Queryable)]
+pub struct DeliveryView {
+    /// The outbox row id (for requeue).
+    pub id: i64,
+    /// `pending`, `delivered` or `dead`.
+    pub state: String,
+    /// Attempts made so far.
+    pub attempts: i32,
+    /// The last attempt's HTTP status, if it got one.
+    pub last_status: Option<i16>,
+    /// The last failure, in a sentence.
+    pub last_error: Option<String>,
+    /// When the next attempt is due (pending only).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// When it was queued (with the claim).
+    pub created_at: DateTime<Utc>,
+    /// When it was delivered.
+    pub delivered_at: Option<DateTime<Utc>>,
+}
+
+/// Queues a delivery of the event stored in row `event_row`. Runs in the claim's transaction,
+/// so an event is queued if and only if it is stored.
+pub fn enqueue(conn: &mut AnyConnection, event_row: i64) -> QueryResult<()> {
+    on_backend!(conn, c => diesel::insert_into(deliveries::table)
+        .values(deliveries::event_row.eq(event_row))
+        .execute(c))
+    .map(|_| ())
+}
+
+/// Takes up to `limit` due deliveries, oldest due first, and leases each for `lease`: its
+/// `next_attempt_at` moves past the attempt's end, so no other dispatcher takes it meanwhile.
+pub fn take_due(conn: &mut AnyConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
+    match conn {
+        AnyConnection::Postgres(c) => take_due_pg(c, limit, lease),
+        AnyConnection::Sqlite(c) => take_due_sqlite(c, limit, lease),
+    }
+}
+
+/// [`take_due`] on PostgreSQL: `FOR UPDATE SKIP LOCKED` lets several dispatchers take rows at
+/// once without taking the same row twice.
+fn take_due_pg(
+    conn: &mut diesel::PgConnection,
+    limit: i64,
+    lease: Duration,
+) -> QueryResult<Vec<Due>> {
+    diesel::sql_query(
+        "UPDATE deliveries d \
+         SET attempts = d.attempts + 1, next_attempt_at = now() + make_interval(secs => $2) \
+         FROM events e \
+         WHERE d.id IN (SELECT id FROM deliveries \
+                        WHERE state = 'pending' AND next_attempt_at <= now() \
+                        ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+           AND e.id = d.event_row \
+         RETURNING d.id, d.attempts AS attempt, e.source, e.event_id, e.event_type, e.payload, \
+                   e.headers ->> 'content-type' AS content_type",
+    )
+    .bind::<BigInt, _>(limit)
+    .bind::<diesel::sql_types::Double, _>(lease.as_secs_f64())
+    .load(conn)
+}
+
+/// [`take_due`] on SQLite. The write lock, taken first, keeps other dispatchers (of other
+/// processes on the same file) out until the leases are written.
+fn take_due_sqlite(
+    conn: &mut diesel::SqliteConnection,
+    limit: i64,
+    lease: Duration,
+) -> QueryResult<Vec<Due>> {
+    use super::sqlite::Instant;
+    let now = now();
+    let lease_end = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
+    conn.immediate_transaction(|conn| {
+        let due: Vec<Due> = diesel::sql_query(
+            "SELECT d.id, d.attempts + 1 AS attempt, e.source, e.event_id, e.event_type, \
+                    e.payload, json_extract(e.headers, '$.\"content-type\"') AS content_type \
+             FROM deliveries d JOIN events e ON e.id = d.event_row \
+             WHERE d.state = 'pending' AND d.next_attempt_at <= ?1 \
+             ORDER BY d.next_attempt_at LIMIT ?2",
+        )
+        .bind::<Instant, _>(now)
+        .bind::<BigInt, _>(limit)
+        .load(conn)?;
+        if !due.is_empty() {
+            let ids: Vec<i64> = due.iter().map(|d| d.id).collect();
+            diesel::sql_query(
+                "UPDATE deliveries SET attempts = attempts + 1, next_attempt_at = ?1 \
+                 WHERE id IN (SELECT value FROM json_each(?2))",
+            )
+            .bind::<Instant, _>(lease_end)
+            .bind::<Text, _>(serde_json::to_string(&ids).expect("numbers serialize"))
+            .execute(conn)?;
+        }
+        Ok(due)
+    })
+}
+
 fn status_column(status: Option<u16>) -> Option<i16> {
     status.and_then(|s| i16::try_from(s).ok())
 }
 
 /// Records an attempt's outcome.
 pub fn settle(conn: &mut AnyConnection, id: i64, outcome: &Settle) -> QueryResult<()> {
-    let now = db::now();
+    let now = now();
     on_backend!(conn, c => {
     let row = deliveries::table.find(id);
     match outcome {
@@ -106,27 +205,6 @@ pub fn settle(conn: &mut AnyConnection, id: i64, outcome: &Settle) -> QueryResul
     }
     .map(|_| ())
     })
-}
-
-/// A delivery as the admin API shows it.
-#[derive(Debug, Clone, Serialize, Queryable)]
-pub struct DeliveryView {
-    /// The outbox row id (for requeue).
-    pub id: i64,
-    /// `pending`, `delivered` or `dead`.
-    pub state: String,
-    /// Attempts made so far.
-    pub attempts: i32,
-    /// The last attempt's HTTP status, if it got one.
-    pub last_status: Option<i16>,
-    /// The last failure, in a sentence.
-    pub last_error: Option<String>,
-    /// When the next attempt is due (pending only).
-    pub next_attempt_at: Option<DateTime<Utc>>,
-    /// When it was queued (with the claim).
-    pub created_at: DateTime<Utc>,
-    /// When it was delivered.
-    pub delivered_at: Option<DateTime<Utc>>,
 }
 
 type ViewRow = (
@@ -170,31 +248,15 @@ macro_rules! view_columns {
     };
 }
 
-/// The deliveries of one stored event; `None` when no such event is stored.
-pub fn for_event(
-    conn: &mut AnyConnection,
-    source: &str,
-    event_id: &str,
-) -> QueryResult<Option<Vec<DeliveryView>>> {
-    if !storable(source) || !storable(event_id) {
-        return Ok(None);
-    }
+/// The deliveries of the event stored in row `event_row`, oldest first.
+pub fn of_event(conn: &mut AnyConnection, event_row: i64) -> QueryResult<Vec<DeliveryView>> {
     on_backend!(conn, c => {
-    let row: Option<i64> = events::table
-        .filter(events::source.eq(source))
-        .filter(events::event_id.eq(event_id))
-        .select(events::id)
-        .first(c)
-        .optional()?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
     let rows: Vec<ViewRow> = deliveries::table
-        .filter(deliveries::event_row.eq(row))
+        .filter(deliveries::event_row.eq(event_row))
         .order(deliveries::id)
         .select(view_columns!())
         .load(c)?;
-    Ok(Some(rows.into_iter().map(view).collect()))
+    Ok(rows.into_iter().map(view).collect())
     })
 }
 
@@ -204,8 +266,8 @@ pub fn requeue(
     conn: &mut AnyConnection,
     id: i64,
 ) -> QueryResult<Option<Result<DeliveryView, String>>> {
-    let now = db::now();
-    db::write_transaction(conn, |conn| {
+    let now = now();
+    write_transaction(conn, |conn| {
         on_backend!(conn, c => {
             // The state read tells the caller why nothing was re-queued; the UPDATE itself
             // re-checks `state = 'dead'`, so two re-queues at once re-queue it once (on SQLite
