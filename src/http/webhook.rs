@@ -26,6 +26,11 @@ impl Headers for RequestHeaders<'_> {
         let first = values.next()?;
         values.next().is_none().then(|| first.as_bytes())
     }
+
+    /// Every line of a header a provider repeats on purpose, in order.
+    fn all(&self, name: &str) -> Vec<&[u8]> {
+        self.0.get_all(name).map(|value| value.as_bytes()).collect()
+    }
 }
 
 /// Whether a request is for a source whose provider sends a `GET` handshake (Braintree's
@@ -300,14 +305,20 @@ async fn read_body(
     Ok(body.freeze())
 }
 
-/// The headers kept with the event: the scheme's and `Content-Type`, lowercase names.
+/// The headers kept with the event: the scheme's and `Content-Type`, lowercase names. A header
+/// sent on several lines is kept folded into one, comma-separated (RFC 9110 5.3), so a replay
+/// carries every value.
 fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     let kept = source
         .kept_headers
         .iter()
         .filter_map(|name| {
-            let value = headers.get(name.as_str())?.to_str().ok()?;
-            Some((name.clone(), serde_json::Value::String(value.to_owned())))
+            let values = headers
+                .get_all(name.as_str())
+                .map(|value| value.to_str().ok())
+                .collect::<Option<Vec<&str>>>()?;
+            (!values.is_empty())
+                .then(|| (name.clone(), serde_json::Value::String(values.join(", "))))
         })
         .collect();
     serde_json::Value::Object(kept)

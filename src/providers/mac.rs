@@ -102,6 +102,24 @@ pub fn any_matches(keys: &[Vec<u8>], parts: &[&[u8]], candidates: &[Vec<u8>]) ->
     })
 }
 
+/// The hex tags among `encoded` (either case); one that is not hex is left out, so it can only
+/// fail to match.
+pub fn hex_tags<'a>(encoded: impl IntoIterator<Item = &'a str>) -> Vec<Vec<u8>> {
+    encoded
+        .into_iter()
+        .filter_map(|tag| hex::decode(tag.trim()).ok())
+        .collect()
+}
+
+/// `Ok` when any candidate matched, the coarse [`SignatureError::Invalid`] otherwise.
+pub fn matched(found: bool) -> Result<(), SignatureError> {
+    if found {
+        Ok(())
+    } else {
+        Err(SignatureError::Invalid)
+    }
+}
+
 /// The MAC of `parts` under `key`, for signing.
 pub fn tag_of(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     mac_over(key, parts).finalize().into_bytes().to_vec()

@@ -10,12 +10,18 @@
 //! provider of one's own, [`Registry::with`] and [`Config::parse_with`](crate::Config::parse_with)).
 
 mod braintree;
+mod checkout;
 pub mod generic;
 mod github;
 mod keys;
+mod lemonsqueezy;
 pub mod mac;
+mod mollie;
+mod paddle;
+mod razorpay;
 mod shopify;
 mod slack;
+mod square;
 pub mod standard;
 mod stripe;
 mod twilio;
@@ -37,6 +43,13 @@ pub use standard::Standard;
 pub trait Headers {
     /// The first value of header `name` (any case), as raw bytes.
     fn get(&self, name: &str) -> Option<&[u8]>;
+
+    /// Every value of header `name` (any case), one per header line, in order: for the few
+    /// providers that repeat a header on purpose (Mollie, one signature per secret while one is
+    /// rotated). By default the one value [`get`](Headers::get) finds.
+    fn all(&self, name: &str) -> Vec<&[u8]> {
+        self.get(name).into_iter().collect()
+    }
 }
 
 /// A plain list of `(name, value)` pairs, as a capture or a test holds them.
@@ -46,12 +59,23 @@ impl Headers for [(String, String)] {
             .find(|(key, _)| key.eq_ignore_ascii_case(name))
             .map(|(_, value)| value.as_bytes())
     }
+
+    fn all(&self, name: &str) -> Vec<&[u8]> {
+        self.iter()
+            .filter(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_bytes())
+            .collect()
+    }
 }
 
 /// Lets a `&Vec<(String, String)>` stand in as `&dyn Headers`, which a slice cannot.
 impl Headers for Vec<(String, String)> {
     fn get(&self, name: &str) -> Option<&[u8]> {
         Headers::get(self.as_slice(), name)
+    }
+
+    fn all(&self, name: &str) -> Vec<&[u8]> {
+        Headers::all(self.as_slice(), name)
     }
 }
 
@@ -312,6 +336,13 @@ pub fn receive_verified<P: Provider + ?Sized>(
     }))
 }
 
+/// A derived event id: `sha256:` and the lowercase hex SHA-256 of `bytes`. A redelivery of the
+/// same bytes gets the same id, and so is a replay.
+pub fn body_hash_id(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
 /// Unix seconds now: what a delivery's signed timestamp is checked against, and what a fresh
 /// signature carries.
 pub fn unix_now() -> i64 {
@@ -444,6 +475,12 @@ impl Registry {
         .with("hmac-sha256", generic::build)
         .with("braintree", braintree::build)
         .with("twilio", twilio::build)
+        .with("paddle", paddle::build)
+        .with("checkout", checkout::build)
+        .with("razorpay", razorpay::build)
+        .with("mollie", mollie::build)
+        .with("lemonsqueezy", lemonsqueezy::build)
+        .with("square", square::build)
     }
 
     /// Adds (or replaces) the scheme `name`, built by `build`.
@@ -610,7 +647,8 @@ mod tests {
         let registry = Registry::builtin();
         assert_eq!(
             registry.names(),
-            "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio"
+            "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio, paddle, \
+             checkout, razorpay, mollie, lemonsqueezy, square"
         );
         for provider in every_scheme() {
             assert!(registry.scheme(provider.scheme(), None).is_ok());
