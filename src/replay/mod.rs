@@ -191,7 +191,11 @@ pub fn run(files: Vec<InputFile>, options: &Options) -> anyhow::Result<Tally> {
         progress.finish();
     }
     let duration = started.elapsed();
-    print!("{}", tally.summary(duration));
+    // A reader that stopped early (`| head`) is no failure of the replay: the deliveries were
+    // made and the exit status still says how they went.
+    let _ = std::io::stdout()
+        .lock()
+        .write_all(tally.summary(duration).as_bytes());
     if let Some(path) = &options.report {
         tally.write_report(path, duration)?;
     }
@@ -260,7 +264,8 @@ fn count(tally: &mut Tally, done: Done) {
     }
 }
 
-/// Prints each delivery as it would be sent, to stdout; sends nothing.
+/// Prints each delivery as it would be sent, to stdout; sends nothing. Stops printing, quietly,
+/// once stdout is closed (`| head`).
 fn dry_run(entries: Entries, options: &Options, tally: &mut Tally) {
     let mut out = std::io::stdout().lock();
     for entry in entries {
@@ -268,24 +273,30 @@ fn dry_run(entries: Entries, options: &Options, tally: &mut Tally) {
             Job::Skip => tally.skipped += 1,
             Job::Fail(origin, code, message) => tally.failure(origin, code, message),
             Job::Send(pending) => {
-                let request = pending.request(unix_now());
-                let o = &pending.origin;
-                let _ = writeln!(
-                    out,
-                    "POST {}  ({}, {} {})",
-                    request.url,
-                    o.place(),
-                    o.source.as_deref().unwrap_or("-"),
-                    o.event_id.as_deref().unwrap_or("-")
-                );
-                for (name, value) in &request.headers {
-                    let _ = writeln!(out, "  {name}: {value}");
+                if print_delivery(&mut out, &pending).is_err() {
+                    return;
                 }
-                let _ = writeln!(out, "  ({} bytes of body)", request.body.len());
             }
         }
     }
     let _ = writeln!(out, "dry run: nothing was sent");
+}
+
+fn print_delivery(out: &mut dyn Write, pending: &Pending<'_>) -> std::io::Result<()> {
+    let request = pending.request(unix_now());
+    let o = &pending.origin;
+    writeln!(
+        out,
+        "POST {}  ({}, {} {})",
+        request.url,
+        o.place(),
+        o.source.as_deref().unwrap_or("-"),
+        o.event_id.as_deref().unwrap_or("-")
+    )?;
+    for (name, value) in &request.headers {
+        writeln!(out, "  {name}: {value}")?;
+    }
+    writeln!(out, "  ({} bytes of body)", request.body.len())
 }
 
 /// Turns an entry into a job: where it goes and how it is signed.
