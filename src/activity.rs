@@ -19,7 +19,7 @@ use diesel::QueryResult;
 use crate::db::{self, AnyConnection};
 use crate::ids::SourceName;
 use crate::metrics::{Outcome, UNKNOWN_SOURCE};
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// How many minutes of history each source keeps.
 pub const HISTORY_MINUTES: usize = 180;

@@ -12,12 +12,13 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::capture::{self, ExportFilter, InputKind};
 use crate::config::{parse_time_or_ago, Config, ProcessEnv};
+use crate::handlers::Handlers;
 use crate::ids::SourceName;
 use crate::replay::{Mode, Options as ReplayOptions, Rate, Signer, Target};
 use crate::retention::{self, Plan};
 use crate::secret::Secret;
 use crate::send::{SendError, SendOptions};
-use crate::startup::{Application, Handlers};
+use crate::startup::Application;
 
 /// hookbox: a webhook receiver that processes every event exactly once.
 ///

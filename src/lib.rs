@@ -25,8 +25,9 @@ pub mod retry;
 pub mod secret;
 pub mod send;
 pub mod startup;
+pub mod state;
 pub mod telemetry;
 
 pub use config::Config;
-pub use handlers::{AnyConnection, Event, Handler, Response};
-pub use startup::{Application, Handlers};
+pub use handlers::{AnyConnection, Event, Handler, Handlers, Response};
+pub use startup::Application;

@@ -1,6 +1,6 @@
 //! Building and running the server: migrations, the pool, the sources, the HTTP listener.
 
-use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,102 +9,17 @@ use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 
-use crate::activity::{self, Activity, PurgeResult};
+use crate::activity::{self, PurgeResult};
 use crate::config::Config;
 use crate::db::{self, DbPool};
 use crate::forward::{self, Dispatcher};
-use crate::handlers::{Handler, Record};
+use crate::handlers::Handlers;
 use crate::http;
-use crate::ids::SourceName;
-use crate::inbox::{Batcher, ReplayCache};
-use crate::metrics::Metrics;
-use crate::providers::Provider;
 use crate::retention::{self, Plan};
-use crate::secret::Secret;
+use crate::state::{self, AppState};
 
 /// The most a client may take to send a request's headers (actix's own default).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Which handler processes each source's events: [`Record`] unless a source is given its own.
-#[derive(Clone)]
-pub struct Handlers {
-    default: Arc<dyn Handler>,
-    by_source: HashMap<String, Arc<dyn Handler>>,
-}
-
-impl Default for Handlers {
-    fn default() -> Self {
-        Handlers {
-            default: Arc::new(Record),
-            by_source: HashMap::new(),
-        }
-    }
-}
-
-impl Handlers {
-    /// Gives `source` its own handler.
-    pub fn with(mut self, source: &str, handler: impl Handler) -> Self {
-        self.by_source.insert(source.to_owned(), Arc::new(handler));
-        self
-    }
-
-    fn for_source(&self, source: &SourceName) -> Arc<dyn Handler> {
-        self.by_source
-            .get(source.as_str())
-            .unwrap_or(&self.default)
-            .clone()
-    }
-
-    fn all(&self) -> impl Iterator<Item = &Arc<dyn Handler>> {
-        std::iter::once(&self.default).chain(self.by_source.values())
-    }
-}
-
-/// A configured source, ready to take deliveries.
-pub struct Source {
-    /// Its name.
-    pub name: SourceName,
-    /// Its provider, with its keys.
-    pub provider: Arc<dyn Provider>,
-    /// What processes its events.
-    pub handler: Arc<dyn Handler>,
-    /// The lowercase names of the headers kept with each event.
-    pub kept_headers: Vec<String>,
-    /// Where its events are forwarded, if anywhere.
-    pub forward: Option<forward::Target>,
-    /// How long its events are kept (see [`retention::source_window`]).
-    pub retention: Duration,
-    /// `dedupe = "body"`: a payload stored under another event id is a replay of that event.
-    pub dedupe_body: bool,
-}
-
-/// What every request handler shares.
-pub struct AppState {
-    /// The connection pool.
-    pub pool: DbPool,
-    /// Configured sources by name.
-    pub sources: HashMap<String, Arc<Source>>,
-    /// Counters and histograms.
-    pub metrics: Metrics,
-    /// Per-minute answers, unflushed replay counts and the last purge, for the console.
-    pub activity: Activity,
-    /// The console's logged-in sessions.
-    pub sessions: http::Sessions,
-    /// `[server].max_body_bytes`.
-    pub max_body_bytes: usize,
-    /// `[server].in_flight_wait`.
-    pub in_flight_wait: Duration,
-    /// `[server].request_timeout`.
-    pub request_timeout: Duration,
-    /// The admin API's token; `None` turns the admin API off.
-    pub admin_token: Option<Secret>,
-    /// Wakes the forward dispatcher when a claim queued a delivery.
-    pub forward: forward::Wake,
-    /// Committed answers, so a replay needs no trip to the database.
-    pub replays: ReplayCache,
-    /// Gathers the claims of handlers that answer from the event alone into multi-row INSERTs.
-    pub claims: Batcher,
-}
 
 /// A built server, bound to its port and ready to run.
 pub struct Application {
@@ -137,153 +52,17 @@ impl Application {
     /// address; with port 0, a free port is picked (tests do this).
     pub fn build(config: Config, handlers: Handlers) -> anyhow::Result<Application> {
         config.check_admin_token()?;
-        for name in handlers.by_source.keys() {
-            if !config.sources.iter().any(|s| s.name.as_str() == name) {
-                anyhow::bail!(
-                    "a handler is registered for source {name:?}, which is not configured"
-                );
-            }
-        }
-        let sources = config
-            .sources
-            .iter()
-            .map(|source| {
-                let provider = source.provider.clone();
-                let mut kept_headers = provider.kept_headers();
-                kept_headers.push("content-type".to_owned());
-                let forward = source
-                    .forward
-                    .clone()
-                    .map(forward::Target::new)
-                    .transpose()
-                    .map_err(|e| anyhow::anyhow!("sources.{}.forward.secret: {e}", source.name))?;
-                Ok((
-                    source.name.as_str().to_owned(),
-                    Arc::new(Source {
-                        name: source.name.clone(),
-                        handler: handlers.for_source(&source.name),
-                        provider,
-                        kept_headers,
-                        forward,
-                        retention: retention::source_window(source, config.retention.window),
-                        dedupe_body: source.dedupe_body,
-                    }),
-                ))
-            })
-            .collect::<anyhow::Result<HashMap<_, _>>>()?;
+        let sources = state::sources(&config, &handlers)?;
+        let pool = open_database(&config, &handlers)?;
+        let state = web::Data::new(AppState::new(&config, sources, pool));
+        // Bound before anything else starts, so a taken port fails the start cleanly.
+        let (server, address) = bind(&config, state.clone())?;
+        log_store(&config);
+        log_sources(&config);
 
-        let store = config.database.store.clone();
-        let pool = db::pool(&config.database, config.server.in_flight_wait)?;
-        let prepare = |conn: &mut db::AnyConnection| {
-            handlers.all().try_for_each(|handler| handler.prepare(conn))
-        };
-        let applied = match store {
-            // The database lives in the pool's one connection.
-            db::Store::SqliteMemory => db::migrate(&mut *pool.get()?, prepare)?,
-            _ => db::migrate_store(&config.database, prepare)?,
-        };
-        if applied.is_empty() {
-            tracing::info!("database schema is up to date");
-        } else {
-            tracing::info!(migrations = ?applied, "applied database migrations");
-        }
-
-        let writers = store.claim_writers(config.database.pool_size);
-        let state = web::Data::new(AppState {
-            claims: Batcher::start(pool.clone(), writers),
-            pool,
-            metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
-            activity: Activity::new(config.sources.iter().map(|s| &s.name)),
-            sessions: http::Sessions::default(),
-            sources,
-            max_body_bytes: config.server.max_body_bytes,
-            in_flight_wait: config.server.in_flight_wait,
-            request_timeout: config.server.request_timeout,
-            admin_token: config.admin_token.clone(),
-            forward: forward::Wake::default(),
-            replays: ReplayCache::default(),
-        });
-
-        // Bound before anything else starts, so a taken port fails the start cleanly. A
-        // provider catching up after an outage opens many connections at once: the default
-        // backlog of 128 would drop their SYNs and stall them for seconds.
-        let server = HttpServer::new({
-            let state = state.clone();
-            move || App::new().app_data(state.clone()).configure(http::routes)
-        })
-        .backlog(1024)
-        // A client dribbling its headers is cut off with a 408 (the body and the database work
-        // then have request_timeout, see http/webhook.rs).
-        .client_request_timeout(config.server.request_timeout.min(HEAD_TIMEOUT))
-        .shutdown_timeout(30)
-        // Signals are taken here rather than by actix, so they are in place before the
-        // "listening" line: a SIGTERM right after it still shuts down gracefully.
-        .disable_signals()
-        .bind(&config.server.listen)
-        .with_context(|| {
-            format!(
-                "cannot listen on {} (set [server].listen or HOOKBOX_LISTEN)",
-                config.server.listen
-            )
-        })?;
-        let address = *server
-            .addrs()
-            .first()
-            .context("the listener has no address")?;
-
-        match &store {
-            db::Store::Postgres(_) => tracing::info!(
-                database = %config.database.display_url(),
-                pool_size = config.database.pool_size,
-                "database ready: PostgreSQL"
-            ),
-            db::Store::SqliteMemory => tracing::info!(
-                database = %config.database.display_url(),
-                "database ready: SQLite in memory, gone when hookbox stops (for trying things out)"
-            ),
-            db::Store::SqliteFile(path) if !config.database.configured => tracing::info!(
-                database = %config.database.display_url(),
-                "no database configured: keeping events in the SQLite file {path} in the working \
-                 directory (set [database].url or DATABASE_URL to choose; postgres:// for several instances)"
-            ),
-            db::Store::SqliteFile(path) => tracing::info!(
-                database = %config.database.display_url(),
-                "database ready: SQLite file {path}"
-            ),
-        }
-        for source in &config.sources {
-            tracing::info!(
-                source = %source.name,
-                scheme = source.scheme.name(),
-                secrets = source.secrets.len(),
-                retention = %humantime::format_duration(retention::source_window(
-                    source,
-                    config.retention.window
-                )),
-                "source live at POST /webhooks/{}",
-                source.name
-            );
-            if let Some(target) = &source.forward {
-                tracing::info!(
-                    source = %source.name,
-                    url = %target.url,
-                    timeout = %humantime::format_duration(target.timeout),
-                    max_attempts = target.max_attempts,
-                    "forwarding {} events",
-                    source.name
-                );
-            }
-        }
         Dispatcher::start(state.clone(), state.forward.clone());
         let flusher = activity::Flusher::start(state.clone());
-        if config.sources.is_empty() {
-            tracing::warn!("no sources are configured: every delivery will be answered 404 (add [sources.NAME] to the config)");
-        }
-        for source in &config.sources {
-            if let Some(warning) = retention::horizon_warning(source, config.retention.window) {
-                tracing::warn!("{warning}");
-            }
-        }
+        warn_about_sources(&config);
         let purge = PurgeTask::start(
             state.clone(),
             Plan::from_config(&config),
@@ -302,7 +81,6 @@ impl Application {
             );
         }
 
-        let server = server.run();
         let stop = shutdown_signal().context("cannot listen for SIGTERM")?;
         tracing::info!("hookbox listening on http://{address}");
         Ok(Application {
@@ -312,7 +90,7 @@ impl Application {
             flusher,
             forward: state.forward.clone(),
             pool: state.pool.clone(),
-            store,
+            store: config.database.store.clone(),
             stop,
         })
     }
@@ -352,6 +130,119 @@ impl Application {
         }
         tracing::info!("hookbox stopped");
         Ok(())
+    }
+}
+
+/// Builds the pool and applies hookbox's migrations, then each handler's `prepare`, under one
+/// lock.
+fn open_database(config: &Config, handlers: &Handlers) -> anyhow::Result<DbPool> {
+    let pool = db::pool(&config.database, config.server.in_flight_wait)?;
+    let prepare =
+        |conn: &mut db::AnyConnection| handlers.all().try_for_each(|handler| handler.prepare(conn));
+    let applied = match config.database.store {
+        // The database lives in the pool's one connection.
+        db::Store::SqliteMemory => db::migrate(&mut *pool.get()?, prepare)?,
+        _ => db::migrate_store(&config.database, prepare)?,
+    };
+    if applied.is_empty() {
+        tracing::info!("database schema is up to date");
+    } else {
+        tracing::info!(migrations = ?applied, "applied database migrations");
+    }
+    Ok(pool)
+}
+
+/// The HTTP server over `state`, bound to `[server].listen`, and its address. It serves once
+/// polled (see [`Application::run_until_stopped`]).
+fn bind(config: &Config, state: web::Data<AppState>) -> anyhow::Result<(Server, SocketAddr)> {
+    // A provider catching up after an outage opens many connections at once: the default
+    // backlog of 128 would drop their SYNs and stall them for seconds.
+    let server =
+        HttpServer::new(move || App::new().app_data(state.clone()).configure(http::routes))
+            .backlog(1024)
+            // A client dribbling its headers is cut off with a 408 (the body and the database work
+            // then have request_timeout, see http/webhook.rs).
+            .client_request_timeout(config.server.request_timeout.min(HEAD_TIMEOUT))
+            .shutdown_timeout(30)
+            // Signals are taken here rather than by actix, so they are in place before the
+            // "listening" line: a SIGTERM right after it still shuts down gracefully.
+            .disable_signals()
+            .bind(&config.server.listen)
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} (set [server].listen or HOOKBOX_LISTEN)",
+                    config.server.listen
+                )
+            })?;
+    let address = *server
+        .addrs()
+        .first()
+        .context("the listener has no address")?;
+    Ok((server.run(), address))
+}
+
+/// Logs which store holds the events.
+fn log_store(config: &Config) {
+    let database = config.database.display_url();
+    match &config.database.store {
+        db::Store::Postgres(_) => tracing::info!(
+            database = %database,
+            pool_size = config.database.pool_size,
+            "database ready: PostgreSQL"
+        ),
+        db::Store::SqliteMemory => tracing::info!(
+            database = %database,
+            "database ready: SQLite in memory, gone when hookbox stops (for trying things out)"
+        ),
+        db::Store::SqliteFile(path) if !config.database.configured => tracing::info!(
+            database = %database,
+            "no database configured: keeping events in the SQLite file {path} in the working \
+             directory (set [database].url or DATABASE_URL to choose; postgres:// for several instances)"
+        ),
+        db::Store::SqliteFile(path) => tracing::info!(
+            database = %database,
+            "database ready: SQLite file {path}"
+        ),
+    }
+}
+
+/// Logs each live source and where it forwards.
+fn log_sources(config: &Config) {
+    for source in &config.sources {
+        tracing::info!(
+            source = %source.name,
+            scheme = source.scheme.name(),
+            secrets = source.secrets.len(),
+            retention = %humantime::format_duration(retention::source_window(
+                source,
+                config.retention.window
+            )),
+            "source live at POST /webhooks/{}",
+            source.name
+        );
+        if let Some(target) = &source.forward {
+            tracing::info!(
+                source = %source.name,
+                url = %target.url,
+                timeout = %humantime::format_duration(target.timeout),
+                max_attempts = target.max_attempts,
+                "forwarding {} events",
+                source.name
+            );
+        }
+    }
+}
+
+/// Warns about no sources at all, and about each source that keeps its events for less than
+/// its provider may redeliver them.
+fn warn_about_sources(config: &Config) {
+    if config.sources.is_empty() {
+        tracing::warn!("no sources are configured: every delivery will be answered 404 (add [sources.NAME] to the config)");
+    }
+    for source in &config.sources {
+        if let Some(warning) = retention::horizon_warning(source, config.retention.window) {
+            tracing::warn!("{warning}");
+        }
     }
 }
 

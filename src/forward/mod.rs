@@ -22,7 +22,7 @@ use crate::db::{self, deliveries};
 use crate::metrics::ForwardResult;
 use crate::providers::{Provider, Standard};
 use crate::retry;
-use crate::startup::AppState;
+use crate::state::AppState;
 use deliveries::{Due, Settle};
 
 /// Attempts one instance has under way at most.

@@ -12,6 +12,9 @@ mod record;
 
 pub use record::Record;
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 pub use crate::db::AnyConnection;
 use chrono::{DateTime, Utc};
 
@@ -77,7 +80,7 @@ impl Response {
 }
 
 /// Processes claimed events. Implement it to give a source its own behaviour, and register it
-/// with [`crate::startup::Handlers::with`].
+/// with [`Handlers::with`].
 pub trait Handler: Send + Sync + 'static {
     /// Runs once at startup, after hookbox's migrations and under the same lock (an advisory
     /// lock on PostgreSQL, the write lock on SQLite): the place to create the handler's own
@@ -98,5 +101,47 @@ pub trait Handler: Send + Sync + 'static {
     /// `Event::row_id` as 0, as the row does not exist yet, and must not touch `conn`.
     fn uses_connection(&self) -> bool {
         true
+    }
+}
+
+/// Which handler processes each source's events: [`Record`] unless a source is given its own.
+#[derive(Clone)]
+pub struct Handlers {
+    default: Arc<dyn Handler>,
+    by_source: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl Default for Handlers {
+    fn default() -> Self {
+        Handlers {
+            default: Arc::new(Record),
+            by_source: HashMap::new(),
+        }
+    }
+}
+
+impl Handlers {
+    /// Gives `source` its own handler.
+    pub fn with(mut self, source: &str, handler: impl Handler) -> Self {
+        self.by_source.insert(source.to_owned(), Arc::new(handler));
+        self
+    }
+
+    /// The handler of `source`'s events.
+    pub fn for_source(&self, source: &SourceName) -> Arc<dyn Handler> {
+        self.by_source
+            .get(source.as_str())
+            .unwrap_or(&self.default)
+            .clone()
+    }
+
+    /// The sources given a handler of their own.
+    pub fn sources(&self) -> impl Iterator<Item = &str> {
+        self.by_source.keys().map(String::as_str)
+    }
+
+    /// Every handler, the default first.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Handler>> {
+        std::iter::once(&self.default).chain(self.by_source.values())
     }
 }

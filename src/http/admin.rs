@@ -13,7 +13,7 @@ use crate::db::{self, on_backend, AnyConnection};
 use crate::http::auth::{Admin, Bearer};
 use crate::http::{with_db, ApiError};
 use crate::ids::storable;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 const DEFAULT_LIMIT: i64 = 100;
 const MAX_LIMIT: i64 = 1000;

@@ -25,7 +25,7 @@ use subtle::ConstantTimeEq;
 use super::console::{Refused, Session};
 use super::ApiError;
 use crate::secret::Secret;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// Proof that the request carries the admin token, shown the way `P` says. Holds what that way
 /// yields: nothing for a bearer token, the session for a console cookie.

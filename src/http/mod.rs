@@ -13,7 +13,7 @@ use actix_web::web;
 use diesel::QueryResult;
 
 use crate::db::{self, AnyConnection};
-use crate::startup::AppState;
+use crate::state::AppState;
 
 pub use console::Sessions;
 pub use error::ApiError;

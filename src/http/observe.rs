@@ -7,7 +7,7 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 use crate::http::error::ErrorCode;
 use crate::ids::EventId;
 use crate::metrics::Outcome;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// The event a request turned out to carry, kept in the request's extensions.
 struct Identified(EventId);

@@ -5,7 +5,7 @@ use diesel::RunQueryDsl;
 
 use crate::db;
 use crate::http::ApiError;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// The process is up.
 pub async fn healthz() -> HttpResponse {

@@ -11,7 +11,7 @@ use crate::ids::{EventId, EventType};
 use crate::inbox::{self, Cached, ClaimError, Delivery, Outcome, StoredResponse};
 use crate::metrics::{self, Outcome as Counted};
 use crate::providers::{unix_now, Answer, Headers, Inbound, Received, Refusal, SignatureError};
-use crate::startup::{AppState, Source};
+use crate::state::{AppState, Source};
 
 use super::ApiError;
 

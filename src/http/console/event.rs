@@ -16,7 +16,7 @@ use crate::db::AnyConnection;
 use crate::http::admin::{self, StoredEvent};
 use crate::http::auth::Admin;
 use crate::http::with_db;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// `GET /console/event` query: which event, and the outcome of a re-queue just made.
 #[derive(Debug, Deserialize)]

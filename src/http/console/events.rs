@@ -17,7 +17,7 @@ use crate::http::auth::Admin;
 use crate::http::with_db;
 use crate::ids::{storable, EventType};
 use crate::metrics::UNKNOWN_SOURCE;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// Events per page.
 const PAGE_SIZE: i64 = 50;

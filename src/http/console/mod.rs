@@ -21,7 +21,7 @@ pub use session::{Session, Sessions};
 
 use super::auth::{Admin, Login};
 use super::ApiError;
-use crate::startup::AppState;
+use crate::state::AppState;
 use html::{guarded, page, redirect, respond};
 
 /// Mounts the console's routes under `/console`.

@@ -13,7 +13,7 @@ use crate::db::deliveries;
 use crate::http::auth::Admin;
 use crate::http::with_db;
 use crate::metrics::UNKNOWN_SOURCE;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// `GET /console`.
 pub async fn show(

@@ -1,0 +1,132 @@
+//! What the request handlers share: the configured sources and [`AppState`].
+//!
+//! Low in the tree: `http/` reads it, `startup.rs` builds it, and the background tasks take
+//! only the handles they use (see `startup.rs`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::activity::Activity;
+use crate::config::Config;
+use crate::db::DbPool;
+use crate::forward;
+use crate::handlers::{Handler, Handlers};
+use crate::http;
+use crate::ids::SourceName;
+use crate::inbox::{Batcher, ReplayCache};
+use crate::metrics::Metrics;
+use crate::providers::Provider;
+use crate::retention;
+use crate::secret::Secret;
+
+/// A configured source, ready to take deliveries.
+pub struct Source {
+    /// Its name.
+    pub name: SourceName,
+    /// Its provider, with its keys.
+    pub provider: Arc<dyn Provider>,
+    /// What processes its events.
+    pub handler: Arc<dyn Handler>,
+    /// The lowercase names of the headers kept with each event.
+    pub kept_headers: Vec<String>,
+    /// Where its events are forwarded, if anywhere.
+    pub forward: Option<forward::Target>,
+    /// How long its events are kept (see [`retention::source_window`]).
+    pub retention: Duration,
+    /// `dedupe = "body"`: a payload stored under another event id is a replay of that event.
+    pub dedupe_body: bool,
+}
+
+/// The configured sources by name, each with its handler from `handlers`. Refuses a handler
+/// registered for a source that is not configured, and a forward target whose secret is not
+/// usable.
+pub fn sources(
+    config: &Config,
+    handlers: &Handlers,
+) -> anyhow::Result<HashMap<String, Arc<Source>>> {
+    for name in handlers.sources() {
+        if !config.sources.iter().any(|s| s.name.as_str() == name) {
+            anyhow::bail!("a handler is registered for source {name:?}, which is not configured");
+        }
+    }
+    config
+        .sources
+        .iter()
+        .map(|source| {
+            let provider = source.provider.clone();
+            let mut kept_headers = provider.kept_headers();
+            kept_headers.push("content-type".to_owned());
+            let forward = source
+                .forward
+                .clone()
+                .map(forward::Target::new)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("sources.{}.forward.secret: {e}", source.name))?;
+            Ok((
+                source.name.as_str().to_owned(),
+                Arc::new(Source {
+                    name: source.name.clone(),
+                    handler: handlers.for_source(&source.name),
+                    provider,
+                    kept_headers,
+                    forward,
+                    retention: retention::source_window(source, config.retention.window),
+                    dedupe_body: source.dedupe_body,
+                }),
+            ))
+        })
+        .collect()
+}
+
+/// What every request handler shares.
+pub struct AppState {
+    /// The connection pool.
+    pub pool: DbPool,
+    /// Configured sources by name.
+    pub sources: HashMap<String, Arc<Source>>,
+    /// Counters and histograms.
+    pub metrics: Metrics,
+    /// Per-minute answers, unflushed replay counts and the last purge, for the console.
+    pub activity: Activity,
+    /// The console's logged-in sessions.
+    pub sessions: http::Sessions,
+    /// `[server].max_body_bytes`.
+    pub max_body_bytes: usize,
+    /// `[server].in_flight_wait`.
+    pub in_flight_wait: Duration,
+    /// `[server].request_timeout`.
+    pub request_timeout: Duration,
+    /// The admin API's token; `None` turns the admin API off.
+    pub admin_token: Option<Secret>,
+    /// Wakes the forward dispatcher when a claim queued a delivery.
+    pub forward: forward::Wake,
+    /// Committed answers, so a replay needs no trip to the database.
+    pub replays: ReplayCache,
+    /// Gathers the claims of handlers that answer from the event alone into multi-row INSERTs.
+    pub claims: Batcher,
+}
+
+impl AppState {
+    /// The state for `config`'s server, over `pool`, with its claim writers started.
+    pub fn new(config: &Config, sources: HashMap<String, Arc<Source>>, pool: DbPool) -> AppState {
+        let writers = config
+            .database
+            .store
+            .claim_writers(config.database.pool_size);
+        AppState {
+            claims: Batcher::start(pool.clone(), writers),
+            pool,
+            metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
+            activity: Activity::new(config.sources.iter().map(|s| &s.name)),
+            sessions: http::Sessions::default(),
+            sources,
+            max_body_bytes: config.server.max_body_bytes,
+            in_flight_wait: config.server.in_flight_wait,
+            request_timeout: config.server.request_timeout,
+            admin_token: config.admin_token.clone(),
+            forward: forward::Wake::default(),
+            replays: ReplayCache::default(),
+        }
+    }
+}
