@@ -12,6 +12,7 @@ mod dedupe;
 mod downstream;
 mod export;
 mod faults;
+mod form_providers;
 mod forward;
 mod fuzz;
 mod handler_failures;
