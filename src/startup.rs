@@ -157,23 +157,28 @@ fn open_database(config: &Config, handlers: &Handlers) -> anyhow::Result<DbPool>
 fn bind(config: &Config, state: web::Data<AppState>) -> anyhow::Result<(Server, SocketAddr)> {
     // A provider catching up after an outage opens many connections at once: the default
     // backlog of 128 would drop their SYNs and stall them for seconds.
-    let server =
-        HttpServer::new(move || App::new().app_data(state.clone()).configure(http::routes))
-            .backlog(1024)
-            // A client dribbling its headers is cut off with a 408 (the body and the database work
-            // then have request_timeout, see http/webhook.rs).
-            .client_request_timeout(config.server.request_timeout.min(HEAD_TIMEOUT))
-            .shutdown_timeout(30)
-            // Signals are taken here rather than by actix, so they are in place before the
-            // "listening" line: a SIGTERM right after it still shuts down gracefully.
-            .disable_signals()
-            .bind(&config.server.listen)
-            .with_context(|| {
-                format!(
-                    "cannot listen on {} (set [server].listen or HOOKBOX_LISTEN)",
-                    config.server.listen
-                )
-            })?;
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .configure(http::routes)
+            .wrap(actix_web::middleware::from_fn(http::answer_with_id))
+            .wrap(tracing_actix_web::TracingLogger::<http::RequestSpan>::new())
+    })
+    .backlog(1024)
+    // A client dribbling its headers is cut off with a 408 (the body and the database work
+    // then have request_timeout, see http/webhook.rs).
+    .client_request_timeout(config.server.request_timeout.min(HEAD_TIMEOUT))
+    .shutdown_timeout(30)
+    // Signals are taken here rather than by actix, so they are in place before the
+    // "listening" line: a SIGTERM right after it still shuts down gracefully.
+    .disable_signals()
+    .bind(&config.server.listen)
+    .with_context(|| {
+        format!(
+            "cannot listen on {} (set [server].listen or HOOKBOX_LISTEN)",
+            config.server.listen
+        )
+    })?;
     let address = *server
         .addrs()
         .first()

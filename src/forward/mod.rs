@@ -173,8 +173,10 @@ async fn refresh_gauges(state: &web::Data<AppState>) {
 }
 
 /// One attempt: send, judge the answer, record it.
+// At ERROR level, so that its fields are on every line whatever level `RUST_LOG` lets through.
 #[tracing::instrument(
     name = "forward",
+    level = "error",
     skip_all,
     fields(source = %due.source, event.id = %due.event_id, attempt = due.attempt)
 )]
@@ -227,9 +229,16 @@ async fn attempt(state: &web::Data<AppState>, client: &awc::Client, due: Due) {
         })
     })
     .await;
-    if !matches!(stored, Ok(Ok(()))) {
-        // The lease runs out and the row is attempted again: at least once, never lost.
-        tracing::warn!("cannot record the forward attempt; it will be attempted again");
+    // The lease runs out and the row is attempted again: at least once, never lost.
+    match stored {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(
+            error = %e,
+            "cannot record the forward attempt; it will be attempted again"
+        ),
+        Err(_) => {
+            tracing::error!("recording the forward attempt panicked; it will be attempted again")
+        }
     }
 }
 

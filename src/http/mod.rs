@@ -7,6 +7,7 @@ mod console;
 pub mod error;
 mod observe;
 mod ops;
+mod request_id;
 mod webhook;
 
 use actix_web::web;
@@ -17,6 +18,7 @@ use crate::state::AppState;
 
 pub use console::Sessions;
 pub use error::ApiError;
+pub use request_id::{answer_with_id, RequestSpan};
 pub use webhook::refused;
 
 /// Runs `work` on a blocking thread with a pooled connection (again on a fresh one if that

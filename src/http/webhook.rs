@@ -44,9 +44,59 @@ pub fn answers_get(ctx: &actix_web::guard::GuardContext<'_>) -> bool {
         .is_some_and(|source| source.provider.answers_get())
 }
 
+/// A refused or failed delivery, and what caused it where the answer does not say.
+struct Failed {
+    error: ApiError,
+    /// The underlying failure (a handler's error, a database's), for the log line only.
+    cause: Option<String>,
+}
+
+impl From<ApiError> for Failed {
+    fn from(error: ApiError) -> Failed {
+        Failed { error, cause: None }
+    }
+}
+
+impl Failed {
+    fn because(error: ApiError, cause: impl std::fmt::Display) -> Failed {
+        Failed {
+            error,
+            cause: Some(cause.to_string()),
+        }
+    }
+
+    /// The failure's one log line, written where it is answered: `info` for a refusal (4xx),
+    /// `error` for a handler that failed (500), `warn` for the database (503).
+    fn log(&self) {
+        let status = self.error.status_code();
+        let (error, cause) = (self.error.code(), self.cause.as_deref());
+        let code = status.as_u16();
+        if matches!(self.error, ApiError::ProcessingFailed) {
+            tracing::error!(
+                status = code,
+                error,
+                cause,
+                "delivery failed; nothing was stored"
+            );
+        } else if status.is_server_error() {
+            tracing::warn!(
+                status = code,
+                error,
+                cause,
+                "delivery failed; nothing was stored"
+            );
+        } else {
+            tracing::info!(status = code, error, cause, "delivery refused");
+        }
+    }
+}
+
 /// Receives one delivery and answers it, counting the outcome.
+// At ERROR level, like the request's span, so that `source` and `event.id` are on every line
+// whatever level `RUST_LOG` lets through.
 #[tracing::instrument(
     name = "webhook",
+    level = "error",
     skip_all,
     fields(source = %path.as_str(), event.id = tracing::field::Empty)
 )]
@@ -60,18 +110,14 @@ pub async fn receive(
     let source_name = path.into_inner();
     let (response, counted) = match answer(&state, &source_name, &request, payload).await {
         Ok(answer) => answer,
-        Err(error) => {
-            let counted = if error.status_code().is_server_error() {
+        Err(failed) => {
+            failed.log();
+            let counted = if failed.error.status_code().is_server_error() {
                 Counted::Failed
             } else {
                 Counted::Rejected
             };
-            tracing::info!(
-                status = error.status_code().as_u16(),
-                error = error.code(),
-                "delivery refused"
-            );
-            (error.error_response(), counted)
+            (failed.error.error_response(), counted)
         }
     };
     let label = if state.sources.contains_key(&source_name) {
@@ -89,7 +135,7 @@ async fn answer(
     source_name: &str,
     request: &HttpRequest,
     payload: web::Payload,
-) -> Result<(HttpResponse, Counted), ApiError> {
+) -> Result<(HttpResponse, Counted), Failed> {
     let source = state
         .sources
         .get(source_name)
@@ -132,7 +178,7 @@ async fn answer(
     );
     match cached {
         Some(Cached::Replay(stored)) => return Ok((respond(stored, true), Counted::Replayed)),
-        Some(Cached::Mismatch) => return Err(ApiError::EventIdReused),
+        Some(Cached::Mismatch) => return Err(ApiError::EventIdReused.into()),
         None => {}
     }
 
@@ -161,8 +207,10 @@ async fn answer(
         .map_err(|_| {
             // The claim's thread goes on; if its transaction still commits, the provider's
             // retry gets the stored answer.
-            tracing::warn!("the database did not answer within the request timeout");
-            ApiError::Unavailable
+            Failed::because(
+                ApiError::Unavailable,
+                "the database did not answer within the request timeout",
+            )
         })??;
     match outcome {
         Outcome::Claimed(stored) => {
@@ -192,34 +240,35 @@ async fn answer(
             }
             Ok((respond(stored, true), Counted::Replayed))
         }
-        Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait)),
-        Outcome::Busy => Err(ApiError::StoreBusy(state.in_flight_wait)),
-        Outcome::Mismatch => Err(ApiError::EventIdReused),
+        Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait).into()),
+        Outcome::Busy => Err(ApiError::StoreBusy(state.in_flight_wait).into()),
+        Outcome::Mismatch => Err(ApiError::EventIdReused.into()),
     }
 }
 
-/// Runs the claim transaction on a blocking thread with a pooled connection.
+/// Runs the claim transaction on a blocking thread with a pooled connection. Nothing is logged
+/// here: the failure goes up with its cause to [`receive`], which logs it once.
 async fn claim(
     state: &web::Data<AppState>,
     source: Arc<Source>,
     delivery: Delivery,
-) -> Result<Outcome, ApiError> {
+) -> Result<Outcome, Failed> {
     let outcome = if inbox::needs_transaction(&delivery, source.handler.as_ref()) {
         claim_in_transaction(state, source, delivery).await?
     } else {
         state.claims.claim(delivery, source.handler.clone()).await
     };
     outcome.map_err(|e| match e {
-        ClaimError::Handler(e) => {
-            tracing::error!(error = %format!("{e:#}"), "handler failed; rolled back");
-            ApiError::ProcessingFailed
-        }
+        ClaimError::Handler(e) => Failed::because(
+            ApiError::ProcessingFailed,
+            format_args!("the handler failed: {e:#}"),
+        ),
         ClaimError::Database(e) => {
-            tracing::warn!(error = %e, "database error; rolled back");
-            match crate::db::Failure::of(&e) {
+            let error = match crate::db::Failure::of(&e) {
                 crate::db::Failure::Unreachable => ApiError::Unavailable,
                 failure => ApiError::Database(failure),
-            }
+            };
+            Failed::because(error, format_args!("database error: {e}"))
         }
     })
 }
@@ -230,13 +279,15 @@ async fn claim_in_transaction(
     state: &web::Data<AppState>,
     source: Arc<Source>,
     delivery: Delivery,
-) -> Result<Result<Outcome, ClaimError>, ApiError> {
+) -> Result<Result<Outcome, ClaimError>, Failed> {
     let state = state.clone();
     let result = web::block(move || {
         let checkout = || {
             state.pool.get().map_err(|e| {
-                tracing::warn!(error = %e, "no database connection");
-                ApiError::Unavailable
+                Failed::because(
+                    ApiError::Unavailable,
+                    format_args!("no database connection: {e}"),
+                )
             })
         };
         let mut conn = checkout()?;
@@ -259,10 +310,10 @@ async fn claim_in_transaction(
     .await;
     match result {
         Ok(outcome) => outcome,
-        Err(_) => {
-            tracing::error!("the claim's thread panicked; rolled back");
-            Err(ApiError::ProcessingFailed)
-        }
+        Err(_) => Err(Failed::because(
+            ApiError::ProcessingFailed,
+            "the claim's thread panicked",
+        )),
     }
 }
 

@@ -100,9 +100,11 @@ impl Batcher {
             });
         }
         self.queue.ready.notify_one();
+        // The writer lets go of a job unanswered only when its batch panicked (a bug of
+        // hookbox's own): the delivery is answered 500, and that answer is the one log line.
         answer.await.unwrap_or_else(|_| {
             Err(ClaimError::Handler(anyhow::anyhow!(
-                "the claim batch failed before it was stored"
+                "the claim batch panicked before it was stored"
             )))
         })
     }
@@ -122,11 +124,9 @@ fn write_loop(queue: &Queue, pool: &DbPool) {
             jobs.drain(..n).collect()
         };
         // Handlers' panics are caught where they run; this is for a bug of hookbox's own. The
-        // batch's jobs are dropped with it, so their deliveries are answered 500, and the
-        // writer lives on for the next batch.
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(pool, batch))).is_err() {
-            tracing::error!("a claim batch panicked; its deliveries were answered 500");
-        }
+        // batch's jobs are dropped with it, so their deliveries are answered 500 (and logged,
+        // each once, where they are answered), and the writer lives on for the next batch.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(pool, batch)));
     }
 }
 
@@ -142,7 +142,8 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
     let mut conn = match pool.get() {
         Ok(conn) => conn,
         Err(e) => {
-            tracing::warn!(error = %e, "no database connection");
+            // Not logged here: each delivery logs its failure, with this cause, where it is
+            // answered.
             let message = format!("no database connection: {e}");
             for job in batch {
                 let _ = job.reply.send(Err(shared_failure(&message)));

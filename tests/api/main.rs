@@ -20,6 +20,7 @@ mod helpers;
 mod hostile;
 mod in_flight;
 mod intake;
+mod logging;
 mod ops;
 mod outage;
 mod own_provider;

@@ -1,0 +1,206 @@
+//! The log of the real binary: each failure is one line, written where it is answered, and
+//! every line of a request carries the request id its answer shows in `X-Request-Id`.
+
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+
+use crate::helpers::*;
+
+/// The request id an answer carries, checked to be a UUID.
+fn request_id(answer: &Answer) -> String {
+    let id = answer
+        .header("X-Request-Id")
+        .unwrap_or_else(|| panic!("no X-Request-Id in {:?}", answer.headers))
+        .to_owned();
+    assert_eq!(id.len(), 36, "a UUID: {id}");
+    assert_eq!(id.matches('-').count(), 4, "a UUID: {id}");
+    id
+}
+
+/// The log's lines that carry `request_id` (once some line does: stderr is read on a thread).
+fn lines_of(process: &Process, request_id: &str) -> Vec<String> {
+    let field = format!("request_id={request_id}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = process.log();
+        let lines: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains(&field))
+            .map(str::to_owned)
+            .collect();
+        if !lines.is_empty() {
+            return lines;
+        }
+        assert!(Instant::now() < deadline, "no line carries {field}:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends a delivery to a source that does not exist and waits for its line: every line of the
+/// requests answered before it is then in the log (they are written before their answers).
+async fn barrier(process: &Process) {
+    let delivery = Delivery {
+        source: "barrier".to_owned(),
+        headers: Vec::new(),
+        body: b"{}".to_vec(),
+    };
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 404);
+    lines_of(process, &request_id(&answer));
+}
+
+/// Asserts that the delivery `answer` answered has exactly one line, the failure's, and that every line
+/// containing `naming` (its event) carries the answer's request id.
+fn assert_one_line(process: &Process, answer: &Answer, naming: &str, wanted: &[&str]) {
+    let id = request_id(answer);
+    let lines = lines_of(process, &id);
+    let log = process.log();
+    assert_eq!(lines.len(), 1, "one line for the failure:\n{log}");
+    for part in wanted {
+        assert!(lines[0].contains(part), "{part} in {}", lines[0]);
+    }
+    let of_the_event: Vec<&str> = log.lines().filter(|l| l.contains(naming)).collect();
+    assert!(!of_the_event.is_empty(), "a line has {naming}:\n{log}");
+    for line in of_the_event {
+        assert!(
+            line.contains(&format!("request_id={id}")),
+            "a line of the delivery without its request id {id}: {line}"
+        );
+    }
+}
+
+#[actix_web::test]
+async fn a_refused_delivery_is_one_line_carrying_the_request_id_of_its_answer() {
+    let db = TestDb::create();
+    let text = config_text(&db.url, "");
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+
+    let id = unique_id("evt_refused");
+    let delivery = delivery_for(&config, "acme", r#"{"type":"t"}"#, &id, unix_now())
+        .with_header("X-Acme-Signature", "sha256=00");
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    barrier(&process).await;
+    // The id is not read before the signature is checked: the line names the source.
+    assert_one_line(
+        &process,
+        &answer,
+        "webhook{source=acme",
+        &[
+            "INFO",
+            "delivery refused",
+            "status=401",
+            "invalid_signature",
+        ],
+    );
+}
+
+#[actix_web::test]
+async fn a_delivery_the_database_fails_is_one_line_carrying_the_request_id_of_its_answer() {
+    let db = TestDb::create();
+    let text = config_text(&db.url, "");
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    let id = unique_id("evt_refused_by_db");
+    // The claim's INSERT of this one event fails in the database (the tables exist once the
+    // server has started: it migrates first).
+    let mut conn = db.connect();
+    match &mut conn {
+        hookbox::AnyConnection::Postgres(c) => {
+            diesel::sql_query(
+                "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN \
+                 RAISE EXCEPTION 'refused by the test'; END $$ LANGUAGE plpgsql",
+            )
+            .execute(c)
+            .expect("create the function");
+            diesel::sql_query(format!(
+                "CREATE TRIGGER refuse BEFORE INSERT ON events FOR EACH ROW \
+                 WHEN (NEW.event_id = '{id}') EXECUTE FUNCTION refuse()"
+            ))
+            .execute(c)
+            .expect("create the trigger");
+        }
+        hookbox::AnyConnection::Sqlite(c) => {
+            diesel::sql_query(format!(
+                "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.event_id = '{id}' \
+                 BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+            ))
+            .execute(c)
+            .expect("create the trigger");
+        }
+    }
+    drop(conn);
+
+    let delivery = delivery_for(&config, "acme", r#"{"type":"t"}"#, &id, unix_now());
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 503, "{}", answer.text());
+    assert_eq!(answer.error(), "unavailable");
+    barrier(&process).await;
+    assert_one_line(
+        &process,
+        &answer,
+        &id,
+        &[
+            "WARN",
+            "delivery failed",
+            "status=503",
+            "error=\"unavailable\"",
+            "refused by the test",
+            "source=acme",
+        ],
+    );
+
+    // Another event of the same source is stored: the failure was this event's alone.
+    let other = unique_id("evt_stored");
+    let answer = send(
+        &process.address,
+        &delivery_for(&config, "acme", r#"{"type":"t"}"#, &other, unix_now()),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    request_id(&answer);
+}
+
+#[actix_web::test]
+async fn every_answer_carries_a_request_id_of_its_own() {
+    let db = TestDb::create();
+    let process = Process::serve(&config_text(&db.url, ""));
+    let mut seen = std::collections::HashSet::new();
+    for path in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/admin/events",
+        "/no/such/path",
+    ] {
+        let answer = get(&process.address, path, None).await;
+        assert!(seen.insert(request_id(&answer)), "{path}: a fresh id");
+    }
+    let answer = client()
+        .get(format!("{}/healthz", process.address))
+        .insert_header(("X-Request-Id", "chosen-by-the-client"))
+        .send()
+        .await
+        .expect("the server answers");
+    let answer = read(answer).await;
+    assert_ne!(
+        answer.header("X-Request-Id"),
+        Some("chosen-by-the-client"),
+        "an incoming id is not taken"
+    );
+    assert!(seen.insert(request_id(&answer)));
+    // The startup lines still say where it listens and which sources are live.
+    let log = process.log();
+    assert!(
+        log.contains("hookbox listening on http://127.0.0.1:"),
+        "{log}"
+    );
+    for source in SOURCES {
+        assert!(
+            log.contains(&format!("source live at POST /webhooks/{source}")),
+            "{source} in {log}"
+        );
+    }
+}
