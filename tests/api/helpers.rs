@@ -494,8 +494,10 @@ pub async fn try_send(
     let mut request = client()
         .post(format!("{address}/webhooks/{}", delivery.source))
         .timeout(limit);
+    // Appended, not inserted: a header listed twice is sent on two lines, as a provider that
+    // repeats one (Mollie) sends it; `Delivery::with_header` replaces where a test means to.
     for (name, value) in &delivery.headers {
-        request = request.insert_header((name.as_str(), value.as_str()));
+        request = request.append_header((name.as_str(), value.as_str()));
     }
     let response = request
         .send_body(delivery.body.clone())

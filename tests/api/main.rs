@@ -24,6 +24,7 @@ mod logging;
 mod ops;
 mod outage;
 mod own_provider;
+mod payment_providers;
 mod provider;
 mod provider_vectors;
 mod proxy;
