@@ -6,8 +6,14 @@
 //! the log and reported here instead: at most one WARN a minute (with how many were not shown
 //! since the last), and each one at DEBUG. actix-http's other errors on a connection stay
 //! ERROR.
+//!
+//! A handler's panic is caught by the claim ([`catch_panic`]) and answered 500; that answer's
+//! log line says what panicked and where, so the panic hook prints nothing for it (it would be
+//! a second report of the same failure). Any other panic is printed as usual.
 
+use std::cell::{Cell, RefCell};
 use std::io::IsTerminal;
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
@@ -28,8 +34,10 @@ const CLIENT_MISTAKES: [&str; 3] = ["stream error", "write zero", "MAX_BUFFER_SI
 /// At most one WARN about clients' mistakes per this long.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
-/// Installs the global subscriber once; later calls do nothing.
+/// Installs the global subscriber (and the panic hook of [`catch_panic`]) once; later calls do
+/// nothing.
 pub fn init() {
+    install_panic_hook();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -49,6 +57,49 @@ pub fn init() {
             .name("hookbox-client-errors".to_owned())
             .spawn(move || report(&receiver));
     }
+}
+
+thread_local! {
+    /// Set while [`catch_panic`] runs on this thread.
+    static CATCHING: Cell<bool> = const { Cell::new(false) };
+    /// What the panic hook recorded of a panic that [`catch_panic`] catches.
+    static CAUGHT: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Keeps the panics [`catch_panic`] catches from being printed, recording their message and
+/// place for it instead.
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let print = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !CATCHING.with(Cell::get) {
+                return print(info);
+            }
+            let message = info.payload_as_str().unwrap_or("a panic");
+            let caught = match info.location() {
+                Some(at) => format!("{message} (at {}:{})", at.file(), at.line()),
+                None => message.to_owned(),
+            };
+            CAUGHT.with(|c| *c.borrow_mut() = Some(caught));
+        }));
+    });
+}
+
+/// Runs `work`, catching a panic: its message (and, once [`init`] has run, where it was
+/// raised) comes back as the error, and nothing is printed for it, so that the caller, which
+/// answers the failure, logs it once.
+pub fn catch_panic<T>(work: impl FnOnce() -> T) -> Result<T, String> {
+    let outer = CATCHING.with(|c| c.replace(true));
+    let result = std::panic::catch_unwind(AssertUnwindSafe(work));
+    CATCHING.with(|c| c.set(outer));
+    result.map_err(|payload| {
+        CAUGHT
+            .with(|c| c.borrow_mut().take())
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_owned())
+    })
 }
 
 /// An ERROR of actix-http about one connection: kept out of the log lines, see [`report`].
@@ -112,5 +163,26 @@ fn report(errors: &Receiver<String>) {
         );
         last_warning = Some(Instant::now());
         unshown = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caught_panic_comes_back_with_its_message_and_place_and_is_not_printed() {
+        install_panic_hook();
+        let caught = catch_panic(|| -> u8 { panic!("boom {}", 7) }).expect_err("it panicked");
+        // Only the hook's branch for a caught panic records the place; printing is the other.
+        assert!(
+            caught.starts_with("boom 7 (at src/telemetry.rs:"),
+            "{caught}"
+        );
+        assert_eq!(catch_panic(|| 5), Ok(5));
+        assert!(
+            !CATCHING.with(Cell::get),
+            "the thread is back to printing its panics"
+        );
     }
 }

@@ -29,8 +29,6 @@ pub use batch::Batcher;
 pub use cache::{Cached, ReplayCache};
 pub use fingerprint::fingerprint;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use actix_web::web::Bytes;
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
@@ -183,7 +181,7 @@ fn run_handler(
     conn: &mut AnyConnection,
     event: &Event<'_>,
 ) -> Result<Response, ClaimError> {
-    match catch_unwind(AssertUnwindSafe(|| handler.handle(conn, event))) {
+    match crate::telemetry::catch_panic(|| handler.handle(conn, event)) {
         Ok(Ok(response)) if !(100..=599).contains(&response.status) => {
             Err(ClaimError::Handler(anyhow::anyhow!(
                 "the handler answered with status {}, which is not an HTTP status",
@@ -207,16 +205,9 @@ fn run_handler(
             Ok(error) => ClaimError::Handler(error.into()),
             Err(e) => ClaimError::Handler(e),
         }),
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_owned());
-            Err(ClaimError::Handler(anyhow::anyhow!(
-                "the handler panicked: {what}"
-            )))
-        }
+        Err(what) => Err(ClaimError::Handler(anyhow::anyhow!(
+            "the handler panicked: {what}"
+        ))),
     }
 }
 
