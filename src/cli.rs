@@ -14,6 +14,7 @@ use crate::capture::{self, ExportFilter, InputKind};
 use crate::config::{parse_time_or_ago, Config, ProcessEnv};
 use crate::handlers::Handlers;
 use crate::ids::SourceName;
+use crate::providers::Signing;
 use crate::replay::{Mode, Options as ReplayOptions, Rate, Signer, Target};
 use crate::retention::{self, Plan};
 use crate::secret::Secret;
@@ -135,12 +136,18 @@ struct KeyArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["scheme", "secret"])]
     config: Option<PathBuf>,
     /// Sign with this scheme instead of a config source's: stripe, standard, github, shopify
-    /// or slack (hmac-sha256 needs a config)
+    /// or slack (hmac-sha256 and paypal need a config)
     #[arg(long, value_name = "SCHEME", requires = "secret")]
     scheme: Option<String>,
     /// The secret to sign with, with --scheme
     #[arg(long, value_name = "SECRET", requires = "scheme")]
     secret: Option<String>,
+    /// The PEM private key to sign with, for a scheme that signs with one (paypal)
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// Where the receiver fetches the certificate of --key (paypal's PAYPAL-CERT-URL)
+    #[arg(long, value_name = "URL")]
+    cert_url: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -160,7 +167,7 @@ struct ReplayArgs {
     /// Send the captured headers unchanged instead of re-signing (old signatures past the
     /// receiver's tolerance are refused, as they should be); authorization,
     /// proxy-authorization, cookie, set-cookie, host and framing headers are never sent
-    #[arg(long, conflicts_with_all = ["scheme", "secret"])]
+    #[arg(long, conflicts_with_all = ["scheme", "secret", "key", "cert_url"])]
     as_is: bool,
     /// How many deliveries may be in flight at once
     #[arg(long, value_name = "N", default_value_t = 4,
@@ -358,15 +365,25 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
     })())
 }
 
-/// The signer `--config` or `--scheme`/`--secret` describe.
+/// The signer `--config` or `--scheme`/`--secret` describe, with `--key` and `--cert-url`.
 fn signer(keys: KeyArgs) -> Result<Signer, Exit> {
+    let key_pem = match &keys.key {
+        None => None,
+        Some(path) => Some(Secret::new(std::fs::read_to_string(path).map_err(|e| {
+            usage(format_args!("--key: cannot read {}: {e}", path.display()))
+        })?)),
+    };
+    let signing = Signing {
+        key_pem,
+        cert_url: keys.cert_url,
+    };
     match (keys.scheme, keys.secret) {
         (Some(scheme), Some(secret)) => {
-            Signer::from_flags(&scheme, Secret::new(secret)).map_err(usage)
+            Signer::from_flags(&scheme, Secret::new(secret), &signing).map_err(usage)
         }
         _ => {
             let config = load(keys.config.as_deref())?;
-            Signer::from_config(&config).map_err(|e| usage(format_args!("config error: {e}")))
+            Signer::from_config(&config, &signing).map_err(usage)
         }
     }
 }

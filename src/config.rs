@@ -108,7 +108,8 @@ pub struct SourceConfig {
     /// Its provider, built with all its secrets and its tolerance: how its deliveries are
     /// checked, where their ids live, and the rest of what hookbox knows about the provider.
     pub provider: Arc<dyn Provider>,
-    /// One or more secrets; any may match (rotation). Never empty.
+    /// The secrets; any may match (rotation). Empty only for a scheme that takes none, whose
+    /// key material is elsewhere (PayPal's certificates).
     pub secrets: Vec<Secret>,
     /// How far a signed timestamp may be from now, either way.
     pub tolerance: Duration,
@@ -551,6 +552,7 @@ impl RawSource {
         let scheme = registry
             .scheme(&self.scheme, Some(self.own))
             .map_err(|e| ConfigError::at(key("scheme"), e))?;
+        let given = self.secrets.is_some() || self.secrets_env.is_some();
         let secrets = match (self.secrets, self.secrets_env) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::at(
@@ -573,12 +575,12 @@ impl RawSource {
                     ))
                 }
             },
-            (None, None) => return Err(ConfigError::at(
-                key("secrets"),
-                "a source needs at least one secret (secrets = [\"...\"] or secrets_env = \"VAR\")",
-            )),
+            // Whether the scheme needs secrets is its provider's to say: one whose key material
+            // is something else (a certificate it fetches) takes none, and every other refuses
+            // an empty list under `secrets` when it is built below.
+            (None, None) => Vec::new(),
         };
-        if secrets.is_empty() || secrets.iter().any(|s| s.is_empty()) {
+        if secrets.iter().any(String::is_empty) || (given && secrets.is_empty()) {
             return Err(ConfigError::at(
                 key("secrets"),
                 "a source needs at least one secret, and no secret may be empty",
@@ -778,13 +780,32 @@ mod tests {
         assert!(message.starts_with("sources.s.secrets:"), "{message}");
         let message = error("[sources.s]\nscheme = \"stripe\"\nsecrets = []\n");
         assert!(message.starts_with("sources.s.secrets:"), "{message}");
-        let message = error("[sources.s]\nscheme = \"paypal\"\nsecrets = [\"x\"]\n");
+        let message = error("[sources.s]\nscheme = \"papyal\"\nsecrets = [\"x\"]\n");
         assert!(
-            message.starts_with("sources.s.scheme: unknown scheme \"paypal\""),
+            message.starts_with("sources.s.scheme: unknown scheme \"papyal\""),
             "{message}"
         );
         let message = error("[sources.s]\nscheme = \"stripe\"\nsecrets_env = \"NOPE_UNSET\"\n");
         assert!(message.contains("NOPE_UNSET is not set"), "{message}");
+    }
+
+    #[test]
+    fn a_scheme_without_secrets_takes_its_own_key_material_and_refuses_secrets() {
+        let config = Config::parse(
+            "[sources.pp]\nscheme = \"paypal\"\nwebhook_id = \"4JH86294D6297924G\"\n",
+            &no_env,
+        )
+        .expect("a paypal source needs no secrets");
+        assert!(config.sources[0].secrets.is_empty());
+        let message = error("[sources.pp]\nscheme = \"paypal\"\n");
+        assert!(message.starts_with("sources.pp.webhook_id:"), "{message}");
+        let message =
+            error("[sources.pp]\nscheme = \"paypal\"\nwebhook_id = \"W\"\nsecrets = [\"x\"]\n");
+        assert!(message.starts_with("sources.pp.secrets:"), "{message}");
+        assert!(message.contains("webhook_id"), "{message}");
+        let message =
+            error("[sources.pp]\nscheme = \"paypal\"\nwebhook_id = \"W\"\nsecrets = []\n");
+        assert!(message.starts_with("sources.pp.secrets:"), "{message}");
     }
 
     #[test]

@@ -39,7 +39,10 @@ impl Keys {
         if secrets.is_empty() {
             return Err(ProviderError::at(
                 "secrets",
-                format!("a {scheme} source needs at least one secret"),
+                format!(
+                    "a {scheme} source needs at least one secret (secrets = [\"...\"] or \
+                     secrets_env = \"VAR\")"
+                ),
             ));
         }
         let keys = secrets

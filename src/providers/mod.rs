@@ -10,6 +10,7 @@
 //! provider of one's own, [`Registry::with`] and [`Config::parse_with`](crate::Config::parse_with)).
 
 mod braintree;
+pub mod certs;
 mod checkout;
 pub mod generic;
 mod github;
@@ -18,6 +19,7 @@ mod lemonsqueezy;
 pub mod mac;
 mod mollie;
 mod paddle;
+mod paypal;
 mod razorpay;
 mod shopify;
 mod slack;
@@ -378,13 +380,38 @@ impl ProviderError {
 pub struct Settings<'a> {
     /// The scheme's name, for messages.
     pub scheme: &'static str,
-    /// The source's secrets, in order (the first signs).
+    /// The source's secrets, in order (the first signs). Empty when the source gives none:
+    /// a provider that needs secrets refuses that ([`Keys`] does), and one whose key material
+    /// is something else refuses any (see [`Settings::no_secrets`]).
     pub secrets: &'a [Secret],
     /// How far a signed timestamp may be from now, either way.
     pub tolerance: Duration,
     /// The source's keys beyond the ones every source has, or `None` when the scheme is named
     /// alone (`--scheme` on the command line), with no config source behind it.
     pub table: Option<&'a toml::Table>,
+    /// What `send` and `replay` sign with beyond the secrets, when the provider is built to
+    /// sign (`None`: built to receive).
+    pub signing: Option<&'a Signing>,
+}
+
+/// What `send` and `replay` sign with where the receiver checks a public key rather than a
+/// shared secret: the private key (`--key FILE`) and where the receiver fetches the matching
+/// certificate (`--cert-url URL`). `Debug` never shows the key.
+#[derive(Clone, Default)]
+pub struct Signing {
+    /// The PEM private key, as read from `--key FILE`.
+    pub key_pem: Option<Secret>,
+    /// The URL the receiver fetches the certificate from.
+    pub cert_url: Option<String>,
+}
+
+impl fmt::Debug for Signing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Signing")
+            .field("key_pem", &self.key_pem.as_ref().map(|_| "<set>"))
+            .field("cert_url", &self.cert_url)
+            .finish()
+    }
 }
 
 /// The keys every source takes, whatever its scheme.
@@ -420,6 +447,56 @@ impl Settings<'_> {
                 ))
             }
         }
+    }
+
+    /// For a provider whose key material is not a shared secret: refuses `secrets` (and
+    /// `secrets_env`), naming what the scheme takes instead.
+    ///
+    /// # Errors
+    /// Under `secrets`, when the source gives any.
+    pub fn no_secrets(&self, instead: &str) -> Result<(), ProviderError> {
+        if self.secrets.is_empty() {
+            Ok(())
+        } else {
+            Err(ProviderError::at(
+                "secrets",
+                format!(
+                    "a {} source takes no secrets (nor secrets_env): {instead}",
+                    self.scheme
+                ),
+            ))
+        }
+    }
+
+    /// The strings of the list `key`, when it is set.
+    ///
+    /// # Errors
+    /// A value that is not a list of strings.
+    pub fn texts(&self, key: &str) -> Result<Option<Vec<&str>>, ProviderError> {
+        let Some(value) = self.table.and_then(|table| table.get(key)) else {
+            return Ok(None);
+        };
+        let toml::Value::Array(items) = value else {
+            return Err(ProviderError::at(
+                key,
+                format!(
+                    "invalid type: {}, expected a list of strings",
+                    value.type_str()
+                ),
+            ));
+        };
+        items
+            .iter()
+            .map(|item| {
+                item.as_str().ok_or_else(|| {
+                    ProviderError::at(
+                        key,
+                        format!("invalid type: {}, expected a string", item.type_str()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     /// The text of `key`, when it is set.
@@ -481,6 +558,7 @@ impl Registry {
         .with("mollie", mollie::build)
         .with("lemonsqueezy", lemonsqueezy::build)
         .with("square", square::build)
+        .with("paypal", paypal::build)
     }
 
     /// Adds (or replaces) the scheme `name`, built by `build`.
@@ -559,6 +637,28 @@ impl Scheme {
             secrets,
             tolerance,
             table: self.table.as_deref(),
+            signing: None,
+        })
+    }
+
+    /// The provider that signs for `send` and `replay`, with these secrets (the first signs)
+    /// and `signing`'s key material where the scheme signs with a private key.
+    ///
+    /// # Errors
+    /// As [`Scheme::build`], and a missing or unusable `--key` or `--cert-url` (the error's
+    /// key is the flag) for a scheme that needs them.
+    pub fn build_signer(
+        &self,
+        secrets: &[Secret],
+        tolerance: Duration,
+        signing: &Signing,
+    ) -> Result<Arc<dyn Provider>, ProviderError> {
+        (self.build)(&Settings {
+            scheme: self.name,
+            secrets,
+            tolerance,
+            table: self.table.as_deref(),
+            signing: Some(signing),
         })
     }
 }
@@ -648,13 +748,13 @@ mod tests {
         assert_eq!(
             registry.names(),
             "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio, paddle, \
-             checkout, razorpay, mollie, lemonsqueezy, square"
+             checkout, razorpay, mollie, lemonsqueezy, square, paypal"
         );
         for provider in every_scheme() {
             assert!(registry.scheme(provider.scheme(), None).is_ok());
         }
-        let error = registry.scheme("paypal", None).unwrap_err();
-        assert!(error.starts_with("unknown scheme \"paypal\""), "{error}");
+        let error = registry.scheme("papyal", None).unwrap_err();
+        assert!(error.starts_with("unknown scheme \"papyal\""), "{error}");
     }
 
     #[test]

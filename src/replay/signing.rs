@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::providers::{Identity, Provider, Scheme, Signed};
+use crate::providers::{Identity, Provider, Scheme, Signed, Signing};
 use crate::secret::Secret;
 
 /// A provider that signs: its first key is the one used.
@@ -16,48 +16,70 @@ pub type Verifier = Arc<dyn Provider>;
 /// The keys to sign with: one per configured source, or one for every source.
 #[derive(Debug)]
 pub enum Signer {
-    /// From the config: each source's scheme and its first secret.
-    Config(HashMap<String, Verifier>),
+    /// From the config: each source's scheme and its first secret, or why that source cannot
+    /// sign (told only when a delivery of that source is to be signed, so a PayPal source
+    /// without `--key` does not stop `send` to another source).
+    Config(HashMap<String, Result<Verifier, String>>),
     /// From `--scheme` and `--secret`: the same for whatever source a delivery names.
     Flags(Verifier),
 }
 
 impl Signer {
     /// A signer for every source in `config`, each with its first secret: that is the secret
-    /// a rotation makes current, and any configured secret passes the receiver's check.
+    /// a rotation makes current, and any configured secret passes the receiver's check. A
+    /// scheme that signs with a private key takes it, and its certificate's URL, from
+    /// `signing` (`--key`, `--cert-url`).
     ///
     /// # Errors
-    /// A source whose keys cannot be derived (the config's own validation already refuses
-    /// those, so this is a safeguard, not an expected path).
-    pub fn from_config(config: &Config) -> Result<Signer, String> {
+    /// None today: a source that cannot sign says why when it is asked to
+    /// ([`Signer::for_source`]).
+    pub fn from_config(config: &Config, signing: &Signing) -> Result<Signer, String> {
         let verifiers = config
             .sources
             .iter()
             .map(|source| {
-                source
+                let verifier = source
                     .scheme
-                    .build(&source.secrets[..1], source.tolerance)
-                    .map(|verifier| (source.name.as_str().to_owned(), verifier))
-                    .map_err(|e| format!("sources.{}.{e}", source.name))
+                    .build_signer(
+                        source.secrets.get(..1).unwrap_or_default(),
+                        source.tolerance,
+                        signing,
+                    )
+                    .map_err(|e| {
+                        if e.key.starts_with("--") {
+                            e.to_string()
+                        } else {
+                            format!("config error: sources.{}.{e}", source.name)
+                        }
+                    });
+                (source.name.as_str().to_owned(), verifier)
             })
-            .collect::<Result<_, _>>()?;
+            .collect();
         Ok(Signer::Config(verifiers))
     }
 
-    /// A signer from `--scheme` and `--secret`.
+    /// A signer from `--scheme` and `--secret` (and `--key`/`--cert-url` where the scheme
+    /// signs with a private key).
     ///
     /// # Errors
-    /// An unknown scheme, `hmac-sha256` (its header and id location need a config source), or
-    /// a secret the scheme cannot use (a standard secret that is not base64).
-    pub fn from_flags(scheme: &str, secret: Secret) -> Result<Signer, String> {
+    /// An unknown scheme, one that needs keys only a config source has (`hmac-sha256`'s
+    /// header and id location, `paypal`'s `webhook_id`), or a secret the scheme cannot use (a
+    /// standard secret that is not base64).
+    pub fn from_flags(scheme: &str, secret: Secret, signing: &Signing) -> Result<Signer, String> {
+        let name = scheme;
         let scheme = Scheme::builtin(scheme).map_err(|e| format!("--scheme: {e}"))?;
         // The tolerance plays no part in signing.
         scheme
-            .build(&[secret], Duration::ZERO)
+            .build_signer(&[secret], Duration::ZERO, signing)
             .map(Signer::Flags)
             .map_err(|e| match e.key.as_str() {
                 "secrets" => format!("--secret: {}", e.problem),
-                _ => format!("--scheme: {}", e.problem),
+                flag if flag.starts_with("--") => e.to_string(),
+                key => format!(
+                    "--scheme: {name} signs with its source's {key}, which only a config has: \
+                     give --config instead ({})",
+                    e.problem
+                ),
             })
     }
 
@@ -68,12 +90,14 @@ impl Signer {
     pub fn for_source(&self, source: &str) -> Result<&Verifier, String> {
         match self {
             Signer::Flags(verifier) => Ok(verifier),
-            Signer::Config(verifiers) => verifiers.get(source).ok_or_else(|| {
-                format!(
+            Signer::Config(verifiers) => match verifiers.get(source) {
+                Some(Ok(verifier)) => Ok(verifier),
+                Some(Err(why)) => Err(why.clone()),
+                None => Err(format!(
                     "the config has no source {source:?} to sign with (give --config FILE, or \
                      --scheme and --secret)"
-                )
-            }),
+                )),
+            },
         }
     }
 }
@@ -141,18 +165,28 @@ mod tests {
 
     #[test]
     fn flags_name_a_builtin_scheme_and_hmac_sha256_needs_a_config() {
-        assert!(Signer::from_flags("github", Secret::new("s")).is_ok());
-        let error = Signer::from_flags("hmac-sha256", Secret::new("s")).expect_err("refused");
+        assert!(Signer::from_flags("github", Secret::new("s"), &Signing::default()).is_ok());
+        let error = Signer::from_flags("hmac-sha256", Secret::new("s"), &Signing::default())
+            .expect_err("refused");
         assert!(error.contains("config"), "{error}");
-        let error = Signer::from_flags("paypal", Secret::new("s")).expect_err("refused");
+        let error = Signer::from_flags("papyal", Secret::new("s"), &Signing::default())
+            .expect_err("refused");
         assert!(error.contains("stripe, standard"), "{error}");
-        let error = Signer::from_flags("standard", Secret::new("whsec_!!")).expect_err("refused");
+        let error = Signer::from_flags("paypal", Secret::new("s"), &Signing::default())
+            .expect_err("refused");
+        assert!(
+            error.contains("webhook_id") && error.contains("--config"),
+            "{error}"
+        );
+        let error = Signer::from_flags("standard", Secret::new("whsec_!!"), &Signing::default())
+            .expect_err("refused");
         assert!(error.starts_with("--secret"), "{error}");
     }
 
     #[test]
     fn a_header_id_scheme_carries_the_given_id_and_a_body_id_scheme_reads_its_own() {
-        let Signer::Flags(github) = Signer::from_flags("github", Secret::new("s")).expect("ok")
+        let Signer::Flags(github) =
+            Signer::from_flags("github", Secret::new("s"), &Signing::default()).expect("ok")
         else {
             unreachable!("from_flags builds Flags")
         };
@@ -163,7 +197,8 @@ mod tests {
         assert!(headers.contains(&("X-GitHub-Event".to_owned(), "push".to_owned())));
         assert!(headers.contains(&("Content-Type".to_owned(), "application/json".to_owned())));
 
-        let Signer::Flags(stripe) = Signer::from_flags("stripe", Secret::new("s")).expect("ok")
+        let Signer::Flags(stripe) =
+            Signer::from_flags("stripe", Secret::new("s"), &Signing::default()).expect("ok")
         else {
             unreachable!("from_flags builds Flags")
         };

@@ -25,8 +25,16 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
             "sources.stripe.secrets",
         ),
         (
-            "[sources.pp]\nscheme = \"paypal\"\nsecrets = [\"x\"]\n",
+            "[sources.pp]\nscheme = \"papyal\"\nsecrets = [\"x\"]\n",
             "sources.pp.scheme",
+        ),
+        (
+            "[sources.pp]\nscheme = \"paypal\"\nwebhook_id = \"W\"\nsecrets = [\"x\"]\n",
+            "sources.pp.secrets: a paypal source takes no secrets",
+        ),
+        (
+            "[sources.pp]\nscheme = \"paypal\"\n",
+            "sources.pp.webhook_id",
         ),
         (
             "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\ntolerance = \"5 fortnights\"\n",

@@ -1,0 +1,489 @@
+//! Certificates a delivery names by URL (PayPal's `PAYPAL-CERT-URL`; SNS's `SigningCertURL`
+//! can use the same): the URL is checked against the source's allowed prefixes before anything
+//! is fetched, each URL is fetched once, with a timeout and a size limit, and the certificate is
+//! kept for the life of the process, shared by every source and worker thread. Concurrent
+//! deliveries naming a URL not yet fetched wait on one fetch, so a burst fetches once. A failed
+//! fetch is not kept: the provider's retry fetches again, with no restart.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
+
+use openssl::asn1::Asn1Time;
+use openssl::pkey::{PKey, Public};
+use openssl::x509::X509;
+use tokio::sync::watch;
+
+/// How long one certificate fetch may take, connection and body included.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest certificate (or chain) body taken; PayPal's chain is a few kilobytes.
+pub const MAX_CERT_BYTES: usize = 64 * 1024;
+
+/// At most this many certificates are kept; past it the cache starts afresh (an allowed
+/// prefix could otherwise name endless URLs).
+const MAX_CACHED: usize = 256;
+
+/// A certificate fetched (or seeded) for a URL: its public key and validity period.
+pub struct Certificate {
+    x509: X509,
+    key: PKey<Public>,
+}
+
+impl fmt::Debug for Certificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Certificate({:?})", self.x509.subject_name())
+    }
+}
+
+impl Certificate {
+    /// The first certificate of a PEM body (a chain starts with the signer's own).
+    ///
+    /// # Errors
+    /// A body that holds no PEM certificate, or one without a usable public key.
+    pub fn from_pem(pem: &[u8]) -> Result<Certificate, String> {
+        let x509 = X509::from_pem(pem).map_err(|_| "not a PEM certificate".to_owned())?;
+        let key = x509
+            .public_key()
+            .map_err(|_| "the certificate's public key cannot be read".to_owned())?;
+        Ok(Certificate { x509, key })
+    }
+
+    /// The public key that checks signatures.
+    pub fn public_key(&self) -> &PKey<Public> {
+        &self.key
+    }
+
+    /// Whether `now` (unix seconds) is within the certificate's validity period.
+    pub fn valid_at(&self, now: i64) -> bool {
+        let Ok(now) = Asn1Time::from_unix(now) else {
+            return false;
+        };
+        self.x509.not_before() <= now && self.x509.not_after() >= now
+    }
+}
+
+/// A source's allowed certificate URL prefixes (`cert_urls`), each normalised as a URL is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allowlist(Vec<CertUrl>);
+
+impl Allowlist {
+    /// The prefixes, each an absolute `https://` (or `http://`) URL whose host and port are
+    /// matched exactly and whose path is a prefix.
+    ///
+    /// # Errors
+    /// An empty list, or the first prefix that is not such a URL.
+    pub fn new<S: AsRef<str>>(prefixes: &[S]) -> Result<Allowlist, String> {
+        if prefixes.is_empty() {
+            return Err("give at least one allowed URL prefix".to_owned());
+        }
+        prefixes
+            .iter()
+            .map(|prefix| {
+                let prefix = prefix.as_ref();
+                CertUrl::parse(prefix).map_err(|e| format!("{prefix:?}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Allowlist)
+    }
+
+    /// The URL, normalised, when it starts with an allowed prefix: same scheme, host and port,
+    /// and a path that begins with the prefix's path.
+    pub fn admit(&self, url: &str) -> Option<CertUrl> {
+        let url = CertUrl::parse(url).ok()?;
+        self.0
+            .iter()
+            .any(|prefix| {
+                prefix.origin() == url.origin() && url.path_and_query().starts_with(prefix.path())
+            })
+            .then_some(url)
+    }
+}
+
+/// An absolute URL in one spelling: lowercase scheme and host, no default port, no userinfo,
+/// no fragment, no `.` or `..` path segments (percent-encoded or not), no encoded `/` or `\`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CertUrl {
+    text: String,
+    origin_len: usize,
+    path_len: usize,
+}
+
+impl fmt::Display for CertUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl CertUrl {
+    /// The URL as it is fetched.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    fn origin(&self) -> &str {
+        &self.text[..self.origin_len]
+    }
+
+    fn path(&self) -> &str {
+        &self.text[self.origin_len..self.origin_len + self.path_len]
+    }
+
+    fn path_and_query(&self) -> &str {
+        &self.text[self.origin_len..]
+    }
+
+    /// Parses and normalises `raw`.
+    ///
+    /// # Errors
+    /// Anything but an absolute `http`/`https` URL with a plain host, or one whose path could
+    /// mean another path once a server decodes or resolves it.
+    pub fn parse(raw: &str) -> Result<CertUrl, String> {
+        if raw.len() > 2048 || raw.bytes().any(|b| !b.is_ascii_graphic() || b == b'\\') {
+            return Err("not a plain absolute URL".to_owned());
+        }
+        let (scheme, rest) = raw.split_once("://").ok_or("not an absolute URL")?;
+        let scheme = scheme.to_ascii_lowercase();
+        let default_port = match scheme.as_str() {
+            "https" => "443",
+            "http" => "80",
+            _ => return Err("only https:// (or http://) URLs".to_owned()),
+        };
+        if rest.contains('#') {
+            return Err("a URL with a fragment".to_owned());
+        }
+        let split = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(split);
+        if authority.contains('@') {
+            return Err("a URL with userinfo".to_owned());
+        }
+        // An IPv6 literal is bracketed; anything else is a name or an IPv4 address.
+        let (host, port) = if authority.starts_with('[') {
+            let end = authority.find(']').ok_or("a URL without a plain host")? + 1;
+            let (host, rest) = authority.split_at(end);
+            match rest.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None if rest.is_empty() => (host, None),
+                None => return Err("a URL without a plain host".to_owned()),
+            }
+        } else {
+            match authority.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            }
+        };
+        let inner = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        let host_ok = match inner {
+            Some(v6) => {
+                !v6.is_empty()
+                    && v6
+                        .bytes()
+                        .all(|b| b.is_ascii_hexdigit() || b":.".contains(&b))
+            }
+            None => {
+                !host.is_empty()
+                    && host
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
+            }
+        };
+        if !host_ok {
+            return Err("a URL without a plain host".to_owned());
+        }
+        let port = match port {
+            None => None,
+            Some(port) => {
+                let number: u16 = port
+                    .parse()
+                    .ok()
+                    .filter(|_| port.bytes().all(|b| b.is_ascii_digit()))
+                    .ok_or("a URL with a bad port")?;
+                (number.to_string() != default_port).then_some(number)
+            }
+        };
+        let (path, query) = match tail.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (tail, None),
+        };
+        let path = if path.is_empty() { "/" } else { path };
+        for segment in path.split('/') {
+            let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+            if decoded == "." || decoded == ".." {
+                return Err("a URL with a . or .. path segment".to_owned());
+            }
+            if decoded.contains("%2f") || decoded.contains("%5c") {
+                return Err("a URL with an encoded / or \\".to_owned());
+            }
+        }
+        let mut text = format!("{scheme}://{}", host.to_ascii_lowercase());
+        if let Some(port) = port {
+            text.push_str(&format!(":{port}"));
+        }
+        let origin_len = text.len();
+        text.push_str(path);
+        if let Some(query) = query {
+            text.push('?');
+            text.push_str(query);
+        }
+        Ok(CertUrl {
+            text,
+            origin_len,
+            path_len: path.len(),
+        })
+    }
+}
+
+/// The certificate at `url` could not be had just now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable;
+
+type Fetched = Result<Arc<Certificate>, Unavailable>;
+
+enum Slot {
+    Ready(Arc<Certificate>),
+    /// A fetch under way; its result is published here.
+    Fetching(watch::Receiver<Option<Fetched>>),
+}
+
+static CACHE: LazyLock<Mutex<HashMap<String, Slot>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn cache() -> MutexGuard<'static, HashMap<String, Slot>> {
+    // A panic while holding the lock leaves a map that is still whole.
+    CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn keep(cache: &mut HashMap<String, Slot>, url: &str, certificate: Arc<Certificate>) {
+    if cache.len() >= MAX_CACHED {
+        cache.retain(|_, slot| matches!(slot, Slot::Fetching(_)));
+    }
+    cache.insert(url.to_owned(), Slot::Ready(certificate));
+}
+
+/// Serves `pem` for `url` as if it had been fetched, without fetching: for tests and vectors,
+/// whose certificate URLs name hosts that are not to be reached.
+///
+/// # Errors
+/// A URL that does not parse, or a body that holds no certificate.
+pub fn seed(url: &str, pem: &[u8]) -> Result<(), String> {
+    let url = CertUrl::parse(url)?;
+    let certificate = Arc::new(Certificate::from_pem(pem)?);
+    keep(&mut cache(), url.as_str(), certificate);
+    Ok(())
+}
+
+/// Drops what the cache holds for `url` (for tests: the next delivery fetches it again).
+pub fn forget(url: &str) {
+    if let Ok(url) = CertUrl::parse(url) {
+        cache().remove(url.as_str());
+    }
+}
+
+/// The certificate at `url` when it is already cached, without fetching.
+pub fn cached(url: &CertUrl) -> Option<Arc<Certificate>> {
+    match cache().get(url.as_str()) {
+        Some(Slot::Ready(certificate)) => Some(certificate.clone()),
+        _ => None,
+    }
+}
+
+/// Removes a fetch's pending slot if the fetch ends without publishing (its request was
+/// dropped), so the next delivery starts another.
+struct Leader<'u> {
+    url: &'u str,
+    sender: Option<watch::Sender<Option<Fetched>>>,
+}
+
+impl Leader<'_> {
+    fn publish(mut self, fetched: Fetched) {
+        {
+            let mut cache = cache();
+            match &fetched {
+                Ok(certificate) => keep(&mut cache, self.url, certificate.clone()),
+                Err(Unavailable) => {
+                    cache.remove(self.url);
+                }
+            }
+        }
+        if let Some(sender) = self.sender.take() {
+            // Nobody else waiting is fine.
+            let _ = sender.send(Some(fetched));
+        }
+    }
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        if self.sender.is_some() {
+            let mut cache = cache();
+            if matches!(cache.get(self.url), Some(Slot::Fetching(_))) {
+                cache.remove(self.url);
+            }
+        }
+    }
+}
+
+/// The certificate at `url` (already admitted by a source's [`Allowlist`]): from the cache, or
+/// fetched once however many deliveries ask at the same time.
+///
+/// # Errors
+/// [`Unavailable`] when the fetch fails (network, timeout, a status other than 200, a body too
+/// large or not a certificate); the next call fetches again.
+pub async fn certificate(url: &CertUrl) -> Fetched {
+    let key = url.as_str();
+    let role = {
+        let mut cache = cache();
+        match cache.get(key) {
+            Some(Slot::Ready(certificate)) => return Ok(certificate.clone()),
+            // A fetch whose leader is still there: wait for it.
+            Some(Slot::Fetching(receiver)) if receiver.has_changed().is_ok() => {
+                Role::Wait(receiver.clone())
+            }
+            _ => {
+                let (sender, receiver) = watch::channel(None);
+                cache.insert(key.to_owned(), Slot::Fetching(receiver));
+                Role::Lead(sender)
+            }
+        }
+    };
+    match role {
+        Role::Lead(sender) => {
+            let leader = Leader {
+                url: key,
+                sender: Some(sender),
+            };
+            let fetched = fetch(url).await.map(Arc::new);
+            leader.publish(fetched.clone());
+            fetched
+        }
+        Role::Wait(mut receiver) => match receiver.wait_for(Option::is_some).await {
+            Ok(published) => published.clone().unwrap_or(Err(Unavailable)),
+            // The leader's request went away before its fetch ended.
+            Err(_) => Err(Unavailable),
+        },
+    }
+}
+
+/// What a delivery does about a certificate not yet cached: fetch it, or wait for the fetch
+/// under way.
+enum Role {
+    Lead(watch::Sender<Option<Fetched>>),
+    Wait(watch::Receiver<Option<Fetched>>),
+}
+
+/// One GET of `url`: 200 with a PEM certificate within the size limit, within the timeout,
+/// redirects not followed (a redirect could lead outside the allowlist).
+async fn fetch(url: &CertUrl) -> Result<Certificate, Unavailable> {
+    let client = awc::Client::builder()
+        .timeout(FETCH_TIMEOUT)
+        .disable_redirects()
+        .finish();
+    let outcome = tokio::time::timeout(FETCH_TIMEOUT, async {
+        let mut response = client
+            .get(url.as_str())
+            .send()
+            .await
+            .map_err(|e| format!("request failed: {e}"))?;
+        if response.status() != awc::http::StatusCode::OK {
+            return Err(format!("answered {}", response.status().as_u16()));
+        }
+        let body = response
+            .body()
+            .limit(MAX_CERT_BYTES)
+            .await
+            .map_err(|e| format!("body unreadable: {e}"))?;
+        Certificate::from_pem(&body)
+    })
+    .await
+    .unwrap_or_else(|_| Err("timed out".to_owned()));
+    outcome.map_err(|reason| {
+        tracing::warn!(cert_url = %url, %reason, "certificate fetch failed");
+        Unavailable
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(prefixes: &[&str]) -> Allowlist {
+        Allowlist::new(prefixes).expect("valid prefixes")
+    }
+
+    #[test]
+    fn urls_are_normalised() {
+        for (raw, normal) in [
+            ("HTTPS://API.PayPal.com/v1/x", "https://api.paypal.com/v1/x"),
+            (
+                "https://api.paypal.com:443/v1/x",
+                "https://api.paypal.com/v1/x",
+            ),
+            ("https://api.paypal.com", "https://api.paypal.com/"),
+            ("http://127.0.0.1:8080/c?x=1", "http://127.0.0.1:8080/c?x=1"),
+            ("http://127.0.0.1:80/c", "http://127.0.0.1/c"),
+        ] {
+            assert_eq!(CertUrl::parse(raw).expect(raw).as_str(), normal, "{raw}");
+        }
+    }
+
+    #[test]
+    fn tricky_urls_are_refused() {
+        for raw in [
+            "",
+            "api.paypal.com/v1",
+            "ftp://api.paypal.com/x",
+            "https://user@api.paypal.com/x",
+            "https://api.paypal.com:pass@evil.example/x",
+            "https://api.paypal.com/v1/../../evil",
+            "https://api.paypal.com/v1/%2e%2E/evil",
+            "https://api.paypal.com/v1/./x",
+            "https://api.paypal.com/v1/..%2fevil",
+            "https://api.paypal.com/v1/%5c..",
+            "https://api.paypal.com\\@evil.example/",
+            "https://api.paypal.com/x#frag",
+            "https://api.paypal.com /x",
+            "https://api.paypal.com:99999/x",
+            "https://api.paypal.com:+443/x",
+            "https:///x",
+            "https://api.paypal.com/\u{e9}",
+        ] {
+            assert!(CertUrl::parse(raw).is_err(), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn the_allowlist_matches_scheme_host_and_port_exactly_and_the_path_as_a_prefix() {
+        let list = allow(&["https://api.paypal.com/", "https://api.sandbox.paypal.com/"]);
+        for good in [
+            "https://api.paypal.com/v1/notifications/certs/CERT-1",
+            "https://API.SANDBOX.PAYPAL.COM/v1/notifications/certs/CERT-1",
+            "https://api.paypal.com:443/v1/notifications/certs/CERT-1",
+        ] {
+            assert!(list.admit(good).is_some(), "{good}");
+        }
+        for bad in [
+            "https://api.paypal.com.evil.example/v1/certs/CERT-1",
+            "https://api.paypal.com:8443/v1/certs/CERT-1",
+            "http://api.paypal.com/v1/certs/CERT-1",
+            "https://evil.example/https://api.paypal.com/",
+            "https://evil.example@api.paypal.com/",
+            "https://api.paypal.com/../x",
+        ] {
+            assert!(list.admit(bad).is_none(), "{bad}");
+        }
+        let narrow = allow(&["https://api.paypal.com/v1/notifications/certs/"]);
+        assert!(narrow.admit("https://api.paypal.com/v1/other").is_none());
+        assert!(narrow
+            .admit("https://api.paypal.com/v1/notifications/certs/CERT-2")
+            .is_some());
+    }
+
+    #[test]
+    fn a_bad_prefix_or_none_is_refused() {
+        assert!(Allowlist::new::<&str>(&[]).is_err());
+        let error = Allowlist::new(&["api.paypal.com"]).unwrap_err();
+        assert!(error.contains("api.paypal.com"), "{error}");
+    }
+}
