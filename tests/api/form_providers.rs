@@ -3,7 +3,7 @@
 //! checked against the configured `public_url` (the test server's own address is another), each
 //! delivery signed now by the code `send` and `replay` sign with.
 
-use hookbox::providers::Identity;
+use hookbox::providers::{Identity, Signing};
 use hookbox::replay::{signing, Signer};
 use sha2::{Digest, Sha256};
 
@@ -39,7 +39,8 @@ struct Signed {
 
 /// `body` signed now for `source` by the signing code of `send` and `replay`.
 fn signed(app: &TestApp, source: &'static str, body: &[u8], event_id: &str) -> Signed {
-    let signer = Signer::from_config(&app.config).expect("the test config signs");
+    let signer =
+        Signer::from_config(&app.config, &Signing::default()).expect("the test config signs");
     let verifier = signer.for_source(source).expect("a configured source");
     let identity = Identity {
         event_id: Some(event_id.to_owned()),
