@@ -25,6 +25,7 @@ mod ops;
 mod outage;
 mod own_provider;
 mod payment_providers;
+mod paypal;
 mod provider;
 mod provider_vectors;
 mod proxy;

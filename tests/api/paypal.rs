@@ -1,0 +1,366 @@
+//! PayPal through the real server, with a real certificate server on 127.0.0.1 that counts the
+//! requests it gets: a delivery signed now (by the code `send` and `replay` sign with) is
+//! processed, a redelivery is a replay, a tampered or stale one is 401; a burst fetches the
+//! certificate once; a certificate URL outside `cert_urls` is 401 with no request made; a
+//! certificate server that fails gives 503 with nothing stored, and recovery needs no restart.
+//! The RSA key and its certificate are made at test time, never checked in.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use actix_web::{web, App, HttpResponse, HttpServer};
+use futures_util::future::join_all;
+use hookbox::providers::Signing;
+use hookbox::replay::{signing, Signer};
+use hookbox::secret::Secret;
+use openssl::asn1::Asn1Time;
+use openssl::bn::BigNum;
+use openssl::hash::MessageDigest;
+use openssl::pkey::{PKey, Private};
+use openssl::rsa::Rsa;
+use openssl::x509::{X509Name, X509};
+
+use crate::helpers::*;
+
+/// A test signing key and its self-signed certificate (PEM), valid for a day either side of now.
+struct TestKey {
+    key_pem: String,
+    cert_pem: String,
+}
+
+impl TestKey {
+    fn new() -> TestKey {
+        let key = PKey::from_rsa(Rsa::generate(2048).expect("an RSA key")).expect("a key");
+        let mut name = X509Name::builder().expect("a name");
+        name.append_entry_by_text("CN", "hookbox test paypal")
+            .expect("a CN");
+        let name = name.build();
+        let mut cert = X509::builder().expect("a certificate");
+        cert.set_version(2).expect("v3");
+        let serial = BigNum::from_u32(7).and_then(|n| n.to_asn1_integer());
+        cert.set_serial_number(&serial.expect("a serial"))
+            .expect("serial");
+        cert.set_subject_name(&name).expect("subject");
+        cert.set_issuer_name(&name).expect("issuer");
+        cert.set_pubkey(&key).expect("public key");
+        let day = 24 * 3600;
+        cert.set_not_before(&Asn1Time::from_unix(unix_now() - day).expect("a time"))
+            .expect("not before");
+        cert.set_not_after(&Asn1Time::from_unix(unix_now() + day).expect("a time"))
+            .expect("not after");
+        cert.sign(&key, MessageDigest::sha256())
+            .expect("self-signed");
+        TestKey {
+            key_pem: pem_text(key_pem(&key)),
+            cert_pem: pem_text(cert.build().to_pem().expect("PEM")),
+        }
+    }
+}
+
+fn key_pem(key: &PKey<Private>) -> Vec<u8> {
+    key.private_key_to_pem_pkcs8().expect("PEM")
+}
+
+fn pem_text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).expect("PEM is text")
+}
+
+/// A certificate server: it serves one PEM under any path, counting requests; while `failing`
+/// it answers 500. `delay` is how slow it is to answer (a slow certificate host, so that a
+/// burst's deliveries arrive while the first fetch is under way).
+struct CertServer {
+    requests: AtomicUsize,
+    failing: AtomicBool,
+    pem: String,
+    delay: Duration,
+}
+
+async fn serve_cert(state: web::Data<CertServer>) -> HttpResponse {
+    state.requests.fetch_add(1, Ordering::SeqCst);
+    actix_web::rt::time::sleep(state.delay).await;
+    if state.failing.load(Ordering::SeqCst) {
+        return HttpResponse::InternalServerError().body("down");
+    }
+    HttpResponse::Ok()
+        .content_type("application/x-pem-file")
+        .body(state.pem.clone())
+}
+
+/// Starts a certificate server serving `pem`; returns its base URL (`http://127.0.0.1:PORT`).
+fn cert_server(pem: &str, delay: Duration) -> (String, web::Data<CertServer>) {
+    let state = web::Data::new(CertServer {
+        requests: AtomicUsize::new(0),
+        failing: AtomicBool::new(false),
+        pem: pem.to_owned(),
+        delay,
+    });
+    let server = HttpServer::new({
+        let state = state.clone();
+        move || {
+            App::new()
+                .app_data(state.clone())
+                .default_service(web::get().to(serve_cert))
+        }
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(("127.0.0.1", 0))
+    .expect("bind the certificate server");
+    let port = server.addrs()[0].port();
+    actix_web::rt::spawn(server.run());
+    (format!("http://127.0.0.1:{port}"), state)
+}
+
+/// The PayPal source, trusting certificates under `{base}/certs/` only.
+fn source(base: &str) -> String {
+    format!(
+        "\n[sources.paypal]\nscheme = \"paypal\"\nwebhook_id = \"8PT597110X687430LKGECATA\"\n\
+         cert_urls = [\"{base}/certs/\"]\n"
+    )
+}
+
+async fn spawn(base: &str) -> TestApp {
+    TestApp::spawn_with(&source(base), Default::default()).await
+}
+
+/// A PayPal event body with a fresh id.
+fn event(kind: &str) -> (String, String) {
+    let id = unique_id("WH").replace('_', "-");
+    let body = format!(
+        r#"{{"id":"{id}","event_version":"1.0","create_time":"2026-01-02T03:04:05.000Z","resource_type":"capture","event_type":"{kind}","resource":{{"id":"42311647XV020574X","status":"COMPLETED","amount":{{"currency_code":"USD","value":"45.00"}}}}}}"#
+    );
+    (id, body)
+}
+
+/// `body` signed at `at` for the `paypal` source by `send`'s and `replay`'s signing code, with
+/// `key` and naming `cert_url`.
+fn signed(app: &TestApp, key: &TestKey, cert_url: &str, body: &str, at: i64) -> Delivery {
+    let signing = Signing {
+        key_pem: Some(Secret::new(key.key_pem.clone())),
+        cert_url: Some(cert_url.to_owned()),
+    };
+    let signer = Signer::from_config(&app.config, &signing).expect("the test config signs");
+    let verifier = signer
+        .for_source("paypal")
+        .expect("the paypal source signs");
+    let identity = signing::identity(verifier, body.as_bytes(), None, None);
+    let signed = signing::signed(verifier, body.as_bytes(), at, &identity, None);
+    Delivery {
+        source: "paypal".to_owned(),
+        headers: signed.headers,
+        body: signed.body,
+    }
+}
+
+fn stored(app: &TestApp) -> i64 {
+    app.db.count("events WHERE source = 'paypal'")
+}
+
+#[actix_web::test]
+async fn a_signed_delivery_is_processed_a_redelivery_replays_and_a_tampered_or_stale_one_is_401() {
+    let key = TestKey::new();
+    let (base, server) = cert_server(&key.cert_pem, Duration::ZERO);
+    let app = spawn(&base).await;
+    let cert_url = format!("{base}/certs/CERT-360caa42-fca2a594-a5cafa77");
+    let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
+
+    let first = app
+        .send(&signed(&app, &key, &cert_url, &body, unix_now()))
+        .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert!(!first.replayed());
+    assert_eq!(first.json()["event_id"], id.as_str(), "{}", first.text());
+    assert_eq!(first.json()["event_type"], "PAYMENT.CAPTURE.COMPLETED");
+
+    // PayPal's retry: a new transmission (id, time, signature), the same event.
+    let again = app
+        .send(&signed(&app, &key, &cert_url, &body, unix_now()))
+        .await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(stored(&app), 1);
+
+    // Tampered after signing: the body's CRC32 no longer matches the signed string.
+    let (_, other) = event("PAYMENT.CAPTURE.REFUNDED");
+    let mut tampered = signed(&app, &key, &cert_url, &other, unix_now());
+    tampered.body = other.replace("45.00", "45.01").into_bytes();
+    let answer = app.send(&tampered).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    assert_eq!(answer.code().as_deref(), Some("invalid_signature"));
+
+    // Another key than the certificate's.
+    let wrong = TestKey::new();
+    let answer = app
+        .send(&signed(&app, &wrong, &cert_url, &other, unix_now()))
+        .await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    assert_eq!(answer.code().as_deref(), Some("invalid_signature"));
+
+    // Genuine, but transmitted ten minutes ago, or ten minutes ahead.
+    for skew in [-600, 600] {
+        let answer = app
+            .send(&signed(&app, &key, &cert_url, &other, unix_now() + skew))
+            .await;
+        assert_eq!(answer.status, 401, "{skew}: {}", answer.text());
+        assert_eq!(answer.code().as_deref(), Some("stale_timestamp"));
+    }
+
+    // A weaker algorithm named in the header is not honoured.
+    let mut sha1 = signed(&app, &key, &cert_url, &other, unix_now());
+    for (name, value) in &mut sha1.headers {
+        if name.eq_ignore_ascii_case("PAYPAL-AUTH-ALGO") {
+            *value = "SHA1withRSA".to_owned();
+        }
+    }
+    let answer = app.send(&sha1).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+
+    assert_eq!(stored(&app), 1, "nothing of a refused delivery is stored");
+    assert_eq!(
+        server.requests.load(Ordering::SeqCst),
+        1,
+        "one certificate URL, fetched once"
+    );
+}
+
+#[actix_web::test]
+async fn a_burst_of_fifty_deliveries_fetches_the_certificate_once() {
+    let key = TestKey::new();
+    // A slow certificate host: the burst arrives while the first fetch is under way.
+    let (base, server) = cert_server(&key.cert_pem, Duration::from_millis(500));
+    let app = spawn(&base).await;
+    let cert_url = format!("{base}/certs/CERT-burst");
+    let deliveries: Vec<(String, Delivery)> = (0..50)
+        .map(|_| {
+            let (id, body) = event("CHECKOUT.ORDER.APPROVED");
+            let delivery = signed(&app, &key, &cert_url, &body, unix_now());
+            (id, delivery)
+        })
+        .collect();
+    let answers = join_all(deliveries.iter().map(|(_, delivery)| app.send(delivery))).await;
+    for ((id, _), answer) in deliveries.iter().zip(&answers) {
+        assert_eq!(answer.status, 200, "{id}: {}", answer.text());
+        assert_eq!(answer.json()["event_id"], id.as_str());
+    }
+    assert_eq!(stored(&app), 50);
+    assert_eq!(server.requests.load(Ordering::SeqCst), 1);
+}
+
+#[actix_web::test]
+async fn a_cert_url_outside_the_allowlist_is_401_and_never_fetched() {
+    let key = TestKey::new();
+    let (base, allowed) = cert_server(&key.cert_pem, Duration::ZERO);
+    // Another host:port serving the very certificate that signed: still not to be asked.
+    let (elsewhere, outside) = cert_server(&key.cert_pem, Duration::ZERO);
+    let app = spawn(&base).await;
+    let host_port = base.trim_start_matches("http://");
+    for cert_url in [
+        format!("{elsewhere}/certs/CERT-1"),
+        format!("{base}/other/CERT-1"),
+        format!("{base}/certs/../other/CERT-1"),
+        format!("{base}/certs/%2e%2e/other/CERT-1"),
+        format!("http://paypal@{host_port}/certs/CERT-1"),
+        format!("https://{host_port}/certs/CERT-1"),
+        format!("{base}/certs/CERT-1#x"),
+    ] {
+        let (_, body) = event("PAYMENT.CAPTURE.COMPLETED");
+        let answer = app
+            .send(&signed(&app, &key, &cert_url, &body, unix_now()))
+            .await;
+        assert_eq!(answer.status, 401, "{cert_url}: {}", answer.text());
+        assert_eq!(answer.code().as_deref(), Some("invalid_signature"));
+    }
+    assert_eq!(allowed.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(outside.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(stored(&app), 0);
+}
+
+#[actix_web::test]
+async fn a_failing_certificate_server_gives_503_and_stores_nothing_then_recovers_without_restart() {
+    let key = TestKey::new();
+    let (base, server) = cert_server(&key.cert_pem, Duration::ZERO);
+    server.failing.store(true, Ordering::SeqCst);
+    let app = spawn(&base).await;
+    let cert_url = format!("{base}/certs/CERT-flaky");
+    let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
+
+    let answer = app
+        .send(&signed(&app, &key, &cert_url, &body, unix_now()))
+        .await;
+    assert_eq!(answer.status, 503, "{}", answer.text());
+    assert_eq!(answer.code().as_deref(), Some("unavailable"));
+    assert!(answer.header("retry-after").is_some());
+    assert_eq!(stored(&app), 0);
+
+    // A certificate host that is down (nothing listens) is the same.
+    let (_, nothing) = event("PAYMENT.CAPTURE.COMPLETED");
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        listener.local_addr().expect("its address").port()
+    };
+    let down_app = spawn(&format!("http://127.0.0.1:{closed}")).await;
+    let down_url = format!("http://127.0.0.1:{closed}/certs/CERT-down");
+    let answer = down_app
+        .send(&signed(&down_app, &key, &down_url, &nothing, unix_now()))
+        .await;
+    assert_eq!(answer.status, 503, "{}", answer.text());
+    assert_eq!(stored(&down_app), 0);
+
+    // PayPal retries once the certificate host is back: a fresh fetch, no restart.
+    server.failing.store(false, Ordering::SeqCst);
+    let retry = app
+        .send(&signed(&app, &key, &cert_url, &body, unix_now()))
+        .await;
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert_eq!(retry.json()["event_id"], id.as_str());
+    assert_eq!(stored(&app), 1);
+    assert_eq!(server.requests.load(Ordering::SeqCst), 2);
+}
+
+#[actix_web::test]
+async fn send_signs_as_paypal_with_key_and_cert_url_and_names_a_missing_flag() {
+    let key = TestKey::new();
+    let (base, server) = cert_server(&key.cert_pem, Duration::ZERO);
+    let app = spawn(&base).await;
+    let config = TempFile::new(&config_text(&app.db.url, &source(&base)));
+    let key_file = TempFile::new(&key.key_pem);
+    let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
+    let body_file = TempFile::new(&body);
+    let cert_url = format!("{base}/certs/CERT-send");
+    let (config_path, key_path, body_path) = (config.path(), key_file.path(), body_file.path());
+    let send = |extra: &[&str]| {
+        let mut args = vec![
+            "send",
+            "--to",
+            app.address.as_str(),
+            "--source",
+            "paypal",
+            "--config",
+            config_path.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        args.push(body_path.as_str());
+        args.iter()
+            .map(|a| (*a).to_owned())
+            .collect::<Vec<String>>()
+    };
+
+    let args = send(&["--key", key_path.as_str(), "--cert-url", cert_url.as_str()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, stdout, stderr) = run_hookbox_async(&refs).await;
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&id) && stdout.contains("processed"),
+        "{stdout}"
+    );
+    assert_eq!(stored(&app), 1);
+    assert_eq!(server.requests.load(Ordering::SeqCst), 1);
+
+    let args = send(&["--cert-url", cert_url.as_str()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, stderr) = run_hookbox_async(&refs).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--key"), "{stderr}");
+    assert!(!stderr.contains("PRIVATE KEY"), "{stderr}");
+}
