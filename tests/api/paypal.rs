@@ -319,7 +319,7 @@ async fn a_failing_certificate_server_gives_503_and_stores_nothing_then_recovers
 }
 
 #[actix_web::test]
-async fn send_signs_as_paypal_with_key_and_cert_url_and_names_a_missing_flag() {
+async fn send_and_replay_sign_as_paypal_with_key_and_cert_url_and_name_a_missing_flag() {
     let key = TestKey::new();
     let (base, server) = cert_server(&key.cert_pem, Duration::ZERO);
     let app = spawn(&base).await;
@@ -356,6 +356,43 @@ async fn send_signs_as_paypal_with_key_and_cert_url_and_names_a_missing_flag() {
     );
     assert_eq!(stored(&app), 1);
     assert_eq!(server.requests.load(Ordering::SeqCst), 1);
+
+    // Exported from this server and replayed into a second one, re-signed with the same key.
+    let capture = TempFile::new("");
+    let capture_path = capture.path();
+    let (code, _, stderr) = run_hookbox_async(&[
+        "export",
+        "--config",
+        config_path.as_str(),
+        "--source",
+        "paypal",
+        "--out",
+        capture_path.as_str(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let second = spawn(&base).await;
+    let (code, stdout, stderr) = run_hookbox_async(&[
+        "replay",
+        capture_path.as_str(),
+        "--to",
+        second.address.as_str(),
+        "--config",
+        config_path.as_str(),
+        "--key",
+        key_path.as_str(),
+        "--cert-url",
+        cert_url.as_str(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(stored(&second), 1);
+    let event = second
+        .get(&format!("/admin/events/paypal/{id}"), Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!(event.status, 200, "{}", event.text());
+    assert_eq!(event.json()["event_type"], "PAYMENT.CAPTURE.COMPLETED");
+    assert_eq!(event.json()["payload"], body.as_str(), "{}", event.text());
 
     let args = send(&["--cert-url", cert_url.as_str()]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
