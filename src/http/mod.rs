@@ -47,13 +47,15 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(
         web::resource("/webhooks/{source}")
             .route(web::post().to(webhook::receive))
-            // Only for a source whose provider sends a GET handshake; any other GET is
-            // answered as before, as a method the route does not take.
+            // Only for a source whose provider sends a GET handshake.
             .route(
                 web::get()
                     .guard(actix_web::guard::fn_guard(webhook::answers_get))
                     .to(webhook::receive),
-            ),
+            )
+            // Any other method is answered as every unknown route is, as it was before the
+            // GET handshake existed.
+            .default_service(web::to(not_found)),
     )
     .route("/healthz", web::get().to(ops::healthz))
     .route("/readyz", web::get().to(ops::readyz))
@@ -72,7 +74,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::post().to(admin::requeue_delivery),
     )
     .configure(console::routes)
-    .default_service(web::to(|| async {
-        Err::<actix_web::HttpResponse, _>(ApiError::NotFound)
-    }));
+    .default_service(web::to(not_found));
+}
+
+/// The answer to a path or method no route takes: 404 `not_found`.
+async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::NotFound)
 }

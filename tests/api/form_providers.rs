@@ -214,14 +214,16 @@ async fn braintree_s_challenge_get_is_answered_never_stored_and_counted_as_a_han
     );
 
     // A GET without a well-formed challenge is malformed; a GET to a source whose provider
-    // sends no GET handshake is answered as before (405, not counted as a delivery).
+    // sends no GET handshake is answered as before (404 `not_found`, as any route no method
+    // takes; not counted as a delivery).
     let bad = app.get("/webhooks/braintree?bt_challenge=XYZ", None).await;
     assert_eq!(bad.status, 400, "{}", bad.text());
     assert_eq!(bad.error(), "malformed_payload");
     let stripe = app.get("/webhooks/stripe?bt_challenge=abc", None).await;
-    assert_eq!(stripe.status, 405, "{}", stripe.text());
+    assert_eq!(stripe.status, 404, "{}", stripe.text());
+    assert_eq!(stripe.error(), "not_found");
     let unknown = app.get("/webhooks/nosuchsource", None).await;
-    assert_eq!(unknown.status, 405, "{}", unknown.text());
+    assert_eq!(unknown.status, 404, "{}", unknown.text());
 
     assert_eq!(app.db.count("events"), 0);
     let metrics = app.get("/metrics", None).await.text();
