@@ -309,7 +309,7 @@ impl Activity {
 /// Counts of events purged meanwhile match no row and are dropped.
 fn add_replays(conn: &mut AnyConnection, counts: &[(String, String, u64)]) -> QueryResult<()> {
     for batch in counts.chunks(FLUSH_BATCH) {
-        db::add_replays(conn, batch)?;
+        db::events::add_replays(conn, batch)?;
     }
     Ok(())
 }

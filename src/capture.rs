@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use diesel::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::db::{self, on_backend, AnyConnection};
+use crate::db::events::{self, Exported, Span};
+use crate::db::{self, AnyConnection};
 
 /// Headers a capture never carries, whatever was stored: credentials of the sender's own.
 const NEVER_KEPT: [&str; 4] = [
@@ -150,16 +150,6 @@ pub struct ExportFilter {
     pub until: Option<DateTime<Utc>>,
 }
 
-type StoredRow = (
-    i64,
-    String,
-    String,
-    Option<String>,
-    DateTime<Utc>,
-    serde_json::Value,
-    Vec<u8>,
-);
-
 /// Writes the stored events that `filter` selects to `out` as a capture, oldest first, and
 /// returns how many it wrote.
 ///
@@ -202,45 +192,17 @@ fn export_batch(
     conn: &mut AnyConnection,
     filter: &ExportFilter,
     after: Option<(DateTime<Utc>, i64)>,
-) -> anyhow::Result<Vec<StoredRow>> {
-    Ok(on_backend!(conn, c => {
-    let mut query = events::table
-        .select((
-            events::id,
-            events::source,
-            events::event_id,
-            events::event_type,
-            events::received_at,
-            events::headers,
-            events::payload,
-        ))
-        .order((events::received_at.asc(), events::id.asc()))
-        .limit(EXPORT_BATCH)
-        .into_boxed();
-    if let Some(source) = &filter.source {
-        query = query.filter(events::source.eq(source.clone()));
-    }
-    if let Some(since) = filter.since {
-        query = query.filter(events::received_at.ge(since));
-    }
-    if let Some(until) = filter.until {
-        query = query.filter(events::received_at.lt(until));
-    }
-    if let Some((received_at, id)) = after {
-        // Written as a range on received_at plus a tie-break, so the index on received_at
-        // serves it.
-        query = query.filter(
-            events::received_at
-                .ge(received_at)
-                .and(events::received_at.gt(received_at).or(events::id.gt(id))),
-        );
-    }
-    query.load(c)?
-    }))
+) -> anyhow::Result<Vec<Exported>> {
+    let span = Span {
+        source: filter.source.as_deref(),
+        since: filter.since,
+        until: filter.until,
+    };
+    Ok(events::export_page(conn, span, after, EXPORT_BATCH)?)
 }
 
 /// A stored event as a capture line: only string-valued headers, never a credential.
-fn capture_line(row: StoredRow) -> CaptureLine {
+fn capture_line(row: Exported) -> CaptureLine {
     let (_, source, event_id, event_type, received_at, headers, payload) = row;
     let headers = match headers {
         serde_json::Value::Object(headers) => headers

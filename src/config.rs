@@ -13,6 +13,8 @@ use serde::Deserialize;
 
 use crate::ids::SourceName;
 use crate::secret::Secret;
+pub use crate::store::DatabaseConfig;
+use crate::store::Store;
 use std::sync::Arc;
 
 use crate::providers::{Provider, ProviderError, Registry, Scheme, Standard};
@@ -53,40 +55,9 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
 }
 
-/// `[database]`
-#[derive(Clone)]
-pub struct DatabaseConfig {
-    /// Where events are kept (`DATABASE_URL` overrides): a libpq `postgres://` URL, or
-    /// `sqlite://PATH` / `sqlite::memory:` for the embedded store. It may hold a password, so
-    /// it is shown only through [`DatabaseConfig::display_url`].
-    pub url: String,
-    /// The store `url` names, read once when the config is loaded.
-    pub store: crate::db::Store,
-    /// Whether the URL came from the config or the environment, rather than the default.
-    pub configured: bool,
-    /// The most connections this process opens.
-    pub pool_size: u32,
-}
-
-impl DatabaseConfig {
-    /// The URL with any password replaced, for logs and error messages.
-    pub fn display_url(&self) -> String {
-        crate::redact::database_url(&self.url)
-    }
-}
-
 /// Where events are kept when no database is configured: an SQLite file in the working
 /// directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://hookbox.db";
-
-impl fmt::Debug for DatabaseConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DatabaseConfig")
-            .field("url", &self.display_url())
-            .field("pool_size", &self.pool_size)
-            .finish()
-    }
-}
 
 /// `[retention]`
 #[derive(Debug, Clone)]
@@ -479,7 +450,7 @@ impl RawConfig {
         let url = configured
             .clone()
             .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
-        let store = crate::db::Store::parse(&url).map_err(|e| {
+        let store = Store::parse(&url).map_err(|e| {
             ConfigError::at(
                 "database.url",
                 format!("{:?} {e}", crate::redact::database_url(&url)),

@@ -26,6 +26,7 @@ pub mod secret;
 pub mod send;
 pub mod startup;
 pub mod state;
+pub mod store;
 pub mod telemetry;
 
 pub use config::Config;

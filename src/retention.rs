@@ -145,7 +145,7 @@ fn purge_locked(
                 report.interrupted = true;
                 return Ok(report);
             }
-            let removed = db::purge_batch(conn, source, &named, cutoff, BATCH_SIZE)?;
+            let removed = db::events::purge_batch(conn, source, &named, cutoff, BATCH_SIZE)?;
             for removed_source in &removed {
                 *report.removed.entry(removed_source.clone()).or_default() += 1;
             }
@@ -167,7 +167,7 @@ pub fn dry_run(conn: &mut AnyConnection, plan: &Plan) -> QueryResult<Report> {
     for target in &plan.targets {
         let source = target.source.as_deref();
         let cutoff = cutoff(target, now);
-        let counted = db::count_older(conn, source, &named, cutoff)?;
+        let counted = db::events::count_older(conn, source, &named, cutoff)?;
         for (source, n) in counted {
             *report.removed.entry(source).or_default() += u64::try_from(n).unwrap_or(0);
         }

@@ -1,9 +1,229 @@
-//! The owner of the `events` table: every statement on it is here.
+//! The owner of the `events` table: every statement on it is here. The claim ([`claim`],
+//! [`set_answer`]), the stored-answer reads ([`answers`], [`answer_by_key`]), the admin and
+//! console lists and lookups ([`recent`], [`page`], [`find`], [`row_of`]), `export`'s pages
+//! ([`export_page`]), the retention purge ([`purge_batch`], [`count_older`]), the replay-count
+//! flush ([`add_replays`]) and `/readyz`'s write probe ([`takes_writes`]).
+//!
+//! A source or id no store can hold (see [`storable`]) was never stored: a lookup of one finds
+//! nothing, without asking the database (PostgreSQL would refuse even to compare it).
 
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
 use diesel::prelude::*;
+use diesel::result::Error as DieselError;
+use diesel::sql_types::{Array, BigInt, Text};
 
-use super::{on_backend, AnyConnection};
+use super::{now, on_backend, sqlite, write_transaction, AnyConnection, Conn};
 use crate::ids::storable;
+
+/// An event to claim: one row of the claim's `INSERT`.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEvent<'a> {
+    /// Where it arrived.
+    pub source: &'a str,
+    /// The provider's event id.
+    pub event_id: &'a str,
+    /// The provider's event type, as stored.
+    pub event_type: Option<&'a str>,
+    /// The payload's fingerprint.
+    pub fingerprint: &'a [u8],
+    /// When it was claimed, to the microsecond.
+    pub received_at: DateTime<Utc>,
+    /// The raw body.
+    pub payload: &'a [u8],
+    /// The kept headers, as a JSON object.
+    pub headers: &'a serde_json::Value,
+    /// For a source with `dedupe = "body"`, the payload's key, unique per source.
+    pub dedupe_key: Option<&'a [u8]>,
+    /// The answer, when it is known before the claim (a handler that answers from the event
+    /// alone): claim and answer are then one statement. Otherwise [`set_answer`] stores it in
+    /// the claim's transaction.
+    pub answer: Option<Answer<'a>>,
+}
+
+/// An answer to store with its event.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    /// The HTTP status.
+    pub status: i16,
+    /// The `Content-Type`.
+    pub content_type: &'a str,
+    /// The body, byte for byte.
+    pub body: &'a [u8],
+}
+
+/// A row the claim inserted: this claim owns the event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The event's row, for the handler's own rows and the outbox.
+    pub row: i64,
+    /// The source it was claimed under.
+    pub source: String,
+    /// The event id it was claimed under.
+    pub event_id: String,
+}
+
+/// Claims `rows`, all in one statement: `INSERT ... ON CONFLICT DO NOTHING RETURNING`. A row
+/// that comes back is claimed; one that does not conflicted with a committed event (its id, or
+/// where the source dedupes by body, its payload's key; the index makes a concurrent claim of
+/// either wait for this transaction to end), whose answer [`answers`] or [`answer_by_key`]
+/// read. Rows should be sorted by (source, event id), so that two claims never wait on each
+/// other in opposite orders.
+pub fn claim(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> QueryResult<Vec<Claimed>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let claimed: Vec<(i64, String, String)> = on_backend!(conn, c => {
+        let values: Vec<_> = rows
+            .iter()
+            .map(|row| {
+                let answer = row.answer.as_ref();
+                (
+                    events::source.eq(row.source),
+                    events::event_id.eq(row.event_id),
+                    events::event_type.eq(row.event_type),
+                    events::fingerprint.eq(row.fingerprint),
+                    events::received_at.eq(row.received_at),
+                    events::payload.eq(row.payload),
+                    events::headers.eq(row.headers),
+                    events::dedupe_key.eq(row.dedupe_key),
+                    events::response_status.eq(answer.map(|a| a.status)),
+                    events::response_content_type.eq(answer.map(|a| a.content_type)),
+                    events::response_body.eq(answer.map(|a| a.body)),
+                )
+            })
+            .collect();
+        diesel::insert_into(events::table)
+            .values(&values)
+            .on_conflict_do_nothing()
+            .returning((events::id, events::source, events::event_id))
+            .get_results(c)?
+    });
+    Ok(claimed
+        .into_iter()
+        .map(|(row, source, event_id)| Claimed {
+            row,
+            source,
+            event_id,
+        })
+        .collect())
+}
+
+/// Stores the answer of the event claimed in `row`, in the claim's transaction.
+pub fn set_answer(conn: &mut AnyConnection, row: i64, answer: &Answer<'_>) -> QueryResult<()> {
+    on_backend!(conn, c => diesel::update(events::table.find(row))
+        .set((
+            events::response_status.eq(answer.status),
+            events::response_content_type.eq(answer.content_type),
+            events::response_body.eq(answer.body),
+        ))
+        .execute(c))
+    .map(|_| ())
+}
+
+/// A committed event's answer, as a later delivery of it is answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The event id it is stored under.
+    pub event_id: String,
+    /// The payload's fingerprint, to tell a redelivery from another payload under the same id.
+    pub fingerprint: Vec<u8>,
+    /// When it was claimed.
+    pub received_at: DateTime<Utc>,
+    /// The stored answer; `None` only if a row was committed without one, which the claim
+    /// never does.
+    pub answer: Option<StoredAnswer>,
+}
+
+/// A stored answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAnswer {
+    /// The HTTP status.
+    pub status: i16,
+    /// The `Content-Type`.
+    pub content_type: String,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+}
+
+type StoredRow = (
+    String,
+    Vec<u8>,
+    DateTime<Utc>,
+    Option<i16>,
+    Option<String>,
+    Option<Vec<u8>>,
+);
+
+fn stored((event_id, fingerprint, received_at, status, content_type, body): StoredRow) -> Stored {
+    let answer = match (status, content_type, body) {
+        (Some(status), Some(content_type), Some(body)) => Some(StoredAnswer {
+            status,
+            content_type,
+            body,
+        }),
+        _ => None,
+    };
+    Stored {
+        event_id,
+        fingerprint,
+        received_at,
+        answer,
+    }
+}
+
+/// The columns of a [`StoredRow`], for the backend's `events` in scope.
+macro_rules! stored_columns {
+    () => {
+        (
+            events::event_id,
+            events::fingerprint,
+            events::received_at,
+            events::response_status,
+            events::response_content_type,
+            events::response_body,
+        )
+    };
+}
+
+/// The committed answers of `source`'s events `event_ids` (those stored; in no set order).
+pub fn answers(
+    conn: &mut AnyConnection,
+    source: &str,
+    event_ids: &[&str],
+) -> QueryResult<Vec<Stored>> {
+    let rows: Vec<StoredRow> = match event_ids {
+        [] => Vec::new(),
+        [event_id] => on_backend!(conn, c => events::table
+            .filter(events::source.eq(source))
+            .filter(events::event_id.eq(event_id))
+            .select(stored_columns!())
+            .load(c))?,
+        _ => on_backend!(conn, c => events::table
+            .filter(events::source.eq(source))
+            .filter(events::event_id.eq_any(event_ids))
+            .select(stored_columns!())
+            .load(c))?,
+    };
+    Ok(rows.into_iter().map(stored).collect())
+}
+
+/// The committed answer of `source`'s event stored with the payload key `key` (a source with
+/// `dedupe = "body"`), if there is one.
+pub fn answer_by_key(
+    conn: &mut AnyConnection,
+    source: &str,
+    key: &[u8],
+) -> QueryResult<Option<Stored>> {
+    let row: Option<StoredRow> = on_backend!(conn, c => events::table
+        .filter(events::source.eq(source))
+        .filter(events::dedupe_key.eq(key))
+        .select(stored_columns!())
+        .first(c)
+        .optional())?;
+    Ok(row.map(stored))
+}
 
 /// The row of the event stored under `source` and `event_id`, if there is one.
 pub fn row_of(conn: &mut AnyConnection, source: &str, event_id: &str) -> QueryResult<Option<i64>> {
@@ -16,4 +236,430 @@ pub fn row_of(conn: &mut AnyConnection, source: &str, event_id: &str) -> QueryRe
         .select(events::id)
         .first(c)
         .optional())
+}
+
+/// One stored event, whole, as the admin API and the console show it.
+#[derive(Debug, Queryable)]
+pub struct StoredEvent {
+    /// The provider's event type.
+    pub event_type: Option<String>,
+    /// When it was claimed.
+    pub received_at: DateTime<Utc>,
+    /// The raw body.
+    pub payload: Vec<u8>,
+    /// The kept headers.
+    pub headers: serde_json::Value,
+    /// The stored answer's status.
+    pub status: Option<i16>,
+    /// The stored answer's `Content-Type`.
+    pub content_type: Option<String>,
+    /// The stored answer's body.
+    pub body: Option<Vec<u8>>,
+    /// Replays flushed to the database so far.
+    pub replays: i64,
+}
+
+/// `source`'s stored event `event_id`, if it is stored.
+pub fn find(
+    conn: &mut AnyConnection,
+    source: &str,
+    event_id: &str,
+) -> QueryResult<Option<StoredEvent>> {
+    if !storable(source) || !storable(event_id) {
+        return Ok(None);
+    }
+    on_backend!(conn, c => events::table
+        .filter(events::source.eq(source))
+        .filter(events::event_id.eq(event_id))
+        .select((
+            events::event_type,
+            events::received_at,
+            events::payload,
+            events::headers,
+            events::response_status,
+            events::response_content_type,
+            events::response_body,
+            events::replays,
+        ))
+        .first(c)
+        .optional())
+}
+
+/// An event in the admin API's list: source, event id, type, received time, stored status.
+pub type Summary = (String, String, Option<String>, DateTime<Utc>, Option<i16>);
+
+/// The admin API's list: up to `limit` events, newest first, of `source` (or all) received at
+/// or after `since`.
+pub fn recent(
+    conn: &mut AnyConnection,
+    source: Option<&str>,
+    since: Option<DateTime<Utc>>,
+    limit: i64,
+) -> QueryResult<Vec<Summary>> {
+    if source.is_some_and(|s| !storable(s)) {
+        return Ok(Vec::new());
+    }
+    on_backend!(conn, c => {
+        let mut select = events::table
+            .select((
+                events::source,
+                events::event_id,
+                events::event_type,
+                events::received_at,
+                events::response_status,
+            ))
+            .order((events::received_at.desc(), events::id.desc()))
+            .limit(limit)
+            .into_boxed();
+        if let Some(source) = source {
+            select = select.filter(events::source.eq(source.to_owned()));
+        }
+        if let Some(since) = since {
+            select = select.filter(events::received_at.ge(since));
+        }
+        select.load(c)
+    })
+}
+
+/// Which events the console lists (`None`: any).
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only this source's.
+    pub source: Option<String>,
+    /// Only of this type, as stored.
+    pub event_type: Option<String>,
+    /// Only those received at or after this.
+    pub since: Option<DateTime<Utc>>,
+    /// Only those received before this.
+    pub until: Option<DateTime<Utc>>,
+    /// Only this event id.
+    pub event_id: Option<String>,
+    /// Only those with a dead delivery.
+    pub dead: bool,
+    /// Only those before this `(received_at, row)` in the list: the keyset cursor.
+    pub before: Option<(DateTime<Utc>, i64)>,
+}
+
+/// An event in the console's list: row, source, event id, type, received time, stored status,
+/// replays flushed.
+pub type Listed = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    DateTime<Utc>,
+    Option<i16>,
+    i64,
+);
+
+/// The console's list: up to `limit` events that `filter` selects, newest first.
+pub fn page(conn: &mut AnyConnection, filter: Filter, limit: i64) -> QueryResult<Vec<Listed>> {
+    if [&filter.source, &filter.event_id]
+        .into_iter()
+        .flatten()
+        .any(|v| !storable(v))
+    {
+        return Ok(Vec::new());
+    }
+    on_backend!(conn, c => {
+        let mut select = events::table
+            .select((
+                events::id,
+                events::source,
+                events::event_id,
+                events::event_type,
+                events::received_at,
+                events::response_status,
+                events::replays,
+            ))
+            .order((events::received_at.desc(), events::id.desc()))
+            .limit(limit)
+            .into_boxed();
+        if let Some(source) = filter.source {
+            select = select.filter(events::source.eq(source));
+        }
+        if let Some(event_type) = filter.event_type {
+            select = select.filter(events::event_type.eq(event_type));
+        }
+        if let Some(since) = filter.since {
+            select = select.filter(events::received_at.ge(since));
+        }
+        if let Some(until) = filter.until {
+            select = select.filter(events::received_at.lt(until));
+        }
+        if let Some(id) = filter.event_id {
+            select = select.filter(events::event_id.eq(id));
+        }
+        if filter.dead {
+            select = select.filter(
+                events::id.eq_any(
+                    deliveries::table
+                        .filter(deliveries::state.eq("dead"))
+                        .select(deliveries::event_row),
+                ),
+            );
+        }
+        if let Some((at, id)) = filter.before {
+            // `(received_at, id) < (at, id)`, written so the index on received_at bounds the
+            // scan.
+            select = select
+                .filter(events::received_at.le(at))
+                .filter(events::received_at.lt(at).or(events::id.lt(id)));
+        }
+        select.load(c)
+    })
+}
+
+/// An event as `export` writes it: row, source, event id, type, received time, headers, payload.
+pub type Exported = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    DateTime<Utc>,
+    serde_json::Value,
+    Vec<u8>,
+);
+
+/// Which events `export` writes (`None`: any).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Span<'a> {
+    /// Only this source's.
+    pub source: Option<&'a str>,
+    /// Only those received at or after this.
+    pub since: Option<DateTime<Utc>>,
+    /// Only those received before this.
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// A page of `export`: up to `limit` events of `span`, oldest first, after the
+/// `(received_at, row)` of `after`.
+pub fn export_page(
+    conn: &mut AnyConnection,
+    span: Span<'_>,
+    after: Option<(DateTime<Utc>, i64)>,
+    limit: i64,
+) -> QueryResult<Vec<Exported>> {
+    on_backend!(conn, c => {
+        let mut query = events::table
+            .select((
+                events::id,
+                events::source,
+                events::event_id,
+                events::event_type,
+                events::received_at,
+                events::headers,
+                events::payload,
+            ))
+            .order((events::received_at.asc(), events::id.asc()))
+            .limit(limit)
+            .into_boxed();
+        if let Some(source) = span.source {
+            query = query.filter(events::source.eq(source.to_owned()));
+        }
+        if let Some(since) = span.since {
+            query = query.filter(events::received_at.ge(since));
+        }
+        if let Some(until) = span.until {
+            query = query.filter(events::received_at.lt(until));
+        }
+        if let Some((received_at, id)) = after {
+            // Written as a range on received_at plus a tie-break, so the index on received_at
+            // serves it.
+            query = query.filter(
+                events::received_at
+                    .ge(received_at)
+                    .and(events::received_at.gt(received_at).or(events::id.gt(id))),
+            );
+        }
+        query.load(c)
+    })
+}
+
+/// A row of a purge batch's `RETURNING source` (either store).
+#[derive(diesel::QueryableByName)]
+struct Removed {
+    #[diesel(sql_type = Text)]
+    source: String,
+}
+
+/// A row of a dry run's `SELECT source, count(*) AS n ... GROUP BY source` (either store).
+#[derive(diesel::QueryableByName)]
+struct Counted {
+    #[diesel(sql_type = Text)]
+    source: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// The `WHERE` of a purge target, with its binds in order: the cutoff, then the source or the
+/// names to leave out (an array on PostgreSQL, a JSON array on SQLite).
+fn purge_filter(conn: &AnyConnection, source: Option<&str>) -> &'static str {
+    match (conn, source) {
+        (AnyConnection::Postgres(_), Some(_)) => "source = $2 AND received_at < $1",
+        (AnyConnection::Postgres(_), None) => "source <> ALL($2) AND received_at < $1",
+        (AnyConnection::Sqlite(_), Some(_)) => "source = ?2 AND received_at < ?1",
+        (AnyConnection::Sqlite(_), None) => {
+            "source NOT IN (SELECT value FROM json_each(?2)) AND received_at < ?1"
+        }
+    }
+}
+
+/// Runs a purge statement `sql` with its binds: the cutoff, then `source` or `named`.
+fn purge_statement<R>(
+    conn: &mut AnyConnection,
+    sql: &str,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+) -> QueryResult<Vec<R>>
+where
+    R: diesel::QueryableByName<diesel::pg::Pg>
+        + diesel::QueryableByName<diesel::sqlite::Sqlite>
+        + 'static,
+{
+    match conn {
+        AnyConnection::Postgres(c) => {
+            let query = diesel::sql_query(sql).bind::<super::pg::Instant, _>(cutoff);
+            match source {
+                Some(source) => query.bind::<Text, _>(source).load(c),
+                None => query.bind::<Array<Text>, _>(named).load(c),
+            }
+        }
+        AnyConnection::Sqlite(c) => {
+            let query = diesel::sql_query(sql).bind::<sqlite::Instant, _>(cutoff);
+            match source {
+                Some(source) => query.bind::<Text, _>(source).load(c),
+                None => {
+                    let named = serde_json::to_string(named).expect("a list of strings serializes");
+                    query.bind::<Text, _>(named).load(c)
+                }
+            }
+        }
+    }
+}
+
+/// Deletes up to `limit` events received before `cutoff`, of `source` (or of every source but
+/// `named`); returns the source of each row removed. Batches by `ctid` on PostgreSQL and by
+/// `rowid` on SQLite.
+pub fn purge_batch(
+    conn: &mut AnyConnection,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+    limit: i64,
+) -> QueryResult<Vec<String>> {
+    let filter = purge_filter(conn, source);
+    let sql = match conn {
+        AnyConnection::Postgres(_) => format!(
+            "DELETE FROM events WHERE ctid = ANY(ARRAY(\
+                SELECT ctid FROM events WHERE {filter} LIMIT {limit})) \
+             RETURNING source"
+        ),
+        AnyConnection::Sqlite(_) => format!(
+            "DELETE FROM events WHERE rowid IN (\
+                SELECT rowid FROM events WHERE {filter} LIMIT {limit}) \
+             RETURNING source"
+        ),
+    };
+    let removed: Vec<Removed> = purge_statement(conn, &sql, source, named, cutoff)?;
+    Ok(removed.into_iter().map(|r| r.source).collect())
+}
+
+/// How many events [`purge_batch`] would remove in all, by source.
+pub fn count_older(
+    conn: &mut AnyConnection,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+) -> QueryResult<Vec<(String, i64)>> {
+    let sql = format!(
+        "SELECT source, count(*) AS n FROM events WHERE {} GROUP BY source",
+        purge_filter(conn, source)
+    );
+    let counted: Vec<Counted> = purge_statement(conn, &sql, source, named, cutoff)?;
+    Ok(counted.into_iter().map(|c| (c.source, c.n)).collect())
+}
+
+/// Adds replay counts (source, event id, count) to `events.replays`: one
+/// `UPDATE ... FROM unnest(...)` on PostgreSQL, one UPDATE per event in one transaction on
+/// SQLite.
+pub fn add_replays(conn: &mut AnyConnection, batch: &[(String, String, u64)]) -> QueryResult<()> {
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    match conn {
+        AnyConnection::Postgres(c) => {
+            let sources: Vec<&str> = batch.iter().map(|(s, _, _)| s.as_str()).collect();
+            let ids: Vec<&str> = batch.iter().map(|(_, id, _)| id.as_str()).collect();
+            let ns: Vec<i64> = batch.iter().map(|(_, _, n)| count(*n)).collect();
+            diesel::sql_query(
+                "UPDATE events AS e SET replays = e.replays + v.n \
+                 FROM unnest($1, $2, $3) AS v(source, event_id, n) \
+                 WHERE e.source = v.source AND e.event_id = v.event_id",
+            )
+            .bind::<Array<Text>, _>(&sources)
+            .bind::<Array<Text>, _>(&ids)
+            .bind::<Array<BigInt>, _>(&ns)
+            .execute(c)
+            .map(|_| ())
+        }
+        AnyConnection::Sqlite(c) => c.immediate_transaction(|c| {
+            for (source, event_id, n) in batch {
+                diesel::sql_query(
+                    "UPDATE events SET replays = replays + ?1 WHERE source = ?2 AND event_id = ?3",
+                )
+                .bind::<BigInt, _>(count(*n))
+                .bind::<Text, _>(source)
+                .bind::<Text, _>(event_id)
+                .execute(c)?;
+            }
+            Ok(())
+        }),
+    }
+}
+
+/// Whether the store takes a write as a claim makes one: an event claimed and answered with
+/// the claim's own statements, then rolled back, so `/readyz` says not ready when hookbox's role lost `INSERT` or `UPDATE`, or
+/// the SQLite file went read-only. On SQLite a write lock held by another writer past a short
+/// wait counts as ready: the store is evidently taking writes.
+pub fn takes_writes(conn: &mut Conn) -> QueryResult<()> {
+    let probe_id = format!(
+        "readyz-{}-{}",
+        std::process::id(),
+        Utc::now().timestamp_micros()
+    );
+    let deadline = Instant::now() + Duration::from_millis(250);
+    let result = conn.waiting_until(deadline, |conn| {
+        write_transaction(conn, |conn| -> QueryResult<()> {
+            let headers = serde_json::json!({});
+            let probe = NewEvent {
+                source: "_readyz",
+                event_id: &probe_id,
+                event_type: None,
+                fingerprint: &[0],
+                received_at: now(),
+                payload: b"",
+                headers: &headers,
+                dedupe_key: None,
+                answer: None,
+            };
+            for claimed in claim(conn, &[probe])? {
+                let answer = Answer {
+                    status: 200,
+                    content_type: "text/plain",
+                    body: b"",
+                };
+                set_answer(conn, claimed.row, &answer)?;
+            }
+            Err(DieselError::RollbackTransaction)
+        })
+    });
+    match result {
+        Err(DieselError::RollbackTransaction) => Ok(()),
+        Err(e) if sqlite::is_busy(&e) => Ok(()),
+        Err(e) => {
+            conn.note(&e);
+            Err(e)
+        }
+        Ok(()) => Ok(()),
+    }
 }

@@ -22,14 +22,13 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use diesel::connection::{AnsiTransactionManager, TransactionManager};
 use diesel::pg::PgConnection;
-use diesel::prelude::*;
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
-use crate::config::DatabaseConfig;
+pub use crate::store::{DatabaseConfig, Store};
 
 /// A connection to either store. Handlers get one: diesel's query builder and `sql_query`
 /// work on it as on either backend (through diesel's `MultiBackend`), and a handler that needs
@@ -73,62 +72,6 @@ pub use on_backend;
 #[doc(hidden)]
 pub fn as_any(conn: &mut AnyConnection) -> &mut AnyConnection {
     conn
-}
-
-/// Where the events are kept, as `database.url` says. Its `Debug` shows a PostgreSQL URL
-/// redacted.
-#[derive(Clone, PartialEq, Eq)]
-pub enum Store {
-    /// A PostgreSQL server: the URL as given.
-    Postgres(String),
-    /// An SQLite file at this path.
-    SqliteFile(String),
-    /// An SQLite database in memory, gone when the process ends.
-    SqliteMemory,
-}
-
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Store::Postgres(url) => f
-                .debug_tuple("Postgres")
-                .field(&crate::redact::database_url(url))
-                .finish(),
-            Store::SqliteFile(path) => f.debug_tuple("SqliteFile").field(path).finish(),
-            Store::SqliteMemory => f.write_str("SqliteMemory"),
-        }
-    }
-}
-
-impl Store {
-    /// Reads a `database.url`: `postgres://` or `postgresql://`, `sqlite://PATH` (relative to
-    /// the working directory; `sqlite:///abs/path` for an absolute one) or `sqlite::memory:`.
-    pub fn parse(url: &str) -> Result<Store, String> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(Store::Postgres(url.to_owned()));
-        }
-        if url == "sqlite::memory:" || url == "sqlite://:memory:" {
-            return Ok(Store::SqliteMemory);
-        }
-        if let Some(path) = url.strip_prefix("sqlite://") {
-            if path.is_empty() {
-                return Err("needs a file path, as in sqlite://hookbox.db".to_owned());
-            }
-            return Ok(Store::SqliteFile(path.to_owned()));
-        }
-        Err("is not a postgres:// URL, a sqlite://PATH or sqlite::memory:".to_owned())
-    }
-
-    /// How many threads write batched claims (see [`crate::inbox::Batcher`]) with a pool of
-    /// `pool_size`. On PostgreSQL a writer per four connections: enough to keep batches flowing
-    /// while one is in the database, with the rest of the pool free for the other work. SQLite
-    /// has one writer at a time, so one.
-    pub fn claim_writers(&self, pool_size: u32) -> usize {
-        match self {
-            Store::Postgres(_) => (pool_size as usize / 4).clamp(1, 8),
-            Store::SqliteFile(_) | Store::SqliteMemory => 1,
-        }
-    }
 }
 
 /// The migrations of each backend, compiled into the binary.
@@ -428,49 +371,6 @@ impl Failure {
     }
 }
 
-/// Whether the store takes a write as a claim makes one: an event inserted and updated, then
-/// rolled back, so `/readyz` says not ready when hookbox's role lost `INSERT` or `UPDATE`, or
-/// the SQLite file went read-only. On SQLite a write lock held by another writer past a short
-/// wait counts as ready: the store is evidently taking writes.
-pub fn takes_writes(conn: &mut Conn) -> QueryResult<()> {
-    let probe_id = format!(
-        "readyz-{}-{}",
-        std::process::id(),
-        Utc::now().timestamp_micros()
-    );
-    let deadline = Instant::now() + Duration::from_millis(250);
-    let result = conn.waiting_until(deadline, |conn| {
-        write_transaction(conn, |conn| -> QueryResult<()> {
-            on_backend!(conn, c => {
-                let id: i64 = diesel::insert_into(events::table)
-                    .values((
-                        events::source.eq("_readyz"),
-                        events::event_id.eq(&probe_id),
-                        events::fingerprint.eq(&[0u8][..]),
-                        events::received_at.eq(now()),
-                        events::payload.eq(&b""[..]),
-                        events::headers.eq(serde_json::json!({})),
-                    ))
-                    .returning(events::id)
-                    .get_result(c)?;
-                diesel::update(events::table.find(id))
-                    .set(events::replays.eq(events::replays))
-                    .execute(c)?;
-            });
-            Err(DieselError::RollbackTransaction)
-        })
-    });
-    match result {
-        Err(DieselError::RollbackTransaction) => Ok(()),
-        Err(e) if sqlite::is_busy(&e) => Ok(()),
-        Err(e) => {
-            conn.note(&e);
-            Err(e)
-        }
-        Ok(()) => Ok(()),
-    }
-}
-
 /// Whether the error means the connection is gone, rather than that a statement failed.
 pub fn is_connection_error(error: &DieselError) -> bool {
     matches!(
@@ -714,22 +614,6 @@ pub fn is_lock_timeout(error: &DieselError) -> bool {
     pg::is_lock_timeout(error) || sqlite::is_busy(error)
 }
 
-/// A row of a purge batch's `RETURNING source` (either store).
-#[derive(diesel::QueryableByName)]
-struct Removed {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    source: String,
-}
-
-/// A row of a dry run's `SELECT source, count(*) AS n ... GROUP BY source` (either store).
-#[derive(diesel::QueryableByName)]
-struct Counted {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    source: String,
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    n: i64,
-}
-
 /// Takes the purge lock if no other instance holds it. On SQLite there is none to take: the
 /// store is one machine's file, and each purge batch is a write of its own, so two passes at
 /// once only share the work.
@@ -748,47 +632,11 @@ pub fn unlock_purge(conn: &mut AnyConnection) -> QueryResult<()> {
     }
 }
 
-/// Deletes up to `limit` events received before `cutoff`, of `source` (or of every source but
-/// `named`); returns the source of each row removed.
-pub fn purge_batch(
-    conn: &mut AnyConnection,
-    source: Option<&str>,
-    named: &[String],
-    cutoff: DateTime<Utc>,
-    limit: i64,
-) -> QueryResult<Vec<String>> {
-    match conn {
-        AnyConnection::Postgres(c) => pg::purge_batch(c, source, named, cutoff, limit),
-        AnyConnection::Sqlite(c) => sqlite::purge_batch(c, source, named, cutoff, limit),
-    }
-}
-
 /// Between two writes of a long job (purge batches): a pause on SQLite, so the writers waiting
 /// on its one write lock get it; nothing on PostgreSQL, where they do not wait on each other.
 pub fn between_batches(conn: &AnyConnection) {
     if let AnyConnection::Sqlite(_) = conn {
         std::thread::sleep(sqlite::YIELD_TO_WRITERS);
-    }
-}
-
-/// How many events [`purge_batch`] would remove in all, by source.
-pub fn count_older(
-    conn: &mut AnyConnection,
-    source: Option<&str>,
-    named: &[String],
-    cutoff: DateTime<Utc>,
-) -> QueryResult<Vec<(String, i64)>> {
-    match conn {
-        AnyConnection::Postgres(c) => pg::count_older(c, source, named, cutoff),
-        AnyConnection::Sqlite(c) => sqlite::count_older(c, source, named, cutoff),
-    }
-}
-
-/// Adds replay counts (source, event id, count) to `events.replays`.
-pub fn add_replays(conn: &mut AnyConnection, batch: &[(String, String, u64)]) -> QueryResult<()> {
-    match conn {
-        AnyConnection::Postgres(c) => pg::add_replays(c, batch),
-        AnyConnection::Sqlite(c) => sqlite::add_replays(c, batch),
     }
 }
 
@@ -818,38 +666,4 @@ pub fn checkpoint_on_stop(pool: &DbPool) {
 pub fn now() -> DateTime<Utc> {
     DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is a representable time")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Store;
-
-    #[test]
-    fn database_urls_name_their_store() {
-        let cases = [
-            (
-                "postgres://u@h:5432/db",
-                Store::Postgres("postgres://u@h:5432/db".to_owned()),
-            ),
-            (
-                "postgresql://h/db",
-                Store::Postgres("postgresql://h/db".to_owned()),
-            ),
-            (
-                "sqlite://hookbox.db",
-                Store::SqliteFile("hookbox.db".to_owned()),
-            ),
-            (
-                "sqlite:///var/lib/hookbox/events.db",
-                Store::SqliteFile("/var/lib/hookbox/events.db".to_owned()),
-            ),
-            ("sqlite::memory:", Store::SqliteMemory),
-        ];
-        for (url, store) in cases {
-            assert_eq!(Store::parse(url), Ok(store), "{url}");
-        }
-        for bad in ["sqlite://", "mysql://h/db", "hookbox.db", ""] {
-            assert!(Store::parse(bad).is_err(), "{bad:?}");
-        }
-    }
 }

@@ -3,14 +3,11 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use diesel::sql_types::{Array, BigInt, Bool, Text};
-
-use super::{Counted, Removed};
+use diesel::sql_types::{BigInt, Bool};
 
 /// The SQL type of hookbox's times on this backend.
 pub type Instant = diesel::sql_types::Timestamptz;
@@ -81,77 +78,6 @@ pub fn unlock_purge(conn: &mut PgConnection) -> QueryResult<()> {
         .bind::<BigInt, _>(PURGE_LOCK_KEY)
         .get_result::<Locked>(conn)
         .map(|_| ())
-}
-
-/// The `WHERE` of a purge target, with its binds in order: `$1` the cutoff, `$2` the source or
-/// the names to leave out.
-fn filter(source: Option<&str>) -> &'static str {
-    match source {
-        Some(_) => "source = $2 AND received_at < $1",
-        None => "source <> ALL($2) AND received_at < $1",
-    }
-}
-
-/// Deletes up to `limit` events older than `cutoff`, of `source` (or of every source but
-/// `named`); returns the source of each row removed.
-pub fn purge_batch(
-    conn: &mut PgConnection,
-    source: Option<&str>,
-    named: &[String],
-    cutoff: DateTime<Utc>,
-    limit: i64,
-) -> QueryResult<Vec<String>> {
-    let sql = format!(
-        "DELETE FROM events WHERE ctid = ANY(ARRAY(\
-            SELECT ctid FROM events WHERE {} LIMIT {limit})) \
-         RETURNING source",
-        filter(source)
-    );
-    let query = diesel::sql_query(&sql).bind::<Instant, _>(cutoff);
-    let removed: Vec<Removed> = match source {
-        Some(source) => query.bind::<Text, _>(source).load(conn)?,
-        None => query.bind::<Array<Text>, _>(named).load(conn)?,
-    };
-    Ok(removed.into_iter().map(|r| r.source).collect())
-}
-
-/// How many events `purge_batch` would remove in all, by source.
-pub fn count_older(
-    conn: &mut PgConnection,
-    source: Option<&str>,
-    named: &[String],
-    cutoff: DateTime<Utc>,
-) -> QueryResult<Vec<(String, i64)>> {
-    let sql = format!(
-        "SELECT source, count(*) AS n FROM events WHERE {} GROUP BY source",
-        filter(source)
-    );
-    let query = diesel::sql_query(&sql).bind::<Instant, _>(cutoff);
-    let counted: Vec<Counted> = match source {
-        Some(source) => query.bind::<Text, _>(source).load(conn)?,
-        None => query.bind::<Array<Text>, _>(named).load(conn)?,
-    };
-    Ok(counted.into_iter().map(|c| (c.source, c.n)).collect())
-}
-
-/// Adds replay counts (source, event id, count) to `events.replays` in one statement.
-pub fn add_replays(conn: &mut PgConnection, batch: &[(String, String, u64)]) -> QueryResult<()> {
-    let sources: Vec<&str> = batch.iter().map(|(s, _, _)| s.as_str()).collect();
-    let ids: Vec<&str> = batch.iter().map(|(_, id, _)| id.as_str()).collect();
-    let ns: Vec<i64> = batch
-        .iter()
-        .map(|(_, _, n)| i64::try_from(*n).unwrap_or(i64::MAX))
-        .collect();
-    diesel::sql_query(
-        "UPDATE events AS e SET replays = e.replays + v.n \
-         FROM unnest($1, $2, $3) AS v(source, event_id, n) \
-         WHERE e.source = v.source AND e.event_id = v.event_id",
-    )
-    .bind::<Array<Text>, _>(&sources)
-    .bind::<Array<Text>, _>(&ids)
-    .bind::<Array<BigInt>, _>(&ns)
-    .execute(conn)
-    .map(|_| ())
 }
 
 /// Whether the error says a duplicate waited on another transaction's claim past the lock

@@ -9,14 +9,10 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::SqliteConnection;
-
-use super::{Counted, Removed};
 
 /// How long a long job of many write transactions (a purge) pauses between them, so writers
 /// waiting for the lock get it: SQLite's busy handler sleeps up to 100 ms between its tries.
@@ -56,79 +52,6 @@ struct Checkpoint {
 pub fn checkpoint(conn: &mut SqliteConnection) -> QueryResult<bool> {
     let done: Checkpoint = diesel::sql_query("PRAGMA wal_checkpoint(TRUNCATE)").get_result(conn)?;
     Ok(done.busy == 0)
-}
-
-/// The `WHERE` of a purge target: `?1` the cutoff, `?2` the source or the names to leave
-/// out (a JSON array).
-fn filter(source: Option<&str>) -> &'static str {
-    match source {
-        Some(_) => "source = ?2 AND received_at < ?1",
-        None => "source NOT IN (SELECT value FROM json_each(?2)) AND received_at < ?1",
-    }
-}
-
-fn named_json(named: &[String]) -> String {
-    serde_json::to_string(named).expect("a list of strings serializes")
-}
-
-/// See [`super::pg::purge_batch`].
-pub fn purge_batch(
-    conn: &mut SqliteConnection,
-    source: Option<&str>,
-    named: &[String],
-    cutoff: DateTime<Utc>,
-    limit: i64,
-) -> QueryResult<Vec<String>> {
-    let sql = format!(
-        "DELETE FROM events WHERE rowid IN (\
-            SELECT rowid FROM events WHERE {} LIMIT {limit}) \
-         RETURNING source",
-        filter(source)
-    );
-    let query = diesel::sql_query(&sql).bind::<Instant, _>(cutoff);
-    let removed: Vec<Removed> = match source {
-        Some(source) => query.bind::<Text, _>(source).load(conn)?,
-        None => query.bind::<Text, _>(named_json(named)).load(conn)?,
-    };
-    Ok(removed.into_iter().map(|r| r.source).collect())
-}
-
-/// See [`super::pg::count_older`].
-pub fn count_older(
-    conn: &mut SqliteConnection,
-    source: Option<&str>,
-    named: &[String],
-    cutoff: DateTime<Utc>,
-) -> QueryResult<Vec<(String, i64)>> {
-    let sql = format!(
-        "SELECT source, count(*) AS n FROM events WHERE {} GROUP BY source",
-        filter(source)
-    );
-    let query = diesel::sql_query(&sql).bind::<Instant, _>(cutoff);
-    let counted: Vec<Counted> = match source {
-        Some(source) => query.bind::<Text, _>(source).load(conn)?,
-        None => query.bind::<Text, _>(named_json(named)).load(conn)?,
-    };
-    Ok(counted.into_iter().map(|c| (c.source, c.n)).collect())
-}
-
-/// See [`super::pg::add_replays`]: one UPDATE per event, in one transaction.
-pub fn add_replays(
-    conn: &mut SqliteConnection,
-    batch: &[(String, String, u64)],
-) -> QueryResult<()> {
-    conn.immediate_transaction(|conn| {
-        for (source, event_id, n) in batch {
-            diesel::sql_query(
-                "UPDATE events SET replays = replays + ?1 WHERE source = ?2 AND event_id = ?3",
-            )
-            .bind::<BigInt, _>(i64::try_from(*n).unwrap_or(i64::MAX))
-            .bind::<Text, _>(source)
-            .bind::<Text, _>(event_id)
-            .execute(conn)?;
-        }
-        Ok(())
-    })
 }
 
 /// Whether the error is SQLite's "database is locked": the write lock was not had within the

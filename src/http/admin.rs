@@ -4,15 +4,14 @@
 use actix_web::{web, HttpResponse};
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use diesel::prelude::*;
+use diesel::QueryResult;
 use serde::Deserialize;
 
 use crate::config::parse_time_or_ago;
 use crate::db::deliveries::{self, DeliveryView};
-use crate::db::{self, on_backend, AnyConnection};
+use crate::db::{self, AnyConnection};
 use crate::http::auth::{Admin, Bearer};
 use crate::http::{with_db, ApiError};
-use crate::ids::storable;
 use crate::state::AppState;
 
 const DEFAULT_LIMIT: i64 = 100;
@@ -31,8 +30,6 @@ fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
     parse_time_or_ago(text, Utc::now()).map_err(|e| ApiError::InvalidQuery(format!("since: {e}")))
 }
 
-type Summary = (String, String, Option<String>, DateTime<Utc>, Option<i16>);
-
 /// `GET /admin/events?source=&since=&limit=`: newest first.
 pub async fn list_events(
     state: web::Data<AppState>,
@@ -47,30 +44,8 @@ pub async fn list_events(
             "limit must be between 1 and {MAX_LIMIT}"
         )));
     }
-    let rows: Vec<Summary> = with_db(&state, "admin query", move |conn| {
-        on_backend!(conn, c => {
-        let mut select = events::table
-            .select((
-                events::source,
-                events::event_id,
-                events::event_type,
-                events::received_at,
-                events::response_status,
-            ))
-            .order((events::received_at.desc(), events::id.desc()))
-            .limit(limit)
-            .into_boxed();
-        if let Some(source) = query.source.clone() {
-            if !storable(&source) {
-                return Ok(Vec::new());
-            }
-            select = select.filter(events::source.eq(source));
-        }
-        if let Some(since) = since {
-            select = select.filter(events::received_at.ge(since));
-        }
-        select.load(c)
-        })
+    let rows = with_db(&state, "admin query", move |conn| {
+        db::events::recent(conn, query.source.as_deref(), since, limit)
     })
     .await?;
     let events: Vec<_> = rows
@@ -88,47 +63,6 @@ pub async fn list_events(
     Ok(HttpResponse::Ok().json(serde_json::json!({ "events": events })))
 }
 
-/// One stored event, whole, as the admin API and the console show it.
-#[derive(Queryable)]
-pub(super) struct StoredEvent {
-    pub event_type: Option<String>,
-    pub received_at: DateTime<Utc>,
-    pub payload: Vec<u8>,
-    pub headers: serde_json::Value,
-    pub status: Option<i16>,
-    pub content_type: Option<String>,
-    pub body: Option<Vec<u8>>,
-    /// Replays flushed to the database so far.
-    pub replays: i64,
-}
-
-/// `source`'s stored event `event_id`, if it is stored.
-pub(super) fn stored_event(
-    conn: &mut AnyConnection,
-    source: &str,
-    event_id: &str,
-) -> QueryResult<Option<StoredEvent>> {
-    // A value no store can hold was never stored (PostgreSQL would refuse even to compare it).
-    if !storable(source) || !storable(event_id) {
-        return Ok(None);
-    }
-    on_backend!(conn, c => events::table
-        .filter(events::source.eq(source))
-        .filter(events::event_id.eq(event_id))
-        .select((
-            events::event_type,
-            events::received_at,
-            events::payload,
-            events::headers,
-            events::response_status,
-            events::response_content_type,
-            events::response_body,
-            events::replays,
-        ))
-        .first(c)
-        .optional())
-}
-
 /// `GET /admin/events/{source}/{event_id}`: the stored event and its stored answer.
 pub async fn get_event(
     state: web::Data<AppState>,
@@ -138,7 +72,7 @@ pub async fn get_event(
     let (source, event_id) = path.into_inner();
     let stored = with_db(&state, "admin query", {
         let (source, event_id) = (source.clone(), event_id.clone());
-        move |conn| stored_event(conn, &source, &event_id)
+        move |conn| db::events::find(conn, &source, &event_id)
     })
     .await?
     .ok_or(ApiError::NotFound)?;

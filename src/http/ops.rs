@@ -37,7 +37,7 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
             Ok(false) => return Err(NotReady::Pending),
             Err(e) => return Err(NotReady::Failed(db::Failure::Other, format!("{e:#}"))),
         }
-        db::takes_writes(&mut conn)
+        db::events::takes_writes(&mut conn)
             .map_err(|e| NotReady::Failed(db::Failure::of(&e), e.to_string()))
     })
     .await

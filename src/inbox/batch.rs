@@ -17,15 +17,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 
 use chrono::{DateTime, Utc};
-use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 use super::{
-    claim, event, run_handler, status_column, ClaimError, Delivery, Outcome, StoredResponse,
+    answer, claim, event, new_event, run_handler, ClaimError, Delivery, Outcome, StoredResponse,
 };
-use crate::db::{self, on_backend, AnyConnection, DbPool};
+use crate::db::{self, events, AnyConnection, DbPool};
 use crate::handlers::{Handler, Response};
-use crate::ids::EventType;
 
 /// Claims one INSERT carries at most.
 pub const MAX_BATCH: usize = 64;
@@ -241,50 +239,24 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
 
 type Groups = BTreeMap<(String, String), Vec<(Job, Response)>>;
 
-/// The multi-row INSERT; returns the keys it claimed.
+/// The multi-row INSERT of each group's first delivery; returns the keys it claimed.
 fn insert(
     conn: &mut AnyConnection,
     groups: &Groups,
     received_at: DateTime<Utc>,
 ) -> Result<std::collections::BTreeSet<(String, String)>, DieselError> {
-    let claimed: Vec<(String, String)> = on_backend!(conn, c => {
     let rows: Vec<_> = groups
         .values()
         .map(|jobs| {
             let (job, response) = &jobs[0];
-            let d = &job.delivery;
-            (
-                events::source.eq(d.source.as_str()),
-                events::event_id.eq(d.event_id.as_str()),
-                events::event_type.eq(d.event_type.as_ref().map(EventType::as_str)),
-                events::fingerprint.eq(&d.fingerprint[..]),
-                events::received_at.eq(received_at),
-                events::payload.eq(&d.body[..]),
-                events::headers.eq(&d.headers),
-                events::response_status.eq(status_column(response)),
-                events::response_content_type.eq(&response.content_type),
-                events::response_body.eq(&response.body),
-            )
+            new_event(&job.delivery, received_at, Some(answer(response)))
         })
         .collect();
-    diesel::insert_into(events::table)
-        .values(&rows)
-        .on_conflict((events::source, events::event_id))
-        .do_nothing()
-        .returning((events::source, events::event_id))
-        .get_results(c)?
-    });
-    Ok(claimed.into_iter().collect())
+    Ok(events::claim(conn, &rows)?
+        .into_iter()
+        .map(|claimed| (claimed.source, claimed.event_id))
+        .collect())
 }
-
-type StoredRow = (
-    String,
-    Vec<u8>,
-    DateTime<Utc>,
-    Option<i16>,
-    Option<String>,
-    Option<Vec<u8>>,
-);
 
 /// Answers the groups whose rows another delivery committed, from what it stored, and returns
 /// those it could not answer so (purged meanwhile, or the read failed), to be claimed one by one.
@@ -298,29 +270,13 @@ fn answer_from_store(conn: &mut db::DbConnection, groups: Groups) -> Groups {
     }
     let mut found: BTreeMap<(String, String), (Vec<u8>, StoredResponse)> = BTreeMap::new();
     for (source, ids) in by_source {
-        let rows: Result<Vec<StoredRow>, _> = on_backend!(&mut **conn, c => events::table
-            .filter(events::source.eq(&source))
-            .filter(events::event_id.eq_any(&ids))
-            .select((
-                events::event_id,
-                events::fingerprint,
-                events::received_at,
-                events::response_status,
-                events::response_content_type,
-                events::response_body,
-            ))
-            .load(c));
-        let Ok(rows) = rows.map_err(|e| conn.note(&e)) else {
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let Ok(rows) = events::answers(conn, &source, &ids).map_err(|e| conn.note(&e)) else {
             return groups;
         };
-        for (event_id, fingerprint, received_at, status, content_type, body) in rows {
-            if let (Some(status), Some(content_type), Some(body)) = (status, content_type, body) {
-                let stored = StoredResponse {
-                    status: u16::try_from(status).unwrap_or(500),
-                    content_type,
-                    body: body.into(),
-                    received_at,
-                };
+        for row in rows {
+            let (event_id, fingerprint) = (row.event_id.clone(), row.fingerprint.clone());
+            if let Some(stored) = StoredResponse::read(row) {
                 found.insert((source.clone(), event_id), (fingerprint, stored));
             }
         }

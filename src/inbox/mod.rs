@@ -31,10 +31,10 @@ pub use fingerprint::fingerprint;
 
 use actix_web::web::Bytes;
 use chrono::{DateTime, Utc};
-use diesel::prelude::*;
 use diesel::result::Error as DieselError;
 
-use crate::db::{self, on_backend, AnyConnection};
+use crate::db::events::{self, Answer, NewEvent};
+use crate::db::{self, deliveries, AnyConnection};
 use crate::handlers::{Event, Handler, Response};
 use crate::ids::{EventId, EventType, SourceName};
 
@@ -223,8 +223,32 @@ fn event<'a>(delivery: &'a Delivery, row_id: i64, received_at: DateTime<Utc>) ->
     }
 }
 
-fn status_column(response: &Response) -> i16 {
-    i16::try_from(response.status).expect("run_handler admits only 100..=599")
+/// The claim's row of `delivery`, with its answer when it is known before the claim.
+fn new_event<'a>(
+    delivery: &'a Delivery,
+    received_at: DateTime<Utc>,
+    answer: Option<Answer<'a>>,
+) -> NewEvent<'a> {
+    NewEvent {
+        source: delivery.source.as_str(),
+        event_id: delivery.event_id.as_str(),
+        event_type: delivery.event_type.as_ref().map(EventType::as_str),
+        fingerprint: &delivery.fingerprint,
+        received_at,
+        payload: &delivery.body,
+        headers: &delivery.headers,
+        dedupe_key: delivery.dedupe_key.as_ref().map(|key| &key[..]),
+        answer,
+    }
+}
+
+/// A handler's response, as stored.
+fn answer(response: &Response) -> Answer<'_> {
+    Answer {
+        status: i16::try_from(response.status).expect("run_handler admits only 100..=599"),
+        content_type: &response.content_type,
+        body: &response.body,
+    }
 }
 
 /// The claim and a precomputed response in one INSERT.
@@ -236,31 +260,14 @@ fn claim_in_one_statement(
     // The database keeps microseconds; the stored time and the one in the answer must agree.
     let received_at = db::now();
     let response = run_handler(handler, conn, &event(delivery, 0, received_at))?;
-    let claimed: Option<i64> = on_backend!(conn, c => diesel::insert_into(events::table)
-        .values((
-            events::source.eq(delivery.source.as_str()),
-            events::event_id.eq(delivery.event_id.as_str()),
-            events::event_type.eq(delivery.event_type.as_ref().map(EventType::as_str)),
-            events::fingerprint.eq(&delivery.fingerprint[..]),
-            events::received_at.eq(received_at),
-            events::payload.eq(&delivery.body[..]),
-            events::headers.eq(&delivery.headers),
-            events::response_status.eq(status_column(&response)),
-            events::response_content_type.eq(&response.content_type),
-            events::response_body.eq(&response.body),
-        ))
-        .on_conflict((events::source, events::event_id))
-        .do_nothing()
-        .returning(events::id)
-        .get_result(c)
-        .optional())?;
-    match claimed {
-        Some(_) => Ok(Some(Outcome::Claimed(StoredResponse::new(
-            response,
-            received_at,
-        )))),
-        None => stored(conn, delivery),
+    let row = new_event(delivery, received_at, Some(answer(&response)));
+    if events::claim(conn, &[row])?.is_empty() {
+        return stored(conn, delivery);
     }
+    Ok(Some(Outcome::Claimed(StoredResponse::new(
+        response,
+        received_at,
+    ))))
 }
 
 /// The claim, the handler's writes and the response in one transaction.
@@ -270,41 +277,14 @@ fn claim_in_transaction(
     handler: &dyn Handler,
 ) -> Result<Option<Outcome>, ClaimError> {
     let received_at = db::now();
-    let claimed: Option<i64> = on_backend!(conn, c => diesel::insert_into(events::table)
-        .values((
-            events::source.eq(delivery.source.as_str()),
-            events::event_id.eq(delivery.event_id.as_str()),
-            events::event_type.eq(delivery.event_type.as_ref().map(EventType::as_str)),
-            events::fingerprint.eq(&delivery.fingerprint[..]),
-            events::received_at.eq(received_at),
-            events::payload.eq(&delivery.body[..]),
-            events::headers.eq(&delivery.headers),
-            events::dedupe_key.eq(delivery.dedupe_key.as_ref().map(|key| &key[..])),
-        ))
-        // No conflict target: a conflict on the id or, where the source dedupes by body, on
-        // the payload's key (a partial unique index) leaves the row out alike, and `stored`
-        // tells which. Like the id's, the key's index makes a concurrent claim of the same
-        // payload wait for this transaction to end.
-        .on_conflict_do_nothing()
-        .returning(events::id)
-        .get_result(c)
-        .optional())?;
-
-    let Some(row_id) = claimed else {
+    let row = new_event(delivery, received_at, None);
+    let Some(claimed) = events::claim(conn, &[row])?.pop() else {
         return stored(conn, delivery);
     };
-    let response = run_handler(handler, conn, &event(delivery, row_id, received_at))?;
-    on_backend!(conn, c => {
-        diesel::update(events::table.find(row_id))
-            .set((
-                events::response_status.eq(status_column(&response)),
-                events::response_content_type.eq(&response.content_type),
-                events::response_body.eq(&response.body),
-            ))
-            .execute(c)?;
-    });
+    let response = run_handler(handler, conn, &event(delivery, claimed.row, received_at))?;
+    events::set_answer(conn, claimed.row, &answer(&response))?;
     if delivery.forward {
-        db::deliveries::enqueue(conn, row_id)?;
+        deliveries::enqueue(conn, claimed.row)?;
     }
     Ok(Some(Outcome::Claimed(StoredResponse::new(
         response,
@@ -312,48 +292,41 @@ fn claim_in_transaction(
     ))))
 }
 
-type StoredRow = (
-    Vec<u8>,
-    DateTime<Utc>,
-    Option<i16>,
-    Option<String>,
-    Option<Vec<u8>>,
-);
+impl StoredResponse {
+    /// A committed answer, as read back; `None` if the row has none, which a committed claim
+    /// never lacks.
+    fn read(stored: events::Stored) -> Option<StoredResponse> {
+        let answer = stored.answer?;
+        Some(StoredResponse {
+            status: u16::try_from(answer.status).unwrap_or(500),
+            content_type: answer.content_type,
+            body: Bytes::from(answer.body),
+            received_at: stored.received_at,
+        })
+    }
+}
 
 /// Reads the committed answer for an event another transaction claimed.
 fn stored(conn: &mut AnyConnection, delivery: &Delivery) -> Result<Option<Outcome>, ClaimError> {
-    let row: Option<StoredRow> = on_backend!(conn, c => events::table
-        .filter(events::source.eq(delivery.source.as_str()))
-        .filter(events::event_id.eq(delivery.event_id.as_str()))
-        .select((
-            events::fingerprint,
-            events::received_at,
-            events::response_status,
-            events::response_content_type,
-            events::response_body,
-        ))
-        .first(c)
-        .optional())?;
-    let Some((fingerprint, received_at, status, content_type, body)) = row else {
+    let found = events::answers(
+        conn,
+        delivery.source.as_str(),
+        &[delivery.event_id.as_str()],
+    )?
+    .pop();
+    let Some(found) = found else {
         return match delivery.dedupe_key {
             Some(key) => stored_payload(conn, delivery, &key),
             None => Ok(None),
         };
     };
-    if fingerprint != delivery.fingerprint {
+    if found.fingerprint != delivery.fingerprint {
         return Ok(Some(Outcome::Mismatch));
     }
-    match (status, content_type, body) {
-        (Some(status), Some(content_type), Some(body)) => {
-            Ok(Some(Outcome::Replay(StoredResponse {
-                status: u16::try_from(status).unwrap_or(500),
-                content_type,
-                body: Bytes::from(body),
-                received_at,
-            })))
-        }
-        // Claim and response commit together, so a committed claim has its response.
-        _ => Err(ClaimError::Database(DieselError::NotFound)),
+    // Claim and response commit together, so a committed claim has its response.
+    match StoredResponse::read(found) {
+        Some(stored) => Ok(Some(Outcome::Replay(stored))),
+        None => Err(ClaimError::Database(DieselError::NotFound)),
     }
 }
 
@@ -364,34 +337,15 @@ fn stored_payload(
     delivery: &Delivery,
     key: &[u8; 32],
 ) -> Result<Option<Outcome>, ClaimError> {
-    let row: Option<(String, StoredRow)> = on_backend!(conn, c => events::table
-        .filter(events::source.eq(delivery.source.as_str()))
-        .filter(events::dedupe_key.eq(&key[..]))
-        .select((
-            events::event_id,
-            (
-                events::fingerprint,
-                events::received_at,
-                events::response_status,
-                events::response_content_type,
-                events::response_body,
-            ),
-        ))
-        .first(c)
-        .optional())?;
-    let Some((first_event_id, (_, received_at, status, content_type, body))) = row else {
+    let Some(found) = events::answer_by_key(conn, delivery.source.as_str(), key)? else {
         return Ok(None);
     };
-    match (status, content_type, body) {
-        (Some(status), Some(content_type), Some(body)) => Ok(Some(Outcome::BodyReplay {
+    let first_event_id = found.event_id.clone();
+    match StoredResponse::read(found) {
+        Some(stored) => Ok(Some(Outcome::BodyReplay {
             first_event_id,
-            stored: StoredResponse {
-                status: u16::try_from(status).unwrap_or(500),
-                content_type,
-                body: Bytes::from(body),
-                received_at,
-            },
+            stored,
         })),
-        _ => Err(ClaimError::Database(DieselError::NotFound)),
+        None => Err(ClaimError::Database(DieselError::NotFound)),
     }
 }

@@ -12,8 +12,9 @@ use maud::{html, Markup};
 use super::html::{link, page, redirect, respond, show_body, time};
 use super::{check_csrf, field, message, Refused, Session};
 use crate::db::deliveries::DeliveryView;
+use crate::db::events::{self, StoredEvent};
 use crate::db::AnyConnection;
-use crate::http::admin::{self, StoredEvent};
+use crate::http::admin;
 use crate::http::auth::Admin;
 use crate::http::with_db;
 use crate::state::AppState;
@@ -34,7 +35,7 @@ fn load(
     source: &str,
     event_id: &str,
 ) -> QueryResult<Option<(StoredEvent, Vec<DeliveryView>)>> {
-    let Some(stored) = admin::stored_event(conn, source, event_id)? else {
+    let Some(stored) = events::find(conn, source, event_id)? else {
         return Ok(None);
     };
     let deliveries = admin::deliveries_of(conn, source, event_id)?.unwrap_or_default();

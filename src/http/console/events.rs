@@ -12,10 +12,11 @@ use maud::{html, Markup};
 use super::html::{link, page, respond, time};
 use super::{Refused, Session};
 use crate::config::parse_time_or_ago;
-use crate::db::{on_backend, AnyConnection};
+use crate::db::events::{self, Filter, Listed};
+use crate::db::AnyConnection;
 use crate::http::auth::Admin;
 use crate::http::with_db;
-use crate::ids::{storable, EventType};
+use crate::ids::EventType;
 use crate::metrics::UNKNOWN_SOURCE;
 use crate::state::AppState;
 
@@ -111,73 +112,20 @@ impl Filters {
     }
 }
 
-type Row = (
-    i64,
-    String,
-    String,
-    Option<String>,
-    DateTime<Utc>,
-    Option<i16>,
-    i64,
-);
-
-fn load(conn: &mut AnyConnection, query: Query) -> QueryResult<Vec<Row>> {
-    // A source or id no store can hold matches nothing (PostgreSQL would refuse to compare it);
-    // a type is matched in the form it is stored in.
-    if [&query.source, &query.id]
-        .into_iter()
-        .flatten()
-        .any(|v| !storable(v))
-    {
-        return Ok(Vec::new());
-    }
-    let event_type = query.event_type.map(EventType::from);
-    on_backend!(conn, c => {
-    let mut select = events::table
-        .select((
-            events::id,
-            events::source,
-            events::event_id,
-            events::event_type,
-            events::received_at,
-            events::response_status,
-            events::replays,
-        ))
-        .order((events::received_at.desc(), events::id.desc()))
-        .limit(PAGE_SIZE + 1)
-        .into_boxed();
-    if let Some(source) = query.source {
-        select = select.filter(events::source.eq(source));
-    }
-    if let Some(event_type) = event_type {
-        select = select.filter(events::event_type.eq(event_type.as_str().to_owned()));
-    }
-    if let Some(since) = query.since {
-        select = select.filter(events::received_at.ge(since));
-    }
-    if let Some(until) = query.until {
-        select = select.filter(events::received_at.lt(until));
-    }
-    if let Some(id) = query.id {
-        select = select.filter(events::event_id.eq(id));
-    }
-    if query.dead {
-        select = select.filter(
-            events::id.eq_any(
-                deliveries::table
-                    .filter(deliveries::state.eq("dead"))
-                    .select(deliveries::event_row),
-            ),
-        );
-    }
-    if let Some((at, id)) = query.before {
-        // `(received_at, id) < (at, id)`, written so the index on received_at bounds the scan.
-        select = select
-            .filter(events::received_at.le(at))
-            .filter(events::received_at.lt(at).or(events::id.lt(id)));
-    }
-    select.load(c)
-    })
+fn load(conn: &mut AnyConnection, query: Query) -> QueryResult<Vec<Listed>> {
+    // A type is matched in the form it is stored in.
+    let filter = Filter {
+        source: query.source,
+        event_type: query
+            .event_type
+            .map(|t| EventType::from(t).as_str().to_owned()),
+        since: query.since,
+        until: query.until,
+        event_id: query.id,
+        dead: query.dead,
+        before: query.before,
+    };
+    events::page(conn, filter, PAGE_SIZE + 1)
 }
 
 fn filter_form(state: &AppState, filters: &Filters) -> Markup {

@@ -1,0 +1,124 @@
+//! Where the events are kept: `database.url` read as a [`Store`], and the `[database]` settings
+//! that go with it. Low in the tree: `config` reads them, `db` opens them, and neither imports
+//! the other.
+
+/// Where the events are kept, as `database.url` says. Its `Debug` shows a PostgreSQL URL
+/// redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Store {
+    /// A PostgreSQL server: the URL as given.
+    Postgres(String),
+    /// An SQLite file at this path.
+    SqliteFile(String),
+    /// An SQLite database in memory, gone when the process ends.
+    SqliteMemory,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Store::Postgres(url) => f
+                .debug_tuple("Postgres")
+                .field(&crate::redact::database_url(url))
+                .finish(),
+            Store::SqliteFile(path) => f.debug_tuple("SqliteFile").field(path).finish(),
+            Store::SqliteMemory => f.write_str("SqliteMemory"),
+        }
+    }
+}
+
+impl Store {
+    /// Reads a `database.url`: `postgres://` or `postgresql://`, `sqlite://PATH` (relative to
+    /// the working directory; `sqlite:///abs/path` for an absolute one) or `sqlite::memory:`.
+    pub fn parse(url: &str) -> Result<Store, String> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Store::Postgres(url.to_owned()));
+        }
+        if url == "sqlite::memory:" || url == "sqlite://:memory:" {
+            return Ok(Store::SqliteMemory);
+        }
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err("needs a file path, as in sqlite://hookbox.db".to_owned());
+            }
+            return Ok(Store::SqliteFile(path.to_owned()));
+        }
+        Err("is not a postgres:// URL, a sqlite://PATH or sqlite::memory:".to_owned())
+    }
+
+    /// How many threads write batched claims (the inbox's `Batcher`) with a pool of
+    /// `pool_size`. On PostgreSQL a writer per four connections: enough to keep batches flowing
+    /// while one is in the database, with the rest of the pool free for the other work. SQLite
+    /// has one writer at a time, so one.
+    pub fn claim_writers(&self, pool_size: u32) -> usize {
+        match self {
+            Store::Postgres(_) => (pool_size as usize / 4).clamp(1, 8),
+            Store::SqliteFile(_) | Store::SqliteMemory => 1,
+        }
+    }
+}
+
+/// `[database]`
+#[derive(Clone)]
+pub struct DatabaseConfig {
+    /// Where events are kept (`DATABASE_URL` overrides): a libpq `postgres://` URL, or
+    /// `sqlite://PATH` / `sqlite::memory:` for the embedded store. It may hold a password, so
+    /// it is shown only through [`DatabaseConfig::display_url`].
+    pub url: String,
+    /// The store `url` names, read once when the config is loaded.
+    pub store: Store,
+    /// Whether the URL came from the config or the environment, rather than the default.
+    pub configured: bool,
+    /// The most connections this process opens.
+    pub pool_size: u32,
+}
+
+impl DatabaseConfig {
+    /// The URL with any password replaced, for logs and error messages.
+    pub fn display_url(&self) -> String {
+        crate::redact::database_url(&self.url)
+    }
+}
+
+impl std::fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("url", &self.display_url())
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Store;
+
+    #[test]
+    fn database_urls_name_their_store() {
+        let cases = [
+            (
+                "postgres://u@h:5432/db",
+                Store::Postgres("postgres://u@h:5432/db".to_owned()),
+            ),
+            (
+                "postgresql://h/db",
+                Store::Postgres("postgresql://h/db".to_owned()),
+            ),
+            (
+                "sqlite://hookbox.db",
+                Store::SqliteFile("hookbox.db".to_owned()),
+            ),
+            (
+                "sqlite:///var/lib/hookbox/events.db",
+                Store::SqliteFile("/var/lib/hookbox/events.db".to_owned()),
+            ),
+            ("sqlite::memory:", Store::SqliteMemory),
+        ];
+        for (url, store) in cases {
+            assert_eq!(Store::parse(url), Ok(store), "{url}");
+        }
+        for bad in ["sqlite://", "mysql://h/db", "hookbox.db", ""] {
+            assert!(Store::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}
