@@ -1,38 +1,20 @@
-//! What this process has seen, for the console: per-minute webhook answers per source over the
-//! last hours, replay counts per event not yet added to `events.replays`, and how the last
-//! purge pass went.
+//! What this process answered, for the console: per-minute webhook answers per source over the
+//! last [`HISTORY_MINUTES`] minutes, by outcome and error code.
 //!
-//! All of it is in memory and per process. The per-minute history covers this process's last
-//! [`HISTORY_MINUTES`] minutes (a restart starts it afresh, and other instances keep their own).
-//! A replay only bumps a counter in a map; [`Flusher`] adds the counts to `events.replays` in
-//! batches every [`FLUSH_EVERY`], so the replay path never waits on a write.
+//! In memory and per process: a restart starts the history afresh, and other instances keep
+//! their own.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use actix_web::web;
 use chrono::{DateTime, Utc};
-use diesel::QueryResult;
 
-use crate::db::{self, AnyConnection};
 use crate::ids::SourceName;
 use crate::metrics::{Outcome, UNKNOWN_SOURCE};
-use crate::state::AppState;
 
 /// How many minutes of history each source keeps.
 pub const HISTORY_MINUTES: usize = 180;
-
-/// How often replay counts are added to the database.
-pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
-
-/// Events one flush statement updates at most.
-const FLUSH_BATCH: usize = 1000;
-
-/// Events with unflushed replays kept at most: while the database is away, counts for further
-/// events are dropped (and the loss logged) rather than grow the map without bound.
-const MAX_UNFLUSHED: usize = 100_000;
 
 /// One minute of one source's answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,45 +103,11 @@ impl Ring {
     }
 }
 
-/// How a purge pass ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PurgeResult {
-    /// It ran; `interrupted` when shutdown cut it short.
-    Done {
-        /// Events removed, by source.
-        removed: BTreeMap<String, u64>,
-        /// Whether it stopped early because the server is shutting down.
-        interrupted: bool,
-    },
-    /// Another instance held the purge lock, so this one skipped its turn.
-    Skipped,
-    /// The pass failed; the sentence says why.
-    Failed(String),
-}
-
-/// The last purge pass this process ran.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LastPurge {
-    /// When it ended.
-    pub at: DateTime<Utc>,
-    /// How long it took.
-    pub took: Duration,
-    /// How it ended.
-    pub result: PurgeResult,
-}
-
-/// Unflushed replay counts: source → event id → replays.
-type Unflushed = HashMap<String, HashMap<String, u64>>;
-
-/// The console's view of this process; see the module documentation.
+/// The per-minute history of every source; see the module documentation.
 pub struct Activity {
     /// Source labels in config order, [`UNKNOWN_SOURCE`] last.
     labels: Vec<String>,
     history: HashMap<String, Mutex<Ring>>,
-    unflushed: Mutex<Unflushed>,
-    /// Replays not counted because [`MAX_UNFLUSHED`] was reached.
-    lost: AtomicU64,
-    last_purge: Mutex<Option<LastPurge>>,
     started_at: DateTime<Utc>,
 }
 
@@ -183,9 +131,6 @@ impl Activity {
         Activity {
             labels,
             history,
-            unflushed: Mutex::new(HashMap::new()),
-            lost: AtomicU64::new(0),
-            last_purge: Mutex::new(None),
             started_at: Utc::now(),
         }
     }
@@ -224,161 +169,6 @@ impl Activity {
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .window(now)
         })
-    }
-
-    /// Counts a replay of `source`'s event `event_id`, to be flushed to `events.replays`.
-    pub fn replayed(&self, source: &str, event_id: &str) {
-        let mut unflushed = self.unflushed();
-        let total: usize = unflushed.values().map(HashMap::len).sum();
-        if !unflushed.contains_key(source) {
-            unflushed.insert(source.to_owned(), HashMap::new());
-        }
-        let by_id = unflushed.get_mut(source).expect("inserted above");
-        match by_id.get_mut(event_id) {
-            Some(count) => *count += 1,
-            None if total >= MAX_UNFLUSHED => {
-                self.lost.fetch_add(1, Ordering::Relaxed);
-            }
-            None => {
-                by_id.insert(event_id.to_owned(), 1);
-            }
-        }
-    }
-
-    /// Replays of this event counted here and not yet flushed.
-    pub fn unflushed_replays(&self, source: &str, event_id: &str) -> u64 {
-        self.unflushed()
-            .get(source)
-            .and_then(|by_id| by_id.get(event_id))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn unflushed(&self) -> std::sync::MutexGuard<'_, Unflushed> {
-        self.unflushed
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Takes every unflushed count.
-    fn take_unflushed(&self) -> Vec<(String, String, u64)> {
-        std::mem::take(&mut *self.unflushed())
-            .into_iter()
-            .flat_map(|(source, by_id)| {
-                by_id
-                    .into_iter()
-                    .map(move |(event_id, n)| (source.clone(), event_id, n))
-            })
-            .collect()
-    }
-
-    /// Puts back counts a flush could not write, for the next flush.
-    fn restore(&self, counts: Vec<(String, String, u64)>) {
-        let mut unflushed = self.unflushed();
-        for (source, event_id, n) in counts {
-            *unflushed
-                .entry(source)
-                .or_default()
-                .entry(event_id)
-                .or_default() += n;
-        }
-    }
-
-    /// Notes how a purge pass went.
-    pub fn purge_finished(&self, took: Duration, result: PurgeResult) {
-        *self
-            .last_purge
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(LastPurge {
-            at: Utc::now(),
-            took,
-            result,
-        });
-    }
-
-    /// The last purge pass this process ran, if any has ended.
-    pub fn last_purge(&self) -> Option<LastPurge> {
-        self.last_purge
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-}
-
-/// Adds replay counts to `events.replays`, in statements of at most [`FLUSH_BATCH`] events.
-/// Counts of events purged meanwhile match no row and are dropped.
-fn add_replays(conn: &mut AnyConnection, counts: &[(String, String, u64)]) -> QueryResult<()> {
-    for batch in counts.chunks(FLUSH_BATCH) {
-        db::events::add_replays(conn, batch)?;
-    }
-    Ok(())
-}
-
-/// The background task that flushes replay counts every [`FLUSH_EVERY`], and once more when
-/// stopped.
-pub struct Flusher {
-    stop: Arc<tokio::sync::Notify>,
-    done: actix_web::rt::task::JoinHandle<()>,
-}
-
-impl Flusher {
-    /// Spawns the task on the current actix runtime.
-    pub fn start(state: web::Data<AppState>) -> Flusher {
-        let stop = Arc::new(tokio::sync::Notify::new());
-        let done = actix_web::rt::spawn({
-            let stop = stop.clone();
-            async move {
-                let mut ticks = tokio::time::interval(FLUSH_EVERY);
-                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    let stopping = tokio::select! {
-                        _ = ticks.tick() => false,
-                        _ = stop.notified() => true,
-                    };
-                    flush(&state).await;
-                    if stopping {
-                        break;
-                    }
-                }
-            }
-        });
-        Flusher { stop, done }
-    }
-
-    /// Flushes what is left and ends the task.
-    pub async fn stop(self) {
-        self.stop.notify_one();
-        let _ = self.done.await;
-    }
-}
-
-async fn flush(state: &web::Data<AppState>) {
-    let lost = state.activity.lost.swap(0, Ordering::Relaxed);
-    if lost > 0 {
-        tracing::warn!(
-            lost,
-            "replay counts dropped: too many events waited for a flush"
-        );
-    }
-    let counts = state.activity.take_unflushed();
-    if counts.is_empty() {
-        return;
-    }
-    let pool_state = state.clone();
-    let written = web::block(move || {
-        match db::with_connection(&pool_state.pool, |conn| add_replays(conn, &counts)) {
-            Ok(()) => Ok(()),
-            Err(e) => Err((e, counts)),
-        }
-    })
-    .await;
-    match written {
-        Ok(Ok(())) => {}
-        Ok(Err((e, counts))) => {
-            tracing::warn!(error = %e, events = counts.len(), "replay counts not flushed; retrying at the next flush");
-            state.activity.restore(counts);
-        }
-        Err(_) => tracing::error!("the replay-count flush panicked"),
     }
 }
 
@@ -437,28 +227,5 @@ mod tests {
             .collect();
         assert_eq!(counted, [(later, 0, 1)], "the old minute's count is gone");
         assert!(window.windows(2).all(|w| w[1].at == w[0].at + 1));
-    }
-
-    #[test]
-    fn replays_are_counted_until_taken_and_restored_when_a_flush_fails() {
-        let activity = activity();
-        activity.replayed("stripe", "evt_1");
-        activity.replayed("stripe", "evt_1");
-        activity.replayed("stripe", "evt_2");
-        assert_eq!(activity.unflushed_replays("stripe", "evt_1"), 2);
-        let mut taken = activity.take_unflushed();
-        taken.sort();
-        assert_eq!(
-            taken,
-            [
-                ("stripe".to_owned(), "evt_1".to_owned(), 2),
-                ("stripe".to_owned(), "evt_2".to_owned(), 1)
-            ]
-        );
-        assert_eq!(activity.unflushed_replays("stripe", "evt_1"), 0);
-        activity.replayed("stripe", "evt_1");
-        activity.restore(taken);
-        assert_eq!(activity.unflushed_replays("stripe", "evt_1"), 3);
-        assert_eq!(activity.unflushed_replays("stripe", "evt_2"), 1);
     }
 }

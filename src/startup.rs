@@ -1,20 +1,19 @@
 //! Building and running the server: migrations, the pool, the sources, the HTTP listener.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 
-use crate::activity::{self, PurgeResult};
 use crate::config::Config;
 use crate::db::{self, DbPool};
-use crate::forward::{self, Dispatcher};
+use crate::forward::{self, Dispatcher, Outbox};
 use crate::handlers::Handlers;
 use crate::http;
+use crate::purge;
+use crate::replay_counts::Flusher;
 use crate::retention::{self, Plan};
 use crate::state::{self, AppState};
 
@@ -25,9 +24,10 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Application {
     port: u16,
     server: Server,
-    purge: PurgeTask,
-    flusher: activity::Flusher,
+    purge: purge::Schedule,
+    flusher: Flusher,
     forward: forward::Wake,
+    outbox: Option<Outbox>,
     pool: DbPool,
     store: db::Store,
     stop: futures_util::future::BoxFuture<'static, &'static str>,
@@ -60,11 +60,20 @@ impl Application {
         log_store(&config);
         log_sources(&config);
 
-        Dispatcher::start(state.clone(), state.forward.clone());
-        let flusher = activity::Flusher::start(state.clone());
+        let outbox = Outbox::new(
+            state.pool.clone(),
+            state.metrics.clone(),
+            state.forward_targets(),
+        );
+        if let Some(outbox) = outbox.clone() {
+            Dispatcher::start(outbox, state.forward.clone());
+        }
+        let flusher = Flusher::start(state.pool.clone(), state.replay_counts.clone());
         warn_about_sources(&config);
-        let purge = PurgeTask::start(
-            state.clone(),
+        let purge = purge::Schedule::start(
+            state.pool.clone(),
+            state.metrics.clone(),
+            state.last_purge.clone(),
             Plan::from_config(&config),
             config.retention.purge_interval,
         );
@@ -89,6 +98,7 @@ impl Application {
             purge,
             flusher,
             forward: state.forward.clone(),
+            outbox,
             pool: state.pool.clone(),
             store: config.database.store.clone(),
             stop,
@@ -98,6 +108,12 @@ impl Application {
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The forward outbox, when a source forwards: [`Outbox::pass`] runs one dispatcher pass
+    /// alongside the running dispatcher (tests drive it so).
+    pub fn outbox(&self) -> Option<Outbox> {
+        self.outbox.clone()
     }
 
     /// Serves until SIGTERM or SIGINT, then stops accepting and lets in-flight requests (and
@@ -248,75 +264,5 @@ fn warn_about_sources(config: &Config) {
         if let Some(warning) = retention::horizon_warning(source, config.retention.window) {
             tracing::warn!("{warning}");
         }
-    }
-}
-
-/// The scheduled retention purge: a pass every `purge_interval`, the first right after startup.
-struct PurgeTask {
-    stop: Arc<AtomicBool>,
-    wake: Arc<tokio::sync::Notify>,
-}
-
-impl PurgeTask {
-    fn start(state: web::Data<AppState>, plan: Plan, every: Duration) -> PurgeTask {
-        let stop = Arc::new(AtomicBool::new(false));
-        let wake = Arc::new(tokio::sync::Notify::new());
-        let plan = Arc::new(plan);
-        actix_web::rt::spawn({
-            let (stop, wake) = (stop.clone(), wake.clone());
-            async move {
-                let mut ticks = tokio::time::interval(every);
-                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = ticks.tick() => {}
-                        _ = wake.notified() => {}
-                    }
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let started = std::time::Instant::now();
-                    let (pass_state, plan, stop) = (state.clone(), plan.clone(), stop.clone());
-                    let pass = web::block(move || {
-                        let pass = db::with_connection(&pass_state.pool, |conn| {
-                            retention::purge_logged(conn, &plan, &stop, &mut |_| {})
-                        })?;
-                        if let Some(report) = &pass {
-                            pass_state
-                                .metrics
-                                .record_purge(&report.removed, !report.interrupted);
-                        }
-                        Ok::<_, db::DbError>(pass)
-                    })
-                    .await;
-                    let result = match pass {
-                        Ok(Ok(Some(report))) => PurgeResult::Done {
-                            removed: report.removed,
-                            interrupted: report.interrupted,
-                        },
-                        Ok(Ok(None)) => PurgeResult::Skipped,
-                        Ok(Err(e)) => {
-                            tracing::warn!(
-                                error = %e,
-                                "purge pass failed; the next one is at the next interval"
-                            );
-                            PurgeResult::Failed(e.to_string())
-                        }
-                        Err(_) => {
-                            tracing::error!("the purge pass panicked");
-                            PurgeResult::Failed("the purge pass panicked".to_owned())
-                        }
-                    };
-                    state.activity.purge_finished(started.elapsed(), result);
-                }
-            }
-        });
-        PurgeTask { stop, wake }
-    }
-
-    /// Stops the task: a pass under way ends after its current batch.
-    fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.wake.notify_one();
     }
 }

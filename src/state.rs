@@ -1,7 +1,7 @@
 //! What the request handlers share: the configured sources and [`AppState`].
 //!
 //! Low in the tree: `http/` reads it, `startup.rs` builds it, and the background tasks take
-//! only the handles they use (see `startup.rs`).
+//! only the handles they use (the pool, the metrics, their targets, their slot), not all of it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +17,8 @@ use crate::ids::SourceName;
 use crate::inbox::{Batcher, ReplayCache};
 use crate::metrics::Metrics;
 use crate::providers::Provider;
+use crate::purge::LastPurgeSlot;
+use crate::replay_counts::ReplayCounts;
 use crate::retention;
 use crate::secret::Secret;
 
@@ -31,7 +33,7 @@ pub struct Source {
     /// The lowercase names of the headers kept with each event.
     pub kept_headers: Vec<String>,
     /// Where its events are forwarded, if anywhere.
-    pub forward: Option<forward::Target>,
+    pub forward: Option<Arc<forward::Target>>,
     /// How long its events are kept (see [`retention::source_window`]).
     pub retention: Duration,
     /// `dedupe = "body"`: a payload stored under another event id is a replay of that event.
@@ -62,6 +64,7 @@ pub fn sources(
                 .clone()
                 .map(forward::Target::new)
                 .transpose()
+                .map(|target| target.map(Arc::new))
                 .map_err(|e| anyhow::anyhow!("sources.{}.forward.secret: {e}", source.name))?;
             Ok((
                 source.name.as_str().to_owned(),
@@ -86,9 +89,13 @@ pub struct AppState {
     /// Configured sources by name.
     pub sources: HashMap<String, Arc<Source>>,
     /// Counters and histograms.
-    pub metrics: Metrics,
-    /// Per-minute answers, unflushed replay counts and the last purge, for the console.
+    pub metrics: Arc<Metrics>,
+    /// Per-minute answers by source, for the console.
     pub activity: Activity,
+    /// Replays counted and not yet added to `events.replays` (the flusher's).
+    pub replay_counts: Arc<ReplayCounts>,
+    /// How the scheduled purge's last pass went (the purge task's).
+    pub last_purge: Arc<LastPurgeSlot>,
     /// The console's logged-in sessions.
     pub sessions: http::Sessions,
     /// `[server].max_body_bytes`.
@@ -117,8 +124,10 @@ impl AppState {
         AppState {
             claims: Batcher::start(pool.clone(), writers),
             pool,
-            metrics: Metrics::new(config.sources.iter().map(|s| &s.name)),
+            metrics: Arc::new(Metrics::new(config.sources.iter().map(|s| &s.name))),
             activity: Activity::new(config.sources.iter().map(|s| &s.name)),
+            replay_counts: Arc::default(),
+            last_purge: Arc::default(),
             sessions: http::Sessions::default(),
             sources,
             max_body_bytes: config.server.max_body_bytes,
@@ -128,5 +137,13 @@ impl AppState {
             forward: forward::Wake::default(),
             replays: ReplayCache::default(),
         }
+    }
+
+    /// The forward targets by source name.
+    pub fn forward_targets(&self) -> HashMap<String, Arc<forward::Target>> {
+        self.sources
+            .iter()
+            .filter_map(|(name, source)| Some((name.clone(), source.forward.clone()?)))
+            .collect()
     }
 }

@@ -9,6 +9,7 @@
 //! `Idempotency-Key: {source}:{event_id}`, so a downstream that honours it sees the effect once.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,11 +19,10 @@ use actix_web::http::header::HeaderValue;
 use actix_web::web;
 
 use crate::config::ForwardConfig;
-use crate::db::{self, deliveries};
-use crate::metrics::ForwardResult;
+use crate::db::{self, deliveries, DbPool};
+use crate::metrics::{ForwardResult, Metrics};
 use crate::providers::{Provider, Standard};
 use crate::retry;
-use crate::state::AppState;
 use deliveries::{Due, Settle};
 
 /// Attempts one instance has under way at most.
@@ -82,68 +82,132 @@ impl Wake {
     }
 }
 
+/// What the dispatcher works with: the pool, the metrics, and each forwarding source's target.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Outbox {
+    pool: DbPool,
+    metrics: Arc<Metrics>,
+    /// Targets by source name.
+    targets: Arc<HashMap<String, Arc<Target>>>,
+    /// How long a taken row is leased: the longest timeout plus [`LEASE_MARGIN`].
+    lease: Duration,
+}
+
+impl Outbox {
+    /// The outbox of these targets (by source name); `None` when no source forwards.
+    pub fn new(
+        pool: DbPool,
+        metrics: Arc<Metrics>,
+        targets: HashMap<String, Arc<Target>>,
+    ) -> Option<Outbox> {
+        let lease = targets
+            .values()
+            .map(|t| t.config.timeout + LEASE_MARGIN)
+            .max()?;
+        Some(Outbox {
+            pool,
+            metrics,
+            targets: Arc::new(targets),
+            lease,
+        })
+    }
+
+    /// One pass: takes up to [`MAX_IN_FLIGHT`] rows due now, sends them, waits for every
+    /// attempt to be recorded, and returns how many were sent. The dispatcher runs the same
+    /// steps continuously; a pass lets a caller (a test) drive it and see the result.
+    pub async fn pass(&self) -> usize {
+        let client = self.client();
+        let due = self.take(MAX_IN_FLIGHT).await;
+        let sent = due.len();
+        futures_util::future::join_all(due.into_iter().map(|due| attempt(self, &client, due)))
+            .await;
+        sent
+    }
+
+    fn client(&self) -> awc::Client {
+        awc::Client::builder()
+            .disable_redirects()
+            .timeout(self.lease)
+            .finish()
+    }
+
+    /// Leases up to `n` due rows; none when the outbox cannot be read (logged).
+    async fn take(&self, n: usize) -> Vec<Due> {
+        let (pool, lease) = (self.pool.clone(), self.lease);
+        let due = web::block(move || {
+            db::with_connection(&pool, |conn| deliveries::take_due(conn, n as i64, lease))
+        })
+        .await;
+        match due {
+            Ok(Ok(due)) => due,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the outbox");
+                Vec::new()
+            }
+            Err(_) => {
+                tracing::error!("reading the outbox panicked");
+                Vec::new()
+            }
+        }
+    }
+
+    async fn refresh_gauges(&self) {
+        let (pool, metrics) = (self.pool.clone(), self.metrics.clone());
+        let counted = web::block(move || {
+            let (pending, dead) = db::with_connection(&pool, deliveries::counts)?;
+            metrics.set_outbox(
+                u64::try_from(pending).unwrap_or(0),
+                u64::try_from(dead).unwrap_or(0),
+            );
+            Ok::<_, db::DbError>(())
+        })
+        .await;
+        if let Ok(Err(e)) = counted {
+            tracing::debug!(error = %e, "cannot count the outbox");
+        }
+    }
+}
+
 /// The dispatcher task inside `serve`.
 pub struct Dispatcher;
 
 impl Dispatcher {
-    /// Spawns the dispatcher on the current actix runtime, if any source forwards.
-    pub fn start(state: web::Data<AppState>, wake: Wake) {
-        let Some(lease) = state
-            .sources
-            .values()
-            .filter_map(|s| s.forward.as_ref())
-            .map(|t| t.config.timeout + LEASE_MARGIN)
-            .max()
-        else {
-            return;
-        };
-        actix_web::rt::spawn(run(state, wake, lease));
+    /// Spawns the dispatcher on the current actix runtime: it sends `outbox`'s due rows until
+    /// `wake` says stop.
+    pub fn start(outbox: Outbox, wake: Wake) {
+        actix_web::rt::spawn(run(outbox, wake));
     }
 }
 
-async fn run(state: web::Data<AppState>, wake: Wake, lease: Duration) {
-    let client = awc::Client::builder()
-        .disable_redirects()
-        .timeout(lease)
-        .finish();
+async fn run(outbox: Outbox, wake: Wake) {
+    let client = outbox.client();
     let in_flight = Rc::new(Cell::new(0usize));
     let mut gauges_at = Instant::now();
     while !wake.stop.load(Ordering::Relaxed) {
         let free = MAX_IN_FLIGHT - in_flight.get();
         let mut taken = 0;
         if free > 0 {
-            let pool_state = state.clone();
-            let due = web::block(move || {
-                db::with_connection(&pool_state.pool, |conn| {
-                    deliveries::take_due(conn, free as i64, lease)
-                })
-            })
-            .await;
-            match due {
-                Ok(Ok(due)) => {
-                    taken = due.len();
-                    for due in due {
-                        in_flight.set(in_flight.get() + 1);
-                        let (state, client, in_flight, wake) = (
-                            state.clone(),
-                            client.clone(),
-                            in_flight.clone(),
-                            wake.clone(),
-                        );
-                        actix_web::rt::spawn(async move {
-                            attempt(&state, &client, due).await;
-                            in_flight.set(in_flight.get() - 1);
-                            wake.notify.notify_one();
-                        });
-                    }
-                }
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the outbox"),
-                Err(_) => tracing::error!("reading the outbox panicked"),
+            let due = outbox.take(free).await;
+            taken = due.len();
+            for due in due {
+                in_flight.set(in_flight.get() + 1);
+                let (outbox, client, in_flight, wake) = (
+                    outbox.clone(),
+                    client.clone(),
+                    in_flight.clone(),
+                    wake.clone(),
+                );
+                actix_web::rt::spawn(async move {
+                    attempt(&outbox, &client, due).await;
+                    in_flight.set(in_flight.get() - 1);
+                    wake.notify.notify_one();
+                });
             }
         }
         if gauges_at.elapsed() >= GAUGES_EVERY {
             gauges_at = Instant::now();
-            refresh_gauges(&state).await;
+            outbox.refresh_gauges().await;
         }
         // A full batch means more may be due: look again at once.
         if taken == 0 || taken < free {
@@ -156,22 +220,6 @@ async fn run(state: web::Data<AppState>, wake: Wake, lease: Duration) {
     tracing::info!("forward dispatcher stopped");
 }
 
-async fn refresh_gauges(state: &web::Data<AppState>) {
-    let state = state.clone();
-    let counted = web::block(move || {
-        let (pending, dead) = db::with_connection(&state.pool, deliveries::counts)?;
-        state.metrics.set_outbox(
-            u64::try_from(pending).unwrap_or(0),
-            u64::try_from(dead).unwrap_or(0),
-        );
-        Ok::<_, db::DbError>(())
-    })
-    .await;
-    if let Ok(Err(e)) = counted {
-        tracing::debug!(error = %e, "cannot count the outbox");
-    }
-}
-
 /// One attempt: send, judge the answer, record it.
 // At ERROR level, so that its fields are on every line whatever level `RUST_LOG` lets through.
 #[tracing::instrument(
@@ -180,12 +228,9 @@ async fn refresh_gauges(state: &web::Data<AppState>) {
     skip_all,
     fields(source = %due.source, event.id = %due.event_id, attempt = due.attempt)
 )]
-async fn attempt(state: &web::Data<AppState>, client: &awc::Client, due: Due) {
+async fn attempt(outbox: &Outbox, client: &awc::Client, due: Due) {
     let started = Instant::now();
-    let target = state
-        .sources
-        .get(&due.source)
-        .and_then(|s| s.forward.as_ref());
+    let target = outbox.targets.get(&due.source);
     let outcome = match target {
         Some(target) => send(client, target, &due).await,
         None => Settle::Dead {
@@ -219,14 +264,12 @@ async fn attempt(state: &web::Data<AppState>, client: &awc::Client, due: Due) {
             tracing::error!(error = %error, "forward gave up; the delivery is dead-lettered")
         }
     }
-    state.metrics.record_forward(&due.source, result, elapsed);
+    outbox.metrics.record_forward(&due.source, result, elapsed);
 
-    let store_state = state.clone();
+    let pool = outbox.pool.clone();
     let id = due.id;
     let stored = web::block(move || {
-        db::with_connection(&store_state.pool, |conn| {
-            deliveries::settle(conn, id, &outcome)
-        })
+        db::with_connection(&pool, |conn| deliveries::settle(conn, id, &outcome))
     })
     .await;
     // The lease runs out and the row is attempted again: at least once, never lost.

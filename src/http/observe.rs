@@ -1,6 +1,7 @@
 //! What the console learns from each webhook answer: its outcome and, for a refusal, its error
-//! code (per-minute history), and for a replay, which event it was (replay counts). Both go to
-//! [`crate::activity::Activity`], in memory; nothing here touches the database.
+//! code (per-minute history, [`crate::activity::Activity`]), and for a replay, which event it
+//! was ([`crate::replay_counts::ReplayCounts`]). Both are in memory; nothing here touches the
+//! database.
 
 use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 
@@ -31,7 +32,7 @@ pub(super) fn answered(
     state.activity.record(source, outcome, reason);
     if outcome == Outcome::Replayed {
         if let Some(Identified(event_id)) = request.extensions().get::<Identified>() {
-            state.activity.replayed(source, event_id.as_str());
+            state.replay_counts.replayed(source, event_id.as_str());
         }
     }
 }

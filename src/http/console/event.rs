@@ -171,8 +171,10 @@ pub async fn show(
         ));
     };
 
-    let replays =
-        stored.replays as u64 + state.activity.unflushed_replays(&which.source, &which.id);
+    let replays = stored.replays as u64
+        + state
+            .replay_counts
+            .unflushed_replays(&which.source, &which.id);
     let status = stored.status.map_or_else(String::new, |s| s.to_string());
     let main = html! {
         @if let Some((ok, text)) = notice(&which) {

@@ -247,7 +247,7 @@ pub async fn list(
                             td { (event_type.as_deref().unwrap_or("")) }
                             td class="num" { @if let Some(status) = status { (status) } }
                             td class="num" {
-                                (*replays as u64 + state.activity.unflushed_replays(source, event_id))
+                                (*replays as u64 + state.replay_counts.unflushed_replays(source, event_id))
                             }
                         }
                     }

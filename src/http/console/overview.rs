@@ -8,11 +8,12 @@ use maud::{html, Markup};
 
 use super::html::{link, page, respond, time};
 use super::{chart, Refused, Session};
-use crate::activity::{current_minute, PurgeResult, HISTORY_MINUTES};
+use crate::activity::{current_minute, HISTORY_MINUTES};
 use crate::db::deliveries;
 use crate::http::auth::Admin;
 use crate::http::with_db;
 use crate::metrics::UNKNOWN_SOURCE;
+use crate::purge::PurgeResult;
 use crate::state::AppState;
 
 /// `GET /console`.
@@ -64,7 +65,7 @@ pub async fn show(
 
 /// When the last purge pass ended and what it did.
 fn purge_card(state: &AppState) -> Markup {
-    let last = state.activity.last_purge();
+    let last = state.last_purge.get();
     html! {
         section class="card" id="purge" {
             h2 { "Last purge" }

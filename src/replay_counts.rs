@@ -1,0 +1,200 @@
+//! Write-behind replay counts: a replay only bumps a counter in a map, and [`Flusher`] adds the
+//! counts to `events.replays` in batches every [`FLUSH_EVERY`], so the replay path never waits
+//! on a write. In memory and per process; the console adds what is not flushed yet.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::web;
+use diesel::QueryResult;
+
+use crate::db::{self, AnyConnection, DbPool};
+
+/// How often replay counts are added to the database.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
+
+/// Events one flush statement updates at most.
+const FLUSH_BATCH: usize = 1000;
+
+/// Events with unflushed replays kept at most: while the database is away, counts for further
+/// events are dropped (and the loss logged) rather than grow the map without bound.
+const MAX_UNFLUSHED: usize = 100_000;
+
+/// Unflushed replay counts: source → event id → replays.
+type Unflushed = HashMap<String, HashMap<String, u64>>;
+
+/// Replays counted in memory and not yet added to `events.replays`.
+#[derive(Default)]
+pub struct ReplayCounts {
+    unflushed: Mutex<Unflushed>,
+    /// Replays not counted because [`MAX_UNFLUSHED`] was reached.
+    lost: AtomicU64,
+}
+
+impl ReplayCounts {
+    /// Counts a replay of `source`'s event `event_id`, to be flushed to `events.replays`.
+    pub fn replayed(&self, source: &str, event_id: &str) {
+        let mut unflushed = self.unflushed();
+        let total: usize = unflushed.values().map(HashMap::len).sum();
+        if !unflushed.contains_key(source) {
+            unflushed.insert(source.to_owned(), HashMap::new());
+        }
+        let by_id = unflushed.get_mut(source).expect("inserted above");
+        match by_id.get_mut(event_id) {
+            Some(count) => *count += 1,
+            None if total >= MAX_UNFLUSHED => {
+                self.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                by_id.insert(event_id.to_owned(), 1);
+            }
+        }
+    }
+
+    /// Replays of this event counted here and not yet flushed.
+    pub fn unflushed_replays(&self, source: &str, event_id: &str) -> u64 {
+        self.unflushed()
+            .get(source)
+            .and_then(|by_id| by_id.get(event_id))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn unflushed(&self) -> std::sync::MutexGuard<'_, Unflushed> {
+        self.unflushed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes every unflushed count.
+    fn take_unflushed(&self) -> Vec<(String, String, u64)> {
+        std::mem::take(&mut *self.unflushed())
+            .into_iter()
+            .flat_map(|(source, by_id)| {
+                by_id
+                    .into_iter()
+                    .map(move |(event_id, n)| (source.clone(), event_id, n))
+            })
+            .collect()
+    }
+
+    /// Puts back counts a flush could not write, for the next flush.
+    fn restore(&self, counts: Vec<(String, String, u64)>) {
+        let mut unflushed = self.unflushed();
+        for (source, event_id, n) in counts {
+            *unflushed
+                .entry(source)
+                .or_default()
+                .entry(event_id)
+                .or_default() += n;
+        }
+    }
+}
+
+/// Adds replay counts to `events.replays`, in statements of at most [`FLUSH_BATCH`] events.
+/// Counts of events purged meanwhile match no row and are dropped.
+fn add_replays(conn: &mut AnyConnection, counts: &[(String, String, u64)]) -> QueryResult<()> {
+    for batch in counts.chunks(FLUSH_BATCH) {
+        db::events::add_replays(conn, batch)?;
+    }
+    Ok(())
+}
+
+/// The background task that flushes replay counts every [`FLUSH_EVERY`], and once more when
+/// stopped.
+pub struct Flusher {
+    stop: Arc<tokio::sync::Notify>,
+    done: actix_web::rt::task::JoinHandle<()>,
+}
+
+impl Flusher {
+    /// Spawns the task on the current actix runtime: it writes `counts` through `pool`.
+    pub fn start(pool: DbPool, counts: Arc<ReplayCounts>) -> Flusher {
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let done = actix_web::rt::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut ticks = tokio::time::interval(FLUSH_EVERY);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    let stopping = tokio::select! {
+                        _ = ticks.tick() => false,
+                        _ = stop.notified() => true,
+                    };
+                    flush(&pool, &counts).await;
+                    if stopping {
+                        break;
+                    }
+                }
+            }
+        });
+        Flusher { stop, done }
+    }
+
+    /// Flushes what is left and ends the task.
+    pub async fn stop(self) {
+        self.stop.notify_one();
+        let _ = self.done.await;
+    }
+}
+
+async fn flush(pool: &DbPool, replays: &ReplayCounts) {
+    let lost = replays.lost.swap(0, Ordering::Relaxed);
+    if lost > 0 {
+        tracing::warn!(
+            lost,
+            "replay counts dropped: too many events waited for a flush"
+        );
+    }
+    let counts = replays.take_unflushed();
+    if counts.is_empty() {
+        return;
+    }
+    let pool = pool.clone();
+    let written =
+        web::block(
+            move || match db::with_connection(&pool, |conn| add_replays(conn, &counts)) {
+                Ok(()) => Ok(()),
+                Err(e) => Err((e, counts)),
+            },
+        )
+        .await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err((e, counts))) => {
+            tracing::warn!(error = %e, events = counts.len(), "replay counts not flushed; retrying at the next flush");
+            replays.restore(counts);
+        }
+        Err(_) => tracing::error!("the replay-count flush panicked"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replays_are_counted_until_taken_and_restored_when_a_flush_fails() {
+        let counts = ReplayCounts::default();
+        counts.replayed("stripe", "evt_1");
+        counts.replayed("stripe", "evt_1");
+        counts.replayed("stripe", "evt_2");
+        assert_eq!(counts.unflushed_replays("stripe", "evt_1"), 2);
+        let mut taken = counts.take_unflushed();
+        taken.sort();
+        assert_eq!(
+            taken,
+            [
+                ("stripe".to_owned(), "evt_1".to_owned(), 2),
+                ("stripe".to_owned(), "evt_2".to_owned(), 1)
+            ]
+        );
+        assert_eq!(counts.unflushed_replays("stripe", "evt_1"), 0);
+        counts.replayed("stripe", "evt_1");
+        counts.restore(taken);
+        assert_eq!(counts.unflushed_replays("stripe", "evt_1"), 3);
+        assert_eq!(counts.unflushed_replays("stripe", "evt_2"), 1);
+    }
+}
