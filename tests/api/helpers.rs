@@ -10,6 +10,7 @@ use diesel::prelude::*;
 use diesel::sql_types::BigInt;
 use hookbox::config::Config;
 use hookbox::db::Store;
+use hookbox::forward::Outbox;
 use hookbox::providers::Registry;
 use hookbox::AnyConnection;
 use hookbox::{Application, Handlers};
@@ -264,6 +265,8 @@ pub struct TestApp {
     pub address: String,
     pub config: Config,
     pub db: TestDb,
+    /// The forward outbox, when a source forwards: see [`TestApp::forward_pass`].
+    outbox: Option<Outbox>,
 }
 
 impl TestApp {
@@ -286,11 +289,23 @@ impl TestApp {
     }
 
     pub async fn spawn_on(db: TestDb, config: Config, handlers: Handlers) -> TestApp {
+        let (address, outbox) = serve_with_outbox(config.clone(), handlers);
         TestApp {
-            address: serve_in_process(config.clone(), handlers),
+            address,
             config,
             db,
+            outbox,
         }
+    }
+
+    /// Runs one forward dispatcher pass beside the server's own: sends what is due now, waits
+    /// for the attempts to be recorded, and returns how many were sent.
+    pub async fn forward_pass(&self) -> usize {
+        self.outbox
+            .as_ref()
+            .expect("a source of this server forwards")
+            .pass()
+            .await
     }
 
     /// A delivery for `source`, signed with the source's first secret at the current time.
@@ -310,10 +325,16 @@ impl TestApp {
 /// Starts a server in this process and returns its address. It runs until the test ends; its
 /// database is the caller's to keep.
 pub fn serve_in_process(config: Config, handlers: Handlers) -> String {
+    serve_with_outbox(config, handlers).0
+}
+
+/// [`serve_in_process`], with the server's forward outbox when a source forwards.
+fn serve_with_outbox(config: Config, handlers: Handlers) -> (String, Option<Outbox>) {
     let app = Application::build(config, handlers).expect("the server builds");
     let address = format!("http://127.0.0.1:{}", app.port());
+    let outbox = app.outbox();
     actix_web::rt::spawn(app.run_until_stopped());
-    address
+    (address, outbox)
 }
 
 /// Signs `body` for `source` at `timestamp`.
