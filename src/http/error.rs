@@ -68,6 +68,15 @@ pub enum ApiError {
     /// 409 `not_dead` (admin API): only a dead-lettered delivery can be re-queued.
     #[error("the delivery is {0}, not dead; only a dead delivery can be re-queued")]
     NotDead(String),
+    /// A refusal with the status its provider asks for (GoCardless's `498` for a wrong
+    /// signature), and the error code and message of the refusal.
+    #[error("{error}")]
+    ProviderStatus {
+        /// The refusal.
+        error: Box<ApiError>,
+        /// The provider's status for it.
+        status: StatusCode,
+    },
 }
 
 /// The sentence of a failure the database answered with: what happened, never its own message
@@ -117,6 +126,7 @@ impl ApiError {
             ApiError::NotFound => "not_found",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::NotDead(_) => "not_dead",
+            ApiError::ProviderStatus { error, .. } => error.code(),
         }
     }
 
@@ -124,6 +134,7 @@ impl ApiError {
         match self {
             ApiError::InProgress(wait) | ApiError::StoreBusy(wait) => Some(wait.as_secs().max(1)),
             ApiError::Unavailable | ApiError::Database(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
+            ApiError::ProviderStatus { error, .. } => error.retry_after(),
             _ => None,
         }
     }
@@ -148,6 +159,7 @@ impl ResponseError for ApiError {
             }
             ApiError::ProcessingFailed => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable | ApiError::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ProviderStatus { status, .. } => *status,
         }
     }
 

@@ -19,7 +19,7 @@ use crate::state::AppState;
 pub use console::Sessions;
 pub use error::ApiError;
 pub use request_id::{answer_with_id, RequestSpan};
-pub use webhook::refused;
+pub use webhook::{refused, refused_by};
 
 /// Runs `work` on a blocking thread with a pooled connection (again on a fresh one if that
 /// one turns out dead, so `work` must be safe to repeat). A failure is logged once, as `what`

@@ -8,9 +8,11 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
 
 use crate::ids::{EventId, EventType};
-use crate::inbox::{self, Cached, ClaimError, Delivery, Outcome, StoredResponse};
+use crate::inbox::{self, BatchOutcome, Cached, ClaimError, Delivery, Outcome, StoredResponse};
 use crate::metrics::{self, Outcome as Counted};
-use crate::providers::{unix_now, Answer, Headers, Inbound, Received, Refusal, SignatureError};
+use crate::providers::{
+    unix_now, Answer, Headers, Inbound, Item, Provider, Received, Refusal, SignatureError,
+};
 use crate::state::{AppState, Source};
 
 use super::ApiError;
@@ -159,9 +161,10 @@ async fn answer(
     let received = tokio::time::timeout_at(deadline, source.provider.receive(&inbound))
         .await
         .map_err(|_| ApiError::Unavailable)?
-        .map_err(refused)?;
+        .map_err(|refusal| refused_by(source.provider.as_ref(), refusal))?;
     let incoming = match received {
         Received::Event(incoming) => incoming,
+        Received::Batch(items) => return batch(state, &source, request, items, deadline).await,
         Received::Handshake(answer) => return Ok((handshake(answer), Counted::Handshake)),
     };
     let json = incoming.json;
@@ -177,7 +180,9 @@ async fn answer(
         source.retention,
     );
     match cached {
-        Some(Cached::Replay(stored)) => return Ok((respond(stored, true), Counted::Replayed)),
+        Some(Cached::Replay(stored)) => {
+            return Ok((respond(&source, stored, true), Counted::Replayed))
+        }
         Some(Cached::Mismatch) => return Err(ApiError::EventIdReused.into()),
         None => {}
     }
@@ -219,11 +224,11 @@ async fn answer(
             }
             remember(&stored, &event_id);
             tracing::debug!("processed");
-            Ok((respond(stored, false), Counted::Processed))
+            Ok((respond(&source, stored, false), Counted::Processed))
         }
         Outcome::Replay(stored) => {
             remember(&stored, &event_id);
-            Ok((respond(stored, true), Counted::Replayed))
+            Ok((respond(&source, stored, true), Counted::Replayed))
         }
         Outcome::BodyReplay {
             first_event_id,
@@ -238,11 +243,111 @@ async fn answer(
             if let Ok(first) = EventId::try_from(first_event_id) {
                 super::observe::identified(request, &first);
             }
-            Ok((respond(stored, true), Counted::Replayed))
+            Ok((respond(&source, stored, true), Counted::Replayed))
         }
         Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait).into()),
         Outcome::Busy => Err(ApiError::StoreBusy(state.in_flight_wait).into()),
         Outcome::Mismatch => Err(ApiError::EventIdReused.into()),
+    }
+}
+
+/// A delivery of several events (a batch): each item identified and fingerprinted on its own,
+/// all claimed in one transaction, and answered once for the delivery.
+async fn batch(
+    state: &web::Data<AppState>,
+    source: &Arc<Source>,
+    request: &HttpRequest,
+    items: Vec<Item>,
+    deadline: tokio::time::Instant,
+) -> Result<(HttpResponse, Counted), Failed> {
+    let headers = kept_headers(source, request.headers());
+    let in_flight_deadline = Instant::now() + state.in_flight_wait;
+    let mut deliveries = Vec::with_capacity(items.len());
+    for item in items {
+        let event_id = EventId::try_from(item.event_id).map_err(ApiError::InvalidEventId)?;
+        let fingerprint = inbox::fingerprint(
+            source.provider.volatile_fields(),
+            &item.payload,
+            Some(&item.json),
+        );
+        deliveries.push(Delivery {
+            fingerprint,
+            headers: headers.clone(),
+            source: source.name.clone(),
+            event_id,
+            event_type: item.event_type.map(EventType::from),
+            body: web::Bytes::from(item.payload),
+            json: Some(item.json),
+            forward: source.forward.is_some(),
+            deadline: in_flight_deadline,
+            dedupe_key: source.dedupe_body.then_some(fingerprint),
+        });
+    }
+    // The first item names the delivery in the log and the console.
+    if let Some(first) = deliveries.first() {
+        super::observe::identified(request, &first.event_id);
+        tracing::Span::current().record("event.id", tracing::field::display(&first.event_id));
+    }
+
+    // Every item answered from the cache of committed answers: a replay, with no database.
+    let mut cached = Vec::with_capacity(deliveries.len());
+    for delivery in &deliveries {
+        match state.replays.get(
+            source.name.as_str(),
+            delivery.event_id.as_str(),
+            &delivery.fingerprint,
+            source.retention,
+        ) {
+            Some(Cached::Replay(stored)) => cached.push(stored),
+            Some(Cached::Mismatch) => return Err(ApiError::EventIdReused.into()),
+            None => break,
+        }
+    }
+    if cached.len() == deliveries.len() {
+        return Ok((respond_batch(source, cached, true), Counted::Replayed));
+    }
+
+    let deliveries = Arc::new(deliveries);
+    let claiming = claim_blocking(state, {
+        let deliveries = deliveries.clone();
+        let source = source.clone();
+        move |conn| inbox::claim_batch(conn, &deliveries, source.handler.as_ref())
+    });
+    let outcome = tokio::time::timeout_at(deadline, claiming)
+        .await
+        .map_err(|_| {
+            Failed::because(
+                ApiError::Unavailable,
+                "the database did not answer within the request timeout",
+            )
+        })??
+        .map_err(claim_failed)?;
+    let remember = |answers: &[StoredResponse]| {
+        for (delivery, stored) in deliveries.iter().zip(answers) {
+            state.replays.put(
+                source.name.as_str(),
+                delivery.event_id.as_str(),
+                delivery.fingerprint,
+                stored.clone(),
+            );
+        }
+    };
+    match outcome {
+        BatchOutcome::Claimed(answers) => {
+            if source.forward.is_some() {
+                state.forward.queued();
+            }
+            remember(&answers);
+            tracing::debug!(items = answers.len(), "processed");
+            Ok((respond_batch(source, answers, false), Counted::Processed))
+        }
+        BatchOutcome::Replay(answers) => {
+            remember(&answers);
+            Ok((respond_batch(source, answers, true), Counted::Replayed))
+        }
+        BatchOutcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait).into()),
+        BatchOutcome::Busy => Err(ApiError::StoreBusy(state.in_flight_wait).into()),
+        BatchOutcome::Mismatch => Err(ApiError::EventIdReused.into()),
     }
 }
 
@@ -258,7 +363,13 @@ async fn claim(
     } else {
         state.claims.claim(delivery, source.handler.clone()).await
     };
-    outcome.map_err(|e| match e {
+    outcome.map_err(claim_failed)
+}
+
+/// The answer to a claim that failed, with its cause for the log: the handler's failure (500),
+/// the database's (503).
+fn claim_failed(e: ClaimError) -> Failed {
+    match e {
         ClaimError::Handler(e) => Failed::because(
             ApiError::ProcessingFailed,
             format_args!("the handler failed: {e:#}"),
@@ -270,7 +381,7 @@ async fn claim(
             };
             Failed::because(error, format_args!("database error: {e}"))
         }
-    })
+    }
 }
 
 /// A claim whose handler writes (or whose source forwards): one transaction on a blocking
@@ -280,6 +391,18 @@ async fn claim_in_transaction(
     source: Arc<Source>,
     delivery: Delivery,
 ) -> Result<Result<Outcome, ClaimError>, Failed> {
+    claim_blocking(state, move |conn| {
+        inbox::claim(conn, &delivery, source.handler.as_ref())
+    })
+    .await
+}
+
+/// Runs `claim` on a blocking thread with a pooled connection, and once more on a fresh one
+/// when the pooled one turns out dead before anything committed.
+async fn claim_blocking<T: Send + 'static>(
+    state: &web::Data<AppState>,
+    claim: impl Fn(&mut crate::db::Conn) -> Result<T, ClaimError> + Send + 'static,
+) -> Result<Result<T, ClaimError>, Failed> {
     let state = state.clone();
     let result = web::block(move || {
         let checkout = || {
@@ -291,7 +414,7 @@ async fn claim_in_transaction(
             })
         };
         let mut conn = checkout()?;
-        let mut outcome = inbox::claim(&mut conn, &delivery, source.handler.as_ref());
+        let mut outcome = claim(&mut conn);
         // A pooled connection can have died since its last use (the database restarted).
         // Claiming again on a fresh one is safe whatever the dead one managed to commit: a
         // committed claim comes back as a replay of the same stored bytes.
@@ -299,7 +422,7 @@ async fn claim_in_transaction(
             if conn.note(e) {
                 drop(conn);
                 conn = checkout()?;
-                outcome = inbox::claim(&mut conn, &delivery, source.handler.as_ref());
+                outcome = claim(&mut conn);
                 if let Err(ClaimError::Database(e)) = &outcome {
                     conn.note(e);
                 }
@@ -317,16 +440,40 @@ async fn claim_in_transaction(
     }
 }
 
-/// The stored answer, byte for byte; a replay says so in `Idempotent-Replayed`.
-fn respond(stored: StoredResponse, replayed: bool) -> HttpResponse {
-    let status = actix_web::http::StatusCode::from_u16(stored.status)
+/// The stored answer, byte for byte, or where the handler succeeded and the provider expects an
+/// answer of its own (Adyen's `[accepted]`), that one; a replay says so in
+/// `Idempotent-Replayed`.
+fn respond(source: &Source, stored: StoredResponse, replayed: bool) -> HttpResponse {
+    let (status, content_type, body) = match source.provider.answer() {
+        Some(own) if (200..300).contains(&stored.status) => (
+            own.status,
+            own.content_type.to_owned(),
+            web::Bytes::from(own.body),
+        ),
+        _ => (stored.status, stored.content_type, stored.body),
+    };
+    let status = actix_web::http::StatusCode::from_u16(status)
         .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = HttpResponse::build(status);
-    response.insert_header((header::CONTENT_TYPE, stored.content_type));
+    response.insert_header((header::CONTENT_TYPE, content_type));
     if replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
-    response.body(stored.body)
+    response.body(body)
+}
+
+/// A batch's one answer, from its items' answers (in the delivery's order): the first that is
+/// not a success, else the first, answered as [`respond`] answers one event.
+fn respond_batch(
+    source: &Source,
+    mut answers: Vec<StoredResponse>,
+    replayed: bool,
+) -> HttpResponse {
+    let chosen = answers
+        .iter()
+        .position(|stored| !(200..300).contains(&stored.status))
+        .unwrap_or(0);
+    respond(source, answers.swap_remove(chosen), replayed)
 }
 
 /// Reads the body, refusing more than `limit` bytes before reading them where the client
@@ -375,9 +522,25 @@ fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(kept)
 }
 
-/// The answer to a request a provider refused: the one mapping from a [`Refusal`] to the
-/// contract's status and error code, public so the vector tests judge a refusal as the server
-/// answers it.
+/// The answer to a request `provider` refused: [`refused`], with the provider's own status for
+/// it where it asks for one (GoCardless's `498`). Public so the vector tests judge a refusal as
+/// the server answers it.
+pub fn refused_by(provider: &dyn Provider, refusal: Refusal) -> ApiError {
+    let error = refused(refusal);
+    match provider
+        .refusal_status(refusal)
+        .and_then(|status| actix_web::http::StatusCode::from_u16(status).ok())
+    {
+        Some(status) => ApiError::ProviderStatus {
+            error: Box::new(error),
+            status,
+        },
+        None => error,
+    }
+}
+
+/// The answer to a refused request: the one mapping from a [`Refusal`] to the contract's status
+/// and error code.
 pub fn refused(refusal: Refusal) -> ApiError {
     match refusal {
         Refusal::Signature(SignatureError::Invalid) => ApiError::InvalidSignature,

@@ -2,38 +2,34 @@
 
 use sha2::{Digest, Sha256};
 
-/// SHA-256 of the payload. With `volatile` fields (the top-level fields a provider changes
+/// SHA-256 of the payload. With `volatile` fields (JSON pointers to what a provider changes
 /// between deliveries of one event, see
 /// [`Provider::volatile_fields`](crate::providers::Provider::volatile_fields)) and a JSON object
-/// body, the hash is over the body re-serialized without them (keys sorted, no whitespace); with
-/// volatile fields and a body that is not JSON (a form), over the raw bytes less the
-/// `name=value` fields so named, the others kept byte for byte and in order; otherwise over the
-/// raw bytes, so any change at all counts as a different payload.
+/// body, the hash is over the body re-serialized without them (keys sorted, no whitespace), at
+/// any depth (`/additionalData/hmacSignature`); with volatile fields and a body that is not JSON
+/// (a form), over the raw bytes less the `name=value` fields named by one-segment pointers
+/// (`/bt_signature`), the others kept byte for byte and in order; otherwise over the raw bytes,
+/// so any change at all counts as a different payload.
 pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Value>) -> [u8; 32] {
+    let paths: Vec<Vec<String>> = volatile.iter().map(|pointer| segments(pointer)).collect();
+    let paths: Vec<&[String]> = paths
+        .iter()
+        .map(Vec::as_slice)
+        .filter(|path| !path.is_empty())
+        .collect();
     match json {
-        Some(serde_json::Value::Object(map)) if !volatile.is_empty() => {
+        Some(value @ serde_json::Value::Object(_)) if !paths.is_empty() => {
             // Serialized straight into the hasher, member by member, as `{"k":v,...}` would
             // be: nothing is copied. serde_json's map keeps its keys sorted.
             let mut hasher = HashWriter(Sha256::new());
-            hasher.0.update(b"{");
-            let mut first = true;
-            for (key, value) in map.iter().filter(|(k, _)| !volatile.contains(&k.as_str())) {
-                if !first {
-                    hasher.0.update(b",");
-                }
-                first = false;
-                serde_json::to_writer(&mut hasher, key).expect("hashing cannot fail");
-                hasher.0.update(b":");
-                serde_json::to_writer(&mut hasher, value).expect("hashing cannot fail");
-            }
-            hasher.0.update(b"}");
+            write_without(&mut hasher, value, &paths);
             hasher.0.finalize().into()
         }
-        None if !volatile.is_empty() => {
+        None if !paths.is_empty() => {
             let mut hasher = Sha256::new();
             let kept = body.split(|b| *b == b'&').filter(|field| {
                 let name = form_urlencoded::parse(field).next().map(|(name, _)| name);
-                !name.is_some_and(|name| volatile.contains(&name.as_ref()))
+                !name.is_some_and(|name| paths.iter().any(|path| path == &[name.as_ref()]))
             });
             for (index, field) in kept.enumerate() {
                 if index > 0 {
@@ -44,6 +40,64 @@ pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Val
             hasher.finalize().into()
         }
         _ => Sha256::digest(body).into(),
+    }
+}
+
+/// A JSON pointer's reference tokens (RFC 6901: `~1` is `/`, `~0` is `~`); a pointer that does
+/// not start with `/` names nothing.
+fn segments(pointer: &str) -> Vec<String> {
+    match pointer.strip_prefix('/') {
+        Some(rest) => rest
+            .split('/')
+            .map(|token| token.replace("~1", "/").replace("~0", "~"))
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// Writes `value` as compact JSON less the members `paths` (relative to `value`, none empty)
+/// point at. A subtree no path enters is written by serde_json as it is.
+fn write_without(hasher: &mut HashWriter, value: &serde_json::Value, paths: &[&[String]]) {
+    let deeper = |name: &str| -> Vec<&[String]> {
+        paths
+            .iter()
+            .filter(|path| path.len() > 1 && path[0] == name)
+            .map(|path| &path[1..])
+            .collect()
+    };
+    let dropped = |name: &str| paths.iter().any(|path| path.len() == 1 && path[0] == name);
+    match value {
+        serde_json::Value::Object(map) if !paths.is_empty() => {
+            hasher.0.update(b"{");
+            let mut first = true;
+            for (key, member) in map.iter().filter(|(key, _)| !dropped(key)) {
+                if !first {
+                    hasher.0.update(b",");
+                }
+                first = false;
+                serde_json::to_writer(&mut *hasher, key).expect("hashing cannot fail");
+                hasher.0.update(b":");
+                write_without(hasher, member, &deeper(key));
+            }
+            hasher.0.update(b"}");
+        }
+        serde_json::Value::Array(items) if !paths.is_empty() => {
+            hasher.0.update(b"[");
+            let mut first = true;
+            for (index, item) in items.iter().enumerate() {
+                let index = index.to_string();
+                if dropped(&index) {
+                    continue;
+                }
+                if !first {
+                    hasher.0.update(b",");
+                }
+                first = false;
+                write_without(hasher, item, &deeper(&index));
+            }
+            hasher.0.update(b"]");
+        }
+        _ => serde_json::to_writer(&mut *hasher, value).expect("hashing cannot fail"),
     }
 }
 
@@ -111,7 +165,7 @@ mod tests {
 
     #[test]
     fn a_form_body_leaves_out_its_volatile_fields_and_keeps_the_rest_byte_for_byte() {
-        let volatile = &["bt_signature"];
+        let volatile = &["/bt_signature"];
         let first = fingerprint(volatile, b"bt_signature=a%7C1&bt_payload=PHg%2B", None);
         let resigned = fingerprint(
             volatile,
@@ -144,5 +198,34 @@ mod tests {
             a,
             of(&provider("github"), r#"{"a":1,"pending_webhooks":1}"#)
         );
+    }
+
+    #[test]
+    fn a_nested_pointer_leaves_out_that_member_only() {
+        let volatile = &["/additionalData/hmacSignature"];
+        let of = |body: &str| {
+            let json: serde_json::Value = serde_json::from_str(body).expect("JSON");
+            fingerprint(volatile, body.as_bytes(), Some(&json))
+        };
+        let first =
+            of(r#"{"pspReference":"A","additionalData":{"hmacSignature":"x","authCode":"1"}}"#);
+        let rotated =
+            of(r#"{"additionalData":{"authCode":"1","hmacSignature":"y"},"pspReference":"A"}"#);
+        let other =
+            of(r#"{"pspReference":"A","additionalData":{"hmacSignature":"x","authCode":"2"}}"#);
+        let top =
+            of(r#"{"pspReference":"A","hmacSignature":"x","additionalData":{"authCode":"1"}}"#);
+        assert_eq!(first, rotated);
+        assert_ne!(first, other);
+        assert_ne!(first, top, "only the nested member is volatile");
+        let canonical = r#"{"additionalData":{"authCode":"1"},"pspReference":"A"}"#;
+        assert_eq!(
+            first,
+            <[u8; 32]>::from(Sha256::digest(canonical.as_bytes()))
+        );
+        // A pointer with an escaped `/` names a member whose name holds one.
+        let json = serde_json::json!({"a/b": 1, "c": 2});
+        let escaped = fingerprint(&["/a~1b"], b"", Some(&json));
+        assert_eq!(escaped, <[u8; 32]>::from(Sha256::digest(br#"{"c":2}"#)));
     }
 }

@@ -24,10 +24,12 @@
 mod batch;
 mod cache;
 mod fingerprint;
+mod items;
 
 pub use batch::Batcher;
 pub use cache::{Cached, ReplayCache};
 pub use fingerprint::fingerprint;
+pub use items::{claim_batch, BatchOutcome};
 
 use actix_web::web::Bytes;
 use chrono::{DateTime, Utc};

@@ -183,7 +183,7 @@ impl Provider for Braintree {
     /// `bt_signature` holds a pair per API key of the merchant, so adding or rotating a key
     /// changes it between deliveries of one notification.
     fn volatile_fields(&self) -> &'static [&'static str] {
-        &[SIGNATURE]
+        &["/bt_signature"]
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {

@@ -9,11 +9,13 @@
 //! that builds it from a source's [`Settings`], and one line in [`Registry::builtin`] (or, for a
 //! provider of one's own, [`Registry::with`] and [`Config::parse_with`](crate::Config::parse_with)).
 
+mod adyen;
 mod braintree;
 pub mod certs;
 mod checkout;
 pub mod generic;
 mod github;
+mod gocardless;
 mod keys;
 mod lemonsqueezy;
 pub mod mac;
@@ -28,6 +30,7 @@ pub mod standard;
 mod stripe;
 mod twilio;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,11 +155,28 @@ pub struct Signed {
     pub content_type: Option<&'static str>,
 }
 
+/// One event of a delivery that carries several (a batch: Adyen's notification items,
+/// GoCardless's `events`), with its own payload: the item's JSON, as stored and exported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Item {
+    /// The item's event id.
+    pub event_id: String,
+    /// The item's event type, where it says.
+    pub event_type: Option<String>,
+    /// The item's JSON, byte for byte as it stood in the body.
+    pub payload: Vec<u8>,
+    /// The item parsed.
+    pub json: serde_json::Value,
+}
+
 /// What a verified request turned out to be.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Received {
     /// An event to claim and store.
     Event(Incoming),
+    /// Several events in one delivery, in the delivery's order, every one verified: claimed
+    /// together, in one transaction, each with its own id, type, payload and fingerprint.
+    Batch(Vec<Item>),
     /// A handshake, answered as it says and never stored.
     Handshake(Answer),
 }
@@ -273,10 +293,32 @@ pub trait Provider: Send + Sync + fmt::Debug {
         None
     }
 
-    /// Top-level body fields the provider changes between deliveries of one event, left out of
-    /// the payload fingerprint: members of a JSON object body, or fields of a form body.
+    /// What the provider changes between deliveries of one event, left out of the payload
+    /// fingerprint, as JSON pointers (RFC 6901) into the event's payload (for a batch, into each
+    /// item): `/pending_webhooks`, `/additionalData/hmacSignature`. For a form body, a pointer of
+    /// one segment names a field (`/bt_signature`).
     fn volatile_fields(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// The provider's own answer to a delivery that was processed (or replayed), where it
+    /// expects one (Adyen's `[accepted]`), in place of the handler's stored response when that
+    /// is a success; `None`: the handler's response is the answer.
+    fn answer(&self) -> Option<Answer> {
+        None
+    }
+
+    /// The provider's own status for a refusal, where it asks for one (GoCardless: `498` for a
+    /// wrong signature); the error code and body stay the contract's. `None`: the usual status.
+    fn refusal_status(&self, _refusal: Refusal) -> Option<u16> {
+        None
+    }
+
+    /// A stored payload as the provider would send it: a batch provider wraps one stored item
+    /// as a delivery of one (what `replay` and `send` then sign); a body that already is a
+    /// whole delivery, and every payload of a provider that does not batch, stay as they are.
+    fn as_delivery<'b>(&self, payload: &'b [u8]) -> Cow<'b, [u8]> {
+        Cow::Borrowed(payload)
     }
 
     /// How long the provider may redeliver an event, and its own words for it, where it says:
@@ -559,6 +601,8 @@ impl Registry {
         .with("lemonsqueezy", lemonsqueezy::build)
         .with("square", square::build)
         .with("paypal", paypal::build)
+        .with("adyen", adyen::build)
+        .with("gocardless", gocardless::build)
     }
 
     /// Adds (or replaces) the scheme `name`, built by `build`.
@@ -748,7 +792,7 @@ mod tests {
         assert_eq!(
             registry.names(),
             "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio, paddle, \
-             checkout, razorpay, mollie, lemonsqueezy, square, paypal"
+             checkout, razorpay, mollie, lemonsqueezy, square, paypal, adyen, gocardless"
         );
         for provider in every_scheme() {
             assert!(registry.scheme(provider.scheme(), None).is_ok());

@@ -91,7 +91,7 @@ impl Provider for Paddle {
     /// dashboard or `POST /notifications/{id}/replay`) is a new notification of the same event,
     /// with a new `notification_id`.
     fn volatile_fields(&self) -> &'static [&'static str] {
-        &["notification_id"]
+        &["/notification_id"]
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
@@ -176,6 +176,6 @@ mod tests {
             identity.event_type.as_deref(),
             Some("transaction.completed")
         );
-        assert_eq!(paddle.volatile_fields(), ["notification_id"]);
+        assert_eq!(paddle.volatile_fields(), ["/notification_id"]);
     }
 }

@@ -61,7 +61,7 @@ impl Provider for Stripe {
     /// Stripe counts down `pending_webhooks` as other endpoints acknowledge the event, so a
     /// retry of the same event carries a different number.
     fn volatile_fields(&self) -> &'static [&'static str] {
-        &["pending_webhooks"]
+        &["/pending_webhooks"]
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {

@@ -127,7 +127,8 @@ pub fn identity(
 /// `body` signed at `timestamp` (unix seconds) as the scheme sends it: its headers, with the id
 /// and type headers where the scheme has them, and `Content-Type` (the given one, else the
 /// scheme's, else JSON), the body (which a scheme that signs inside it rewrites) and the query
-/// the scheme puts on the URL.
+/// the scheme puts on the URL. One stored item of a batch scheme (as `export` writes it) is sent
+/// as a delivery of one, wrapped as the provider would send it.
 pub fn signed(
     verifier: &Verifier,
     body: &[u8],
@@ -135,8 +136,9 @@ pub fn signed(
     identity: &Identity,
     content_type: Option<&str>,
 ) -> Signed {
+    let body = verifier.as_delivery(body);
     let mut signed = verifier.sign_delivery(
-        body,
+        &body,
         timestamp,
         identity.event_id.as_deref().unwrap_or_default(),
         identity.event_type.as_deref(),

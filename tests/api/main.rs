@@ -3,6 +3,7 @@
 
 mod admin;
 mod bad_config;
+mod batches;
 mod browser;
 mod cluster;
 mod concurrency;

@@ -100,7 +100,7 @@ impl Provider for Ownco {
     }
 
     fn volatile_fields(&self) -> &'static [&'static str] {
-        &["sent_at"]
+        &["/sent_at"]
     }
 }
 

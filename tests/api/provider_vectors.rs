@@ -24,8 +24,6 @@ const FILES: [&str; 2] = ["providers.json", "providers-more.json"];
 /// Schemes the vector files name that hookbox does not build yet. Each must be unknown to the
 /// registry; take a scheme off this list in the commit that builds it.
 const NOT_BUILT: &[&str] = &[
-    "adyen",
-    "gocardless",
     "discord",
     "sendgrid",
     "gitlab",
@@ -218,18 +216,30 @@ fn serve_certificate(vector: &Vector, _table: &mut toml::Table) {
 }
 
 /// What a received request amounts to, for comparison with `expect`: the events (id, type) in
-/// order, and the answer where the provider fixes one. A provider outcome with several events
-/// (batches) or its own answer to a processed delivery is added here as the trait grows.
+/// order (several for a batch), and the answer where the provider fixes one: a handshake's, or
+/// its own answer to a processed delivery (Adyen's `[accepted]`).
 struct Outcome {
     events: Vec<(String, Option<String>)>,
     answer: Option<(u16, &'static str, Vec<u8>)>,
 }
 
-fn outcome_of(received: Received) -> Outcome {
+fn outcome_of(provider: &dyn Provider, received: Received) -> Outcome {
+    let own = || {
+        provider
+            .answer()
+            .map(|answer| (answer.status, answer.content_type, answer.body))
+    };
     match received {
         Received::Event(incoming) => Outcome {
             events: vec![(incoming.event_id, incoming.event_type)],
-            answer: None,
+            answer: own(),
+        },
+        Received::Batch(items) => Outcome {
+            events: items
+                .into_iter()
+                .map(|item| (item.event_id, item.event_type))
+                .collect(),
+            answer: own(),
         },
         Received::Handshake(answer) => Outcome {
             events: Vec::new(),
@@ -258,9 +268,9 @@ async fn judge(provider: &dyn Provider, vector: &Vector) -> Result<(), String> {
     let expect = vector.expect();
     let status = expect.get("status").and_then(Value::as_u64);
     match (provider.receive(&inbound).await, vector.valid()) {
-        (Ok(received), true) => check_accepted(outcome_of(received), expect),
+        (Ok(received), true) => check_accepted(outcome_of(provider, received), expect),
         (Err(refusal), false) => {
-            let error = hookbox::http::refused(refusal);
+            let error = hookbox::http::refused_by(provider, refusal);
             let got = (u64::from(error.status_code().as_u16()), error.code());
             let wanted = expect.get("error").and_then(Value::as_str);
             if Some(got.0) == status && wanted.is_none_or(|code| code == got.1) {
@@ -274,7 +284,7 @@ async fn judge(provider: &dyn Provider, vector: &Vector) -> Result<(), String> {
         }
         (Ok(received), false) => Err(format!(
             "accepted ({:?}), expected a refusal: {}",
-            outcome_of(received).events,
+            outcome_of(provider, received).events,
             vector.text("reason").unwrap_or("")
         )),
         (Err(refusal), true) => Err(format!("refused ({refusal:?}), expected it accepted")),
