@@ -89,13 +89,28 @@ pub struct SourceConfig {
     /// `dedupe = "body"`: a payload already stored under another event id (within the
     /// window) is answered as a replay of that event, not processed again.
     pub dedupe_body: bool,
-    /// `[sources.NAME.forward]`: where stored events are handed on, if anywhere.
-    pub forward: Option<ForwardConfig>,
+    /// `[sources.NAME.forward]` (one target, named `default`) or `[[sources.NAME.forward]]`
+    /// (several): where stored events are handed on. Empty: nowhere.
+    pub forward: Vec<ForwardConfig>,
 }
 
-/// `[sources.NAME.forward]`: the downstream every stored event of the source is sent to.
+/// The name of the one target of the single-table form, `[sources.NAME.forward]`.
+pub const DEFAULT_TARGET: &str = "default";
+
+/// A forward target: a downstream the source's stored events (those its `events` patterns
+/// match) are sent to.
 #[derive(Debug, Clone)]
 pub struct ForwardConfig {
+    /// Unique within the source: 1-64 of `[A-Za-z0-9_-]`. `default` for the single-table form.
+    pub name: String,
+    /// Event-type patterns (`*` matches any run of characters); empty: every event.
+    pub events: Vec<String>,
+    /// At most this many attempts started in any window of `rate.per`, if set.
+    pub rate: Option<Rate>,
+    /// At most this many attempts in flight to this target, across this process.
+    pub concurrency: u32,
+    /// One event at a time, in received order, across all processes sharing the database.
+    pub ordered: bool,
     /// `http://` or `https://` URL the events are POSTed to.
     pub url: String,
     /// How long one attempt may take.
@@ -104,6 +119,73 @@ pub struct ForwardConfig {
     pub max_attempts: u32,
     /// The Standard Webhooks secret (`whsec_...`) hookbox signs what it sends with.
     pub secret: Secret,
+}
+
+impl ForwardConfig {
+    /// Whether an event of this type goes to this target: every event when no patterns are
+    /// given, else one whose type some pattern matches (an event without a type is matched as
+    /// the empty string, so only by a pattern such as `*`).
+    pub fn wants(&self, event_type: Option<&str>) -> bool {
+        self.events.is_empty()
+            || self
+                .events
+                .iter()
+                .any(|pattern| pattern_matches(pattern, event_type.unwrap_or("")))
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` stands for any run of characters (none
+/// included) and every other character for itself.
+pub fn pattern_matches(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// `rate = "N/s"` or `"N/m"`: at most `count` attempts started in any window of `per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// Attempts per window, at least 1.
+    pub count: u32,
+    /// The window: one second or one minute.
+    pub per: Duration,
+}
+
+impl std::str::FromStr for Rate {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Rate, String> {
+        let bad = || {
+            format!(
+                "{text:?} is not a rate; write it as \"N/s\" or \"N/m\" with N at least 1 \
+                 (attempts started per second or per minute), e.g. \"50/s\""
+            )
+        };
+        let (count, unit) = text.trim().split_once('/').ok_or_else(bad)?;
+        let count: u32 = count.trim().parse().map_err(|_| bad())?;
+        let per = match unit.trim() {
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            _ => return Err(bad()),
+        };
+        if count == 0 {
+            return Err(bad());
+        }
+        Ok(Rate { count, per })
+    }
 }
 
 /// A configuration that cannot be used: one line naming the key and the problem.
@@ -279,15 +361,83 @@ struct RawSource {
     #[serde(default, deserialize_with = "duration")]
     retention: Option<Duration>,
     dedupe: Option<String>,
-    forward: Option<RawForward>,
+    forward: Option<RawForwards>,
     #[serde(flatten)]
     own: toml::Table,
+}
+
+/// `forward`: one table (the target `default`) or an array of tables (named targets).
+enum RawForwards {
+    One(RawForward),
+    Many(Vec<RawForward>),
+}
+
+impl<'de> Deserialize<'de> for RawForwards {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = RawForwards;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a table [sources.NAME.forward] or tables [[sources.NAME.forward]]")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawForwards, A::Error> {
+                RawForward::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawForwards::One)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<RawForwards, A::Error> {
+                Vec::<RawForward>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(RawForwards::Many)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+impl RawForwards {
+    fn validate(self, source: &str, env: &dyn Env) -> Result<Vec<ForwardConfig>, ConfigError> {
+        match self {
+            RawForwards::One(raw) => {
+                let at = format!("sources.{source}.forward");
+                Ok(vec![raw.validate(&at, Some(DEFAULT_TARGET), env)?])
+            }
+            RawForwards::Many(raws) => {
+                let mut targets: Vec<ForwardConfig> = Vec::with_capacity(raws.len());
+                for (i, raw) in raws.into_iter().enumerate() {
+                    let at = format!("sources.{source}.forward[{i}]");
+                    let target = raw.validate(&at, None, env)?;
+                    if targets.iter().any(|t| t.name == target.name) {
+                        return Err(ConfigError::at(
+                            format!("{at}.name"),
+                            format!(
+                                "a second target named {:?}; each target of a source needs a \
+                                 name of its own",
+                                target.name
+                            ),
+                        ));
+                    }
+                    targets.push(target);
+                }
+                Ok(targets)
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawForward {
+    name: Option<String>,
     url: String,
+    events: Option<Vec<String>>,
+    rate: Option<String>,
+    concurrency: Option<u32>,
+    ordered: Option<bool>,
     #[serde(default, deserialize_with = "duration")]
     timeout: Option<Duration>,
     max_attempts: Option<u32>,
@@ -296,8 +446,53 @@ struct RawForward {
 }
 
 impl RawForward {
-    fn validate(self, source: &str, env: &dyn Env) -> Result<ForwardConfig, ConfigError> {
-        let key = |field: &str| format!("sources.{source}.forward.{field}");
+    /// Validates the target at `at` (its key, e.g. `sources.s.forward[1]`); `default_name`
+    /// names the single table's target, which need not name itself.
+    fn validate(
+        self,
+        at: &str,
+        default_name: Option<&str>,
+        env: &dyn Env,
+    ) -> Result<ForwardConfig, ConfigError> {
+        let key = |field: &str| format!("{at}.{field}");
+        let name = match (self.name, default_name) {
+            (Some(name), _) => name,
+            (None, Some(name)) => name.to_owned(),
+            (None, None) => return Err(ConfigError::at(
+                key("name"),
+                "each target of [[sources.NAME.forward]] needs a name (1-64 of A-Z a-z 0-9 _ -)",
+            )),
+        };
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(ConfigError::at(
+                key("name"),
+                format!("{name:?} is not a target name: use 1-64 of A-Z a-z 0-9 _ -"),
+            ));
+        }
+        let events = self.events.unwrap_or_default();
+        if let Some(i) = events.iter().position(|p| p.trim().is_empty()) {
+            return Err(ConfigError::at(
+                format!("{}[{i}]", key("events")),
+                "an empty pattern matches no event type; remove it, or write \"*\" for every event",
+            ));
+        }
+        let rate = self
+            .rate
+            .map(|text| text.parse::<Rate>())
+            .transpose()
+            .map_err(|e| ConfigError::at(key("rate"), e))?;
+        let concurrency = self.concurrency.unwrap_or(16);
+        if concurrency == 0 {
+            return Err(ConfigError::at(
+                key("concurrency"),
+                "must be at least 1 (attempts in flight to this target at once)",
+            ));
+        }
         let url = self.url.trim().to_owned();
         let host = url
             .strip_prefix("http://")
@@ -341,6 +536,11 @@ impl RawForward {
         Standard::new(std::slice::from_ref(&secret), Duration::ZERO)
             .map_err(|e| ConfigError::at(key("secret"), e.problem))?;
         Ok(ForwardConfig {
+            name,
+            events,
+            rate,
+            concurrency,
+            ordered: self.ordered.unwrap_or(false),
             url,
             timeout,
             max_attempts,
@@ -589,10 +789,10 @@ impl RawSource {
             tolerance,
             retention: self.retention,
             dedupe_body,
-            forward: self
-                .forward
-                .map(|forward| forward.validate(name, env))
-                .transpose()?,
+            forward: match self.forward {
+                Some(forward) => forward.validate(name, env)?,
+                None => Vec::new(),
+            },
         })
     }
 }
@@ -809,7 +1009,8 @@ mod tests {
             &no_env,
         )
         .expect("valid");
-        let forward = ok.sources[0].forward.as_ref().expect("forward");
+        let forward = ok.sources[0].forward.first().expect("forward");
+        assert_eq!(forward.name, "default");
         assert_eq!(
             (forward.timeout, forward.max_attempts),
             (Duration::from_secs(10), 12)
@@ -835,6 +1036,123 @@ mod tests {
             message.starts_with("sources.s.forward.retries: unknown field"),
             "{message}"
         );
+    }
+
+    const WHSEC: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    fn targets(body: &str) -> Result<Vec<ForwardConfig>, String> {
+        Config::parse(
+            &format!("[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n{body}"),
+            &no_env,
+        )
+        .map(|config| config.sources[0].forward.clone())
+        .map_err(|e| e.0)
+    }
+
+    #[test]
+    fn an_array_of_forward_tables_names_several_targets() {
+        let targets = targets(&format!(
+            "[[sources.s.forward]]\nname = \"billing\"\nurl = \"http://a\"\nsecret = \"{WHSEC}\"\n\
+             events = [\"payment_intent.*\", \"charge.refunded\"]\nrate = \"50/s\"\n\
+             concurrency = 8\nordered = true\n\
+             [[sources.s.forward]]\nname = \"audit-log_2\"\nurl = \"http://b\"\nsecret = \"{WHSEC}\"\nrate = \"30/m\"\n"
+        ))
+        .expect("valid");
+        let names: Vec<&str> = targets.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["billing", "audit-log_2"]);
+        let (billing, audit) = (&targets[0], &targets[1]);
+        assert_eq!(
+            billing.rate,
+            Some(Rate {
+                count: 50,
+                per: Duration::from_secs(1)
+            })
+        );
+        assert_eq!(
+            audit.rate,
+            Some(Rate {
+                count: 30,
+                per: Duration::from_secs(60)
+            })
+        );
+        assert_eq!((billing.concurrency, billing.ordered), (8, true));
+        assert_eq!((audit.concurrency, audit.ordered), (16, false));
+        assert!(billing.wants(Some("payment_intent.succeeded")));
+        assert!(billing.wants(Some("charge.refunded")));
+        assert!(!billing.wants(Some("charge.refunded.extra")));
+        assert!(!billing.wants(None));
+        assert!(audit.wants(Some("anything")) && audit.wants(None));
+        let single = targets_single();
+        assert_eq!(single.name, DEFAULT_TARGET);
+        assert!(single.events.is_empty() && single.rate.is_none());
+    }
+
+    fn targets_single() -> ForwardConfig {
+        targets(&format!(
+            "[sources.s.forward]\nurl = \"http://a\"\nsecret = \"{WHSEC}\"\n"
+        ))
+        .expect("valid")
+        .remove(0)
+    }
+
+    #[test]
+    fn star_matches_any_run_of_characters() {
+        for (pattern, text, matches) in [
+            ("*", "", true),
+            ("*", "a.b", true),
+            ("a.*", "a.b", true),
+            ("a.*", "a.", true),
+            ("a.*", "a", false),
+            ("*.created", "customer.created", true),
+            ("*.created", "customer.created.x", false),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxcyyb", false),
+            ("ab*ba", "aba", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("a.b", "aXb", false),
+        ] {
+            assert_eq!(
+                pattern_matches(pattern, text),
+                matches,
+                "{pattern} ~ {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_target_config_error_names_the_key() {
+        let target = |name: &str, extra: &str| {
+            format!("[[sources.s.forward]]\nname = \"{name}\"\nurl = \"http://a\"\nsecret = \"{WHSEC}\"\n{extra}")
+        };
+        for (body, key) in [
+            (
+                format!("{}{}", target("a", ""), target("a", "")),
+                "sources.s.forward[1].name: a second target named \"a\"",
+            ),
+            (target("a", "events = [\"x\", \"\"]\n"), "sources.s.forward[0].events[1]:"),
+            (target("a", "rate = \"fast\"\n"), "sources.s.forward[0].rate:"),
+            (target("a", "rate = \"0/s\"\n"), "sources.s.forward[0].rate:"),
+            (target("a", "rate = \"5/h\"\n"), "sources.s.forward[0].rate:"),
+            (target("a", "concurrency = 0\n"), "sources.s.forward[0].concurrency:"),
+            (target("a b", ""), "sources.s.forward[0].name:"),
+            (target(&"x".repeat(65), ""), "sources.s.forward[0].name:"),
+            (target("a", "ordered = \"yes\"\n"), "sources.s.forward[0].ordered:"),
+            (target("a", "retries = 1\n"), "sources.s.forward[0].retries: unknown field"),
+            (
+                format!("[[sources.s.forward]]\nurl = \"http://a\"\nsecret = \"{WHSEC}\"\n"),
+                "sources.s.forward[0].name:",
+            ),
+            (
+                format!("[sources.s.forward]\nurl = \"http://a\"\nsecret = \"{WHSEC}\"\nconcurrency = 0\n"),
+                "sources.s.forward.concurrency:",
+            ),
+        ] {
+            let message = targets(&body).expect_err(&body);
+            assert!(message.starts_with(key), "{key} <- {message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
     }
 
     #[test]

@@ -241,9 +241,10 @@ fn log_sources(config: &Config) {
             "source live at POST /webhooks/{}",
             source.name
         );
-        if let Some(target) = &source.forward {
+        for target in &source.forward {
             tracing::info!(
                 source = %source.name,
+                target = %target.name,
                 url = %target.url,
                 timeout = %humantime::format_duration(target.timeout),
                 max_attempts = target.max_attempts,

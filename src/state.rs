@@ -32,8 +32,8 @@ pub struct Source {
     pub handler: Arc<dyn Handler>,
     /// The lowercase names of the headers kept with each event.
     pub kept_headers: Vec<String>,
-    /// Where its events are forwarded, if anywhere.
-    pub forward: Option<Arc<forward::Target>>,
+    /// Where its events are forwarded: its targets, in config order; empty: nowhere.
+    pub forward: Vec<Arc<forward::Target>>,
     /// How long its events are kept (see [`retention::source_window`]).
     pub retention: Duration,
     /// `dedupe = "body"`: a payload stored under another event id is a replay of that event.
@@ -61,11 +61,17 @@ pub fn sources(
             kept_headers.push("content-type".to_owned());
             let forward = source
                 .forward
-                .clone()
-                .map(forward::Target::new)
-                .transpose()
-                .map(|target| target.map(Arc::new))
-                .map_err(|e| anyhow::anyhow!("sources.{}.forward.secret: {e}", source.name))?;
+                .iter()
+                .map(|config| {
+                    forward::Target::new(config.clone()).map(Arc::new).map_err(|e| {
+                        anyhow::anyhow!(
+                            "sources.{}.forward ({}).secret: {e}",
+                            source.name,
+                            config.name
+                        )
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
             Ok((
                 source.name.as_str().to_owned(),
                 Arc::new(Source {
@@ -139,11 +145,16 @@ impl AppState {
         }
     }
 
-    /// The forward targets by source name.
-    pub fn forward_targets(&self) -> HashMap<String, Arc<forward::Target>> {
+    /// The forward targets by (source name, target name).
+    pub fn forward_targets(&self) -> HashMap<(String, String), Arc<forward::Target>> {
         self.sources
             .iter()
-            .filter_map(|(name, source)| Some((name.clone(), source.forward.clone()?)))
+            .flat_map(|(name, source)| {
+                source
+                    .forward
+                    .iter()
+                    .map(|target| ((name.clone(), target.config.name.clone()), target.clone()))
+            })
             .collect()
     }
 }

@@ -25,6 +25,9 @@ pub struct Due {
     /// The event's source.
     #[diesel(sql_type = Text)]
     pub source: String,
+    /// The target's name within the source.
+    #[diesel(sql_type = Text)]
+    pub target: String,
     /// The provider's event id.
     #[diesel(sql_type = Text)]
     pub event_id: String,
@@ -70,6 +73,8 @@ pub enum Settle {
 pub struct DeliveryView {
     /// The outbox row id (for requeue).
     pub id: i64,
+    /// The forward target's name within the source (`default` for the single-table form).
+    pub target: String,
     /// `pending`, `delivered` or `dead`.
     pub state: String,
     /// Attempts made so far.
@@ -86,12 +91,17 @@ pub struct DeliveryView {
     pub delivered_at: Option<DateTime<Utc>>,
 }
 
-/// Queues a delivery of the event stored in row `event_row`. Runs in the claim's transaction,
-/// so an event is queued if and only if it is stored.
-pub fn enqueue(conn: &mut AnyConnection, event_row: i64) -> QueryResult<()> {
-    on_backend!(conn, c => diesel::insert_into(deliveries::table)
-        .values(deliveries::event_row.eq(event_row))
-        .execute(c))
+/// Queues a delivery of the event stored in row `event_row` to each of `targets` (names within
+/// its source). Runs in the claim's transaction, so an event is queued if and only if it is
+/// stored.
+pub fn enqueue(conn: &mut AnyConnection, event_row: i64, targets: &[String]) -> QueryResult<()> {
+    on_backend!(conn, c => {
+        let rows: Vec<_> = targets
+            .iter()
+            .map(|target| (deliveries::event_row.eq(event_row), deliveries::target.eq(target)))
+            .collect();
+        diesel::insert_into(deliveries::table).values(rows).execute(c)
+    })
     .map(|_| ())
 }
 
@@ -119,7 +129,7 @@ fn take_due_pg(
                         WHERE state = 'pending' AND next_attempt_at <= now() \
                         ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
            AND e.id = d.event_row \
-         RETURNING d.id, d.attempts AS attempt, e.source, e.event_id, e.event_type, e.payload, \
+         RETURNING d.id, d.attempts AS attempt, e.source, d.target, e.event_id, e.event_type, e.payload, \
                    e.headers ->> 'content-type' AS content_type",
     )
     .bind::<BigInt, _>(limit)
@@ -139,7 +149,7 @@ fn take_due_sqlite(
     let lease_end = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
     conn.immediate_transaction(|conn| {
         let due: Vec<Due> = diesel::sql_query(
-            "SELECT d.id, d.attempts + 1 AS attempt, e.source, e.event_id, e.event_type, \
+            "SELECT d.id, d.attempts + 1 AS attempt, e.source, d.target, e.event_id, e.event_type, \
                     e.payload, json_extract(e.headers, '$.\"content-type\"') AS content_type \
              FROM deliveries d JOIN events e ON e.id = d.event_row \
              WHERE d.state = 'pending' AND d.next_attempt_at <= ?1 \
@@ -210,6 +220,7 @@ pub fn settle(conn: &mut AnyConnection, id: i64, outcome: &Settle) -> QueryResul
 type ViewRow = (
     i64,
     String,
+    String,
     i32,
     Option<i16>,
     Option<String>,
@@ -219,10 +230,12 @@ type ViewRow = (
 );
 
 fn view(row: ViewRow) -> DeliveryView {
-    let (id, state, attempts, last_status, last_error, next, created_at, delivered_at) = row;
+    let (id, target, state, attempts, last_status, last_error, next, created_at, delivered_at) =
+        row;
     DeliveryView {
         next_attempt_at: (state == "pending").then_some(next),
         id,
+        target,
         state,
         attempts,
         last_status,
@@ -237,6 +250,7 @@ macro_rules! view_columns {
     () => {
         (
             deliveries::id,
+            deliveries::target,
             deliveries::state,
             deliveries::attempts,
             deliveries::last_status,
@@ -248,7 +262,7 @@ macro_rules! view_columns {
     };
 }
 
-/// The deliveries of the event stored in row `event_row`, oldest first.
+/// The deliveries of the event stored in row `event_row`, one per target, in the order queued.
 pub fn of_event(conn: &mut AnyConnection, event_row: i64) -> QueryResult<Vec<DeliveryView>> {
     on_backend!(conn, c => {
     let rows: Vec<ViewRow> = deliveries::table

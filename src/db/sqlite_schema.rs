@@ -12,6 +12,7 @@ diesel::table! {
         last_error -> Nullable<Text>,
         created_at -> TimestamptzSqlite,
         delivered_at -> Nullable<TimestamptzSqlite>,
+        target -> Text,
     }
 }
 

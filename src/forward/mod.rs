@@ -1,12 +1,13 @@
 //! Forwarding: handing each stored event on to a downstream application, at least once, after
 //! the provider has been answered.
 //!
-//! The claim transaction writes an outbox row (`deliveries`) with the claim, so an event is
-//! queued if and only if it is stored. The [`Dispatcher`] sends due rows after commit: it takes
+//! The claim transaction writes one outbox row (`deliveries`) per target whose `events`
+//! patterns match the event, with the claim, so an event is queued if and only if it is stored. The [`Dispatcher`] sends due rows after commit: it takes
 //! them with `FOR UPDATE SKIP LOCKED` and leases each past the attempt's timeout, so instances
 //! sharing a database never send one row at the same moment; a process killed mid-attempt leaves
 //! a lease that runs out, and another attempt follows. Every attempt of an event carries the same
-//! `Idempotency-Key: {source}:{event_id}`, so a downstream that honours it sees the effect once.
+//! `Idempotency-Key: {source}:{event_id}` (the same for every target), so a downstream that
+//! honours it sees the effect once; `X-Hookbox-Target` names the target.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -45,9 +46,9 @@ const BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// No retry waits longer than this, whatever the backoff or `Retry-After` says.
 const BACKOFF_CAP: Duration = Duration::from_secs(3600);
 
-/// A source's downstream, ready to send to.
+/// One of a source's downstreams, ready to send to.
 pub struct Target {
-    /// `[sources.NAME.forward]`.
+    /// `[sources.NAME.forward]`, or one of `[[sources.NAME.forward]]`.
     pub config: ForwardConfig,
     /// Signs what hookbox sends, the Standard Webhooks way, with the target's secret.
     signer: Standard,
@@ -88,18 +89,19 @@ impl Wake {
 pub struct Outbox {
     pool: DbPool,
     metrics: Arc<Metrics>,
-    /// Targets by source name.
-    targets: Arc<HashMap<String, Arc<Target>>>,
+    /// Targets by (source name, target name).
+    targets: Arc<HashMap<(String, String), Arc<Target>>>,
     /// How long a taken row is leased: the longest timeout plus [`LEASE_MARGIN`].
     lease: Duration,
 }
 
 impl Outbox {
-    /// The outbox of these targets (by source name); `None` when no source forwards.
+    /// The outbox of these targets (by source name and target name); `None` when no source
+    /// forwards.
     pub fn new(
         pool: DbPool,
         metrics: Arc<Metrics>,
-        targets: HashMap<String, Arc<Target>>,
+        targets: HashMap<(String, String), Arc<Target>>,
     ) -> Option<Outbox> {
         let lease = targets
             .values()
@@ -226,18 +228,20 @@ async fn run(outbox: Outbox, wake: Wake) {
     name = "forward",
     level = "error",
     skip_all,
-    fields(source = %due.source, event.id = %due.event_id, attempt = due.attempt)
+    fields(source = %due.source, target = %due.target, event.id = %due.event_id, attempt = due.attempt)
 )]
 async fn attempt(outbox: &Outbox, client: &awc::Client, due: Due) {
     let started = Instant::now();
-    let target = outbox.targets.get(&due.source);
+    let target = outbox
+        .targets
+        .get(&(due.source.clone(), due.target.clone()));
     let outcome = match target {
         Some(target) => send(client, target, &due).await,
         None => Settle::Dead {
             status: None,
             error: format!(
-                "source {} no longer has a forward target in the config",
-                due.source
+                "source {} no longer has a forward target named {} in the config",
+                due.source, due.target
             ),
         },
     };
@@ -308,6 +312,7 @@ fn headers(target: &Target, due: &Due, now: i64) -> Vec<(String, String)> {
     headers.extend([
         ("Idempotency-Key".to_owned(), key),
         ("X-Hookbox-Source".to_owned(), due.source.clone()),
+        ("X-Hookbox-Target".to_owned(), due.target.clone()),
         ("X-Hookbox-Event-Id".to_owned(), due.event_id.clone()),
         ("X-Hookbox-Attempt".to_owned(), due.attempt.to_string()),
         (

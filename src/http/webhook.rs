@@ -168,6 +168,8 @@ async fn answer(
         Received::Handshake(answer) => return Ok((handshake(answer), Counted::Handshake)),
     };
     let json = incoming.json;
+    let targets = targets_for(&source, incoming.event_type.as_deref());
+    let queues = !targets.is_empty();
     let event_id = EventId::try_from(incoming.event_id).map_err(ApiError::InvalidEventId)?;
     super::observe::identified(request, &event_id);
     tracing::Span::current().record("event.id", tracing::field::display(&event_id));
@@ -203,7 +205,7 @@ async fn answer(
         event_type: incoming.event_type.map(EventType::from),
         body,
         json,
-        forward: source.forward.is_some(),
+        forward: targets,
         deadline: Instant::now() + state.in_flight_wait,
         dedupe_key: source.dedupe_body.then_some(fingerprint),
     };
@@ -219,7 +221,7 @@ async fn answer(
         })??;
     match outcome {
         Outcome::Claimed(stored) => {
-            if source.forward.is_some() {
+            if queues {
                 state.forward.queued();
             }
             remember(&stored, &event_id);
@@ -270,6 +272,7 @@ async fn batch(
             &item.payload,
             Some(&item.json),
         );
+        let forward = targets_for(source, item.event_type.as_deref());
         deliveries.push(Delivery {
             fingerprint,
             headers: headers.clone(),
@@ -278,11 +281,12 @@ async fn batch(
             event_type: item.event_type.map(EventType::from),
             body: web::Bytes::from(item.payload),
             json: Some(item.json),
-            forward: source.forward.is_some(),
+            forward,
             deadline: in_flight_deadline,
             dedupe_key: source.dedupe_body.then_some(fingerprint),
         });
     }
+    let queues = deliveries.iter().any(|d| !d.forward.is_empty());
     // The first item names the delivery in the log and the console.
     if let Some(first) = deliveries.first() {
         super::observe::identified(request, &first.event_id);
@@ -334,7 +338,7 @@ async fn batch(
     };
     match outcome {
         BatchOutcome::Claimed(answers) => {
-            if source.forward.is_some() {
+            if queues {
                 state.forward.queued();
             }
             remember(&answers);
@@ -382,6 +386,17 @@ fn claim_failed(e: ClaimError) -> Failed {
             Failed::because(error, format_args!("database error: {e}"))
         }
     }
+}
+
+/// The names of the source's forward targets whose `events` patterns match an event of this
+/// type: the claim queues one outbox row for each.
+fn targets_for(source: &Source, event_type: Option<&str>) -> Vec<String> {
+    source
+        .forward
+        .iter()
+        .filter(|t| t.config.wants(event_type))
+        .map(|t| t.config.name.clone())
+        .collect()
 }
 
 /// A claim whose handler writes (or whose source forwards): one transaction on a blocking

@@ -152,8 +152,8 @@ fn claim_in_transaction(
                 let item = &items[index];
                 let response = run_handler(handler, conn, &event(item, *row, received_at))?;
                 events::set_answer(conn, *row, &answer(&response))?;
-                if item.forward {
-                    deliveries::enqueue(conn, *row)?;
+                if !item.forward.is_empty() {
+                    deliveries::enqueue(conn, *row, &item.forward)?;
                 }
                 answers[index] = Some(StoredResponse::new(response, received_at));
             }

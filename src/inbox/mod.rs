@@ -57,9 +57,9 @@ pub struct Delivery {
     pub json: Option<serde_json::Value>,
     /// The kept headers, lowercase name → value, as a JSON object.
     pub headers: serde_json::Value,
-    /// Whether the source hands its events on downstream: if so, the claim queues a delivery
-    /// in the outbox in the same transaction.
-    pub forward: bool,
+    /// The forward targets (by name) whose `events` patterns match this event: the claim
+    /// queues one outbox row for each in the same transaction. Empty: nothing is queued.
+    pub forward: Vec<String>,
     /// When the in-flight wait of this delivery ends: every wait of its claim (for a write
     /// turn, for another transaction's claim, on each try) ends by then, in all.
     pub deadline: std::time::Instant,
@@ -133,7 +133,7 @@ pub enum ClaimError {
 /// conflict on the payload as well as the id, see [`Delivery::dedupe_key`]). Otherwise claim
 /// and answer are one INSERT (and may be batched with others, see [`Batcher`]).
 pub fn needs_transaction(delivery: &Delivery, handler: &dyn Handler) -> bool {
-    handler.uses_connection() || delivery.forward || delivery.dedupe_key.is_some()
+    handler.uses_connection() || !delivery.forward.is_empty() || delivery.dedupe_key.is_some()
 }
 
 /// Claims, processes and stores `delivery` atomically, or finds the stored answer.
@@ -285,8 +285,8 @@ fn claim_in_transaction(
     };
     let response = run_handler(handler, conn, &event(delivery, claimed.row, received_at))?;
     events::set_answer(conn, claimed.row, &answer(&response))?;
-    if delivery.forward {
-        deliveries::enqueue(conn, claimed.row)?;
+    if !delivery.forward.is_empty() {
+        deliveries::enqueue(conn, claimed.row, &delivery.forward)?;
     }
     Ok(Some(Outcome::Claimed(StoredResponse::new(
         response,

@@ -59,6 +59,22 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
         ),
         ("[database]\nurl = \"sqlite://\"\n", "database.url"),
         ("[server\n", "line 1"),
+        (
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[[sources.s.forward]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n[[sources.s.forward]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+            "sources.s.forward[1].name",
+        ),
+        (
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[[sources.s.forward]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nevents = [\"\"]\n",
+            "sources.s.forward[0].events[0]",
+        ),
+        (
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[[sources.s.forward]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nrate = \"lots\"\n",
+            "sources.s.forward[0].rate",
+        ),
+        (
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[[sources.s.forward]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nconcurrency = 0\n",
+            "sources.s.forward[0].concurrency",
+        ),
     ];
     for (config, key) in cases {
         let (code, stderr) = serve_with(config);

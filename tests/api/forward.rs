@@ -252,11 +252,15 @@ async fn a_dispatcher_pass_sends_what_is_due_and_then_nothing() {
         .iter()
         .find(|s| s.name.as_str() == "stripe")
         .expect("stripe is configured");
-    let target = Target::new(stripe.forward.clone().expect("it forwards")).expect("a target");
+    let config = stripe.forward.first().expect("it forwards").clone();
+    let target = Target::new(config).expect("a target");
     let outbox = Outbox::new(
         hookbox::db::pool(&forwarding.database, Duration::from_secs(3)).expect("a pool"),
         Arc::new(Metrics::new(forwarding.sources.iter().map(|s| &s.name))),
-        HashMap::from([("stripe".to_owned(), Arc::new(target))]),
+        HashMap::from([(
+            ("stripe".to_owned(), "default".to_owned()),
+            Arc::new(target),
+        )]),
     )
     .expect("one source forwards");
 

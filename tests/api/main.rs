@@ -40,5 +40,6 @@ mod security;
 mod send;
 mod storable;
 mod stores;
+mod targets;
 mod vectors;
 mod webdriver;
