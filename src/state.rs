@@ -63,13 +63,15 @@ pub fn sources(
                 .forward
                 .iter()
                 .map(|config| {
-                    forward::Target::new(config.clone()).map(Arc::new).map_err(|e| {
-                        anyhow::anyhow!(
-                            "sources.{}.forward ({}).secret: {e}",
-                            source.name,
-                            config.name
-                        )
-                    })
+                    forward::Target::new(config.clone())
+                        .map(Arc::new)
+                        .map_err(|e| {
+                            anyhow::anyhow!(
+                                "sources.{}.forward ({}).secret: {e}",
+                                source.name,
+                                config.name
+                            )
+                        })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             Ok((
