@@ -209,16 +209,18 @@ async fn answer(
         deadline: Instant::now() + state.in_flight_wait,
         dedupe_key: source.dedupe_body.then_some(fingerprint),
     };
-    let outcome = tokio::time::timeout_at(deadline, claim(state, source.clone(), delivery))
-        .await
-        .map_err(|_| {
-            // The claim's thread goes on; if its transaction still commits, the provider's
-            // retry gets the stored answer.
-            Failed::because(
-                ApiError::Unavailable,
-                "the database did not answer within the request timeout",
-            )
-        })??;
+    let answer_by = deadline.into_std();
+    let outcome =
+        tokio::time::timeout_at(deadline, claim(state, source.clone(), delivery, answer_by))
+            .await
+            .map_err(|_| {
+                // The claim's thread goes on; if its transaction still commits, the provider's
+                // retry gets the stored answer.
+                Failed::because(
+                    ApiError::Unavailable,
+                    "the database did not answer within the request timeout",
+                )
+            })??;
     match outcome {
         Outcome::Claimed(stored) => {
             if queues {
@@ -312,7 +314,7 @@ async fn batch(
     }
 
     let deliveries = Arc::new(deliveries);
-    let claiming = claim_blocking(state, {
+    let claiming = claim_blocking(state, deadline.into_std(), {
         let deliveries = deliveries.clone();
         let source = source.clone();
         move |conn| inbox::claim_batch(conn, &deliveries, source.handler.as_ref())
@@ -361,9 +363,10 @@ async fn claim(
     state: &web::Data<AppState>,
     source: Arc<Source>,
     delivery: Delivery,
+    answer_by: Instant,
 ) -> Result<Outcome, Failed> {
     let outcome = if inbox::needs_transaction(&delivery, source.handler.as_ref()) {
-        claim_in_transaction(state, source, delivery).await?
+        claim_in_transaction(state, source, delivery, answer_by).await?
     } else {
         state.claims.claim(delivery, source.handler.clone()).await
     };
@@ -400,22 +403,27 @@ fn targets_for(source: &Source, event_type: Option<&str>) -> Vec<String> {
 }
 
 /// A claim whose handler writes (or whose source forwards): one transaction on a blocking
-/// thread with a pooled connection.
+/// thread with a pooled connection. `answer_by` is when the request is answered 503 if the
+/// claim has not finished: a claim on a dead connection is tried again on a fresh one only
+/// before then, so a delivery already answered 503 is not stored by a second try behind it.
 async fn claim_in_transaction(
     state: &web::Data<AppState>,
     source: Arc<Source>,
     delivery: Delivery,
+    answer_by: Instant,
 ) -> Result<Result<Outcome, ClaimError>, Failed> {
-    claim_blocking(state, move |conn| {
+    claim_blocking(state, answer_by, move |conn| {
         inbox::claim(conn, &delivery, source.handler.as_ref())
     })
     .await
 }
 
 /// Runs `claim` on a blocking thread with a pooled connection, and once more on a fresh one
-/// when the pooled one turns out dead before anything committed.
+/// when the pooled one turns out dead before anything committed, if that is before
+/// `answer_by` (when the request is answered 503 without it).
 async fn claim_blocking<T: Send + 'static>(
     state: &web::Data<AppState>,
+    answer_by: Instant,
     claim: impl Fn(&mut crate::db::Conn) -> Result<T, ClaimError> + Send + 'static,
 ) -> Result<Result<T, ClaimError>, Failed> {
     let state = state.clone();
@@ -434,9 +442,15 @@ async fn claim_blocking<T: Send + 'static>(
         // Claiming again on a fresh one is safe whatever the dead one managed to commit: a
         // committed claim comes back as a replay of the same stored bytes.
         if let Err(ClaimError::Database(e)) = &outcome {
-            if conn.note(e) {
+            if conn.note(e) && Instant::now() < answer_by {
                 drop(conn);
                 conn = checkout()?;
+                if Instant::now() >= answer_by {
+                    return Err(Failed::because(
+                        ApiError::Unavailable,
+                        "the connection died and no fresh one came before the request timeout",
+                    ));
+                }
                 outcome = claim(&mut conn);
                 if let Err(ClaimError::Database(e)) = &outcome {
                     conn.note(e);

@@ -455,11 +455,18 @@ impl Answer {
 
 /// The test thread's client. Its pool has no connection limit, so requests sent together go
 /// out together, each on a connection of its own (HTTP/1.1 carries one request at a time); one
-/// client per thread, because building its TLS connector costs milliseconds.
+/// client per thread, because building its TLS connector costs milliseconds. It keeps an idle
+/// connection for 2 s, well inside the server's 5 s keep-alive: a connection idle longer may be
+/// closed by the server just as a request goes out on it, which awc reports as "connector has
+/// been disconnected" (a client race, not an answer of the server's).
 pub fn client() -> awc::Client {
     thread_local! {
         static CLIENT: awc::Client = awc::Client::builder()
-            .connector(awc::Connector::new().limit(0))
+            .connector(
+                awc::Connector::new()
+                    .limit(0)
+                    .conn_keep_alive(Duration::from_secs(2)),
+            )
             .timeout(Duration::from_secs(30))
             .disable_redirects()
             .finish();
