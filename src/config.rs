@@ -771,11 +771,13 @@ impl RawSource {
                 ))
             }
         };
-        let tolerance = self.tolerance.unwrap_or(Duration::from_secs(300));
+        let tolerance = self
+            .tolerance
+            .unwrap_or(crate::providers::DEFAULT_TOLERANCE);
         // Building the provider is how a key of its own is found wrong, or a secret unusable
         // (a Standard Webhooks secret that is not base64), and that is a config error like any
         // other.
-        let provider = scheme.build(&secrets, tolerance).map_err(
+        let provider = scheme.build_source(&secrets, self.tolerance).map_err(
             |ProviderError {
                  key: field,
                  problem,

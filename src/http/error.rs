@@ -59,6 +59,9 @@ pub enum ApiError {
     /// 401 `unauthorized` (admin API).
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// 403 `forbidden`: a handshake's token (Meta's `hub.verify_token`) does not match.
+    #[error("the verification token does not match")]
+    Forbidden,
     /// 404 `not_found`.
     #[error("nothing is here")]
     NotFound,
@@ -123,6 +126,7 @@ impl ApiError {
             ApiError::ProcessingFailed => "processing_failed",
             ApiError::Unavailable | ApiError::Database(_) => "unavailable",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::Forbidden => "forbidden",
             ApiError::NotFound => "not_found",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::NotDead(_) => "not_dead",
@@ -144,6 +148,7 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::UnknownSource | ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InvalidSignature | ApiError::StaleTimestamp | ApiError::Unauthorized => {

@@ -577,6 +577,7 @@ pub fn refused(refusal: Refusal) -> ApiError {
         Refusal::MalformedPayload => ApiError::MalformedPayload,
         Refusal::MissingEventId => ApiError::MissingEventId,
         Refusal::Unavailable => ApiError::Unavailable,
+        Refusal::Forbidden => ApiError::Forbidden,
     }
 }
 

@@ -10,15 +10,19 @@
 //! provider of one's own, [`Registry::with`] and [`Config::parse_with`](crate::Config::parse_with)).
 
 mod adyen;
+mod bitbucket;
 mod braintree;
 pub mod certs;
 mod checkout;
 pub mod generic;
 mod github;
+mod gitlab;
 mod gocardless;
 mod keys;
 mod lemonsqueezy;
+mod linear;
 pub mod mac;
+mod meta;
 mod mollie;
 mod paddle;
 mod paypal;
@@ -29,6 +33,8 @@ mod square;
 pub mod standard;
 mod stripe;
 mod twilio;
+mod twitch;
+mod zoom;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -193,6 +199,8 @@ pub enum Refusal {
     /// Something the check needs (a key or certificate fetched from the provider) could not be
     /// had just now; the provider should retry.
     Unavailable,
+    /// A handshake whose token does not match (Meta's `hub.verify_token`): 403, nothing echoed.
+    Forbidden,
 }
 
 impl From<SignatureError> for Refusal {
@@ -428,6 +436,10 @@ pub struct Settings<'a> {
     pub secrets: &'a [Secret],
     /// How far a signed timestamp may be from now, either way.
     pub tolerance: Duration,
+    /// Whether the source set `tolerance` itself; when it did not, `tolerance` is
+    /// [`DEFAULT_TOLERANCE`], which a provider with a window of its own (Twitch's ten minutes)
+    /// may replace.
+    pub tolerance_set: bool,
     /// The source's keys beyond the ones every source has, or `None` when the scheme is named
     /// alone (`--scheme` on the command line), with no config source behind it.
     pub table: Option<&'a toml::Table>,
@@ -455,6 +467,10 @@ impl fmt::Debug for Signing {
             .finish()
     }
 }
+
+/// How far a signed timestamp may be from now when a source sets no `tolerance` (a provider
+/// with a window of its own may use that instead).
+pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
 /// The keys every source takes, whatever its scheme.
 pub const COMMON_KEYS: &[&str] = &[
@@ -603,6 +619,12 @@ impl Registry {
         .with("paypal", paypal::build)
         .with("adyen", adyen::build)
         .with("gocardless", gocardless::build)
+        .with("gitlab", gitlab::build)
+        .with("bitbucket", bitbucket::build)
+        .with("linear", linear::build)
+        .with("zoom", zoom::build)
+        .with("twitch", twitch::build)
+        .with("meta", meta::build)
     }
 
     /// Adds (or replaces) the scheme `name`, built by `build`.
@@ -680,6 +702,27 @@ impl Scheme {
             scheme: self.name,
             secrets,
             tolerance,
+            tolerance_set: true,
+            table: self.table.as_deref(),
+            signing: None,
+        })
+    }
+
+    /// The provider of a configured source: as [`Scheme::build`], with the source's
+    /// `tolerance` when it sets one, and the provider's own default otherwise.
+    ///
+    /// # Errors
+    /// As [`Scheme::build`].
+    pub fn build_source(
+        &self,
+        secrets: &[Secret],
+        tolerance: Option<Duration>,
+    ) -> Result<Arc<dyn Provider>, ProviderError> {
+        (self.build)(&Settings {
+            scheme: self.name,
+            secrets,
+            tolerance: tolerance.unwrap_or(DEFAULT_TOLERANCE),
+            tolerance_set: tolerance.is_some(),
             table: self.table.as_deref(),
             signing: None,
         })
@@ -701,6 +744,7 @@ impl Scheme {
             scheme: self.name,
             secrets,
             tolerance,
+            tolerance_set: true,
             table: self.table.as_deref(),
             signing: Some(signing),
         })
@@ -792,7 +836,8 @@ mod tests {
         assert_eq!(
             registry.names(),
             "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio, paddle, \
-             checkout, razorpay, mollie, lemonsqueezy, square, paypal, adyen, gocardless"
+             checkout, razorpay, mollie, lemonsqueezy, square, paypal, adyen, gocardless, gitlab, \
+             bitbucket, linear, zoom, twitch, meta"
         );
         for provider in every_scheme() {
             assert!(registry.scheme(provider.scheme(), None).is_ok());

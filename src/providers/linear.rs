@@ -1,0 +1,281 @@
+//! Linear: `Linear-Signature` is the hex HMAC-SHA256 of the raw body, keyed by the webhook's
+//! signing secret. The time is in the body: `webhookTimestamp`, unix milliseconds, which must be
+//! within one minute of now (Linear's own rule, as its SDK checks it; a source's `tolerance`
+//! may narrow that window, never widen it). The id is `Linear-Delivery`, the type
+//! `Linear-Event`. `webhookTimestamp` changes on every retry, so the fingerprint leaves it out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::mac::{any_matches, header_text, hex_tags, matched, required_header, tag_of};
+use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError, Signed};
+
+/// A Linear source: its signing secrets, used as text, and its window.
+#[derive(Debug)]
+pub struct Linear {
+    keys: Keys,
+    window: Duration,
+}
+
+/// Linear's own window: a delivery more than a minute off is refused whatever `tolerance` says.
+const WINDOW: Duration = Duration::from_secs(60);
+
+/// Builds a Linear source; it takes no key of its own.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    settings.only(&[])?;
+    Ok(Arc::new(Linear {
+        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        window: if settings.tolerance_set {
+            settings.tolerance.min(WINDOW)
+        } else {
+            WINDOW
+        },
+    }))
+}
+
+const SIGNATURE: &str = "Linear-Signature";
+const DELIVERY: &str = "Linear-Delivery";
+const EVENT: &str = "Linear-Event";
+const TIMESTAMP_FIELD: &str = "webhookTimestamp";
+
+/// What a capture keeps.
+const KEPT_HEADERS: &[&str] = &["linear-signature", "linear-delivery", "linear-event"];
+
+impl Provider for Linear {
+    fn scheme(&self) -> &'static str {
+        "linear"
+    }
+
+    fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
+        let signature = required_header(headers, SIGNATURE)?;
+        matched(any_matches(
+            self.keys.all(),
+            &[body],
+            &hex_tags([signature]),
+        ))?;
+        let json: serde_json::Value =
+            serde_json::from_slice(body).map_err(|_| SignatureError::Invalid)?;
+        let millis = json
+            .get(TIMESTAMP_FIELD)
+            .and_then(serde_json::Value::as_i64)
+            .ok_or(SignatureError::Invalid)?;
+        // Judged in milliseconds, as Linear's SDK does: 60.5 s off is outside one minute.
+        let skew = Duration::from_millis(now.saturating_mul(1000).abs_diff(millis));
+        if skew > self.window {
+            Err(SignatureError::Stale)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn needs_json(&self) -> bool {
+        true
+    }
+
+    fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
+        Identity {
+            event_id: header_text(headers, DELIVERY),
+            event_type: header_text(headers, EVENT),
+        }
+    }
+
+    /// The id travels in a header, so `send --event-id` applies.
+    fn id_in_body(&self) -> bool {
+        false
+    }
+
+    fn kept_headers(&self) -> Vec<String> {
+        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        _timestamp: i64,
+        event_id: &str,
+        event_type: Option<&str>,
+    ) -> Vec<(String, String)> {
+        let mut headers = vec![
+            (
+                SIGNATURE.to_owned(),
+                hex::encode(tag_of(self.keys.first(), &[body])),
+            ),
+            (DELIVERY.to_owned(), event_id.to_owned()),
+        ];
+        if let Some(kind) = event_type {
+            headers.push((EVENT.to_owned(), kind.to_owned()));
+        }
+        headers
+    }
+
+    /// The body's `webhookTimestamp` is set to `timestamp` (in milliseconds) first, every other
+    /// byte kept, as Linear stamps each attempt; a JSON object without one gets one.
+    fn sign_delivery(
+        &self,
+        body: &[u8],
+        timestamp: i64,
+        event_id: &str,
+        event_type: Option<&str>,
+    ) -> Signed {
+        let body = stamped(body, timestamp.saturating_mul(1000));
+        Signed {
+            headers: self.sign(&body, timestamp, event_id, event_type),
+            body,
+            query: None,
+            content_type: None,
+        }
+    }
+
+    fn volatile_fields(&self) -> &'static [&'static str] {
+        &["/webhookTimestamp"]
+    }
+}
+
+/// `body` with the digits of its first `"webhookTimestamp": <digits>` replaced by `millis`, or,
+/// for a JSON object without one, with `"webhookTimestamp":<millis>,` added first. Anything else
+/// is returned as it is.
+fn stamped(body: &[u8], millis: i64) -> Vec<u8> {
+    let key = format!("\"{TIMESTAMP_FIELD}\"");
+    let millis = millis.to_string();
+    if let Some(at) = find(body, key.as_bytes()) {
+        let mut i = at + key.len();
+        let skip_space = |i: &mut usize| {
+            while body.get(*i).is_some_and(u8::is_ascii_whitespace) {
+                *i += 1;
+            }
+        };
+        skip_space(&mut i);
+        if body.get(i) == Some(&b':') {
+            i += 1;
+            skip_space(&mut i);
+            let start = i;
+            while body.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+            if i > start {
+                return [&body[..start], millis.as_bytes(), &body[i..]].concat();
+            }
+        }
+        return body.to_vec();
+    }
+    let open = body.iter().position(|b| !b.is_ascii_whitespace());
+    match open {
+        Some(open) if body[open] == b'{' => {
+            let rest = &body[open + 1..];
+            let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+            let comma: &[u8] = if empty { b"" } else { b"," };
+            [
+                &body[..=open],
+                key.as_bytes(),
+                b":",
+                millis.as_bytes(),
+                comma,
+                rest,
+            ]
+            .concat()
+        }
+        _ => body.to_vec(),
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
+/// A body's `webhookTimestamp`, for tests.
+#[cfg(test)]
+fn timestamp_of(body: &[u8]) -> Option<String> {
+    super::mac::json_text(
+        serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .as_ref(),
+        "/webhookTimestamp",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::tests::{headers, verifier};
+    use super::super::{Scheme, SignatureError};
+    use super::{stamped, timestamp_of};
+    use crate::secret::Secret;
+
+    const NOW: i64 = 1_763_649_000;
+
+    #[test]
+    fn send_stamps_the_body_and_signs_what_it_sends() {
+        let linear = verifier("linear", &["lin_wh_secret"]);
+        let body = br#"{"action":"create","type":"Issue","webhookTimestamp":1700000000000}"#;
+        let signed = linear.sign_delivery(body, NOW, "del-1", Some("Issue"));
+        assert_eq!(timestamp_of(&signed.body).as_deref(), Some("1763649000000"));
+        assert!(signed
+            .body
+            .starts_with(br#"{"action":"create","type":"Issue","#));
+        assert_eq!(
+            linear.verify(&signed.headers, &signed.body, NOW + 59),
+            Ok(())
+        );
+        assert_eq!(
+            linear.verify(&signed.headers, &signed.body, NOW + 61),
+            Err(SignatureError::Stale)
+        );
+        assert_eq!(
+            linear.verify(&signed.headers, body, NOW),
+            Err(SignatureError::Invalid)
+        );
+        let identity = linear.identify(&signed.headers, None);
+        assert_eq!(identity.event_id.as_deref(), Some("del-1"));
+        assert_eq!(identity.event_type.as_deref(), Some("Issue"));
+        assert_eq!(linear.volatile_fields(), ["/webhookTimestamp"]);
+    }
+
+    #[test]
+    fn a_body_without_a_timestamp_gets_one_and_is_otherwise_invalid() {
+        assert_eq!(
+            stamped(br#"{"a":1}"#, 5),
+            br#"{"webhookTimestamp":5,"a":1}"#.to_vec()
+        );
+        assert_eq!(stamped(b"{ }", 5), br#"{"webhookTimestamp":5 }"#.to_vec());
+        assert_eq!(stamped(b"[1]", 5), b"[1]".to_vec());
+        let linear = verifier("linear", &["s"]);
+        let unstamped = br#"{"a":1}"#;
+        let sent = linear.sign(unstamped, NOW, "d", None);
+        assert_eq!(
+            linear.verify(&sent, unstamped, NOW),
+            Err(SignatureError::Invalid)
+        );
+        let missing = headers(&[]);
+        assert_eq!(
+            linear.verify(&missing, unstamped, NOW),
+            Err(SignatureError::Invalid)
+        );
+    }
+
+    #[test]
+    fn tolerance_narrows_the_minute_but_never_widens_it() {
+        let build = |tolerance: Option<Duration>| {
+            Scheme::builtin("linear")
+                .expect("built in")
+                .build_source(&[Secret::new("s")], tolerance)
+                .expect("builds")
+        };
+        let body = br#"{"webhookTimestamp":1763649000000}"#;
+        let sent = build(None).sign(body, NOW, "d", None);
+        let wide = build(Some(Duration::from_secs(600)));
+        assert_eq!(
+            wide.verify(&sent, body, NOW + 90),
+            Err(SignatureError::Stale)
+        );
+        let narrow = build(Some(Duration::from_secs(10)));
+        assert_eq!(narrow.verify(&sent, body, NOW + 9), Ok(()));
+        assert_eq!(
+            narrow.verify(&sent, body, NOW + 11),
+            Err(SignatureError::Stale)
+        );
+        assert_eq!(build(None).verify(&sent, body, NOW + 60), Ok(()));
+    }
+}
