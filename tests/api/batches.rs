@@ -403,7 +403,7 @@ async fn concurrent_deliveries_of_one_batch_process_each_item_once_with_identica
         .iter()
         .map(|id| gocardless_event(id, "confirmed"))
         .collect();
-    let deliveries: Vec<Delivery> = (0..8)
+    let deliveries: Vec<Delivery> = (0..50)
         .map(|_| batch(&app.config, "gocardless", 0, &events))
         .collect();
     let answers =
@@ -419,6 +419,57 @@ async fn concurrent_deliveries_of_one_batch_process_each_item_once_with_identica
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     assert_eq!(side_effects(&app), once_each(&ids));
     assert_eq!(app.db.count("events"), 3);
+}
+
+#[actix_web::test]
+async fn fifty_deliveries_of_one_batch_split_across_two_processes_store_each_item_once() {
+    let db = TestDb::create();
+    let text = config_text(&db.url, &sources());
+    let one = Process::serve(&text);
+    let two = Process::serve(&text);
+    let config = parse_config(&text);
+    let items: Vec<Value> = (0..3)
+        .map(|n| adyen_item(&unique_id("PSP"), "AUTHORISATION", 1000 + n))
+        .collect();
+    let deliveries: Vec<(String, Delivery)> = (0..50)
+        .map(|i| {
+            let address = if i % 2 == 0 {
+                &one.address
+            } else {
+                &two.address
+            };
+            (address.clone(), batch(&config, "adyen", i % 2, &items))
+        })
+        .collect();
+    let answers = futures_util::future::join_all(
+        deliveries
+            .iter()
+            .map(|(address, delivery)| send(address, delivery)),
+    )
+    .await;
+
+    let processed = answers.iter().filter(|a| !a.replayed()).count();
+    assert_eq!(
+        processed, 1,
+        "exactly one delivery processes the batch: {answers:?}"
+    );
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(seen(answer), seen(&answers[0]), "{answers:?}");
+    }
+    assert_eq!(answers[0].text(), "[accepted]");
+    assert_eq!(db.count("events"), 3, "each item stored once");
+    let replayed_by_each = [&one.address, &two.address].map(|address| {
+        deliveries
+            .iter()
+            .zip(&answers)
+            .filter(|((to, _), answer)| to == address && answer.replayed())
+            .count()
+    });
+    assert!(
+        replayed_by_each.iter().all(|n| *n >= 24),
+        "both processes answered: {replayed_by_each:?}"
+    );
 }
 
 #[actix_web::test]
