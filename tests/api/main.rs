@@ -35,6 +35,7 @@ mod readiness;
 mod redaction;
 mod replay;
 mod retention;
+mod saas_providers;
 mod schemes;
 mod security;
 mod send;
