@@ -131,8 +131,14 @@ struct Series {
     outcomes: [AtomicU64; 5],
     duration: Histogram,
     purged: AtomicU64,
-    forwarded: [AtomicU64; 3],
     forward_duration: Histogram,
+}
+
+/// The series of one forward target.
+#[derive(Default)]
+struct TargetSeries {
+    forwarded: [AtomicU64; 3],
+    pending: AtomicU64,
 }
 
 /// The process's metrics.
@@ -146,6 +152,10 @@ pub struct Metrics {
     forward_pending: AtomicU64,
     /// Dead-lettered outbox rows, as last counted.
     forward_dead: AtomicU64,
+    /// (source, target) labels of the forward targets, in config order.
+    target_labels: Vec<(String, String)>,
+    target_index: HashMap<(String, String), usize>,
+    targets: Vec<TargetSeries>,
 }
 
 impl Metrics {
@@ -166,7 +176,31 @@ impl Metrics {
             last_purge: AtomicU64::new(0),
             forward_pending: AtomicU64::new(0),
             forward_dead: AtomicU64::new(0),
+            target_labels: Vec::new(),
+            target_index: HashMap::new(),
+            targets: Vec::new(),
         }
+    }
+
+    /// Allocates the series of these forward targets, as (source, target name).
+    pub fn with_targets(mut self, targets: impl IntoIterator<Item = (String, String)>) -> Self {
+        for target in targets {
+            if !self.target_index.contains_key(&target) {
+                self.target_index
+                    .insert(target.clone(), self.target_labels.len());
+                self.target_labels.push(target);
+                self.targets.push(TargetSeries::default());
+            }
+        }
+        self
+    }
+
+    /// The series of a configured target; `None` for one not configured (a row queued for a
+    /// target since removed from the config is not counted).
+    fn target(&self, source: &str, target: &str) -> Option<&TargetSeries> {
+        self.target_index
+            .get(&(source.to_owned(), target.to_owned()))
+            .map(|i| &self.targets[*i])
     }
 
     fn series(&self, source: &str) -> &Series {
@@ -209,21 +243,37 @@ impl Metrics {
         self.last_purge.store(now, Ordering::Relaxed);
     }
 
-    /// Counts one forward attempt and how long it took.
-    pub fn record_forward(&self, source: &str, result: ForwardResult, elapsed: Duration) {
-        let series = self.series(source);
+    /// Counts one forward attempt to a source's target and how long it took.
+    pub fn record_forward(
+        &self,
+        source: &str,
+        target: &str,
+        result: ForwardResult,
+        elapsed: Duration,
+    ) {
+        self.series(source).forward_duration.observe(elapsed);
         let slot = ForwardResult::ALL
             .iter()
             .position(|r| *r == result)
             .expect("every result is in ALL");
-        series.forwarded[slot].fetch_add(1, Ordering::Relaxed);
-        series.forward_duration.observe(elapsed);
+        if let Some(series) = self.target(source, target) {
+            series.forwarded[slot].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// Sets the outbox gauges.
-    pub fn set_outbox(&self, pending: u64, dead: u64) {
+    /// Sets the outbox gauges: the totals, and the pending rows of each (source, target) as
+    /// counted (a target missing from `pending` has none).
+    pub fn set_outbox(&self, pending: u64, dead: u64, pending_by_target: &[(String, String, u64)]) {
         self.forward_pending.store(pending, Ordering::Relaxed);
         self.forward_dead.store(dead, Ordering::Relaxed);
+        for series in &self.targets {
+            series.pending.store(0, Ordering::Relaxed);
+        }
+        for (source, target, n) in pending_by_target {
+            if let Some(series) = self.target(source, target) {
+                series.pending.store(*n, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The Prometheus text exposition of every series.
@@ -268,17 +318,29 @@ impl Metrics {
             self.last_purge.load(Ordering::Relaxed)
         );
 
-        out.push_str("# HELP hookbox_forward_total Forward attempts by source and result.\n");
+        out.push_str(
+            "# HELP hookbox_forward_total Forward attempts by source, target and result.\n",
+        );
         out.push_str("# TYPE hookbox_forward_total counter\n");
-        for (label, series) in rows() {
+        let targets = || self.target_labels.iter().zip(&self.targets);
+        for ((source, target), series) in targets() {
             for (result, count) in ForwardResult::ALL.iter().zip(&series.forwarded) {
                 let _ = writeln!(
                     out,
-                    "hookbox_forward_total{{source=\"{label}\",result=\"{}\"}} {}",
+                    "hookbox_forward_total{{source=\"{source}\",target=\"{target}\",result=\"{}\"}} {}",
                     result.label(),
                     count.load(Ordering::Relaxed)
                 );
             }
+        }
+        out.push_str("# HELP hookbox_forward_pending Pending outbox rows by source and target, as last counted.\n");
+        out.push_str("# TYPE hookbox_forward_pending gauge\n");
+        for ((source, target), series) in targets() {
+            let _ = writeln!(
+                out,
+                "hookbox_forward_pending{{source=\"{source}\",target=\"{target}\"}} {}",
+                series.pending.load(Ordering::Relaxed)
+            );
         }
         out.push_str("# HELP hookbox_forward_duration_seconds Time one forward attempt took.\n");
         out.push_str("# TYPE hookbox_forward_duration_seconds histogram\n");
@@ -331,21 +393,38 @@ mod tests {
     #[test]
     fn purges_and_forwards_are_counted() {
         let stripe = SourceName::try_from("stripe").expect("valid name");
-        let metrics = Metrics::new([&stripe]);
+        let metrics = Metrics::new([&stripe]).with_targets([
+            ("stripe".to_owned(), "billing".to_owned()),
+            ("stripe".to_owned(), "audit".to_owned()),
+        ]);
         let removed =
             std::collections::BTreeMap::from([("stripe".to_owned(), 3u64), ("gone".to_owned(), 2)]);
         metrics.record_purge(&removed, true);
-        metrics.record_forward("stripe", ForwardResult::Retried, Duration::from_millis(2));
-        metrics.record_forward("stripe", ForwardResult::Delivered, Duration::from_millis(2));
-        metrics.set_outbox(4, 1);
+        metrics.record_forward(
+            "stripe",
+            "billing",
+            ForwardResult::Retried,
+            Duration::from_millis(2),
+        );
+        metrics.record_forward(
+            "stripe",
+            "billing",
+            ForwardResult::Delivered,
+            Duration::from_millis(2),
+        );
+        metrics.record_forward("stripe", "gone", ForwardResult::Dead, Duration::ZERO);
+        metrics.set_outbox(4, 1, &[("stripe".to_owned(), "audit".to_owned(), 4)]);
         let text = metrics.render();
         for line in [
             "hookbox_purged_total{source=\"stripe\"} 3",
             "hookbox_purged_total{source=\"_unknown\"} 2",
-            "hookbox_forward_total{source=\"stripe\",result=\"retried\"} 1",
-            "hookbox_forward_total{source=\"stripe\",result=\"delivered\"} 1",
-            "hookbox_forward_total{source=\"stripe\",result=\"dead\"} 0",
-            "hookbox_forward_duration_seconds_count{source=\"stripe\"} 2",
+            "hookbox_forward_total{source=\"stripe\",target=\"billing\",result=\"retried\"} 1",
+            "hookbox_forward_total{source=\"stripe\",target=\"billing\",result=\"delivered\"} 1",
+            "hookbox_forward_total{source=\"stripe\",target=\"billing\",result=\"dead\"} 0",
+            "hookbox_forward_total{source=\"stripe\",target=\"audit\",result=\"delivered\"} 0",
+            "hookbox_forward_pending{source=\"stripe\",target=\"billing\"} 0",
+            "hookbox_forward_pending{source=\"stripe\",target=\"audit\"} 4",
+            "hookbox_forward_duration_seconds_count{source=\"stripe\"} 3",
             "hookbox_forward_outbox{state=\"pending\"} 4",
             "hookbox_forward_outbox{state=\"dead\"} 1",
         ] {

@@ -132,7 +132,15 @@ impl AppState {
         AppState {
             claims: Batcher::start(pool.clone(), writers),
             pool,
-            metrics: Arc::new(Metrics::new(config.sources.iter().map(|s| &s.name))),
+            metrics: Arc::new(
+                Metrics::new(config.sources.iter().map(|s| &s.name)).with_targets(
+                    config.sources.iter().flat_map(|s| {
+                        s.forward
+                            .iter()
+                            .map(|t| (s.name.as_str().to_owned(), t.name.clone()))
+                    }),
+                ),
+            ),
             activity: Activity::new(config.sources.iter().map(|s| &s.name)),
             replay_counts: Arc::default(),
             last_purge: Arc::default(),

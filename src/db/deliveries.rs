@@ -1,7 +1,8 @@
 //! The owner of the `deliveries` table (the forward outbox): every statement on it is here.
 //! A row is queued with its event's claim ([`enqueue`]), taken under a lease by the dispatcher
 //! ([`take_due`]), settled after each attempt ([`settle`]), and shown and re-queued by the
-//! admin API and the console ([`of_event`], [`requeue`], [`counts`]). Rows go with their
+//! admin API and the console ([`of_event`], [`requeue`], [`redeliver`], [`requeue_dead`],
+//! [`counts`], [`pending_by_target`]). Rows go with their
 //! event (`ON DELETE CASCADE`).
 
 use std::time::Duration;
@@ -324,5 +325,113 @@ pub fn counts(conn: &mut AnyConnection) -> QueryResult<(i64, i64)> {
         .count()
         .get_result(c)?;
     Ok((pending, dead))
+    })
+}
+
+/// Pending rows by (source, target), for the per-target gauge.
+pub fn pending_by_target(conn: &mut AnyConnection) -> QueryResult<Vec<(String, String, i64)>> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = Text)]
+        source: String,
+        #[diesel(sql_type = Text)]
+        target: String,
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let query = diesel::sql_query(
+        "SELECT e.source, d.target, count(*) AS n \
+         FROM deliveries d JOIN events e ON e.id = d.event_row \
+         WHERE d.state = 'pending' GROUP BY e.source, d.target",
+    );
+    let rows: Vec<Row> = on_backend!(conn, c => query.load(c))?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.source, r.target, r.n))
+        .collect())
+}
+
+/// The ids re-queued at once by one UPDATE (SQLite caps the bound values of a statement).
+const REQUEUE_CHUNK: usize = 5000;
+
+/// Makes the rows `ids` that are in one of `states` pending again, due now, with a fresh count
+/// of attempts; returns how many changed. The UPDATE re-checks the state, so two re-queues at
+/// once re-queue a row once.
+fn requeue_rows(conn: &mut AnyConnection, ids: &[i64], states: &[&str]) -> QueryResult<usize> {
+    let now = now();
+    let mut requeued = 0;
+    for chunk in ids.chunks(REQUEUE_CHUNK) {
+        requeued += on_backend!(conn, c => diesel::update(
+            deliveries::table
+                .filter(deliveries::id.eq_any(chunk))
+                .filter(deliveries::state.eq_any(states)),
+        )
+        .set((
+            deliveries::state.eq("pending"),
+            deliveries::attempts.eq(0),
+            deliveries::next_attempt_at.eq(now),
+            deliveries::delivered_at.eq(None::<DateTime<Utc>>),
+        ))
+        .execute(c))?;
+    }
+    Ok(requeued)
+}
+
+/// Queues a new attempt series for the delivered or dead deliveries of the event stored in row
+/// `event_row` (only the one to `target`, if given): each is pending again, due now, with a
+/// fresh count of attempts, and goes out with the same key. Pending ones are left as they are.
+/// Returns how many were re-queued.
+pub fn redeliver(
+    conn: &mut AnyConnection,
+    event_row: i64,
+    target: Option<&str>,
+) -> QueryResult<usize> {
+    write_transaction(conn, |conn| {
+        let ids: Vec<i64> = on_backend!(conn, c => {
+            let mut select = deliveries::table
+                .filter(deliveries::event_row.eq(event_row))
+                .select(deliveries::id)
+                .into_boxed();
+            if let Some(target) = target {
+                select = select.filter(deliveries::target.eq(target));
+            }
+            select.load(c)
+        })?;
+        requeue_rows(conn, &ids, &["delivered", "dead"])
+    })
+}
+
+/// Re-queues every dead delivery that matches: of events of `source`, to targets named
+/// `target`, queued at or after `since` (each only if given). Returns how many.
+pub fn requeue_dead(
+    conn: &mut AnyConnection,
+    source: Option<&str>,
+    target: Option<&str>,
+    since: Option<DateTime<Utc>>,
+) -> QueryResult<usize> {
+    write_transaction(conn, |conn| {
+        let ids: Vec<i64> = on_backend!(conn, c => {
+            let mut select = deliveries::table
+                .filter(deliveries::state.eq("dead"))
+                .select(deliveries::id)
+                .into_boxed();
+            if let Some(source) = source {
+                select = select.filter(
+                    deliveries::event_row.eq_any(
+                        events::table
+                            .filter(events::source.eq(source.to_owned()))
+                            .select(events::id),
+                    ),
+                );
+            }
+            if let Some(target) = target {
+                select = select.filter(deliveries::target.eq(target.to_owned()));
+            }
+            if let Some(since) = since {
+                select = select.filter(deliveries::created_at.ge(since));
+            }
+            select.load(c)
+        })?;
+        requeue_rows(conn, &ids, &["dead"])
     })
 }

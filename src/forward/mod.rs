@@ -157,10 +157,20 @@ impl Outbox {
     async fn refresh_gauges(&self) {
         let (pool, metrics) = (self.pool.clone(), self.metrics.clone());
         let counted = web::block(move || {
-            let (pending, dead) = db::with_connection(&pool, deliveries::counts)?;
+            let ((pending, dead), by_target) = db::with_connection(&pool, |conn| {
+                Ok((
+                    deliveries::counts(conn)?,
+                    deliveries::pending_by_target(conn)?,
+                ))
+            })?;
+            let by_target: Vec<(String, String, u64)> = by_target
+                .into_iter()
+                .map(|(source, target, n)| (source, target, u64::try_from(n).unwrap_or(0)))
+                .collect();
             metrics.set_outbox(
                 u64::try_from(pending).unwrap_or(0),
                 u64::try_from(dead).unwrap_or(0),
+                &by_target,
             );
             Ok::<_, db::DbError>(())
         })
@@ -268,7 +278,9 @@ async fn attempt(outbox: &Outbox, client: &awc::Client, due: Due) {
             tracing::error!(error = %error, "forward gave up; the delivery is dead-lettered")
         }
     }
-    outbox.metrics.record_forward(&due.source, result, elapsed);
+    outbox
+        .metrics
+        .record_forward(&due.source, &due.target, result, elapsed);
 
     let pool = outbox.pool.clone();
     let id = due.id;

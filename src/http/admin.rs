@@ -130,6 +130,95 @@ pub(super) fn deliveries_of(
         .transpose()
 }
 
+/// `POST /admin/events/{source}/{event_id}/redeliver` query.
+#[derive(Deserialize)]
+pub struct RedeliverQuery {
+    target: Option<String>,
+}
+
+/// `POST /admin/events/{source}/{event_id}/redeliver[?target=NAME]`: a new attempt series for
+/// each delivered or dead delivery of the event (to one target, if named), with the same key.
+/// 202 `{"requeued": N}`; 404 when no such event is stored.
+pub async fn redeliver_event(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    query: web::Query<RedeliverQuery>,
+    _: Admin<Bearer>,
+) -> Result<HttpResponse, ApiError> {
+    let (source, event_id) = path.into_inner();
+    let target = query.into_inner().target;
+    let requeued = redeliver(&state, source, event_id, target, "the admin API")
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(HttpResponse::Accepted().json(serde_json::json!({ "requeued": requeued })))
+}
+
+/// Re-queues the stored event's delivered and dead deliveries (to `target` only, if given) and
+/// wakes the dispatcher. `None`: no such event. `by` names who asked, for the log.
+pub(super) async fn redeliver(
+    state: &web::Data<AppState>,
+    source: String,
+    event_id: String,
+    target: Option<String>,
+    by: &'static str,
+) -> Result<Option<usize>, ApiError> {
+    let (logged_source, logged_id, logged_target) =
+        (source.clone(), event_id.clone(), target.clone());
+    let requeued = with_db(state, "redeliver", move |conn| {
+        db::events::row_of(conn, &source, &event_id)?
+            .map(|row| deliveries::redeliver(conn, row, target.as_deref()))
+            .transpose()
+    })
+    .await?;
+    if let Some(n) = requeued.filter(|n| *n > 0) {
+        tracing::info!(
+            source = %logged_source,
+            event.id = %logged_id,
+            target = logged_target.as_deref().unwrap_or("*"),
+            requeued = n,
+            "event redelivered by {by}"
+        );
+        state.forward.queued();
+    }
+    Ok(requeued)
+}
+
+/// `POST /admin/deliveries/requeue` query.
+#[derive(Deserialize)]
+pub struct RequeueQuery {
+    source: Option<String>,
+    target: Option<String>,
+    since: Option<String>,
+}
+
+/// `POST /admin/deliveries/requeue?source=&target=&since=`: every dead delivery that matches
+/// (of that source's events, to targets of that name, queued since then; each only if given)
+/// becomes pending again. 202 `{"requeued": N}`.
+pub async fn requeue_dead(
+    state: web::Data<AppState>,
+    query: web::Query<RequeueQuery>,
+    _: Admin<Bearer>,
+) -> Result<HttpResponse, ApiError> {
+    let query = query.into_inner();
+    let since = query.since.as_deref().map(parse_since).transpose()?;
+    let (source, target) = (query.source.clone(), query.target.clone());
+    let requeued = with_db(&state, "bulk requeue", move |conn| {
+        deliveries::requeue_dead(conn, source.as_deref(), target.as_deref(), since)
+    })
+    .await?;
+    tracing::info!(
+        source = query.source.as_deref().unwrap_or("*"),
+        target = query.target.as_deref().unwrap_or("*"),
+        since = query.since.as_deref().unwrap_or("-"),
+        requeued,
+        "dead deliveries re-queued by the admin API"
+    );
+    if requeued > 0 {
+        state.forward.queued();
+    }
+    Ok(HttpResponse::Accepted().json(serde_json::json!({ "requeued": requeued })))
+}
+
 /// `POST /admin/deliveries/{id}/requeue`: a dead delivery becomes pending again, due now.
 pub async fn requeue_delivery(
     state: web::Data<AppState>,

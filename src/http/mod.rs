@@ -70,6 +70,14 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::get().to(admin::event_deliveries),
     )
     .route(
+        "/admin/events/{source}/{event_id}/redeliver",
+        web::post().to(admin::redeliver_event),
+    )
+    .route(
+        "/admin/deliveries/requeue",
+        web::post().to(admin::requeue_dead),
+    )
+    .route(
         "/admin/deliveries/{id}/requeue",
         web::post().to(admin::requeue_delivery),
     )

@@ -308,7 +308,9 @@ async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() 
     );
     let metrics = app.get("/metrics", None).await.text();
     assert!(
-        metrics.contains("hookbox_forward_total{source=\"stripe\",result=\"dead\"} 1"),
+        metrics.contains(
+            "hookbox_forward_total{source=\"stripe\",target=\"default\",result=\"dead\"} 1"
+        ),
         "{metrics}"
     );
 

@@ -159,3 +159,211 @@ async fn the_single_table_form_is_one_target_named_default() {
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].header("x-hookbox-target"), "default");
 }
+
+/// An admin POST; its status and JSON body.
+async fn admin_post(app: &TestApp, path: &str) -> (u16, serde_json::Value) {
+    let mut response = awc::Client::new()
+        .post(format!("{}{path}", app.address))
+        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+        .send()
+        .await
+        .expect("the admin API answers");
+    let body = response.body().await.expect("a body");
+    let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    (response.status().as_u16(), json)
+}
+
+/// The state of each of the event's deliveries, by target.
+async fn states(app: &TestApp, id: &str) -> Vec<(String, String)> {
+    let mut states: Vec<(String, String)> = deliveries(app, id)
+        .await
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|d| {
+            (
+                d["target"].as_str().unwrap_or_default().to_owned(),
+                d["state"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    states.sort();
+    states
+}
+
+#[actix_web::test]
+async fn an_event_is_redelivered_to_each_target_or_to_one_with_the_same_key() {
+    let (a, b) = (
+        Downstream::start(always(200)),
+        Downstream::start(always(200)),
+    );
+    let app = TestApp::spawn_with(
+        &format!("{}{}", target("a", &a.url, None), target("b", &b.url, None)),
+        Handlers::default(),
+    )
+    .await;
+    let id = send_event(&app, "payment_intent.succeeded").await;
+    let key = format!("stripe:{id}");
+    settled(&app, &[&id], "delivered").await;
+
+    let path = format!("/admin/events/stripe/{id}/redeliver");
+    assert_eq!(
+        admin_post(&app, &path).await,
+        (202, serde_json::json!({"requeued": 2}))
+    );
+    settled(&app, &[&id], "delivered").await;
+    for downstream in [&a, &b] {
+        let received = downstream.for_key(&key);
+        assert_eq!(received.len(), 2, "sent again");
+        assert!(received.iter().all(|r| r.header("idempotency-key") == key));
+        assert_eq!(received[1].header("x-hookbox-attempt"), "1", "a new series");
+    }
+
+    assert_eq!(
+        admin_post(&app, &format!("{path}?target=a")).await,
+        (202, serde_json::json!({"requeued": 1}))
+    );
+    settled(&app, &[&id], "delivered").await;
+    assert_eq!(a.for_key(&key).len(), 3, "a got it again");
+    assert_eq!(b.for_key(&key).len(), 2, "b did not");
+
+    assert_eq!(
+        admin_post(&app, &format!("{path}?target=nope")).await,
+        (202, serde_json::json!({"requeued": 0}))
+    );
+    let (status, body) = admin_post(&app, "/admin/events/stripe/evt_never_stored/redeliver").await;
+    assert_eq!(
+        (status, &body["error"]),
+        (404, &serde_json::json!("not_found"))
+    );
+    let unauthorised = awc::Client::new()
+        .post(format!("{}{path}", app.address))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(unauthorised.status().as_u16(), 401);
+}
+
+#[actix_web::test]
+async fn dead_deliveries_are_requeued_in_bulk_by_source_and_target() {
+    let (a, b) = (
+        Downstream::start(always(200)),
+        Downstream::start(always(410)),
+    );
+    let app = TestApp::spawn_with(
+        &format!("{}{}", target("a", &a.url, None), target("b", &b.url, None)),
+        Handlers::default(),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(send_event(&app, "charge.refunded").await);
+    }
+    let expected = |b: &str| {
+        vec![
+            ("a".to_owned(), "delivered".to_owned()),
+            ("b".to_owned(), b.to_owned()),
+        ]
+    };
+    for id in &ids {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while states(&app, id).await != expected("dead") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{:?}",
+                states(&app, id).await
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    b.behave(always(200));
+
+    let none = serde_json::json!({"requeued": 0});
+    for query in [
+        "source=stripe&target=a",
+        "source=github&target=b",
+        "source=stripe&target=b&since=2999-01-01",
+        "source=stripe&target=c",
+    ] {
+        assert_eq!(
+            admin_post(&app, &format!("/admin/deliveries/requeue?{query}")).await,
+            (202, none.clone()),
+            "{query}"
+        );
+    }
+    let (status, body) = admin_post(&app, "/admin/deliveries/requeue?since=whenever").await;
+    assert_eq!(
+        (status, &body["error"]),
+        (400, &serde_json::json!("invalid_query"))
+    );
+
+    assert_eq!(
+        admin_post(
+            &app,
+            "/admin/deliveries/requeue?source=stripe&target=b&since=1h"
+        )
+        .await,
+        (202, serde_json::json!({"requeued": 3}))
+    );
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    settled(&app, &refs, "delivered").await;
+    for id in &ids {
+        let key = format!("stripe:{id}");
+        let to_b = b.for_key(&key);
+        let statuses: Vec<u16> = to_b.iter().map(|r| r.status).collect();
+        assert_eq!(statuses, [410, 200], "dead once, then sent again");
+        assert!(to_b.iter().all(|r| r.header("idempotency-key") == key));
+        assert_eq!(
+            a.for_key(&key).len(),
+            1,
+            "a's delivered rows are left alone"
+        );
+    }
+    assert_eq!(
+        admin_post(&app, "/admin/deliveries/requeue?source=stripe").await,
+        (202, none),
+        "nothing dead is left"
+    );
+
+    let metrics = app.get("/metrics", None).await.text();
+    for line in [
+        "hookbox_forward_total{source=\"stripe\",target=\"a\",result=\"delivered\"} 3",
+        "hookbox_forward_total{source=\"stripe\",target=\"b\",result=\"dead\"} 3",
+        "hookbox_forward_total{source=\"stripe\",target=\"b\",result=\"delivered\"} 3",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}
+
+#[actix_web::test]
+async fn pending_deliveries_are_counted_per_target() {
+    let fast = Downstream::start(always(200));
+    let slow = Downstream::start(|_, _| (200, Duration::from_secs(30)));
+    let app = TestApp::spawn_with(
+        &format!(
+            "{}{}",
+            target("fast", &fast.url, None),
+            target("slow", &slow.url, None).replace("timeout = \"5s\"", "timeout = \"60s\"")
+        ),
+        Handlers::default(),
+    )
+    .await;
+    let first = send_event(&app, "a").await;
+    let second = send_event(&app, "b").await;
+    let key = |id: &str| format!("stripe:{id}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = app.get("/metrics", None).await.text();
+        if metrics.contains("hookbox_forward_pending{source=\"stripe\",target=\"slow\"} 2")
+            && metrics.contains("hookbox_forward_pending{source=\"stripe\",target=\"fast\"} 0")
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        actix_web::rt::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        fast.for_key(&key(&first)).len() + fast.for_key(&key(&second)).len(),
+        2
+    );
+}
