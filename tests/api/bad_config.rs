@@ -37,6 +37,22 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
             "sources.pp.webhook_id",
         ),
         (
+            "[sources.pp]\nscheme = \"paypal\"\nwebhook_id = \"W\"\nsecrets_env = \"HOME\"\n",
+            "sources.pp.secrets",
+        ),
+        (
+            "[sources.sq]\nscheme = \"square\"\nsecrets = [\"x\"]\n",
+            "sources.sq.public_url",
+        ),
+        (
+            "[sources.bt]\nscheme = \"braintree\"\nsecrets = [\"x\"]\n",
+            "sources.bt.public_key",
+        ),
+        (
+            "[sources.tw]\nscheme = \"twilio\"\nsecrets = [\"x\"]\n",
+            "sources.tw.public_url",
+        ),
+        (
             "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\ntolerance = \"5 fortnights\"\n",
             "sources.s.tolerance",
         ),

@@ -19,7 +19,7 @@ public_key = "btpublickey1"
 
 [sources.twilio]
 scheme = "twilio"
-secrets = ["twilio-auth-token"]
+secrets = ["twilio-auth-token", "twilio-auth-token-next"]
 public_url = "https://hooks.example.com/webhooks/twilio"
 "#;
 
@@ -39,8 +39,17 @@ struct Signed {
 
 /// `body` signed now for `source` by the signing code of `send` and `replay`.
 fn signed(app: &TestApp, source: &'static str, body: &[u8], event_id: &str) -> Signed {
-    let signer =
-        Signer::from_config(&app.config, &Signing::default()).expect("the test config signs");
+    signed_with(&app.config, source, body, event_id)
+}
+
+/// `body` signed now for `source` as `config` (whose first secret signs) has it.
+fn signed_with(
+    config: &hookbox::Config,
+    source: &'static str,
+    body: &[u8],
+    event_id: &str,
+) -> Signed {
+    let signer = Signer::from_config(config, &Signing::default()).expect("the test config signs");
     let verifier = signer.for_source(source).expect("a configured source");
     let identity = Identity {
         event_id: Some(event_id.to_owned()),
@@ -192,6 +201,33 @@ async fn a_tampered_braintree_payload_or_a_wrong_key_is_401_and_nothing_is_store
         assert_eq!(answer.error(), "invalid_signature");
     }
     assert_eq!(app.db.count("events"), 0);
+}
+
+#[actix_web::test]
+async fn a_delivery_signed_with_the_second_secret_verifies_for_both_schemes() {
+    let app = spawn().await;
+    // The signing code signs with a source's first secret: reversed, the second one signs.
+    let mut config = app.config.clone();
+    for source in &mut config.sources {
+        if ["braintree", "twilio"].contains(&source.name.as_str()) {
+            assert_eq!(
+                source.secrets.len(),
+                2,
+                "{} is mid-rotation",
+                source.name.as_str()
+            );
+            source.secrets.reverse();
+        }
+    }
+    let xml = notification("subscription_charged_successfully", &unique_id("sub"));
+    let form = format!("CallSid={}&CallStatus=completed", unique_id("CA"));
+    for (source, body) in [("braintree", xml.as_bytes()), ("twilio", form.as_bytes())] {
+        let request = signed_with(&config, source, body, &unique_id("tok"));
+        let answer = post(&app, &request).await;
+        assert_eq!(answer.status, 200, "{source}: {}", answer.text());
+        assert!(!answer.replayed(), "{source}");
+    }
+    assert_eq!(app.db.count("events"), 2);
 }
 
 #[actix_web::test]
