@@ -621,3 +621,64 @@ async fn a_hostile_value_in_every_shown_field_comes_out_escaped() {
         missing.text()
     );
 }
+
+#[actix_web::test]
+async fn the_event_page_shows_deliveries_per_target_and_redelivers_the_event() {
+    use crate::targets::{send_event, settled, target};
+    let (a, b) = (
+        Downstream::start(always(200)),
+        Downstream::start(always(200)),
+    );
+    let app = TestApp::spawn_with(
+        &format!("{}{}", target("a", &a.url, None), target("b", &b.url, None)),
+        Handlers::default(),
+    )
+    .await;
+    let id = send_event(&app, "charge.refunded").await;
+    let key = format!("stripe:{id}");
+    settled(&app, &[&id], "delivered").await;
+
+    let cookie = log_in(&app).await;
+    let page = event_page(&app, &cookie, "stripe", &id).await.text();
+    for shown in [
+        "<td class=\"target\">a</td>",
+        "<td class=\"target\">b</td>",
+        "id=\"redeliver-a\"",
+        "id=\"redeliver-b\"",
+        "id=\"redeliver-all\"",
+    ] {
+        assert!(page.contains(shown), "{shown} in {page}");
+    }
+    let csrf = csrf_of(&page);
+    let path = "/console/events/redeliver";
+    let back = [("source", "stripe"), ("event_id", id.as_str())];
+    let refused = post_form(&app, path, Some(&cookie), &back).await;
+    assert_eq!(refused.status, 403, "no CSRF token");
+    assert_eq!(a.for_key(&key).len(), 1, "nothing was re-queued");
+
+    let mut every = back.to_vec();
+    every.push(("csrf", &csrf));
+    let accepted = post_form(&app, path, Some(&cookie), &every).await;
+    assert_eq!(accepted.status, 303);
+    let location = accepted.header("Location").expect("back").to_owned();
+    assert!(
+        location.contains("notice=redelivered") && location.contains("count=2"),
+        "{location}"
+    );
+    settled(&app, &[&id], "delivered").await;
+    assert_eq!((a.for_key(&key).len(), b.for_key(&key).len()), (2, 2));
+    let shown = get_page(&app, &location, Some(&cookie)).await.text();
+    assert!(shown.contains("2 deliveries are re-queued"), "{shown}");
+
+    let mut one = every.clone();
+    one.push(("target", "a"));
+    let accepted = post_form(&app, path, Some(&cookie), &one).await;
+    let location = accepted.header("Location").expect("back").to_owned();
+    assert!(location.contains("count=1"), "{location}");
+    settled(&app, &[&id], "delivered").await;
+    assert_eq!((a.for_key(&key).len(), b.for_key(&key).len()), (3, 2));
+    assert!(a
+        .for_key(&key)
+        .iter()
+        .all(|r| r.header("idempotency-key") == key));
+}

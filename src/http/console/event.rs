@@ -1,5 +1,6 @@
 //! `GET /console/event?source=&id=`: one stored event whole (kept headers, body, stored
-//! response, forward deliveries), and `POST /console/deliveries/{id}/requeue`.
+//! response, forward deliveries per target), `POST /console/deliveries/{id}/requeue` and
+//! `POST /console/events/redeliver`.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
@@ -28,6 +29,8 @@ pub struct Which {
     id: String,
     notice: Option<String>,
     delivery: Option<i64>,
+    /// After a redeliver: how many deliveries were re-queued.
+    count: Option<usize>,
 }
 
 fn load(
@@ -55,6 +58,32 @@ fn body_block(id: &str, bytes: &[u8]) -> Markup {
 }
 
 fn notice(which: &Which) -> Option<(bool, String)> {
+    if which.notice.as_deref() == Some("unavailable") {
+        return Some((
+            false,
+            "The database did not answer; nothing was re-queued.".to_owned(),
+        ));
+    }
+    if which.notice.as_deref() == Some("redelivered") {
+        let count = which.count?;
+        return Some(match count {
+            0 => (
+                false,
+                "Nothing was re-queued: no delivery is delivered or dead (pending ones are \
+                 under way)."
+                    .to_owned(),
+            ),
+            1 => (
+                true,
+                "1 delivery is re-queued: a new attempt series, due now, with the same key."
+                    .to_owned(),
+            ),
+            n => (
+                true,
+                format!("{n} deliveries are re-queued: a new attempt series each, due now, with the same key."),
+            ),
+        });
+    }
     let delivery = which.delivery?;
     let (ok, text) = match which.notice.as_deref()? {
         "requeued" => (
@@ -66,10 +95,6 @@ fn notice(which: &Which) -> Option<(bool, String)> {
             format!("Delivery {delivery} is not dead, so it was not re-queued."),
         ),
         "no_delivery" => (false, format!("There is no delivery {delivery}.")),
-        "unavailable" => (
-            false,
-            "The database did not answer; nothing was re-queued.".to_owned(),
-        ),
         _ => return None,
     };
     Some((ok, text))
@@ -86,7 +111,7 @@ fn deliveries_table(
         table id="deliveries" {
             thead {
                 tr {
-                    th { "Delivery" } th { "State" } th class="num" { "Attempts" }
+                    th { "Delivery" } th { "Target" } th { "State" } th class="num" { "Attempts" }
                     th class="num" { "Last status" } th { "Last error" } th { "Queued" }
                     th { "Next attempt" } th { "Delivered" } th {}
                 }
@@ -95,6 +120,7 @@ fn deliveries_table(
                 @for d in deliveries {
                     tr id={ "delivery-" (d.id) } {
                         td { (d.id) }
+                        td class="target" { (d.target) }
                         td class={ "state " (d.state) } { (d.state) }
                         td class="num" { (d.attempts) }
                         td class="num" { @if let Some(status) = d.last_status { (status) } }
@@ -113,9 +139,33 @@ fn deliveries_table(
                                     }
                                 }
                             }
+                            @if d.state == "delivered" || d.state == "dead" {
+                                (redeliver_form(csrf, source, event_id, Some(&d.target)))
+                            }
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// A form that redelivers the event: to `target`, or to every target when `None`.
+fn redeliver_form(csrf: &str, source: &str, event_id: &str, target: Option<&str>) -> Markup {
+    let id = match target {
+        Some(target) => format!("redeliver-{target}"),
+        None => "redeliver-all".to_owned(),
+    };
+    html! {
+        form method="post" action="/console/events/redeliver" {
+            input type="hidden" name="csrf" value=(csrf);
+            input type="hidden" name="source" value=(source);
+            input type="hidden" name="event_id" value=(event_id);
+            @if let Some(target) = target {
+                input type="hidden" name="target" value=(target);
+            }
+            button type="submit" class="redeliver" id=(id) {
+                @if target.is_some() { "Redeliver" } @else { "Redeliver to every target" }
             }
         }
     }
@@ -207,9 +257,14 @@ pub async fn show(
             p class="muted" { "None: this event's source does not forward." }
         } @else {
             (deliveries_table(session.csrf(), &which.source, &which.id, &deliveries))
+            @if deliveries.iter().any(|d| d.state != "pending") {
+                (redeliver_form(session.csrf(), &which.source, &which.id, None))
+            }
             p class="muted" {
-                "The outbox keeps each delivery's latest attempt: its status, error and the \
-                 attempts made so far."
+                "One delivery per target whose event patterns match. The outbox keeps each \
+                 delivery's latest attempt: its status, error and the attempts made so far. \
+                 Redeliver sends a delivered or dead delivery again, as a new attempt series \
+                 with the same Idempotency-Key."
             }
         }
     };
@@ -243,6 +298,42 @@ pub async fn requeue(
             ("id", &field(&body, "event_id")),
             ("notice", outcome),
             ("delivery", &delivery),
+        ],
+    )))
+}
+
+/// `POST /console/events/redeliver` with `csrf`, `source`, `event_id` and, optionally,
+/// `target`: queues a new attempt series for the event's delivered or dead deliveries (to that
+/// target only, if given), then back to its page with how many.
+pub async fn redeliver(
+    state: web::Data<AppState>,
+    body: web::Bytes,
+    Admin(session): Admin<Session>,
+) -> Result<HttpResponse, Refused> {
+    check_csrf(&session, &body)?;
+    let (source, event_id) = (field(&body, "source"), field(&body, "event_id"));
+    let target = Some(field(&body, "target")).filter(|t| !t.is_empty());
+    let outcome = admin::redeliver(
+        &state,
+        source.clone(),
+        event_id.clone(),
+        target,
+        "the console",
+    )
+    .await;
+    let (notice, count) = match outcome {
+        Ok(Some(n)) => ("redelivered", n.to_string()),
+        // The event page says the event is not stored.
+        Ok(None) => ("redelivered", "0".to_owned()),
+        Err(_) => ("unavailable", String::new()),
+    };
+    Ok(redirect(&link(
+        "/console/event",
+        &[
+            ("source", &source),
+            ("id", &event_id),
+            ("notice", notice),
+            ("count", &count),
         ],
     )))
 }

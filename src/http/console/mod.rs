@@ -35,7 +35,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/logout", web::post().to(logout))
             .route("/events", web::get().to(events::list))
             .route("/event", web::get().to(event::show))
-            .route("/deliveries/{id}/requeue", web::post().to(event::requeue)),
+            .route("/deliveries/{id}/requeue", web::post().to(event::requeue))
+            .route("/events/redeliver", web::post().to(event::redeliver)),
     );
 }
 
