@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use super::mac::{any_matches, header_text, hex_tags, matched, required_header, tag_of};
+use super::family::{lowercase, text_keys_only, with_id_and_type, HeaderMac, TagText};
+use super::mac::header_text;
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A Bitbucket source: its webhook secrets, used as text.
@@ -15,38 +16,19 @@ pub struct Bitbucket {
 
 /// Builds a Bitbucket source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Bitbucket {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
     }))
 }
 
-const SIGNATURE: &str = "X-Hub-Signature";
+/// One signature, hex after `sha256=`, of the body.
+const SIGNATURE: HeaderMac = HeaderMac {
+    header: "X-Hub-Signature",
+    prefix: "sha256=",
+    text: TagText::Hex,
+};
 const REQUEST: &str = "X-Request-UUID";
 const EVENT: &str = "X-Event-Key";
-
-/// What a capture keeps.
-const KEPT_HEADERS: &[&str] = &["x-hub-signature", "x-request-uuid", "x-event-key"];
-
-/// Checks `sha256=<hex>` in `header` against the HMAC of `body` under any of `keys`: Bitbucket's
-/// and Meta's rule alike.
-pub(super) fn verify_sha256_prefixed(
-    keys: &Keys,
-    headers: &dyn Headers,
-    header: &str,
-    body: &[u8],
-) -> Result<(), SignatureError> {
-    let value = required_header(headers, header)?;
-    let encoded = value
-        .strip_prefix("sha256=")
-        .ok_or(SignatureError::Invalid)?;
-    matched(any_matches(keys.all(), &[body], &hex_tags([encoded])))
-}
-
-/// `sha256=<hex>` of `body` under `key`.
-pub(super) fn sha256_prefixed(key: &[u8], body: &[u8]) -> String {
-    format!("sha256={}", hex::encode(tag_of(key, &[body])))
-}
 
 impl Provider for Bitbucket {
     fn scheme(&self) -> &'static str {
@@ -54,7 +36,7 @@ impl Provider for Bitbucket {
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
-        verify_sha256_prefixed(&self.keys, headers, SIGNATURE, body)
+        SIGNATURE.verify(&self.keys, headers, &[body])
     }
 
     fn needs_json(&self) -> bool {
@@ -69,7 +51,7 @@ impl Provider for Bitbucket {
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+        lowercase(&[SIGNATURE.header, REQUEST, EVENT])
     }
 
     fn sign(
@@ -79,17 +61,11 @@ impl Provider for Bitbucket {
         event_id: &str,
         event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        let mut headers = vec![
-            (
-                SIGNATURE.to_owned(),
-                sha256_prefixed(self.keys.first(), body),
-            ),
-            (REQUEST.to_owned(), event_id.to_owned()),
-        ];
-        if let Some(kind) = event_type {
-            headers.push((EVENT.to_owned(), kind.to_owned()));
-        }
-        headers
+        with_id_and_type(
+            SIGNATURE.sign(&self.keys, &[body]),
+            (REQUEST, event_id),
+            (EVENT, event_type),
+        )
     }
 }
 

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::mac::{any_matches, hex_tags, json_text, matched, required_header, tag_of};
+use super::family::{text_keys_only, HeaderMac, TagText};
+use super::mac::json_text;
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A Checkout.com source: its signature keys, as text.
@@ -15,13 +16,17 @@ pub struct Checkout {
 
 /// Builds a Checkout.com source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Checkout {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
     }))
 }
 
-const SIGNATURE: &str = "Cko-Signature";
+/// One hex signature of the body.
+const SIGNATURE: HeaderMac = HeaderMac {
+    header: "Cko-Signature",
+    prefix: "",
+    text: TagText::Hex,
+};
 
 impl Provider for Checkout {
     fn scheme(&self) -> &'static str {
@@ -29,8 +34,7 @@ impl Provider for Checkout {
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
-        let tag = required_header(headers, SIGNATURE)?;
-        matched(any_matches(self.keys.all(), &[body], &hex_tags([tag])))
+        SIGNATURE.verify(&self.keys, headers, &[body])
     }
 
     fn needs_json(&self) -> bool {
@@ -45,7 +49,7 @@ impl Provider for Checkout {
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        vec![SIGNATURE.to_ascii_lowercase()]
+        vec![SIGNATURE.header.to_ascii_lowercase()]
     }
 
     fn sign(
@@ -55,8 +59,7 @@ impl Provider for Checkout {
         _event_id: &str,
         _event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        let tag = tag_of(self.keys.first(), &[body]);
-        vec![(SIGNATURE.to_owned(), hex::encode(tag))]
+        vec![SIGNATURE.sign(&self.keys, &[body])]
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::mac::{any_matches, header_text, required_header, tag_of};
+use super::family::{lowercase, text_keys_only, with_id_and_type, HeaderMac, TagText};
+use super::mac::header_text;
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A GitHub source: its webhook secrets, used as text. GitHub signs no timestamp.
@@ -15,11 +16,19 @@ pub struct Github {
 
 /// Builds a GitHub source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Github {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
     }))
 }
+
+/// One signature, hex after `sha256=`, of the body.
+const SIGNATURE: HeaderMac = HeaderMac {
+    header: "X-Hub-Signature-256",
+    prefix: "sha256=",
+    text: TagText::Hex,
+};
+const DELIVERY: &str = "X-GitHub-Delivery";
+const EVENT: &str = "X-GitHub-Event";
 
 impl Provider for Github {
     fn scheme(&self) -> &'static str {
@@ -27,19 +36,23 @@ impl Provider for Github {
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
-        verify(self.keys.all(), headers, body)
+        SIGNATURE.verify(&self.keys, headers, &[body])
     }
 
     fn needs_json(&self) -> bool {
         false
     }
 
+    /// GitHub names the delivery and the event in headers; the body need not be read.
     fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
-        identify(headers)
+        Identity {
+            event_id: header_text(headers, DELIVERY),
+            event_type: header_text(headers, EVENT),
+        }
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+        lowercase(&[SIGNATURE.header, DELIVERY, EVENT])
     }
 
     fn sign(
@@ -49,7 +62,11 @@ impl Provider for Github {
         event_id: &str,
         event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        sign(self.keys.first(), body, event_id, event_type)
+        with_id_and_type(
+            SIGNATURE.sign(&self.keys, &[body]),
+            (DELIVERY, event_id),
+            (EVENT, event_type),
+        )
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
@@ -58,55 +75,6 @@ impl Provider for Github {
             "GitHub lets deliveries be redelivered for 3 days",
         ))
     }
-}
-
-const SIGNATURE: &str = "X-Hub-Signature-256";
-const DELIVERY: &str = "X-GitHub-Delivery";
-const EVENT: &str = "X-GitHub-Event";
-
-/// What a capture keeps.
-const KEPT_HEADERS: &[&str] = &["x-hub-signature-256", "x-github-delivery", "x-github-event"];
-
-/// Checks a GitHub delivery: one signature, hex after `sha256=`.
-fn verify(keys: &[Vec<u8>], headers: &dyn Headers, body: &[u8]) -> Result<(), SignatureError> {
-    let header = required_header(headers, SIGNATURE)?;
-    let encoded = header
-        .strip_prefix("sha256=")
-        .ok_or(SignatureError::Invalid)?;
-    let tags: Vec<Vec<u8>> = hex::decode(encoded).into_iter().collect();
-    if any_matches(keys, &[body], &tags) {
-        Ok(())
-    } else {
-        Err(SignatureError::Invalid)
-    }
-}
-
-/// GitHub names the delivery and the event in headers; the body need not be read.
-fn identify(headers: &dyn Headers) -> Identity {
-    Identity {
-        event_id: header_text(headers, DELIVERY),
-        event_type: header_text(headers, EVENT),
-    }
-}
-
-/// The headers GitHub would send.
-fn sign(
-    key: &[u8],
-    body: &[u8],
-    event_id: &str,
-    event_type: Option<&str>,
-) -> Vec<(String, String)> {
-    let mut signed = vec![
-        (
-            SIGNATURE.to_owned(),
-            format!("sha256={}", hex::encode(tag_of(key, &[body]))),
-        ),
-        (DELIVERY.to_owned(), event_id.to_owned()),
-    ];
-    if let Some(event_type) = event_type {
-        signed.push((EVENT.to_owned(), event_type.to_owned()));
-    }
-    signed
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::family::text_keys_only;
 use super::mac::{header_text, required_header};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
@@ -19,9 +20,8 @@ pub struct Gitlab {
 
 /// Builds a GitLab source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Gitlab {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
     }))
 }
 

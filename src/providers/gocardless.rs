@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::family::text_keys_only;
 use super::mac::{any_matches, hex_tags, matched, required_header, tag_of};
 use super::{
     Headers, Identity, Inbound, Item, Keys, Provider, ProviderError, Received, Refusal, Settings,
@@ -25,9 +26,8 @@ pub struct GoCardless {
 
 /// Builds a GoCardless source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(GoCardless {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
     }))
 }
 

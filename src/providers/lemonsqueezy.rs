@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::family::text_keys_only;
 use super::mac::{any_matches, header_text, hex_tags, matched, required_header, tag_of};
 use super::SignatureError;
 use super::{body_hash_id, Headers, Identity, Keys, Provider, ProviderError, Settings};
@@ -17,9 +18,8 @@ pub struct LemonSqueezy {
 
 /// Builds a Lemon Squeezy source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(LemonSqueezy {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
     }))
 }
 

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::mac::{any_matches, header_text, hex_tags, matched, required_header, tag_of};
+use super::family::{lowercase, text_keys_only, with_id_and_type, HeaderMac, TagText};
+use super::mac::header_text;
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError, Signed};
 
 /// A Linear source: its signing secrets, used as text, and its window.
@@ -22,9 +23,8 @@ const WINDOW: Duration = Duration::from_secs(60);
 
 /// Builds a Linear source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Linear {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
         window: if settings.tolerance_set {
             settings.tolerance.min(WINDOW)
         } else {
@@ -33,13 +33,15 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
     }))
 }
 
-const SIGNATURE: &str = "Linear-Signature";
+/// One hex signature of the raw body.
+const SIGNATURE: HeaderMac = HeaderMac {
+    header: "Linear-Signature",
+    prefix: "",
+    text: TagText::Hex,
+};
 const DELIVERY: &str = "Linear-Delivery";
 const EVENT: &str = "Linear-Event";
 const TIMESTAMP_FIELD: &str = "webhookTimestamp";
-
-/// What a capture keeps.
-const KEPT_HEADERS: &[&str] = &["linear-signature", "linear-delivery", "linear-event"];
 
 impl Provider for Linear {
     fn scheme(&self) -> &'static str {
@@ -47,12 +49,7 @@ impl Provider for Linear {
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
-        let signature = required_header(headers, SIGNATURE)?;
-        matched(any_matches(
-            self.keys.all(),
-            &[body],
-            &hex_tags([signature]),
-        ))?;
+        SIGNATURE.verify(&self.keys, headers, &[body])?;
         let json: serde_json::Value =
             serde_json::from_slice(body).map_err(|_| SignatureError::Invalid)?;
         let millis = json
@@ -85,7 +82,7 @@ impl Provider for Linear {
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+        lowercase(&[SIGNATURE.header, DELIVERY, EVENT])
     }
 
     fn sign(
@@ -95,17 +92,11 @@ impl Provider for Linear {
         event_id: &str,
         event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        let mut headers = vec![
-            (
-                SIGNATURE.to_owned(),
-                hex::encode(tag_of(self.keys.first(), &[body])),
-            ),
-            (DELIVERY.to_owned(), event_id.to_owned()),
-        ];
-        if let Some(kind) = event_type {
-            headers.push((EVENT.to_owned(), kind.to_owned()));
-        }
-        headers
+        with_id_and_type(
+            SIGNATURE.sign(&self.keys, &[body]),
+            (DELIVERY, event_id),
+            (EVENT, event_type),
+        )
     }
 
     /// The body's `webhookTimestamp` is set to `timestamp` (in milliseconds) first, every other

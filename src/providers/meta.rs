@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures_util::future::LocalBoxFuture;
 
-use super::bitbucket::{sha256_prefixed, verify_sha256_prefixed};
+use super::family::{HeaderMac, TagText};
 use super::gitlab::same_token;
 use super::mac::json_text;
 use super::{
@@ -82,7 +82,12 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
     }))
 }
 
-const SIGNATURE: &str = "X-Hub-Signature-256";
+/// One signature, hex after `sha256=`, of the raw body.
+const SIGNATURE: HeaderMac = HeaderMac {
+    header: "X-Hub-Signature-256",
+    prefix: "sha256=",
+    text: TagText::Hex,
+};
 
 impl Meta {
     /// The answer to Meta's verification `GET`.
@@ -121,7 +126,7 @@ impl Provider for Meta {
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
-        verify_sha256_prefixed(&self.keys, headers, SIGNATURE, body)
+        SIGNATURE.verify(&self.keys, headers, &[body])
     }
 
     fn needs_json(&self) -> bool {
@@ -148,7 +153,7 @@ impl Provider for Meta {
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        vec![SIGNATURE.to_ascii_lowercase()]
+        vec![SIGNATURE.header.to_ascii_lowercase()]
     }
 
     fn sign(
@@ -158,10 +163,7 @@ impl Provider for Meta {
         _event_id: &str,
         _event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        vec![(
-            SIGNATURE.to_owned(),
-            sha256_prefixed(self.keys.first(), body),
-        )]
+        vec![SIGNATURE.sign(&self.keys, &[body])]
     }
 
     fn answers_get(&self) -> bool {

@@ -14,6 +14,7 @@ mod bitbucket;
 mod braintree;
 pub mod certs;
 mod checkout;
+mod family;
 pub mod generic;
 mod github;
 mod gitlab;

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::mac::{any_matches, hex_tags, json_text, matched, tag_of};
+use super::family::{text_keys_only, HeaderMac, TagText};
+use super::mac::{any_matches, hex_tags, json_text, matched};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A Mollie source: its signing secrets, as text.
@@ -18,23 +19,27 @@ pub struct Mollie {
 
 /// Builds a Mollie source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Mollie {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
     }))
 }
 
-const SIGNATURE: &str = "X-Mollie-Signature";
+/// Hex after `sha256=` of the body, as it is signed; read as a list (see [`candidates`]).
+const SIGNATURE: HeaderMac = HeaderMac {
+    header: "X-Mollie-Signature",
+    prefix: "sha256=",
+    text: TagText::Hex,
+};
 
 /// Every `sha256=` value of every `X-Mollie-Signature` line, in order. A line that is not UTF-8
 /// and a value without the prefix carry nothing to check.
 fn candidates(headers: &dyn Headers) -> Vec<&str> {
     headers
-        .all(SIGNATURE)
+        .all(SIGNATURE.header)
         .into_iter()
         .filter_map(|line| std::str::from_utf8(line).ok())
         .flat_map(|line| line.split(','))
-        .filter_map(|value| value.trim().strip_prefix("sha256="))
+        .filter_map(|value| value.trim().strip_prefix(SIGNATURE.prefix))
         .collect()
 }
 
@@ -63,7 +68,7 @@ impl Provider for Mollie {
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        vec![SIGNATURE.to_ascii_lowercase()]
+        vec![SIGNATURE.header.to_ascii_lowercase()]
     }
 
     fn sign(
@@ -73,8 +78,7 @@ impl Provider for Mollie {
         _event_id: &str,
         _event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        let tag = tag_of(self.keys.first(), &[body]);
-        vec![(SIGNATURE.to_owned(), format!("sha256={}", hex::encode(tag)))]
+        vec![SIGNATURE.sign(&self.keys, &[body])]
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {

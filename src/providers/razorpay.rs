@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::family::text_keys_only;
 use super::mac::{any_matches, header_text, hex_tags, json_text, matched, required_header, tag_of};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
@@ -16,9 +17,8 @@ pub struct Razorpay {
 
 /// Builds a Razorpay source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Razorpay {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
     }))
 }
 

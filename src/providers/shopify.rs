@@ -1,13 +1,11 @@
 //! Shopify: `X-Shopify-Hmac-Sha256: <base64>`, an HMAC-SHA256 of the body keyed by the app's
 //! client secret.
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::mac::{any_matches, header_text, required_header, tag_of};
+use super::family::{lowercase, text_keys_only, with_id_and_type, HeaderMac, TagText};
+use super::mac::header_text;
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A Shopify source: its app's client secrets, used as text. Shopify signs no timestamp.
@@ -18,11 +16,19 @@ pub struct Shopify {
 
 /// Builds a Shopify source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Shopify {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
     }))
 }
+
+/// One base64 signature of the body.
+const SIGNATURE: HeaderMac = HeaderMac {
+    header: "X-Shopify-Hmac-Sha256",
+    prefix: "",
+    text: TagText::Base64,
+};
+const WEBHOOK_ID: &str = "X-Shopify-Webhook-Id";
+const TOPIC: &str = "X-Shopify-Topic";
 
 impl Provider for Shopify {
     fn scheme(&self) -> &'static str {
@@ -30,19 +36,24 @@ impl Provider for Shopify {
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
-        verify(self.keys.all(), headers, body)
+        SIGNATURE.verify(&self.keys, headers, &[body])
     }
 
     fn needs_json(&self) -> bool {
         false
     }
 
+    /// Shopify names the webhook and its topic in headers; the body's `id` is the resource's,
+    /// not the delivery's, so it is not used.
     fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
-        identify(headers)
+        Identity {
+            event_id: header_text(headers, WEBHOOK_ID),
+            event_type: header_text(headers, TOPIC),
+        }
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+        lowercase(&[SIGNATURE.header, WEBHOOK_ID, TOPIC])
     }
 
     fn sign(
@@ -52,7 +63,11 @@ impl Provider for Shopify {
         event_id: &str,
         event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        sign(self.keys.first(), body, event_id, event_type)
+        with_id_and_type(
+            SIGNATURE.sign(&self.keys, &[body]),
+            (WEBHOOK_ID, event_id),
+            (TOPIC, event_type),
+        )
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
@@ -61,54 +76,6 @@ impl Provider for Shopify {
             "Shopify retries for about 4 hours",
         ))
     }
-}
-
-const SIGNATURE: &str = "X-Shopify-Hmac-Sha256";
-const WEBHOOK_ID: &str = "X-Shopify-Webhook-Id";
-const TOPIC: &str = "X-Shopify-Topic";
-
-/// What a capture keeps.
-const KEPT_HEADERS: &[&str] = &[
-    "x-shopify-hmac-sha256",
-    "x-shopify-webhook-id",
-    "x-shopify-topic",
-];
-
-/// Checks a Shopify delivery: one base64 signature.
-fn verify(keys: &[Vec<u8>], headers: &dyn Headers, body: &[u8]) -> Result<(), SignatureError> {
-    let encoded = required_header(headers, SIGNATURE)?;
-    let tags: Vec<Vec<u8>> = STANDARD.decode(encoded).into_iter().collect();
-    if any_matches(keys, &[body], &tags) {
-        Ok(())
-    } else {
-        Err(SignatureError::Invalid)
-    }
-}
-
-/// Shopify names the webhook and its topic in headers; the body's `id` is the resource's, not
-/// the delivery's, so it is not used.
-fn identify(headers: &dyn Headers) -> Identity {
-    Identity {
-        event_id: header_text(headers, WEBHOOK_ID),
-        event_type: header_text(headers, TOPIC),
-    }
-}
-
-/// The headers Shopify would send.
-fn sign(
-    key: &[u8],
-    body: &[u8],
-    event_id: &str,
-    event_type: Option<&str>,
-) -> Vec<(String, String)> {
-    let mut signed = vec![
-        (SIGNATURE.to_owned(), STANDARD.encode(tag_of(key, &[body]))),
-        (WEBHOOK_ID.to_owned(), event_id.to_owned()),
-    ];
-    if let Some(topic) = event_type {
-        signed.push((TOPIC.to_owned(), topic.to_owned()));
-    }
-    signed
 }
 
 #[cfg(test)]

@@ -6,9 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
-
-use super::mac::{any_matches, json_text, matched, required_header, tag_of};
+use super::family::{HeaderMac, TagText};
+use super::mac::json_text;
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A Square source: its signature keys, as text, and the URL Square signs.
@@ -40,7 +39,12 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
     }))
 }
 
-const SIGNATURE: &str = "x-square-hmacsha256-signature";
+/// One base64 signature of the URL followed by the body.
+const SIGNATURE: HeaderMac = HeaderMac {
+    header: "x-square-hmacsha256-signature",
+    prefix: "",
+    text: TagText::Base64,
+};
 
 impl Provider for Square {
     fn scheme(&self) -> &'static str {
@@ -48,16 +52,7 @@ impl Provider for Square {
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
-        let encoded = required_header(headers, SIGNATURE)?;
-        let tags: Vec<Vec<u8>> = base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .into_iter()
-            .collect();
-        matched(any_matches(
-            self.keys.all(),
-            &[self.public_url.as_bytes(), body],
-            &tags,
-        ))
+        SIGNATURE.verify(&self.keys, headers, &[self.public_url.as_bytes(), body])
     }
 
     fn needs_json(&self) -> bool {
@@ -72,7 +67,7 @@ impl Provider for Square {
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        vec![SIGNATURE.to_owned()]
+        vec![SIGNATURE.header.to_owned()]
     }
 
     fn sign(
@@ -82,11 +77,7 @@ impl Provider for Square {
         _event_id: &str,
         _event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        let tag = tag_of(self.keys.first(), &[self.public_url.as_bytes(), body]);
-        vec![(
-            SIGNATURE.to_owned(),
-            base64::engine::general_purpose::STANDARD.encode(tag),
-        )]
+        vec![SIGNATURE.sign(&self.keys, &[self.public_url.as_bytes(), body])]
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {

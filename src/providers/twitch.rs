@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::family::text_keys_only;
 use super::mac::{any_matches, header_text, hex_tags, json_text, matched, required_header};
 use super::mac::{tag_of, Clock};
 use super::{
@@ -26,9 +27,8 @@ const WINDOW: Duration = Duration::from_secs(600);
 
 /// Builds a Twitch source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Twitch {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
         tolerance: if settings.tolerance_set {
             settings.tolerance
         } else {

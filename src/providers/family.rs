@@ -1,0 +1,174 @@
+//! Shapes several providers share, so that each provider's file keeps only what is its own (its
+//! headers, what it signs, where its id and type are, its answers and horizon).
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+
+use super::mac::{any_matches, matched, required_header, tag_of};
+use super::{Headers, Keys, ProviderError, Settings, SignatureError};
+
+/// The keys of a source that takes no key of its own: each secret's text is a MAC key.
+///
+/// # Errors
+/// A key of the source's table that the provider does not take, or unusable secrets.
+pub fn text_keys_only(settings: &Settings<'_>) -> Result<Keys, ProviderError> {
+    settings.only(&[])?;
+    Keys::as_text(settings.scheme, settings.secrets)
+}
+
+/// `names` lowercased: what [`Provider::kept_headers`](super::Provider::kept_headers) returns.
+pub fn lowercase(names: &[&str]) -> Vec<String> {
+    names.iter().map(|name| name.to_ascii_lowercase()).collect()
+}
+
+/// The signature header, then the id header, then the type header when there is a type: the
+/// headers a provider that names its delivery and event in headers sends.
+pub fn with_id_and_type(
+    signature: (String, String),
+    id: (&str, &str),
+    kind: (&str, Option<&str>),
+) -> Vec<(String, String)> {
+    let mut headers = vec![signature, (id.0.to_owned(), id.1.to_owned())];
+    if let (name, Some(value)) = kind {
+        headers.push((name.to_owned(), value.to_owned()));
+    }
+    headers
+}
+
+/// How a tag is written in its header.
+#[derive(Debug, Clone, Copy)]
+pub enum TagText {
+    /// Hex, either case when read, lowercase when written.
+    Hex,
+    /// Standard base64 with padding.
+    Base64,
+}
+
+impl TagText {
+    /// The tag `encoded` spells; `None` when it is not of this text, which can only fail to
+    /// match.
+    pub fn decode(self, encoded: &str) -> Option<Vec<u8>> {
+        match self {
+            TagText::Hex => hex::decode(encoded).ok(),
+            TagText::Base64 => STANDARD.decode(encoded).ok(),
+        }
+    }
+
+    /// `tag` in this text.
+    pub fn encode(self, tag: &[u8]) -> String {
+        match self {
+            TagText::Hex => hex::encode(tag),
+            TagText::Base64 => STANDARD.encode(tag),
+        }
+    }
+}
+
+/// One HMAC-SHA256 in one header, written as `prefix` then the tag: `X-Hub-Signature-256:
+/// sha256=<hex>`, `X-Shopify-Hmac-Sha256: <base64>`. What is signed is the provider's (the body,
+/// or a URL and the body); exactly one tag is read, so a list is malformed.
+#[derive(Debug, Clone, Copy)]
+pub struct HeaderMac {
+    /// The header, in the provider's casing (what `sign` sends).
+    pub header: &'static str,
+    /// What comes before the tag (`sha256=`), or nothing.
+    pub prefix: &'static str,
+    /// How the tag is written.
+    pub text: TagText,
+}
+
+impl HeaderMac {
+    /// Checks the header's tag against the MAC of `parts` under any of `keys`.
+    ///
+    /// # Errors
+    /// [`SignatureError::Invalid`] when the header is missing, lacks the prefix, is not a tag of
+    /// this text, or matches no key.
+    pub fn verify(
+        self,
+        keys: &Keys,
+        headers: &dyn Headers,
+        parts: &[&[u8]],
+    ) -> Result<(), SignatureError> {
+        matched(any_matches(keys.all(), parts, &self.tags(headers)?))
+    }
+
+    /// The header's tag, decoded: none when it is not of this text, so it can only fail to
+    /// match.
+    ///
+    /// # Errors
+    /// [`SignatureError::Invalid`] when the header is missing or lacks the prefix.
+    pub fn tags(self, headers: &dyn Headers) -> Result<Vec<Vec<u8>>, SignatureError> {
+        let value = required_header(headers, self.header)?;
+        let encoded = value
+            .strip_prefix(self.prefix)
+            .ok_or(SignatureError::Invalid)?;
+        Ok(self.text.decode(encoded).into_iter().collect())
+    }
+
+    /// The header as the provider sends it: the MAC of `parts` under the first key.
+    pub fn sign(self, keys: &Keys, parts: &[&[u8]]) -> (String, String) {
+        let tag = tag_of(keys.first(), parts);
+        (
+            self.header.to_owned(),
+            format!("{}{}", self.prefix, self.text.encode(&tag)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secret::Secret;
+
+    const PREFIXED_HEX: HeaderMac = HeaderMac {
+        header: "X-Sig",
+        prefix: "sha256=",
+        text: TagText::Hex,
+    };
+
+    fn keys(secrets: &[&str]) -> Keys {
+        let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::new(*s)).collect();
+        Keys::as_text("test", &secrets).unwrap()
+    }
+
+    #[test]
+    fn a_signed_header_verifies_under_any_key_and_only_with_its_prefix_and_text() {
+        let keys = keys(&["old", "new"]);
+        let signed = PREFIXED_HEX.sign(&keys, &[b"a", b"b"]);
+        assert!(signed.1.starts_with("sha256="));
+        let headers = vec![signed.clone()];
+        assert_eq!(PREFIXED_HEX.verify(&keys, &headers, &[b"ab"]), Ok(()));
+        assert_eq!(
+            PREFIXED_HEX.verify(&keys, &headers, &[b"ab?"]),
+            Err(SignatureError::Invalid)
+        );
+        let unprefixed = vec![(signed.0.clone(), signed.1["sha256=".len()..].to_owned())];
+        let spaced = vec![(signed.0.clone(), signed.1.replace('=', "= "))];
+        for headers in [unprefixed, spaced, vec![]] {
+            assert_eq!(
+                PREFIXED_HEX.verify(&keys, &headers, &[b"ab"]),
+                Err(SignatureError::Invalid)
+            );
+        }
+        let base64 = HeaderMac {
+            text: TagText::Base64,
+            prefix: "",
+            ..PREFIXED_HEX
+        };
+        let signed = base64.sign(&keys, &[b"ab"]);
+        assert_eq!(base64.verify(&keys, &vec![signed], &[b"ab"]), Ok(()));
+    }
+
+    #[test]
+    fn id_and_type_headers_follow_the_signature() {
+        let signature = ("S".to_owned(), "s".to_owned());
+        assert_eq!(
+            with_id_and_type(signature.clone(), ("I", "i"), ("T", Some("t"))).len(),
+            3
+        );
+        assert_eq!(
+            with_id_and_type(signature, ("I", "i"), ("T", None)),
+            vec![("S".into(), "s".into()), ("I".into(), "i".into())]
+        );
+        assert_eq!(lowercase(&["X-A", "b"]), ["x-a", "b"]);
+    }
+}
