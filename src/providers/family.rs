@@ -4,7 +4,7 @@
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 
-use super::mac::{any_matches, matched, required_header, tag_of};
+use super::mac::{any_matches, matched, parse_timestamp, required_header, tag_of, Clock};
 use super::{Headers, Keys, ProviderError, Settings, SignatureError};
 
 /// The keys of a source that takes no key of its own: each secret's text is a MAC key.
@@ -14,6 +14,63 @@ use super::{Headers, Keys, ProviderError, Settings, SignatureError};
 pub fn text_keys_only(settings: &Settings<'_>) -> Result<Keys, ProviderError> {
     settings.only(&[])?;
     Keys::as_text(settings.scheme, settings.secrets)
+}
+
+/// Checks a MAC over content that holds the signed timestamp `raw_timestamp`, then the timestamp
+/// by `clock`: the MAC first, so nothing about the clock is learnt without a valid signature.
+///
+/// # Errors
+/// [`SignatureError::Invalid`] for a malformed timestamp or no match, [`SignatureError::Stale`]
+/// for a match outside the tolerance.
+pub fn verify_stamped(
+    keys: &Keys,
+    clock: Clock,
+    raw_timestamp: &str,
+    parts: &[&[u8]],
+    tags: &[Vec<u8>],
+) -> Result<(), SignatureError> {
+    let timestamp = parse_timestamp(raw_timestamp)?;
+    matched(any_matches(keys.all(), parts, tags))?;
+    clock.check(timestamp)
+}
+
+/// Slack's and Zoom's `v0` signature in `header`: `v0=<hex>`, of [`v0_content`].
+pub const fn v0(header: &'static str) -> HeaderMac {
+    HeaderMac {
+        header,
+        prefix: "v0=",
+        text: TagText::Hex,
+    }
+}
+
+/// What a `v0` signature signs: `v0:{timestamp}:{body}`.
+pub fn v0_content<'a>(timestamp: &'a str, body: &'a [u8]) -> [&'a [u8]; 4] {
+    [b"v0:", timestamp.as_bytes(), b":", body]
+}
+
+/// A header of `key=value` items split by `separator` (Stripe's `t=..,v1=..`, Paddle's
+/// `ts=..;h1=..`): the first `stamp` value and every `tag` value, trimmed. An item without `=`
+/// carries nothing the providers define and is skipped, as their own libraries do.
+pub fn stamp_and_tags<'h>(
+    header: &'h str,
+    separator: char,
+    stamp: &str,
+    tag: &str,
+) -> (Option<&'h str>, Vec<&'h str>) {
+    let mut timestamp = None;
+    let mut tags = Vec::new();
+    for item in header.split(separator) {
+        let Some((key, value)) = item.split_once('=') else {
+            continue;
+        };
+        let key = key.trim();
+        if key == stamp && timestamp.is_none() {
+            timestamp = Some(value.trim());
+        } else if key == tag {
+            tags.push(value.trim());
+        }
+    }
+    (timestamp, tags)
 }
 
 /// `names` lowercased: what [`Provider::kept_headers`](super::Provider::kept_headers) returns.
@@ -170,5 +227,13 @@ mod tests {
             vec![("S".into(), "s".into()), ("I".into(), "i".into())]
         );
         assert_eq!(lowercase(&["X-A", "b"]), ["x-a", "b"]);
+    }
+
+    #[test]
+    fn the_first_stamp_and_every_tag_are_read_and_items_without_equals_skipped() {
+        let (stamp, tags) = stamp_and_tags("t=1, v1=a ,junk,v0=b,t=2,v1=c", ',', "t", "v1");
+        assert_eq!(stamp, Some("1"));
+        assert_eq!(tags, ["a", "c"]);
+        assert_eq!(stamp_and_tags("h1=a", ';', "ts", "h1"), (None, vec!["a"]));
     }
 }

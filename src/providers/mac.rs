@@ -18,6 +18,11 @@ pub struct Clock {
 }
 
 impl Clock {
+    /// The clock at `now`, allowing `tolerance`.
+    pub const fn new(now: i64, tolerance: Duration) -> Clock {
+        Clock { now, tolerance }
+    }
+
     /// Judges a timestamp whose signature already matched: a replayed old delivery and one
     /// stamped in the future are refused alike.
     pub fn check(self, timestamp: i64) -> Result<(), SignatureError> {

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::mac::{any_matches, hex_tags, json_text, matched, parse_timestamp, required_header};
-use super::mac::{tag_of, Clock};
+use super::family::{stamp_and_tags, text_keys_only, verify_stamped};
+use super::mac::{hex_tags, json_text, required_header, tag_of, Clock};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A Paddle source: its secret keys, as text, and its tolerance.
@@ -18,9 +18,8 @@ pub struct Paddle {
 
 /// Builds a Paddle source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Paddle {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
         tolerance: settings.tolerance,
     }))
 }
@@ -34,27 +33,16 @@ impl Provider for Paddle {
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let header = required_header(headers, SIGNATURE)?;
-        let mut timestamp = None;
-        let mut candidates = Vec::new();
-        for item in header.split(';') {
-            let Some((key, value)) = item.split_once('=') else {
-                continue;
-            };
-            match key.trim() {
-                "ts" if timestamp.is_none() => timestamp = Some(value.trim()),
-                "h1" => candidates.push(value),
-                _ => {}
-            }
-        }
+        let (timestamp, candidates) = stamp_and_tags(header, ';', "ts", "h1");
         let raw = timestamp.ok_or(SignatureError::Invalid)?;
-        let parsed = parse_timestamp(raw)?;
         let signed: [&[u8]; 3] = [raw.as_bytes(), b":", body];
-        matched(any_matches(self.keys.all(), &signed, &hex_tags(candidates)))?;
-        Clock {
-            now,
-            tolerance: self.tolerance,
-        }
-        .check(parsed)
+        verify_stamped(
+            &self.keys,
+            Clock::new(now, self.tolerance),
+            raw,
+            &signed,
+            &hex_tags(candidates),
+        )
     }
 
     fn needs_json(&self) -> bool {

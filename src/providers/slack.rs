@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::mac::{any_matches, json_text, parse_timestamp, required_header, tag_of, Clock};
+use super::family::{lowercase, text_keys_only, v0, v0_content, verify_stamped, HeaderMac};
+use super::mac::{json_text, required_header, Clock};
 use super::SignatureError;
 use super::{Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Settings};
 
@@ -17,9 +18,8 @@ pub struct Slack {
 
 /// Builds a Slack source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Slack {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
         tolerance: settings.tolerance,
     }))
 }
@@ -30,23 +30,34 @@ impl Provider for Slack {
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
-        let clock = Clock {
-            now,
-            tolerance: self.tolerance,
-        };
-        verify(self.keys.all(), headers, body, clock)
+        // One `v0=` signature.
+        let tags = SIGNATURE.tags(headers)?;
+        let raw = required_header(headers, TIMESTAMP)?;
+        verify_stamped(
+            &self.keys,
+            Clock::new(now, self.tolerance),
+            raw,
+            &v0_content(raw, body),
+            &tags,
+        )
     }
 
     fn needs_json(&self) -> bool {
         true
     }
 
+    /// An Events API callback names itself in `event_id` and carries the inner event's type in
+    /// `event.type`; other requests (e.g. `url_verification`) have only a top-level `type`.
     fn identify(&self, _headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
-        identify(json)
+        Identity {
+            event_id: json_text(json, "/event_id"),
+            event_type: json_text(json, "/event/type").or_else(|| json_text(json, "/type")),
+        }
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+        // The id and type travel in the body.
+        lowercase(&[SIGNATURE.header, TIMESTAMP])
     }
 
     fn sign(
@@ -56,7 +67,9 @@ impl Provider for Slack {
         _event_id: &str,
         _event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        sign(self.keys.first(), body, timestamp)
+        let stamp = timestamp.to_string();
+        let signature = SIGNATURE.sign(&self.keys, &v0_content(&stamp, body));
+        vec![signature, (TIMESTAMP.to_owned(), stamp)]
     }
 
     /// The `url_verification` request Slack sends when an app's request URL is set: answered
@@ -81,50 +94,8 @@ impl Provider for Slack {
     }
 }
 
-const SIGNATURE: &str = "X-Slack-Signature";
+const SIGNATURE: HeaderMac = v0("X-Slack-Signature");
 const TIMESTAMP: &str = "X-Slack-Request-Timestamp";
-
-/// What a capture keeps: the id and type travel in the body.
-const KEPT_HEADERS: &[&str] = &["x-slack-signature", "x-slack-request-timestamp"];
-
-/// Checks a Slack request: one `v0=` signature.
-fn verify(
-    keys: &[Vec<u8>],
-    headers: &dyn Headers,
-    body: &[u8],
-    clock: Clock,
-) -> Result<(), SignatureError> {
-    let signature = required_header(headers, SIGNATURE)?;
-    let raw_timestamp = required_header(headers, TIMESTAMP)?;
-    let timestamp = parse_timestamp(raw_timestamp)?;
-    let encoded = signature
-        .strip_prefix("v0=")
-        .ok_or(SignatureError::Invalid)?;
-    let tags: Vec<Vec<u8>> = hex::decode(encoded).into_iter().collect();
-    if !any_matches(keys, &[b"v0:", raw_timestamp.as_bytes(), b":", body], &tags) {
-        return Err(SignatureError::Invalid);
-    }
-    clock.check(timestamp)
-}
-
-/// An Events API callback names itself in `event_id` and carries the inner event's type in
-/// `event.type`; other requests (e.g. `url_verification`) have only a top-level `type`.
-fn identify(json: Option<&serde_json::Value>) -> Identity {
-    Identity {
-        event_id: json_text(json, "/event_id"),
-        event_type: json_text(json, "/event/type").or_else(|| json_text(json, "/type")),
-    }
-}
-
-/// The headers Slack would send.
-fn sign(key: &[u8], body: &[u8], timestamp: i64) -> Vec<(String, String)> {
-    let stamp = timestamp.to_string();
-    let tag = tag_of(key, &[b"v0:", stamp.as_bytes(), b":", body]);
-    vec![
-        (SIGNATURE.to_owned(), format!("v0={}", hex::encode(tag))),
-        (TIMESTAMP.to_owned(), stamp),
-    ]
-}
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::mac::{any_matches, json_text, parse_timestamp, required_header, tag_of, Clock};
+use super::family::{stamp_and_tags, text_keys_only, verify_stamped};
+use super::mac::{hex_tags, json_text, required_header, tag_of, Clock};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A Stripe source: its signing secrets, used whole (`whsec_` and all), and its tolerance.
@@ -16,9 +17,8 @@ pub struct Stripe {
 
 /// Builds a Stripe source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Stripe {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
         tolerance: settings.tolerance,
     }))
 }
@@ -29,23 +29,36 @@ impl Provider for Stripe {
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
-        let clock = Clock {
-            now,
-            tolerance: self.tolerance,
-        };
-        verify(self.keys.all(), headers, body, clock)
+        // Only `v1` entries count: `v0` is Stripe's test-mode scheme and other schemes may be
+        // added, and none of them is something this secret signs.
+        let header = required_header(headers, SIGNATURE)?;
+        let (timestamp, candidates) = stamp_and_tags(header, ',', "t", "v1");
+        let raw = timestamp.ok_or(SignatureError::Invalid)?;
+        let signed: [&[u8]; 3] = [raw.as_bytes(), b".", body];
+        verify_stamped(
+            &self.keys,
+            Clock::new(now, self.tolerance),
+            raw,
+            &signed,
+            &hex_tags(candidates),
+        )
     }
 
     fn needs_json(&self) -> bool {
         true
     }
 
+    /// A Stripe event names itself in the body: `id` and `type`.
     fn identify(&self, _headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
-        identify(json)
+        Identity {
+            event_id: json_text(json, "/id"),
+            event_type: json_text(json, "/type"),
+        }
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        vec![KEPT_HEADER.to_owned()]
+        // The id and type travel in the body.
+        vec![SIGNATURE.to_ascii_lowercase()]
     }
 
     fn sign(
@@ -55,7 +68,12 @@ impl Provider for Stripe {
         _event_id: &str,
         _event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        sign(self.keys.first(), body, timestamp)
+        let stamp = timestamp.to_string();
+        let tag = tag_of(self.keys.first(), &[stamp.as_bytes(), b".", body]);
+        vec![(
+            SIGNATURE.to_owned(),
+            format!("t={stamp},v1={}", hex::encode(tag)),
+        )]
     }
 
     /// Stripe counts down `pending_webhooks` as other endpoints acknowledge the event, so a
@@ -73,65 +91,6 @@ impl Provider for Stripe {
 }
 
 const SIGNATURE: &str = "Stripe-Signature";
-
-/// What a capture keeps: the id and type travel in the body.
-const KEPT_HEADER: &str = "stripe-signature";
-
-/// Checks a Stripe delivery. Only `v1` entries count: `v0` is Stripe's test-mode scheme and other
-/// schemes may be added, and none of them is something this secret signs.
-fn verify(
-    keys: &[Vec<u8>],
-    headers: &dyn Headers,
-    body: &[u8],
-    clock: Clock,
-) -> Result<(), SignatureError> {
-    let header = required_header(headers, SIGNATURE)?;
-    let mut timestamp = None;
-    let mut candidates = Vec::new();
-    for item in header.split(',') {
-        // An item without '=' carries nothing Stripe defines; skipping it matches Stripe's own
-        // libraries.
-        let Some((key, value)) = item.split_once('=') else {
-            continue;
-        };
-        match key.trim() {
-            "t" if timestamp.is_none() => timestamp = Some(value.trim()),
-            "v1" => candidates.push(value.trim()),
-            _ => {}
-        }
-    }
-    let raw_timestamp = timestamp.ok_or(SignatureError::Invalid)?;
-    let parsed = parse_timestamp(raw_timestamp)?;
-    if candidates.is_empty() {
-        return Err(SignatureError::Invalid);
-    }
-    let tags: Vec<Vec<u8>> = candidates
-        .iter()
-        .filter_map(|hex_tag| hex::decode(hex_tag).ok())
-        .collect();
-    if !any_matches(keys, &[raw_timestamp.as_bytes(), b".", body], &tags) {
-        return Err(SignatureError::Invalid);
-    }
-    clock.check(parsed)
-}
-
-/// A Stripe event names itself in the body: `id` and `type`.
-fn identify(json: Option<&serde_json::Value>) -> Identity {
-    Identity {
-        event_id: json_text(json, "/id"),
-        event_type: json_text(json, "/type"),
-    }
-}
-
-/// The header Stripe would send for `body` at `timestamp`.
-fn sign(key: &[u8], body: &[u8], timestamp: i64) -> Vec<(String, String)> {
-    let stamp = timestamp.to_string();
-    let tag = tag_of(key, &[stamp.as_bytes(), b".", body]);
-    vec![(
-        SIGNATURE.to_owned(),
-        format!("t={stamp},v1={}", hex::encode(tag)),
-    )]
-}
 
 #[cfg(test)]
 mod tests {

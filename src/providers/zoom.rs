@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::family::{lowercase, text_keys_only, v0, v0_content, HeaderMac};
 use super::mac::{any_matches, json_text, parse_timestamp, required_header, tag_of, Clock};
 use super::{
     body_hash_id, Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Settings,
@@ -23,37 +24,28 @@ pub struct Zoom {
 
 /// Builds a Zoom source; it takes no key of its own.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
     Ok(Arc::new(Zoom {
-        keys: Keys::as_text(settings.scheme, settings.secrets)?,
+        keys: text_keys_only(settings)?,
         tolerance: settings.tolerance,
     }))
 }
 
-const SIGNATURE: &str = "x-zm-signature";
+const SIGNATURE: HeaderMac = v0("x-zm-signature");
 const TIMESTAMP: &str = "x-zm-request-timestamp";
 const VALIDATION: &str = "endpoint.url_validation";
-
-/// What a capture keeps: the id and type come from the body.
-const KEPT_HEADERS: &[&str] = &["x-zm-signature", "x-zm-request-timestamp"];
 
 impl Zoom {
     /// The secret that signed this request, if one did (each compared in constant time), with
     /// the request's timestamp.
     fn signer(&self, headers: &dyn Headers, body: &[u8]) -> Result<(&[u8], i64), SignatureError> {
-        let signature = required_header(headers, SIGNATURE)?;
+        let tags = SIGNATURE.tags(headers)?;
         let raw = required_header(headers, TIMESTAMP)?;
         let timestamp = parse_timestamp(raw)?;
-        let tag = signature
-            .strip_prefix("v0=")
-            .and_then(|encoded| hex::decode(encoded).ok())
-            .ok_or(SignatureError::Invalid)?;
-        let signed: [&[u8]; 4] = [b"v0:", raw.as_bytes(), b":", body];
-        let tags = std::slice::from_ref(&tag);
+        let signed = v0_content(raw, body);
         self.keys
             .all()
             .iter()
-            .find(|key| any_matches(std::slice::from_ref(*key), &signed, tags))
+            .find(|key| any_matches(std::slice::from_ref(*key), &signed, &tags))
             .map(|key| (key.as_slice(), timestamp))
             .ok_or(SignatureError::Invalid)
     }
@@ -66,11 +58,7 @@ impl Provider for Zoom {
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let (_, timestamp) = self.signer(headers, body)?;
-        Clock {
-            now,
-            tolerance: self.tolerance,
-        }
-        .check(timestamp)
+        Clock::new(now, self.tolerance).check(timestamp)
     }
 
     fn needs_json(&self) -> bool {
@@ -98,7 +86,8 @@ impl Provider for Zoom {
     }
 
     fn kept_headers(&self) -> Vec<String> {
-        KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
+        // The id and type come from the body.
+        lowercase(&[SIGNATURE.header, TIMESTAMP])
     }
 
     fn sign(
@@ -109,11 +98,8 @@ impl Provider for Zoom {
         _event_type: Option<&str>,
     ) -> Vec<(String, String)> {
         let stamp = timestamp.to_string();
-        let tag = tag_of(self.keys.first(), &[b"v0:", stamp.as_bytes(), b":", body]);
-        vec![
-            (TIMESTAMP.to_owned(), stamp),
-            (SIGNATURE.to_owned(), format!("v0={}", hex::encode(tag))),
-        ]
+        let signature = SIGNATURE.sign(&self.keys, &v0_content(&stamp, body));
+        vec![(TIMESTAMP.to_owned(), stamp), signature]
     }
 
     /// A verified `endpoint.url_validation`: its `plainToken`, and that token's HMAC under the
