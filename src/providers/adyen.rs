@@ -372,8 +372,8 @@ impl Provider for Adyen {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::headers;
-    use super::super::{Inbound, Received, Refusal, Registry, SignatureError};
+    use super::super::tests::{headers, receive};
+    use super::super::{Received, Refusal, Registry, SignatureError};
     use super::*;
     use crate::secret::Secret;
 
@@ -395,21 +395,6 @@ mod tests {
         format!(
             r#"{{"pspReference":"{psp}","eventCode":"{code}","merchantAccountCode":"Acme","merchantReference":"o:1","amount":{{"value":1000,"currency":"EUR"}},"success":"true","additionalData":{{"authCode":"1"}}}}"#
         )
-    }
-
-    fn receive(
-        provider: &dyn Provider,
-        sent: &dyn Headers,
-        body: &[u8],
-    ) -> Result<Received, Refusal> {
-        let inbound = Inbound {
-            method: "POST",
-            query: "",
-            headers: sent,
-            body,
-            now: 0,
-        };
-        futures_util::FutureExt::now_or_never(provider.receive(&inbound)).expect("ready")
     }
 
     #[test]

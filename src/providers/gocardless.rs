@@ -154,27 +154,12 @@ impl Provider for GoCardless {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{headers, verifier};
-    use super::super::{Inbound, Received, Refusal, SignatureError};
+    use super::super::tests::{headers, receive, verifier};
+    use super::super::{Received, Refusal, SignatureError};
     use super::*;
 
     const EVENT: &str =
         r#"{"id":"EV1","resource_type":"payments","action":"confirmed","links":{"payment":"PM1"}}"#;
-
-    fn receive(
-        provider: &dyn Provider,
-        sent: &dyn Headers,
-        body: &[u8],
-    ) -> Result<Received, Refusal> {
-        let inbound = Inbound {
-            method: "POST",
-            query: "",
-            headers: sent,
-            body,
-            now: 0,
-        };
-        futures_util::FutureExt::now_or_never(provider.receive(&inbound)).expect("ready")
-    }
 
     #[test]
     fn an_event_alone_is_wrapped_signed_and_received_byte_for_byte() {

@@ -765,6 +765,23 @@ mod tests {
     }
 
     /// The built-in provider `scheme` over the given secrets with a 300 s tolerance.
+    /// A `POST` of `body` with `sent` to `provider`, received at time 0 (the providers whose
+    /// `receive` is ready at once).
+    pub(super) fn receive(
+        provider: &dyn Provider,
+        sent: &dyn Headers,
+        body: &[u8],
+    ) -> Result<Received, Refusal> {
+        let inbound = Inbound {
+            method: "POST",
+            query: "",
+            headers: sent,
+            body,
+            now: 0,
+        };
+        futures_util::FutureExt::now_or_never(provider.receive(&inbound)).expect("ready")
+    }
+
     pub(super) fn verifier(scheme: &str, secrets: &[&str]) -> Arc<dyn Provider> {
         let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::new(*s)).collect();
         Scheme::builtin(scheme)
