@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # hookbox against its floor, in one run on this machine, on each store. PostgreSQL: pgbench
 # running the SQL hookbox runs per new event and per replay, then a release `hookbox serve`
-# taking fresh and replayed Stripe deliveries at 1, 8, 32 and 128 connections. SQLite: the same
+# taking fresh and replayed Stripe deliveries at 1, 8, 32 and 128 connections, then fresh
+# deliveries of each representative scheme (PayPal RSA, Square, Braintree form) beside Stripe's,
+# at 32 connections, each with its ratio to Stripe's in the same step. SQLite: the same Stripe
 # deliveries against a release `hookbox serve` on a fresh SQLite file in the work directory,
 # with a floor from the sqlite3 CLI when it is installed (the same INSERT and SELECT, in WAL
 # mode with synchronous=FULL; none otherwise, and the table says so). Prints throughput,
@@ -14,12 +16,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_EACH="${SECONDS_EACH:-10}"
+# The scheme rows: this many fresh deliveries per scheme, built and signed before the clock
+# starts (PayPal's RSA signature would otherwise be paid for on the cores the server shares).
+SCHEME_REQUESTS="${SCHEME_REQUESTS:-$((2000 * SECONDS_EACH))}"
+SCHEME_CONNECTIONS="${SCHEME_CONNECTIONS:-32}"
 CONNECTIONS="${CONNECTIONS:-1 8 32 128}"
 FLOOR_CLIENTS="${FLOOR_CLIENTS:-32}"
 BENCH_NAME=run
 # shellcheck source=bench/common.sh
 . bench/common.sh
-# The server's config, the same on both stores but for the database URL.
+# The loadgen serves PayPal's certificate here for the paypal rows.
+cert_port=$((port + 20000))
+# The server's config, the same on both stores but for the database URL. The loadgen signs
+# each source's deliveries from this same file, as `hookbox send --config` does.
 config_for() {
   cat <<TOML
 [server]
@@ -30,6 +39,18 @@ pool_size = ${POOL_SIZE:-8}
 [sources.stripe]
 scheme = "stripe"
 secrets = ["$secret"]
+[sources.paypal]
+scheme = "paypal"
+webhook_id = "1BENCH0WEBHOOK0ID"
+cert_urls = ["http://127.0.0.1:$cert_port/certs/"]
+[sources.square]
+scheme = "square"
+secrets = ["sq-bench-signature-key"]
+public_url = "http://127.0.0.1:$port/webhooks/square"
+[sources.braintree]
+scheme = "braintree"
+secrets = ["bt-bench-private-key"]
+public_key = "btbenchpublickey"
 TOML
 }
 config_for "$db_url" > "$work/hookbox.toml"
@@ -80,6 +101,24 @@ deliveries() {
   done
 }
 
+# The scheme rows, on the server on $port: SCHEME_REQUESTS fresh deliveries of each source at
+# SCHEME_CONNECTIONS, Stripe's first, each signed by the provider's signing code in the library
+# from the server's own config; each row's ratio is to Stripe's row of this step.
+schemes() {
+  local store=$1 source out rps stripe_rps="" cert
+  for source in stripe paypal square braintree; do
+    cert=()
+    [ "$source" = paypal ] && cert=(--serve-cert "127.0.0.1:$cert_port")
+    out=$("$loadgen" --to "http://127.0.0.1:$port" --config "$work/hookbox.toml" --source "$source" \
+      --connections "$SCHEME_CONNECTIONS" --prebuilt "$SCHEME_REQUESTS" ${cert[@]+"${cert[@]}"})
+    rps=$(echo "$out" | field rps)
+    [ -n "$stripe_rps" ] || stripe_rps=$rps
+    printf '%-8s %-9s %5s %9.0f %9s %9s %7s %8s\n' "$store" "$source" "$SCHEME_CONNECTIONS" "$rps" \
+      "$(echo "$out" | field p50_ms)" "$(echo "$out" | field p99_ms)" "$(echo "$out" | field errors)" \
+      "$(ratio "$rps" "$stripe_rps")"
+  done
+}
+
 start_server
 "$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --connections 8 --seconds 2 >/dev/null
 
@@ -87,6 +126,10 @@ printf '%-8s %-8s %5s %9s %9s %9s %7s %7s\n' store mode conns "req/s" "p50 ms" "
 row postgres floor "$FLOOR_CLIENTS" "$floor_fresh" - - - "(fresh)"
 row postgres floor "$FLOOR_CLIENTS" "$floor_replay" - - - "(lookup)"
 deliveries postgres "$floor_fresh" "$floor_replay"
+echo
+printf '%-8s %-9s %5s %9s %9s %9s %7s %8s\n' store scheme conns "req/s" "p50 ms" "p99 ms" errors "/stripe"
+schemes postgres
+echo
 pg_rss=$(rss)
 stop_server
 
