@@ -15,7 +15,7 @@
 //! library code as `hookbox send` (`hookbox::replay::signing`): headers, a query on the URL, or
 //! a rewritten body (Braintree's form) as the provider sends them. Bodies are about 1.5 KB:
 //! Stripe, PayPal and Square events, a Braintree notification, or a Stripe-shaped event for any
-//! other scheme.
+//! other scheme; for Adyen, a batch of ten items (about 3 KB), each an event of its own.
 //!
 //! `--serve-cert ADDR` (PayPal): makes an RSA key and a self-signed certificate for this run,
 //! serves the certificate on `http://ADDR/certs/bench-<run>.pem`, and signs with that key and
@@ -139,6 +139,19 @@ fn body(scheme: &str, id: &str) -> String {
         "square" => format!(
             r#"{{"merchant_id":"ML_BENCH","type":"payment.updated","event_id":"{id}","created_at":"2026-12-02T10:00:00Z","data":{{"type":"payment","id":"pay_{id}","object":{{"payment":{{"id":"pay_{id}","amount_money":{{"amount":2000,"currency":"USD"}},"note":"{padding}","status":"COMPLETED"}}}}}}}}"#
         ),
+        // A batch of ten authorisations, each item an event of its own (`{id}_{k}`), which the
+        // signing code signs one by one inside the body.
+        "adyen" => {
+            let items: Vec<String> = (0..10)
+                .map(|k| {
+                    format!(
+                        r#"{{"NotificationRequestItem":{{"additionalData":{{"authCode":"058494","cardSummary":"0010"}},"amount":{{"currency":"EUR","value":{}}},"eventCode":"AUTHORISATION","eventDate":"2026-12-02T10:00:00+01:00","merchantAccountCode":"HookboxBenchECOM","merchantReference":"order-{id}-{k}","paymentMethod":"visa","pspReference":"{id}_{k}","success":"true"}}}}"#,
+                        1000 + k
+                    )
+                })
+                .collect();
+            format!(r#"{{"live":"false","notificationItems":[{}]}}"#, items.join(","))
+        }
         // Base64 and the form encoding make the ~1.1 KB notification about 1.5 KB on the wire.
         "braintree" => format!(
             "<notification>\n  <timestamp type=\"datetime\">2026-12-02T10:00:00Z</timestamp>\n  \

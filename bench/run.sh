@@ -2,8 +2,9 @@
 # hookbox against its floor, in one run on this machine, on each store. PostgreSQL: pgbench
 # running the SQL hookbox runs per new event and per replay, then a release `hookbox serve`
 # taking fresh and replayed Stripe deliveries at 1, 8, 32 and 128 connections, then fresh
-# deliveries of each representative scheme (PayPal RSA, Square, Braintree form) beside Stripe's,
-# at 32 connections, each with its ratio to Stripe's in the same step. SQLite: the same Stripe
+# deliveries of each representative scheme (PayPal RSA, Square, Braintree form, an Adyen batch of
+# ten items) beside Stripe's, at 32 connections, each with its ratio to Stripe's in the same
+# step (deliveries a second: an Adyen delivery is ten events). SQLite: the same Stripe
 # deliveries against a release `hookbox serve` on a fresh SQLite file in the work directory,
 # with a floor from the sqlite3 CLI when it is installed (the same INSERT and SELECT, in WAL
 # mode with synchronous=FULL; none otherwise, and the table says so). Prints throughput,
@@ -25,8 +26,9 @@ FLOOR_CLIENTS="${FLOOR_CLIENTS:-32}"
 BENCH_NAME=run
 # shellcheck source=bench/common.sh
 . bench/common.sh
-# The loadgen serves PayPal's certificate here for the paypal rows.
-cert_port=$((port + 20000))
+# The loadgen serves PayPal's certificate here for the paypal rows: below both the server's
+# port range and the ephemeral ports the load generator's own connections take.
+cert_port=$((10000 + $$ % 10000))
 # The server's config, the same on both stores but for the database URL. The loadgen signs
 # each source's deliveries from this same file, as `hookbox send --config` does.
 config_for() {
@@ -51,6 +53,9 @@ public_url = "http://127.0.0.1:$port/webhooks/square"
 scheme = "braintree"
 secrets = ["bt-bench-private-key"]
 public_key = "btbenchpublickey"
+[sources.adyen]
+scheme = "adyen"
+secrets = ["44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"]
 TOML
 }
 config_for "$db_url" > "$work/hookbox.toml"
@@ -106,7 +111,7 @@ deliveries() {
 # from the server's own config; each row's ratio is to Stripe's row of this step.
 schemes() {
   local store=$1 source out rps stripe_rps="" cert
-  for source in stripe paypal square braintree; do
+  for source in stripe paypal square braintree adyen; do
     cert=()
     [ "$source" = paypal ] && cert=(--serve-cert "127.0.0.1:$cert_port")
     out=$("$loadgen" --to "http://127.0.0.1:$port" --config "$work/hookbox.toml" --source "$source" \
