@@ -150,7 +150,10 @@ fn body(scheme: &str, id: &str) -> String {
                     )
                 })
                 .collect();
-            format!(r#"{{"live":"false","notificationItems":[{}]}}"#, items.join(","))
+            format!(
+                r#"{{"live":"false","notificationItems":[{}]}}"#,
+                items.join(",")
+            )
         }
         // Base64 and the form encoding make the ~1.1 KB notification about 1.5 KB on the wire.
         "braintree" => format!(
