@@ -4,69 +4,26 @@
 
 use std::sync::Arc;
 
-use super::family::{lowercase, text_keys_only, with_id_and_type, HeaderMac, TagText};
-use super::mac::header_text;
-use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
+use super::family::{HeaderMac, HeaderSigned, TagText};
+use super::{Provider, ProviderError, Settings};
 
-/// A Bitbucket source: its webhook secrets, used as text.
-#[derive(Debug)]
-pub struct Bitbucket {
-    keys: Keys,
-}
-
-/// Builds a Bitbucket source; it takes no key of its own.
-pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    Ok(Arc::new(Bitbucket {
-        keys: text_keys_only(settings)?,
-    }))
-}
-
-/// One signature, hex after `sha256=`, of the body.
-const SIGNATURE: HeaderMac = HeaderMac {
-    header: "X-Hub-Signature",
-    prefix: "sha256=",
-    text: TagText::Hex,
+/// Bitbucket's rules. Bitbucket says nothing of how long it retries.
+const BITBUCKET: HeaderSigned = HeaderSigned {
+    scheme: "bitbucket",
+    // One signature, hex after `sha256=`, of the body.
+    mac: HeaderMac {
+        header: "X-Hub-Signature",
+        prefix: "sha256=",
+        text: TagText::Hex,
+    },
+    id: "X-Request-UUID",
+    kind: "X-Event-Key",
+    horizon: None,
 };
-const REQUEST: &str = "X-Request-UUID";
-const EVENT: &str = "X-Event-Key";
 
-impl Provider for Bitbucket {
-    fn scheme(&self) -> &'static str {
-        "bitbucket"
-    }
-
-    fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
-        SIGNATURE.verify(&self.keys, headers, &[body])
-    }
-
-    fn needs_json(&self) -> bool {
-        false
-    }
-
-    fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
-        Identity {
-            event_id: header_text(headers, REQUEST),
-            event_type: header_text(headers, EVENT),
-        }
-    }
-
-    fn kept_headers(&self) -> Vec<String> {
-        lowercase(&[SIGNATURE.header, REQUEST, EVENT])
-    }
-
-    fn sign(
-        &self,
-        body: &[u8],
-        _timestamp: i64,
-        event_id: &str,
-        event_type: Option<&str>,
-    ) -> Vec<(String, String)> {
-        with_id_and_type(
-            SIGNATURE.sign(&self.keys, &[body]),
-            (REQUEST, event_id),
-            (EVENT, event_type),
-        )
-    }
+/// Builds a Bitbucket source: its webhook secrets, used as text; it takes no key of its own.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    BITBUCKET.build(settings)
 }
 
 #[cfg(test)]

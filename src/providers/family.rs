@@ -237,3 +237,99 @@ mod tests {
         assert_eq!(stamp_and_tags("h1=a", ';', "ts", "h1"), (None, vec!["a"]));
     }
 }
+
+/// A provider that signs the body with one HMAC in one header and names the event's id and
+/// type in two more headers (GitHub, Shopify, Bitbucket): its whole rule set is data, and its
+/// file holds that data.
+#[derive(Debug)]
+pub struct HeaderSigned {
+    /// The scheme's name, as configuration spells it.
+    pub scheme: &'static str,
+    /// The signature header.
+    pub mac: HeaderMac,
+    /// The header carrying the event id.
+    pub id: &'static str,
+    /// The header carrying the event type.
+    pub kind: &'static str,
+    /// How long the provider redelivers, in its own words, where it says.
+    pub horizon: Option<(std::time::Duration, &'static str)>,
+}
+
+impl HeaderSigned {
+    /// A source of this provider: its secrets, used as text; it takes no key of its own.
+    ///
+    /// # Errors
+    /// A key of the source the provider does not take, or no usable secret.
+    pub fn build(
+        &'static self,
+        settings: &Settings<'_>,
+    ) -> Result<std::sync::Arc<dyn super::Provider>, ProviderError> {
+        Ok(std::sync::Arc::new(HeaderSignedSource {
+            rules: self,
+            keys: text_keys_only(settings)?,
+        }))
+    }
+}
+
+/// One source of a [`HeaderSigned`] provider.
+struct HeaderSignedSource {
+    rules: &'static HeaderSigned,
+    keys: Keys,
+}
+
+/// The scheme and key count, as every provider shows itself; never a key.
+impl std::fmt::Debug for HeaderSignedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(self.rules.scheme)
+            .field("keys", &self.keys)
+            .finish()
+    }
+}
+
+impl super::Provider for HeaderSignedSource {
+    fn scheme(&self) -> &'static str {
+        self.rules.scheme
+    }
+
+    fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
+        self.rules.mac.verify(&self.keys, headers, &[body])
+    }
+
+    /// The id and type are in headers; the body need not be read.
+    fn needs_json(&self) -> bool {
+        false
+    }
+
+    fn identify(
+        &self,
+        headers: &dyn Headers,
+        _json: Option<&serde_json::Value>,
+    ) -> super::Identity {
+        super::Identity {
+            event_id: super::mac::header_text(headers, self.rules.id),
+            event_type: super::mac::header_text(headers, self.rules.kind),
+        }
+    }
+
+    fn kept_headers(&self) -> Vec<String> {
+        lowercase(&[self.rules.mac.header, self.rules.id, self.rules.kind])
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        _timestamp: i64,
+        event_id: &str,
+        event_type: Option<&str>,
+    ) -> Vec<(String, String)> {
+        with_id_and_type(
+            self.rules.mac.sign(&self.keys, &[body]),
+            (self.rules.id, event_id),
+            (self.rules.kind, event_type),
+        )
+    }
+
+    fn redelivery_horizon(&self) -> Option<(std::time::Duration, &'static str)> {
+        self.rules.horizon
+    }
+}

@@ -4,77 +4,29 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::family::{lowercase, text_keys_only, with_id_and_type, HeaderMac, TagText};
-use super::mac::header_text;
-use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
+use super::family::{HeaderMac, HeaderSigned, TagText};
+use super::{Provider, ProviderError, Settings};
 
-/// A GitHub source: its webhook secrets, used as text. GitHub signs no timestamp.
-#[derive(Debug)]
-pub struct Github {
-    keys: Keys,
-}
-
-/// Builds a GitHub source; it takes no key of its own.
-pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    Ok(Arc::new(Github {
-        keys: text_keys_only(settings)?,
-    }))
-}
-
-/// One signature, hex after `sha256=`, of the body.
-const SIGNATURE: HeaderMac = HeaderMac {
-    header: "X-Hub-Signature-256",
-    prefix: "sha256=",
-    text: TagText::Hex,
+/// GitHub's rules. GitHub signs no timestamp.
+const GITHUB: HeaderSigned = HeaderSigned {
+    scheme: "github",
+    // One signature, hex after `sha256=`, of the body.
+    mac: HeaderMac {
+        header: "X-Hub-Signature-256",
+        prefix: "sha256=",
+        text: TagText::Hex,
+    },
+    id: "X-GitHub-Delivery",
+    kind: "X-GitHub-Event",
+    horizon: Some((
+        Duration::from_secs(72 * 3600),
+        "GitHub lets deliveries be redelivered for 3 days",
+    )),
 };
-const DELIVERY: &str = "X-GitHub-Delivery";
-const EVENT: &str = "X-GitHub-Event";
 
-impl Provider for Github {
-    fn scheme(&self) -> &'static str {
-        "github"
-    }
-
-    fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
-        SIGNATURE.verify(&self.keys, headers, &[body])
-    }
-
-    fn needs_json(&self) -> bool {
-        false
-    }
-
-    /// GitHub names the delivery and the event in headers; the body need not be read.
-    fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
-        Identity {
-            event_id: header_text(headers, DELIVERY),
-            event_type: header_text(headers, EVENT),
-        }
-    }
-
-    fn kept_headers(&self) -> Vec<String> {
-        lowercase(&[SIGNATURE.header, DELIVERY, EVENT])
-    }
-
-    fn sign(
-        &self,
-        body: &[u8],
-        _timestamp: i64,
-        event_id: &str,
-        event_type: Option<&str>,
-    ) -> Vec<(String, String)> {
-        with_id_and_type(
-            SIGNATURE.sign(&self.keys, &[body]),
-            (DELIVERY, event_id),
-            (EVENT, event_type),
-        )
-    }
-
-    fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
-        Some((
-            Duration::from_secs(72 * 3600),
-            "GitHub lets deliveries be redelivered for 3 days",
-        ))
-    }
+/// Builds a GitHub source: its webhook secrets, used as text; it takes no key of its own.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    GITHUB.build(settings)
 }
 
 #[cfg(test)]

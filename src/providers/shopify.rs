@@ -4,78 +4,29 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::family::{lowercase, text_keys_only, with_id_and_type, HeaderMac, TagText};
-use super::mac::header_text;
-use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
+use super::family::{HeaderMac, HeaderSigned, TagText};
+use super::{Provider, ProviderError, Settings};
 
-/// A Shopify source: its app's client secrets, used as text. Shopify signs no timestamp.
-#[derive(Debug)]
-pub struct Shopify {
-    keys: Keys,
-}
-
-/// Builds a Shopify source; it takes no key of its own.
-pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    Ok(Arc::new(Shopify {
-        keys: text_keys_only(settings)?,
-    }))
-}
-
-/// One base64 signature of the body.
-const SIGNATURE: HeaderMac = HeaderMac {
-    header: "X-Shopify-Hmac-Sha256",
-    prefix: "",
-    text: TagText::Base64,
+/// Shopify's rules. Shopify signs no timestamp.
+const SHOPIFY: HeaderSigned = HeaderSigned {
+    scheme: "shopify",
+    // One base64 signature of the body.
+    mac: HeaderMac {
+        header: "X-Shopify-Hmac-Sha256",
+        prefix: "",
+        text: TagText::Base64,
+    },
+    id: "X-Shopify-Webhook-Id",
+    kind: "X-Shopify-Topic",
+    horizon: Some((
+        Duration::from_secs(4 * 3600),
+        "Shopify retries for about 4 hours",
+    )),
 };
-const WEBHOOK_ID: &str = "X-Shopify-Webhook-Id";
-const TOPIC: &str = "X-Shopify-Topic";
 
-impl Provider for Shopify {
-    fn scheme(&self) -> &'static str {
-        "shopify"
-    }
-
-    fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
-        SIGNATURE.verify(&self.keys, headers, &[body])
-    }
-
-    fn needs_json(&self) -> bool {
-        false
-    }
-
-    /// Shopify names the webhook and its topic in headers; the body's `id` is the resource's,
-    /// not the delivery's, so it is not used.
-    fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
-        Identity {
-            event_id: header_text(headers, WEBHOOK_ID),
-            event_type: header_text(headers, TOPIC),
-        }
-    }
-
-    fn kept_headers(&self) -> Vec<String> {
-        lowercase(&[SIGNATURE.header, WEBHOOK_ID, TOPIC])
-    }
-
-    fn sign(
-        &self,
-        body: &[u8],
-        _timestamp: i64,
-        event_id: &str,
-        event_type: Option<&str>,
-    ) -> Vec<(String, String)> {
-        with_id_and_type(
-            SIGNATURE.sign(&self.keys, &[body]),
-            (WEBHOOK_ID, event_id),
-            (TOPIC, event_type),
-        )
-    }
-
-    fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
-        Some((
-            Duration::from_secs(4 * 3600),
-            "Shopify retries for about 4 hours",
-        ))
-    }
+/// Builds a Shopify source: its webhook secrets, used as text; it takes no key of its own.
+pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
+    SHOPIFY.build(settings)
 }
 
 #[cfg(test)]
