@@ -1,9 +1,9 @@
 //! The owner of the `deliveries` table (the forward outbox): every statement on it is here.
-//! A row is queued with its event's claim ([`enqueue`]), taken under a lease by the dispatcher
-//! ([`take_due`]), settled after each attempt ([`settle`]), and shown and re-queued by the
-//! admin API and the console ([`of_event`], [`requeue`], [`redeliver`], [`requeue_dead`],
-//! [`counts`], [`pending_by_target`]). Rows go with their
-//! event (`ON DELETE CASCADE`).
+//! A row is queued with its event's claim ([`enqueue`]; [`enqueue_many`] for a batch of
+//! claims), taken under a lease by the dispatcher ([`take_due`]), settled after each attempt
+//! ([`settle`]), and shown and re-queued by the admin API and the console ([`of_event`],
+//! [`requeue`], [`redeliver`], [`requeue_dead`], [`counts`], [`pending_by_target`]). Rows go
+//! with their event (`ON DELETE CASCADE`).
 
 use std::time::Duration;
 
@@ -104,6 +104,28 @@ pub fn enqueue(conn: &mut AnyConnection, event_row: i64, targets: &[String]) -> 
         diesel::insert_into(deliveries::table).values(rows).execute(c)
     })
     .map(|_| ())
+}
+
+/// Rows one INSERT of [`enqueue_many`] carries at most (two bound values each; SQLite caps
+/// the bound values of a statement).
+const ENQUEUE_CHUNK: usize = 1000;
+
+/// Queues the deliveries `rows`, each (event row, target name), for the events of several
+/// claims at once: one multi-row INSERT (per [`ENQUEUE_CHUNK`] rows). Runs in the transaction
+/// of the claims' batch, so each event is queued if and only if it is stored.
+pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResult<()> {
+    for chunk in rows.chunks(ENQUEUE_CHUNK) {
+        on_backend!(conn, c => {
+            let values: Vec<_> = chunk
+                .iter()
+                .map(|(event_row, target)| {
+                    (deliveries::event_row.eq(*event_row), deliveries::target.eq(*target))
+                })
+                .collect();
+            diesel::insert_into(deliveries::table).values(values).execute(c)
+        })?;
+    }
+    Ok(())
 }
 
 /// Takes up to `limit` due deliveries, oldest due first, and leases each for `lease`: its

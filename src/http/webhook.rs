@@ -402,7 +402,7 @@ fn targets_for(source: &Source, event_type: Option<&str>) -> Vec<String> {
         .collect()
 }
 
-/// A claim whose handler writes (or whose source forwards): one transaction on a blocking
+/// A claim whose handler writes (or whose source dedupes by body): one transaction on a blocking
 /// thread with a pooled connection. `answer_by` is when the request is answered 503 if the
 /// claim has not finished: a claim on a dead connection is tried again on a fresh one only
 /// before then, so a delivery already answered 503 is not stored by a second try behind it.

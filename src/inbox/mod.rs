@@ -19,7 +19,10 @@
 //!   handler, UPDATE the row with its response (and queue the outbox row), COMMIT;
 //! - a handler that answers from the event alone ([`Handler::uses_connection`] is false, as for
 //!   the built-in `record`) is asked first, and the claim and its response go in as one INSERT,
-//!   atomic on its own: one round trip for a new event instead of four.
+//!   atomic on its own: one round trip for a new event instead of four. Where the source
+//!   forwards, the INSERT and the event's outbox rows commit in one transaction. Either way,
+//!   [`Batcher`] gathers the claims waiting at once into one INSERT (and one INSERT of their
+//!   outbox rows).
 
 mod batch;
 mod cache;
@@ -128,12 +131,20 @@ pub enum ClaimError {
     Database(#[from] DieselError),
 }
 
-/// Whether `delivery` must be claimed in a transaction: its handler writes, its source
-/// queues an outbox row with the claim, or its source dedupes by body (the claim may then
-/// conflict on the payload as well as the id, see [`Delivery::dedupe_key`]). Otherwise claim
-/// and answer are one INSERT (and may be batched with others, see [`Batcher`]).
+/// Whether `delivery` must be claimed in a transaction of its own: its handler writes, or its
+/// source dedupes by body (the claim may then conflict on the payload as well as the id, see
+/// [`Delivery::dedupe_key`]). Otherwise it may be batched with others (see [`Batcher`]): its
+/// handler answers before the claim, and the claim, the answer and its outbox rows (where its
+/// source forwards) go in with the batch's.
 pub fn needs_transaction(delivery: &Delivery, handler: &dyn Handler) -> bool {
-    handler.uses_connection() || !delivery.forward.is_empty() || delivery.dedupe_key.is_some()
+    handler.uses_connection() || delivery.dedupe_key.is_some()
+}
+
+/// Whether [`claim`] stores `delivery` in one statement: claim and answer as one INSERT,
+/// atomic on its own. Not where it needs a transaction anyway, or queues outbox rows, which
+/// must commit with the claim.
+fn in_one_statement(delivery: &Delivery, handler: &dyn Handler) -> bool {
+    !needs_transaction(delivery, handler) && delivery.forward.is_empty()
 }
 
 /// Claims, processes and stores `delivery` atomically, or finds the stored answer.
@@ -159,10 +170,10 @@ fn claim_within(
     // The only way round twice: the stored row vanished (purged) between the INSERT's
     // conflict and the read of the stored response. The second INSERT then claims afresh.
     for _ in 0..2 {
-        let attempt = if needs_transaction(delivery, handler) {
-            db::write_transaction(conn, |conn| claim_in_transaction(conn, delivery, handler))
-        } else {
+        let attempt = if in_one_statement(delivery, handler) {
             claim_in_one_statement(conn, delivery, handler)
+        } else {
+            db::write_transaction(conn, |conn| claim_in_transaction(conn, delivery, handler))
         };
         match attempt {
             Ok(Some(outcome)) => return Ok(outcome),

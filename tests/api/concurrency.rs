@@ -8,7 +8,7 @@ use crate::helpers::*;
 #[path = "../../examples/payments_ledger/ledger.rs"]
 pub mod ledger;
 
-fn assert_one_processed_and_identical(answers: &[Answer]) {
+pub fn assert_one_processed_and_identical(answers: &[Answer]) {
     let processed = answers.iter().filter(|a| !a.replayed()).count();
     assert_eq!(processed, 1, "exactly one delivery processes the event");
     let first = &answers[0];

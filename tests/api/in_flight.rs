@@ -5,16 +5,17 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use futures_util::future::join_all;
 use hookbox::{AnyConnection, Handlers};
 
 use crate::helpers::*;
 
 /// An uncommitted claim of `source`'s event `event_id`, held on a connection of the test's own
 /// (another process, as far as the server can tell) until it is dropped, then rolled back.
-struct HeldClaim(AnyConnection);
+pub struct HeldClaim(AnyConnection);
 
 impl HeldClaim {
-    fn take(url: &str, source: &str, event_id: &str) -> HeldClaim {
+    pub fn take(url: &str, source: &str, event_id: &str) -> HeldClaim {
         let mut conn = connect_url(url);
         // On SQLite the claim takes the file's one write lock, as a claiming process would.
         let begin = match conn {
@@ -103,8 +104,87 @@ async fn a_batched_claim_behind_an_uncommitted_claim_gets_409_within_in_flight_w
 
 #[actix_web::test]
 async fn a_claim_in_a_transaction_behind_an_uncommitted_claim_gets_409_within_in_flight_wait() {
-    // A forwarding source claims in a transaction of its own.
+    // A handler that writes claims in a transaction of its own.
+    let handlers = Handlers::default().with("stripe", crate::concurrency::ledger::Ledger);
+    let app = spawn("", handlers).await;
+    duplicate_behind_a_held_claim_gets_409_within_the_wait(&app, "stripe").await;
+}
+
+#[actix_web::test]
+async fn a_forwarding_claim_behind_an_uncommitted_claim_gets_409_within_in_flight_wait() {
+    // A forwarding source's claims go in batches, each with its outbox rows.
     let extra = crate::forward::forward_extra("http://127.0.0.1:9/unused", "1s", 1);
     let app = spawn(&extra, Handlers::default()).await;
     duplicate_behind_a_held_claim_gets_409_within_the_wait(&app, "stripe").await;
+}
+
+/// How many outbox rows the stripe event `id` has (none when it is not stored).
+fn queued(app: &TestApp, id: &str) -> i64 {
+    app.db.count(&format!(
+        "deliveries d JOIN events e ON e.id = d.event_row \
+         WHERE e.source = 'stripe' AND e.event_id = '{id}'"
+    ))
+}
+
+fn stored(app: &TestApp, id: &str) -> i64 {
+    app.db.count(&format!(
+        "events WHERE source = 'stripe' AND event_id = '{id}'"
+    ))
+}
+
+#[actix_web::test]
+async fn a_forwarding_batch_that_falls_back_to_claims_one_by_one_queues_each_stored_event_once() {
+    // The downstream is never reached (nothing listens there): the rows stay queued, countable.
+    let extra = crate::forward::forward_extra("http://127.0.0.1:9/unused", "1s", 1);
+    let app = spawn(&extra, Handlers::default()).await;
+    let held_id = unique_id("evt_held");
+    let fresh: Vec<String> = (0..10).map(|_| unique_id("evt_fresh")).collect();
+    let ids: Vec<&String> = std::iter::once(&held_id).chain(&fresh).collect();
+    let deliveries: Vec<Delivery> = ids
+        .iter()
+        .map(|id| app.delivery("stripe", &stripe_event(id, "charge.refunded", 1), id))
+        .collect();
+
+    // On PostgreSQL a batch that holds the held id waits for it, times out and falls back to
+    // claims one by one, which store the others; on SQLite the held claim has the one write
+    // lock, so nothing is stored until it goes.
+    let held = HeldClaim::take(&app.db.url, "stripe", &held_id);
+    let answers = join_all(deliveries.iter().map(|d| app.send(d))).await;
+    drop(held);
+    for (id, answer) in ids.iter().zip(&answers) {
+        match answer.status {
+            200 => assert_eq!(
+                (stored(&app, id), queued(&app, id)),
+                (1, 1),
+                "{id}: answered 200, so stored and queued once"
+            ),
+            409 | 503 => assert_eq!(
+                (stored(&app, id), queued(&app, id)),
+                (0, 0),
+                "{id}: refused ({}), so neither stored nor queued",
+                answer.text()
+            ),
+            other => panic!("{id}: {other} {}", answer.text()),
+        }
+    }
+    assert_eq!(answers[0].status, 409, "{}", answers[0].text());
+    if !store_is_sqlite() {
+        assert!(
+            answers[1..].iter().all(|a| a.status == 200),
+            "the claims one by one store the events the held one did not block"
+        );
+    }
+
+    // The provider's retries: whatever was stored is a replay of its first answer, the rest is
+    // claimed now, and every event ends with its one row.
+    let again = join_all(deliveries.iter().map(|d| app.send(d))).await;
+    for ((id, first), second) in ids.iter().zip(&answers).zip(&again) {
+        assert_eq!(second.status, 200, "{id}: {}", second.text());
+        assert_eq!(second.replayed(), first.status == 200, "{id}");
+        if first.status == 200 {
+            assert_eq!(second.body, first.body, "{id}: the same answer");
+        }
+        assert_eq!((stored(&app, id), queued(&app, id)), (1, 1), "{id}");
+    }
+    assert_eq!(app.db.count("deliveries"), 11);
 }

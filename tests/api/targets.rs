@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use hookbox::Handlers;
 
 use crate::downstream::{always, Downstream};
@@ -366,4 +367,103 @@ async fn pending_deliveries_are_counted_per_target() {
         fast.for_key(&key(&first)).len() + fast.for_key(&key(&second)).len(),
         2
     );
+}
+
+#[actix_web::test]
+async fn a_burst_of_concurrent_deliveries_queues_one_row_per_event_and_target_in_shared_batches() {
+    // A forwarding source's claims go in batches with their outbox rows: a burst of events,
+    // each delivered three times at once, lands many of them in the same transactions.
+    let all = Downstream::start(always(200));
+    let refunds = Downstream::start(always(200));
+    let app = TestApp::spawn_with(
+        &format!(
+            "{}{}",
+            target("all", &all.url, None),
+            target("refunds", &refunds.url, Some(r#"["charge.refunded"]"#)),
+        ),
+        Handlers::default(),
+    )
+    .await;
+    let events: Vec<(String, &str)> = (0..30)
+        .map(|n| {
+            let kind = if n % 2 == 0 {
+                "charge.refunded"
+            } else {
+                "charge.succeeded"
+            };
+            (unique_id("evt"), kind)
+        })
+        .collect();
+    let mut requests = Vec::new();
+    for (id, kind) in &events {
+        for copy in 0..3 {
+            // Stripe signs each retry afresh and counts down pending_webhooks.
+            let body = stripe_event(id, kind, 3 - copy);
+            requests.push(delivery_for(
+                &app.config,
+                "stripe",
+                &body,
+                id,
+                unix_now() - i64::from(copy),
+            ));
+        }
+    }
+    let answers = join_all(requests.iter().map(|d| app.send(d))).await;
+    for (n, (id, _)) in events.iter().enumerate() {
+        let group = &answers[n * 3..n * 3 + 3];
+        crate::concurrency::assert_one_processed_and_identical(group);
+        assert_eq!(group[0].json()["event_id"], id.as_str());
+    }
+
+    let refunded: Vec<&str> = events
+        .iter()
+        .filter(|(_, kind)| *kind == "charge.refunded")
+        .map(|(id, _)| id.as_str())
+        .collect();
+    assert_eq!(app.db.count("events"), 30);
+    assert_eq!(app.db.count("deliveries WHERE target = 'all'"), 30);
+    assert_eq!(app.db.count("deliveries WHERE target = 'refunds'"), 15);
+    assert_eq!(
+        app.db.count("deliveries"),
+        45,
+        "one row per (event, matching target), none more"
+    );
+    // Claims the writer took together share their received time; claims one by one each have
+    // their own.
+    assert!(
+        app.db.count(
+            "(SELECT received_at FROM events GROUP BY received_at HAVING count(*) > 1) shared"
+        ) > 0,
+        "no two events were claimed in one batch"
+    );
+
+    let ids: Vec<&str> = events.iter().map(|(id, _)| id.as_str()).collect();
+    let listed = settled(&app, &ids, "delivered").await;
+    for ((id, kind), listed) in events.iter().zip(&listed) {
+        let expected: &[&str] = if *kind == "charge.refunded" {
+            &["all", "refunds"]
+        } else {
+            &["all"]
+        };
+        assert_eq!(targets_of(listed), expected, "{id}");
+    }
+    let key = |id: &str| format!("stripe:{id}");
+    let mut expected: Vec<String> = ids.iter().map(|id| key(id)).collect();
+    expected.sort();
+    assert_eq!(keys(&all), expected);
+    assert_eq!(all.received().len(), 30, "each sent once");
+    let mut expected: Vec<String> = refunded.iter().map(|id| key(id)).collect();
+    expected.sort();
+    assert_eq!(keys(&refunds), expected);
+    assert_eq!(refunds.received().len(), 15, "each sent once");
+
+    // Redelivered at once again: each a replay with the first answer, and nothing queued.
+    let again = join_all(requests.iter().map(|d| app.send(d))).await;
+    for (first, second) in answers.iter().zip(&again) {
+        assert_eq!(second.status, 200, "{}", second.text());
+        assert!(second.replayed());
+        assert_eq!(second.body, first.body);
+    }
+    assert_eq!(app.db.count("deliveries"), 45);
+    assert_eq!(app.db.count("deliveries WHERE state = 'delivered'"), 45);
 }
