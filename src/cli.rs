@@ -135,14 +135,16 @@ struct KeyArgs {
     /// $HOOKBOX_CONFIG, then ./hookbox.toml]
     #[arg(long, value_name = "FILE", conflicts_with_all = ["scheme", "secret"])]
     config: Option<PathBuf>,
-    /// Sign with this scheme instead of a config source's: stripe, standard, github, shopify
-    /// or slack (hmac-sha256 and paypal need a config)
-    #[arg(long, value_name = "SCHEME", requires = "secret")]
+    /// Sign with this scheme instead of a config source's, with --secret (or --key for
+    /// sendgrid): stripe, standard, github, shopify, slack, ... (hmac-sha256 and paypal need a
+    /// config)
+    #[arg(long, value_name = "SCHEME")]
     scheme: Option<String>,
     /// The secret to sign with, with --scheme
     #[arg(long, value_name = "SECRET", requires = "scheme")]
     secret: Option<String>,
-    /// The PEM private key to sign with, for a scheme that signs with one (paypal)
+    /// The PEM private key to sign with, for a scheme that signs with one (paypal: RSA;
+    /// sendgrid: P-256, PKCS#8 or SEC1)
     #[arg(long, value_name = "FILE")]
     key: Option<PathBuf>,
     /// Where the receiver fetches the certificate of --key (paypal's PAYPAL-CERT-URL)
@@ -378,8 +380,11 @@ fn signer(keys: KeyArgs) -> Result<Signer, Exit> {
         cert_url: keys.cert_url,
     };
     match (keys.scheme, keys.secret) {
-        (Some(scheme), Some(secret)) => {
-            Signer::from_flags(&scheme, Secret::new(secret), &signing).map_err(usage)
+        (Some(_), None) if signing.key_pem.is_none() => Err(usage(
+            "--scheme needs --secret, or --key for a scheme that signs with a private key",
+        )),
+        (Some(scheme), secret) => {
+            Signer::from_flags(&scheme, secret.map(Secret::new), &signing).map_err(usage)
         }
         _ => {
             let config = load(keys.config.as_deref())?;

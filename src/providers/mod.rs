@@ -28,6 +28,7 @@ mod mollie;
 mod paddle;
 mod paypal;
 mod razorpay;
+mod sendgrid;
 mod shopify;
 mod slack;
 mod square;
@@ -527,6 +528,52 @@ impl Settings<'_> {
         }
     }
 
+    /// The public keys an asymmetric scheme checks with, in order (several while one is
+    /// rotated): the list `public_keys`, or the comma-separated variable `public_keys_env`
+    /// names. Returns the key they came from, for the scheme's own messages, with the texts.
+    ///
+    /// # Errors
+    /// Both keys given, the variable unset, an empty list or an empty key.
+    pub fn public_keys(&self) -> Result<Option<(&'static str, Vec<String>)>, ProviderError> {
+        let (key, texts) = match (self.texts("public_keys")?, self.text("public_keys_env")?) {
+            (Some(_), Some(_)) => {
+                return Err(ProviderError::at(
+                    "public_keys_env",
+                    "give either public_keys or public_keys_env, not both",
+                ))
+            }
+            (Some(list), None) => (
+                "public_keys",
+                list.into_iter().map(str::to_owned).collect::<Vec<_>>(),
+            ),
+            (None, Some(var)) => match std::env::var(var) {
+                Ok(value) => (
+                    "public_keys_env",
+                    value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|text| !text.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                ),
+                Err(_) => {
+                    return Err(ProviderError::at(
+                        "public_keys_env",
+                        format!("the environment variable {var} is not set"),
+                    ))
+                }
+            },
+            (None, None) => return Ok(None),
+        };
+        if texts.is_empty() || texts.iter().any(|text| text.trim().is_empty()) {
+            return Err(ProviderError::at(
+                key,
+                "a source needs at least one public key, and no public key may be empty",
+            ));
+        }
+        Ok(Some((key, texts)))
+    }
+
     /// The strings of the list `key`, when it is set.
     ///
     /// # Errors
@@ -626,6 +673,7 @@ impl Registry {
         .with("zoom", zoom::build)
         .with("twitch", twitch::build)
         .with("meta", meta::build)
+        .with("sendgrid", sendgrid::build)
     }
 
     /// Adds (or replaces) the scheme `name`, built by `build`.
@@ -855,7 +903,7 @@ mod tests {
             registry.names(),
             "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio, paddle, \
              checkout, razorpay, mollie, lemonsqueezy, square, paypal, adyen, gocardless, gitlab, \
-             bitbucket, linear, zoom, twitch, meta"
+             bitbucket, linear, zoom, twitch, meta, sendgrid"
         );
         for provider in every_scheme() {
             assert!(registry.scheme(provider.scheme(), None).is_ok());

@@ -58,22 +58,31 @@ impl Signer {
         Ok(Signer::Config(verifiers))
     }
 
-    /// A signer from `--scheme` and `--secret` (and `--key`/`--cert-url` where the scheme
-    /// signs with a private key).
+    /// A signer from `--scheme` and `--secret`, or `--key` (and `--cert-url`) where the scheme
+    /// signs with a private key (`sendgrid`: `--scheme sendgrid --key FILE`, no secret).
     ///
     /// # Errors
     /// An unknown scheme, one that needs keys only a config source has (`hmac-sha256`'s
     /// header and id location, `paypal`'s `webhook_id`), or a secret the scheme cannot use (a
     /// standard secret that is not base64).
-    pub fn from_flags(scheme: &str, secret: Secret, signing: &Signing) -> Result<Signer, String> {
+    pub fn from_flags(
+        scheme: &str,
+        secret: Option<Secret>,
+        signing: &Signing,
+    ) -> Result<Signer, String> {
         let name = scheme;
+        let secret_given = secret.is_some();
         let scheme = Scheme::builtin(scheme).map_err(|e| format!("--scheme: {e}"))?;
         // The tolerance plays no part in signing.
         scheme
-            .build_signer(&[secret], Duration::ZERO, signing)
+            .build_signer(secret.as_slice(), Duration::ZERO, signing)
             .map(Signer::Flags)
             .map_err(|e| match e.key.as_str() {
-                "secrets" => format!("--secret: {}", e.problem),
+                "secrets" if secret_given => format!("--secret: {}", e.problem),
+                "secrets" => format!(
+                    "--scheme: {name} signs with a secret: give --secret ({})",
+                    e.problem
+                ),
                 flag if flag.starts_with("--") => e.to_string(),
                 key => format!(
                     "--scheme: {name} signs with its source's {key}, which only a config has: \
@@ -167,28 +176,32 @@ mod tests {
 
     #[test]
     fn flags_name_a_builtin_scheme_and_hmac_sha256_needs_a_config() {
-        assert!(Signer::from_flags("github", Secret::new("s"), &Signing::default()).is_ok());
-        let error = Signer::from_flags("hmac-sha256", Secret::new("s"), &Signing::default())
+        assert!(Signer::from_flags("github", Some(Secret::new("s")), &Signing::default()).is_ok());
+        let error = Signer::from_flags("hmac-sha256", Some(Secret::new("s")), &Signing::default())
             .expect_err("refused");
         assert!(error.contains("config"), "{error}");
-        let error = Signer::from_flags("papyal", Secret::new("s"), &Signing::default())
+        let error = Signer::from_flags("papyal", Some(Secret::new("s")), &Signing::default())
             .expect_err("refused");
         assert!(error.contains("stripe, standard"), "{error}");
-        let error = Signer::from_flags("paypal", Secret::new("s"), &Signing::default())
+        let error = Signer::from_flags("paypal", Some(Secret::new("s")), &Signing::default())
             .expect_err("refused");
         assert!(
             error.contains("webhook_id") && error.contains("--config"),
             "{error}"
         );
-        let error = Signer::from_flags("standard", Secret::new("whsec_!!"), &Signing::default())
-            .expect_err("refused");
+        let error = Signer::from_flags(
+            "standard",
+            Some(Secret::new("whsec_!!")),
+            &Signing::default(),
+        )
+        .expect_err("refused");
         assert!(error.starts_with("--secret"), "{error}");
     }
 
     #[test]
     fn a_header_id_scheme_carries_the_given_id_and_a_body_id_scheme_reads_its_own() {
         let Signer::Flags(github) =
-            Signer::from_flags("github", Secret::new("s"), &Signing::default()).expect("ok")
+            Signer::from_flags("github", Some(Secret::new("s")), &Signing::default()).expect("ok")
         else {
             unreachable!("from_flags builds Flags")
         };
@@ -200,7 +213,7 @@ mod tests {
         assert!(headers.contains(&("Content-Type".to_owned(), "application/json".to_owned())));
 
         let Signer::Flags(stripe) =
-            Signer::from_flags("stripe", Secret::new("s"), &Signing::default()).expect("ok")
+            Signer::from_flags("stripe", Some(Secret::new("s")), &Signing::default()).expect("ok")
         else {
             unreachable!("from_flags builds Flags")
         };

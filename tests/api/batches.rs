@@ -109,7 +109,7 @@ fn batch(config: &Config, source: &str, key: usize, items: &[Value]) -> Delivery
 }
 
 /// The side effects recorded per event id, sorted.
-fn side_effects(app: &TestApp) -> Vec<(String, i64)> {
+pub(crate) fn side_effects(app: &TestApp) -> Vec<(String, i64)> {
     use diesel::prelude::*;
     #[derive(QueryableByName)]
     struct Row {
@@ -126,14 +126,14 @@ fn side_effects(app: &TestApp) -> Vec<(String, i64)> {
     rows.into_iter().map(|row| (row.event_id, row.n)).collect()
 }
 
-fn once_each(ids: &[&str]) -> Vec<(String, i64)> {
+pub(crate) fn once_each(ids: &[&str]) -> Vec<(String, i64)> {
     let mut ids: Vec<(String, i64)> = ids.iter().map(|id| ((*id).to_owned(), 1)).collect();
     ids.sort();
     ids
 }
 
 /// Status, content type and body: what two answers to one delivery must share.
-fn seen(answer: &Answer) -> (u16, Option<String>, Vec<u8>) {
+pub(crate) fn seen(answer: &Answer) -> (u16, Option<String>, Vec<u8>) {
     (
         answer.status,
         answer.header("content-type").map(str::to_owned),
@@ -142,7 +142,7 @@ fn seen(answer: &Answer) -> (u16, Option<String>, Vec<u8>) {
 }
 
 #[derive(Clone)]
-struct Shared(Arc<Counting>);
+pub(crate) struct Shared(Arc<Counting>);
 
 impl Handler for Shared {
     fn prepare(&self, conn: &mut AnyConnection) -> anyhow::Result<()> {
@@ -154,7 +154,7 @@ impl Handler for Shared {
     }
 }
 
-fn counting(delay: Duration) -> Shared {
+pub(crate) fn counting(delay: Duration) -> Shared {
     Shared(Arc::new(Counting::new(delay)))
 }
 
@@ -338,10 +338,10 @@ async fn a_reused_id_with_another_payload_refuses_the_whole_batch_and_stores_not
 
 /// Fails the first time it meets event `fail_on`, after writing its side effect.
 #[derive(Clone)]
-struct FailsOn {
-    inner: Shared,
-    fail_on: String,
-    failures: Arc<AtomicUsize>,
+pub(crate) struct FailsOn {
+    pub(crate) inner: Shared,
+    pub(crate) fail_on: String,
+    pub(crate) failures: Arc<AtomicUsize>,
 }
 
 impl Handler for FailsOn {

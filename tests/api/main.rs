@@ -39,6 +39,7 @@ mod saas_providers;
 mod schemes;
 mod security;
 mod send;
+mod sendgrid;
 mod storable;
 mod stores;
 mod targets;
