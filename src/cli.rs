@@ -136,8 +136,8 @@ struct KeyArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["scheme", "secret"])]
     config: Option<PathBuf>,
     /// Sign with this scheme instead of a config source's, with --secret (or --key for
-    /// sendgrid): stripe, standard, github, shopify, slack, ... (hmac-sha256 and paypal need a
-    /// config)
+    /// sendgrid): stripe, standard, github, shopify, slack, ... (hmac, hmac-sha256 and paypal
+    /// need a config)
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<String>,
     /// The secret to sign with, with --scheme
@@ -198,7 +198,7 @@ struct SendArgs {
     #[command(flatten)]
     keys: KeyArgs,
     /// The event id, for schemes whose id travels in a header (standard, github, shopify,
-    /// hmac-sha256 with a header id) [default: a new evt_... each time]. Send the same id
+    /// hmac or hmac-sha256 with a header id) [default: a new evt_... each time]. Send the same id
     /// twice to see the replay.
     #[arg(long, value_name = "ID")]
     event_id: Option<String>,

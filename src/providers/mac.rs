@@ -81,26 +81,35 @@ pub fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-/// An HMAC-SHA256 keyed by `key` over the concatenation of `parts`, so signed content such as
-/// `{t}.{body}` never has to be copied into one buffer.
-fn mac_over(key: &[u8], parts: &[&[u8]]) -> HmacSha256 {
-    let mut mac =
-        <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes a key of any length");
+/// An HMAC (`M`, e.g. `Hmac<Sha256>`) keyed by `key` over the concatenation of `parts`, so
+/// signed content such as `{t}.{body}` never has to be copied into one buffer.
+fn mac_over<M: Mac + KeyInit>(key: &[u8], parts: &[&[u8]]) -> M {
+    let mut mac = <M as KeyInit>::new_from_slice(key).expect("HMAC takes a key of any length");
     for part in parts {
         mac.update(part);
     }
     mac
 }
 
-/// Whether any candidate tag is the MAC of `parts` under any key. Each comparison is
-/// constant-time through `verify_slice`, which also refuses a tag of the wrong length, so an
-/// empty or truncated signature never matches.
+/// Whether any candidate tag is the HMAC-SHA256 of `parts` under any key (see
+/// [`any_matches_with`]).
 pub fn any_matches(keys: &[Vec<u8>], parts: &[&[u8]], candidates: &[Vec<u8>]) -> bool {
+    any_matches_with::<HmacSha256>(keys, parts, candidates)
+}
+
+/// Whether any candidate tag is the MAC `M` of `parts` under any key. Each comparison is
+/// constant-time through `verify_slice`, which also refuses a tag of the wrong length, so an
+/// empty or truncated signature (or one made with another hash) never matches.
+pub fn any_matches_with<M: Mac + KeyInit + Clone>(
+    keys: &[Vec<u8>],
+    parts: &[&[u8]],
+    candidates: &[Vec<u8>],
+) -> bool {
     if candidates.is_empty() {
         return false;
     }
     keys.iter().any(|key| {
-        let mac = mac_over(key, parts);
+        let mac = mac_over::<M>(key, parts);
         candidates
             .iter()
             .any(|tag| mac.clone().verify_slice(tag).is_ok())
@@ -125,9 +134,14 @@ pub fn matched(found: bool) -> Result<(), SignatureError> {
     }
 }
 
-/// The MAC of `parts` under `key`, for signing.
+/// The HMAC-SHA256 of `parts` under `key`, for signing.
 pub fn tag_of(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-    mac_over(key, parts).finalize().into_bytes().to_vec()
+    tag_with::<HmacSha256>(key, parts)
+}
+
+/// The MAC `M` of `parts` under `key`, for signing.
+pub fn tag_with<M: Mac + KeyInit>(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    mac_over::<M>(key, parts).finalize().into_bytes().to_vec()
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ use futures_util::future::LocalBoxFuture;
 
 use crate::secret::Secret;
 
-pub use generic::{Encoding, GenericRule, Locator};
+pub use generic::{Algorithm, Encoding, GenericRule, IdSource, Locator, Template};
 pub use keys::Keys;
 pub use standard::Standard;
 
@@ -655,7 +655,7 @@ impl Registry {
         .with("github", github::build)
         .with("shopify", shopify::build)
         .with("slack", slack::build)
-        .with("hmac-sha256", generic::build)
+        .with("hmac-sha256", generic::build_sha256)
         .with("braintree", braintree::build)
         .with("twilio", twilio::build)
         .with("paddle", paddle::build)
@@ -674,6 +674,7 @@ impl Registry {
         .with("twitch", twitch::build)
         .with("meta", meta::build)
         .with("sendgrid", sendgrid::build)
+        .with("hmac", generic::build)
     }
 
     /// Adds (or replaces) the scheme `name`, built by `build`.
@@ -838,10 +839,12 @@ mod tests {
             .expect("valid test secrets")
     }
 
-    /// An `hmac-sha256` provider with `rule` over the given secrets.
+    /// An `hmac` provider with `rule` over the given secrets, with a 300 s tolerance.
     pub(super) fn generic(rule: GenericRule, secrets: &[&str]) -> Arc<dyn Provider> {
         let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::new(*s)).collect();
-        Arc::new(generic::HmacSha256::new(rule, &secrets).expect("valid test rule"))
+        Arc::new(
+            generic::Hmac::new(rule, &secrets, Duration::from_secs(300)).expect("valid test rule"),
+        )
     }
 
     #[test]
@@ -903,7 +906,7 @@ mod tests {
             registry.names(),
             "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio, paddle, \
              checkout, razorpay, mollie, lemonsqueezy, square, paypal, adyen, gocardless, gitlab, \
-             bitbucket, linear, zoom, twitch, meta, sendgrid"
+             bitbucket, linear, zoom, twitch, meta, sendgrid, hmac"
         );
         for provider in every_scheme() {
             assert!(registry.scheme(provider.scheme(), None).is_ok());
@@ -949,15 +952,24 @@ mod tests {
         }
     }
 
-    /// Every built-in provider, `hmac-sha256` in both encodings, all with one secret.
+    /// Every built-in provider, `hmac-sha256` in both encodings and a timestamped SHA-512
+    /// `hmac`, all with one secret.
     fn every_scheme() -> Vec<Arc<dyn Provider>> {
         let secret = "whsec_AAECAwQFBgcICQoLDA0ODw==";
-        let rule = |encoding, prefix: Option<&str>| GenericRule {
-            signature_header: "X-Sig".into(),
-            signature_prefix: prefix.map(str::to_owned),
-            encoding,
-            event_id: Locator::Header("X-Id".into()),
-            event_type: Some(Locator::Json("/type".into())),
+        let rule = |encoding, prefix: Option<&str>| {
+            GenericRule::body_sha256(
+                "X-Sig",
+                prefix,
+                encoding,
+                IdSource::At(Locator::Header("X-Id".into())),
+                Some(Locator::Json("/type".into())),
+            )
+        };
+        let stamped = GenericRule {
+            algorithm: Algorithm::Sha512,
+            signed_content: "{timestamp}.{id}.{body}".parse().expect("a valid template"),
+            timestamp_header: Some("X-Stamp".into()),
+            ..rule(Encoding::Base64, Some("v1="))
         };
         let mut every: Vec<Arc<dyn Provider>> =
             ["stripe", "standard", "github", "shopify", "slack"]
@@ -966,6 +978,7 @@ mod tests {
                 .collect();
         every.push(generic(rule(Encoding::Hex, Some("sha256=")), &[secret]));
         every.push(generic(rule(Encoding::Base64, None), &[secret]));
+        every.push(generic(stamped, &[secret]));
         every
     }
 
@@ -1026,7 +1039,9 @@ mod tests {
             );
             assert_eq!(
                 verifier.verify(&signed, body, 1_700_000_301),
-                if matches!(name, "stripe" | "standard" | "slack") {
+                if matches!(name, "stripe" | "standard" | "slack")
+                    || verifier.kept_headers().contains(&"x-stamp".to_owned())
+                {
                     Err(SignatureError::Stale)
                 } else {
                     Ok(())

@@ -62,7 +62,7 @@ impl Signer {
     /// signs with a private key (`sendgrid`: `--scheme sendgrid --key FILE`, no secret).
     ///
     /// # Errors
-    /// An unknown scheme, one that needs keys only a config source has (`hmac-sha256`'s
+    /// An unknown scheme, one that needs keys only a config source has (`hmac`'s and `hmac-sha256`'s
     /// header and id location, `paypal`'s `webhook_id`), or a secret the scheme cannot use (a
     /// standard secret that is not base64).
     pub fn from_flags(

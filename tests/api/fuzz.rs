@@ -15,8 +15,10 @@ use base64::Engine;
 use chrono::{DateTime, TimeZone, Utc};
 use hookbox::capture::{CaptureLine, Entries, InputFile, InputKind};
 use hookbox::ids::{EventId, EventIdError, MAX_EVENT_ID_BYTES};
-use hookbox::providers::generic::HmacSha256;
-use hookbox::providers::{Encoding, GenericRule, Headers, Locator, Provider, SignatureError};
+use hookbox::providers::generic::Hmac;
+use hookbox::providers::{
+    Encoding, GenericRule, Headers, IdSource, Locator, Provider, SignatureError,
+};
 use hookbox::secret::Secret;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -80,13 +82,13 @@ struct Kind {
 }
 
 fn generic(encoding: Encoding, prefix: Option<&str>) -> Scheme {
-    Scheme::HmacSha256(GenericRule {
-        signature_header: "X-Sig".into(),
-        signature_prefix: prefix.map(str::to_owned),
+    Scheme::HmacSha256(GenericRule::body_sha256(
+        "X-Sig",
+        prefix,
         encoding,
-        event_id: Locator::Header("X-Id".into()),
-        event_type: Some(Locator::Json("/type".into())),
-    })
+        IdSource::At(Locator::Header("X-Id".into())),
+        Some(Locator::Json("/type".into())),
+    ))
 }
 
 fn kinds() -> Vec<Kind> {
@@ -172,7 +174,7 @@ fn verifier(scheme: &Scheme, raw_secret: &[u8]) -> Verifier {
         Scheme::Slack => "slack",
         Scheme::HmacSha256(rule) => {
             return std::sync::Arc::new(
-                HmacSha256::new(rule.clone(), &secrets).expect("a non-empty secret is usable"),
+                Hmac::new(rule.clone(), &secrets, TOLERANCE).expect("a non-empty secret is usable"),
             )
         }
     };
@@ -505,7 +507,7 @@ proptest! {
             "[sources.acme]\nscheme = \"hmac-sha256\"\nsecrets = [\"s\"]\nsignature_header = \"X-Sig\"\nevent_id = {quoted}\n"
         );
         let parsed = hookbox::config::Config::parse(&config, &|_: &str| None);
-        prop_assert_eq!(parsed.is_ok(), text.parse::<Locator>().is_ok(), "{:?}", parsed.err());
+        prop_assert_eq!(parsed.is_ok(), text.parse::<IdSource>().is_ok(), "{:?}", parsed.err());
     }
 
     #[test]
