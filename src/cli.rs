@@ -136,18 +136,19 @@ struct KeyArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["scheme", "secret"])]
     config: Option<PathBuf>,
     /// Sign with this scheme instead of a config source's, with --secret (or --key for
-    /// sendgrid): stripe, standard, github, shopify, slack, ... (hmac, hmac-sha256 and paypal
-    /// need a config)
+    /// sendgrid, --key and --cert-url for sns): stripe, standard, github, shopify, slack, ...
+    /// (hmac, hmac-sha256 and paypal need a config)
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<String>,
     /// The secret to sign with, with --scheme
     #[arg(long, value_name = "SECRET", requires = "scheme")]
     secret: Option<String>,
-    /// The PEM private key to sign with, for a scheme that signs with one (paypal: RSA;
-    /// sendgrid: P-256, PKCS#8 or SEC1)
+    /// The PEM private key to sign with, for a scheme that signs with one (paypal and sns:
+    /// RSA; sendgrid: P-256, PKCS#8 or SEC1)
     #[arg(long, value_name = "FILE")]
     key: Option<PathBuf>,
-    /// Where the receiver fetches the certificate of --key (paypal's PAYPAL-CERT-URL)
+    /// Where the receiver fetches the certificate of --key (paypal's PAYPAL-CERT-URL, sns's
+    /// SigningCertURL)
     #[arg(long, value_name = "URL")]
     cert_url: Option<String>,
 }

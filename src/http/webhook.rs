@@ -11,7 +11,7 @@ use crate::ids::{EventId, EventType};
 use crate::inbox::{self, BatchOutcome, Cached, ClaimError, Delivery, Outcome, StoredResponse};
 use crate::metrics::{self, Outcome as Counted};
 use crate::providers::{
-    unix_now, Answer, Headers, Inbound, Item, Provider, Received, Refusal, SignatureError,
+    certs, unix_now, Answer, Headers, Inbound, Item, Provider, Received, Refusal, SignatureError,
 };
 use crate::state::{AppState, Source};
 
@@ -166,6 +166,17 @@ async fn answer(
         Received::Event(incoming) => incoming,
         Received::Batch(items) => return batch(state, &source, request, items, deadline).await,
         Received::Handshake(answer) => return Ok((handshake(answer), Counted::Handshake)),
+        Received::Confirm(confirmation) => {
+            // One GET, within the same deadline; a failure is 503, so the provider sends the
+            // handshake again.
+            tokio::time::timeout_at(deadline, certs::visit(&confirmation.url))
+                .await
+                .map_err(|_| ApiError::Unavailable)?
+                .map_err(|certs::Unavailable| {
+                    Failed::because(ApiError::Unavailable, "the confirmation request failed")
+                })?;
+            return Ok((handshake(confirmation.answer), Counted::Handshake));
+        }
     };
     let json = incoming.json;
     let targets = targets_for(&source, incoming.event_type.as_deref());

@@ -1,9 +1,10 @@
-//! Certificates a delivery names by URL (PayPal's `PAYPAL-CERT-URL`; SNS's `SigningCertURL`
-//! can use the same): the URL is checked against the source's allowed prefixes before anything
-//! is fetched, each URL is fetched once, with a timeout and a size limit, and the certificate is
-//! kept for the life of the process, shared by every source and worker thread. Concurrent
-//! deliveries naming a URL not yet fetched wait on one fetch, so a burst fetches once. A failed
-//! fetch is not kept: the provider's retry fetches again, with no restart.
+//! Certificates a delivery names by URL (PayPal's `PAYPAL-CERT-URL`, SNS's `SigningCertURL`):
+//! the URL is checked against the source's allowed prefixes before anything is fetched, each URL
+//! is fetched once, with a timeout and a size limit, and the certificate is kept for the life of
+//! the process, shared by every source and worker thread. Concurrent deliveries naming a URL not
+//! yet fetched wait on one fetch, so a burst fetches once. A failed fetch is not kept: the
+//! provider's retry fetches again, with no restart. The same allowlist and client serve the one
+//! other request a delivery may ask for: [`visit`], SNS's GET of its `SubscribeURL`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -65,12 +66,92 @@ impl Certificate {
 }
 
 /// A source's allowed certificate URL prefixes (`cert_urls`), each normalised as a URL is.
+/// A prefix's host may hold [`REGION`] once, standing for any one AWS region name
+/// (`sns.<region>.amazonaws.com`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Allowlist(Vec<CertUrl>);
+pub struct Allowlist(Vec<Prefix>);
+
+/// What `<region>` in an allowed prefix's host stands for: one AWS region name, such as
+/// `us-east-1`, `us-gov-west-1` or `cn-north-1` (two letters, words, a number, joined by `-`).
+pub const REGION: &str = "<region>";
+
+/// Stands in for [`REGION`] while a prefix is parsed: a host label no real URL is expected to
+/// carry, and one [`CertUrl::parse`] takes.
+const REGION_STAND_IN: &str = "hookbox-region-stand-in";
+
+/// One allowed prefix: the URL, and where its host has [`REGION`], the origin's text before and
+/// after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Prefix {
+    url: CertUrl,
+    region: Option<(String, String)>,
+}
+
+impl Prefix {
+    fn parse(prefix: &str) -> Result<Prefix, String> {
+        let regions = prefix.matches(REGION).count();
+        if regions > 1 || prefix.contains(REGION_STAND_IN) {
+            return Err(format!("{REGION} may stand for one label of the host only"));
+        }
+        let url = CertUrl::parse(&prefix.replace(REGION, REGION_STAND_IN))?;
+        if regions == 0 {
+            return Ok(Prefix { url, region: None });
+        }
+        let origin = url.origin();
+        let at = origin
+            .find(REGION_STAND_IN)
+            .filter(|at| {
+                let host_from = origin.find("://").map_or(0, |i| i + 3);
+                let end = at + REGION_STAND_IN.len();
+                *at >= host_from
+                    && [None, Some(b'.'), Some(b':')].contains(&origin.as_bytes().get(end).copied())
+                    && (*at == host_from || origin.as_bytes()[at - 1] == b'.')
+            })
+            .ok_or_else(|| format!("{REGION} may stand for one label of the host only"))?;
+        let region = (
+            origin[..at].to_owned(),
+            origin[at + REGION_STAND_IN.len()..].to_owned(),
+        );
+        Ok(Prefix {
+            url,
+            region: Some(region),
+        })
+    }
+
+    fn admits(&self, url: &CertUrl) -> bool {
+        let origin_ok = match &self.region {
+            None => self.url.origin() == url.origin(),
+            Some((before, after)) => url
+                .origin()
+                .strip_prefix(before.as_str())
+                .and_then(|rest| rest.strip_suffix(after.as_str()))
+                .is_some_and(is_region),
+        };
+        origin_ok && url.path_and_query().starts_with(self.url.path())
+    }
+}
+
+/// Whether `label` has the shape of an AWS region name: two lowercase letters, one or more
+/// lowercase words, and a number of one or two digits, joined by `-` (`us-east-1`,
+/// `us-gov-west-1`, `ap-southeast-4`). Legacy S3 hosts such as `s3-us-west-2` do not pass.
+fn is_region(label: &str) -> bool {
+    let parts: Vec<&str> = label.split('-').collect();
+    let letters = |part: &&str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_lowercase());
+    match parts.as_slice() {
+        [first, words @ .., number] if !words.is_empty() => {
+            first.len() == 2
+                && letters(first)
+                && words.iter().all(letters)
+                && (1..=2).contains(&number.len())
+                && number.bytes().all(|b| b.is_ascii_digit())
+        }
+        _ => false,
+    }
+}
 
 impl Allowlist {
     /// The prefixes, each an absolute `https://` (or `http://`) URL whose host and port are
-    /// matched exactly and whose path is a prefix.
+    /// matched exactly (a [`REGION`] label of the host by shape) and whose path is a prefix.
     ///
     /// # Errors
     /// An empty list, or the first prefix that is not such a URL.
@@ -82,7 +163,7 @@ impl Allowlist {
             .iter()
             .map(|prefix| {
                 let prefix = prefix.as_ref();
-                CertUrl::parse(prefix).map_err(|e| format!("{prefix:?}: {e}"))
+                Prefix::parse(prefix).map_err(|e| format!("{prefix:?}: {e}"))
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Allowlist)
@@ -94,9 +175,7 @@ impl Allowlist {
         let url = CertUrl::parse(url).ok()?;
         self.0
             .iter()
-            .any(|prefix| {
-                prefix.origin() == url.origin() && url.path_and_query().starts_with(prefix.path())
-            })
+            .any(|prefix| prefix.admits(&url))
             .then_some(url)
     }
 }
@@ -376,12 +455,8 @@ enum Role {
 /// One GET of `url`: 200 with a PEM certificate within the size limit, within the timeout,
 /// redirects not followed (a redirect could lead outside the allowlist).
 async fn fetch(url: &CertUrl) -> Result<Certificate, Unavailable> {
-    let client = awc::Client::builder()
-        .timeout(FETCH_TIMEOUT)
-        .disable_redirects()
-        .finish();
     let outcome = tokio::time::timeout(FETCH_TIMEOUT, async {
-        let mut response = client
+        let mut response = client()
             .get(url.as_str())
             .send()
             .await
@@ -400,6 +475,43 @@ async fn fetch(url: &CertUrl) -> Result<Certificate, Unavailable> {
     .unwrap_or_else(|_| Err("timed out".to_owned()));
     outcome.map_err(|reason| {
         tracing::warn!(cert_url = %url, %reason, "certificate fetch failed");
+        Unavailable
+    })
+}
+
+/// The client of every request made for a delivery: a timeout, and no redirects (a redirect
+/// could lead outside the allowlist).
+fn client() -> awc::Client {
+    awc::Client::builder()
+        .timeout(FETCH_TIMEOUT)
+        .disable_redirects()
+        .finish()
+}
+
+/// One GET of `url` (already admitted by a source's [`Allowlist`]) whose answer matters only as
+/// a success: SNS's `SubscribeURL`, which confirms a subscription. The same client as a
+/// certificate fetch (timeout, no redirects); the body is read up to the size limit and dropped.
+///
+/// # Errors
+/// [`Unavailable`] when the request fails, times out or is answered other than 2xx.
+pub async fn visit(url: &CertUrl) -> Result<(), Unavailable> {
+    let outcome = tokio::time::timeout(FETCH_TIMEOUT, async {
+        let mut response = client()
+            .get(url.as_str())
+            .send()
+            .await
+            .map_err(|e| format!("request failed: {e}"))?;
+        if !response.status().is_success() {
+            return Err(format!("answered {}", response.status().as_u16()));
+        }
+        // Read to the end so the connection closes cleanly; what it says does not matter.
+        let _ = response.body().limit(MAX_CERT_BYTES).await;
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|_| Err("timed out".to_owned()));
+    outcome.map_err(|reason| {
+        tracing::warn!(url = %url.origin(), %reason, "confirmation request failed");
         Unavailable
     })
 }
@@ -478,6 +590,64 @@ mod tests {
         assert!(narrow
             .admit("https://api.paypal.com/v1/notifications/certs/CERT-2")
             .is_some());
+    }
+
+    #[test]
+    fn a_region_label_matches_aws_region_names_and_nothing_else() {
+        let list = allow(&[
+            "https://sns.<region>.amazonaws.com/",
+            "https://sns.<region>.amazonaws.com.cn/",
+        ]);
+        for good in [
+            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-1.pem",
+            "https://SNS.EU-WEST-3.amazonaws.com/SimpleNotificationService-1.pem",
+            "https://sns.us-gov-west-1.amazonaws.com/x.pem",
+            "https://sns.cn-north-1.amazonaws.com.cn/x.pem",
+            "https://sns.ap-southeast-4.amazonaws.com:443/x.pem",
+            "https://sns.us-isob-east-1.amazonaws.com/?Action=ConfirmSubscription&Token=t",
+        ] {
+            assert!(list.admit(good).is_some(), "{good}");
+        }
+        for bad in [
+            "https://sns.amazonaws.com/x.pem",
+            "https://sns..amazonaws.com/x.pem",
+            "https://sns.us-east-1.amazonaws.com.evil.example/x.pem",
+            "https://sns.us-east-1.evil.amazonaws.com/x.pem",
+            "https://evil.sns.us-east-1.amazonaws.com/x.pem",
+            "https://sns.s3-us-west-2.amazonaws.com/x.pem",
+            "https://sns.s3.amazonaws.com/x.pem",
+            "https://sns.us-east.amazonaws.com/x.pem",
+            "https://sns.useast-1.amazonaws.com/x.pem",
+            "https://sns.us-east-100.amazonaws.com/x.pem",
+            "https://sns.us-east-1.amazonaws.com:8443/x.pem",
+            "http://sns.us-east-1.amazonaws.com/x.pem",
+            "https://sns.us-east-1.amazonaws.com.cn.evil.example/x.pem",
+            "https://sns.us_east-1.amazonaws.com/x.pem",
+            "https://sns.hookbox-region-stand-in.amazonaws.com/x.pem",
+        ] {
+            assert!(list.admit(bad).is_none(), "{bad}");
+        }
+        let pinned = allow(&["https://sns.eu-west-1.amazonaws.com/"]);
+        assert!(pinned
+            .admit("https://sns.eu-west-1.amazonaws.com/c.pem")
+            .is_some());
+        assert!(pinned
+            .admit("https://sns.us-east-1.amazonaws.com/c.pem")
+            .is_none());
+    }
+
+    #[test]
+    fn a_region_anywhere_but_one_host_label_is_refused() {
+        for bad in [
+            "https://sns.amazonaws.com/<region>/",
+            "https://sns.<region>.<region>.amazonaws.com/",
+            "https://sns<region>.amazonaws.com/",
+            "https://sns.<region>x.amazonaws.com/",
+            "https://<region>:<region>/",
+        ] {
+            assert!(Allowlist::new(&[bad]).is_err(), "{bad}");
+        }
+        assert!(Allowlist::new(&["https://<region>.example/"]).is_ok());
     }
 
     #[test]

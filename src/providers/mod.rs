@@ -31,6 +31,7 @@ mod razorpay;
 mod sendgrid;
 mod shopify;
 mod slack;
+mod sns;
 mod square;
 pub mod standard;
 mod stripe;
@@ -187,6 +188,20 @@ pub enum Received {
     Batch(Vec<Item>),
     /// A handshake, answered as it says and never stored.
     Handshake(Answer),
+    /// A handshake answered only after one GET of a URL it names (SNS's `SubscribeURL`,
+    /// which confirms a subscription), never stored.
+    Confirm(Confirmation),
+}
+
+/// What confirming a handshake takes: one GET of `url`, which the source's allowlist has
+/// admitted, then `answer`. A GET that fails is 503 `unavailable`, so the provider sends the
+/// handshake again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirmation {
+    /// The URL to GET, once, normalised.
+    pub url: certs::CertUrl,
+    /// The answer once the GET has succeeded.
+    pub answer: Answer,
 }
 
 /// Why a request was refused before anything was claimed.
@@ -675,6 +690,7 @@ impl Registry {
         .with("meta", meta::build)
         .with("sendgrid", sendgrid::build)
         .with("hmac", generic::build)
+        .with("sns", sns::build)
     }
 
     /// Adds (or replaces) the scheme `name`, built by `build`.
@@ -906,7 +922,7 @@ mod tests {
             registry.names(),
             "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio, paddle, \
              checkout, razorpay, mollie, lemonsqueezy, square, paypal, adyen, gocardless, gitlab, \
-             bitbucket, linear, zoom, twitch, meta, sendgrid, hmac"
+             bitbucket, linear, zoom, twitch, meta, sendgrid, hmac, sns"
         );
         for provider in every_scheme() {
             assert!(registry.scheme(provider.scheme(), None).is_ok());

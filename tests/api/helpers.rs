@@ -866,3 +866,48 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// An RSA signing key and its self-signed certificate (PEM), valid for a day either side of now:
+/// what a provider that names its certificate by URL (PayPal, SNS) signs with in the tests. Made
+/// at test time, never checked in.
+pub struct TestKey {
+    pub key_pem: String,
+    pub cert_pem: String,
+}
+
+impl TestKey {
+    pub fn new() -> TestKey {
+        use openssl::asn1::Asn1Time;
+        use openssl::bn::BigNum;
+        use openssl::hash::MessageDigest;
+        use openssl::pkey::PKey;
+        use openssl::rsa::Rsa;
+        use openssl::x509::{X509Name, X509};
+
+        let key = PKey::from_rsa(Rsa::generate(2048).expect("an RSA key")).expect("a key");
+        let mut name = X509Name::builder().expect("a name");
+        name.append_entry_by_text("CN", "hookbox test signer")
+            .expect("a CN");
+        let name = name.build();
+        let mut cert = X509::builder().expect("a certificate");
+        cert.set_version(2).expect("v3");
+        let serial = BigNum::from_u32(7).and_then(|n| n.to_asn1_integer());
+        cert.set_serial_number(&serial.expect("a serial"))
+            .expect("serial");
+        cert.set_subject_name(&name).expect("subject");
+        cert.set_issuer_name(&name).expect("issuer");
+        cert.set_pubkey(&key).expect("public key");
+        let day = 24 * 3600;
+        cert.set_not_before(&Asn1Time::from_unix(unix_now() - day).expect("a time"))
+            .expect("not before");
+        cert.set_not_after(&Asn1Time::from_unix(unix_now() + day).expect("a time"))
+            .expect("not after");
+        cert.sign(&key, MessageDigest::sha256())
+            .expect("self-signed");
+        let text = |bytes: Vec<u8>| String::from_utf8(bytes).expect("PEM is text");
+        TestKey {
+            key_pem: text(key.private_key_to_pem_pkcs8().expect("PEM")),
+            cert_pem: text(cert.build().to_pem().expect("PEM")),
+        }
+    }
+}

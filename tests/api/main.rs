@@ -40,6 +40,7 @@ mod schemes;
 mod security;
 mod send;
 mod sendgrid;
+mod sns;
 mod storable;
 mod stores;
 mod targets;

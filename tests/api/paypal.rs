@@ -13,57 +13,8 @@ use futures_util::future::join_all;
 use hookbox::providers::Signing;
 use hookbox::replay::{signing, Signer};
 use hookbox::secret::Secret;
-use openssl::asn1::Asn1Time;
-use openssl::bn::BigNum;
-use openssl::hash::MessageDigest;
-use openssl::pkey::{PKey, Private};
-use openssl::rsa::Rsa;
-use openssl::x509::{X509Name, X509};
 
 use crate::helpers::*;
-
-/// A test signing key and its self-signed certificate (PEM), valid for a day either side of now.
-struct TestKey {
-    key_pem: String,
-    cert_pem: String,
-}
-
-impl TestKey {
-    fn new() -> TestKey {
-        let key = PKey::from_rsa(Rsa::generate(2048).expect("an RSA key")).expect("a key");
-        let mut name = X509Name::builder().expect("a name");
-        name.append_entry_by_text("CN", "hookbox test paypal")
-            .expect("a CN");
-        let name = name.build();
-        let mut cert = X509::builder().expect("a certificate");
-        cert.set_version(2).expect("v3");
-        let serial = BigNum::from_u32(7).and_then(|n| n.to_asn1_integer());
-        cert.set_serial_number(&serial.expect("a serial"))
-            .expect("serial");
-        cert.set_subject_name(&name).expect("subject");
-        cert.set_issuer_name(&name).expect("issuer");
-        cert.set_pubkey(&key).expect("public key");
-        let day = 24 * 3600;
-        cert.set_not_before(&Asn1Time::from_unix(unix_now() - day).expect("a time"))
-            .expect("not before");
-        cert.set_not_after(&Asn1Time::from_unix(unix_now() + day).expect("a time"))
-            .expect("not after");
-        cert.sign(&key, MessageDigest::sha256())
-            .expect("self-signed");
-        TestKey {
-            key_pem: pem_text(key_pem(&key)),
-            cert_pem: pem_text(cert.build().to_pem().expect("PEM")),
-        }
-    }
-}
-
-fn key_pem(key: &PKey<Private>) -> Vec<u8> {
-    key.private_key_to_pem_pkcs8().expect("PEM")
-}
-
-fn pem_text(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).expect("PEM is text")
-}
 
 /// A certificate server: it serves one PEM under any path, counting requests; while `failing`
 /// it answers 500. `delay` is how slow it is to answer (a slow certificate host, so that a
