@@ -136,15 +136,15 @@ struct KeyArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["scheme", "secret"])]
     config: Option<PathBuf>,
     /// Sign with this scheme instead of a config source's, with --secret (or --key for
-    /// sendgrid, --key and --cert-url for sns): stripe, standard, github, shopify, slack, ...
-    /// (hmac, hmac-sha256 and paypal need a config)
+    /// discord, sendgrid and standard's v1a, --key and --cert-url for sns): stripe, standard,
+    /// github, shopify, slack, discord, ... (hmac, hmac-sha256 and paypal need a config)
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<String>,
     /// The secret to sign with, with --scheme
     #[arg(long, value_name = "SECRET", requires = "scheme")]
     secret: Option<String>,
     /// The PEM private key to sign with, for a scheme that signs with one (paypal and sns:
-    /// RSA; sendgrid: P-256, PKCS#8 or SEC1)
+    /// RSA; sendgrid: P-256, PKCS#8 or SEC1; discord and standard's v1a: Ed25519, PKCS#8)
     #[arg(long, value_name = "FILE")]
     key: Option<PathBuf>,
     /// Where the receiver fetches the certificate of --key (paypal's PAYPAL-CERT-URL, sns's
@@ -387,7 +387,7 @@ fn signer(keys: KeyArgs) -> Result<Signer, Exit> {
         (Some(scheme), secret) => {
             Signer::from_flags(&scheme, secret.map(Secret::new), &signing).map_err(usage)
         }
-        _ => {
+        (None, _) => {
             let config = load(keys.config.as_deref())?;
             Signer::from_config(&config, &signing).map_err(usage)
         }

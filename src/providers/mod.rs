@@ -14,6 +14,8 @@ mod bitbucket;
 mod braintree;
 pub mod certs;
 mod checkout;
+mod discord;
+mod ed25519;
 mod family;
 pub mod generic;
 mod github;
@@ -691,6 +693,7 @@ impl Registry {
         .with("sendgrid", sendgrid::build)
         .with("hmac", generic::build)
         .with("sns", sns::build)
+        .with("discord", discord::build)
     }
 
     /// Adds (or replaces) the scheme `name`, built by `build`.
@@ -922,7 +925,7 @@ mod tests {
             registry.names(),
             "stripe, standard, github, shopify, slack, hmac-sha256, braintree, twilio, paddle, \
              checkout, razorpay, mollie, lemonsqueezy, square, paypal, adyen, gocardless, gitlab, \
-             bitbucket, linear, zoom, twitch, meta, sendgrid, hmac, sns"
+             bitbucket, linear, zoom, twitch, meta, sendgrid, hmac, sns, discord"
         );
         for provider in every_scheme() {
             assert!(registry.scheme(provider.scheme(), None).is_ok());

@@ -1,47 +1,103 @@
 //! Standard Webhooks (and Svix, which uses the same scheme under `svix-*` names):
-//! `webhook-signature: v1,<base64> [v1,<base64> ...]`, an HMAC-SHA256 of `{id}.{timestamp}.{body}`
-//! keyed by the base64-decoded secret.
+//! `webhook-signature: v1,<base64> [v1a,<base64> ...]` over `{id}.{timestamp}.{body}`, where a
+//! `v1` is an HMAC-SHA256 keyed by the base64-decoded secret and a `v1a` an Ed25519 signature
+//! checked with the source's `public_keys` (`whpk_` + base64 of the 32-byte key).
 
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
 use base64::engine::DecodePaddingMode;
 use base64::{alphabet, Engine};
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::ed25519::{signature_of, PrivateKey, PublicKeys};
 use super::mac::Clock;
 use super::mac::{any_matches, header_text, json_text, parse_timestamp, required_header, tag_of};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 use crate::secret::Secret;
 
-/// A Standard Webhooks (or Svix) source: the keys its `whsec_` secrets decode to, and its
-/// tolerance. Forwarding signs what hookbox sends with one of these, too.
-#[derive(Debug)]
+/// A Standard Webhooks (or Svix) source: the HMAC keys its `whsec_` secrets decode to (`v1`),
+/// the Ed25519 public keys it trusts (`v1a`), either or both, and its tolerance; built for
+/// `send` and `replay`, the private key it signs `v1a` with. Forwarding signs what hookbox
+/// sends with one of these too, made from a secret.
 pub struct Standard {
-    keys: Keys,
+    keys: Option<Keys>,
+    public_keys: PublicKeys,
     tolerance: Duration,
+    signer: Option<PrivateKey>,
+}
+
+impl fmt::Debug for Standard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Standard")
+            .field("keys", &self.keys)
+            .field("public_keys", &self.public_keys)
+            .field("tolerance", &self.tolerance)
+            .field("signs_v1a", &self.signer.is_some())
+            .finish()
+    }
 }
 
 impl Standard {
-    /// A Standard Webhooks signer or verifier over `secrets`.
+    /// A Standard Webhooks signer or verifier over `secrets` (`v1` only).
     ///
     /// # Errors
     /// An empty list, or a secret that is not base64 after `whsec_`.
     pub fn new(secrets: &[Secret], tolerance: Duration) -> Result<Standard, ProviderError> {
         Ok(Standard {
-            keys: Keys::derived("standard", secrets, derive_key)?,
+            keys: Some(Keys::derived("standard", secrets, derive_key)?),
+            public_keys: PublicKeys::default(),
             tolerance,
+            signer: None,
         })
     }
 }
 
-/// Builds a Standard Webhooks source; it takes no key of its own.
+/// Builds a Standard Webhooks source from its `secrets` (`v1`), its `public_keys` or
+/// `public_keys_env` (`v1a`), or both. Built for `send` and `replay`, a source with public keys
+/// signs `v1a` with `--key` (and `v1` too when it has a secret); one with public keys only
+/// cannot sign without it.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&[])?;
-    Ok(Arc::new(Standard::new(
-        settings.secrets,
-        settings.tolerance,
-    )?))
+    settings.only(&["public_keys", "public_keys_env"])?;
+    let public_keys = match settings.public_keys()? {
+        Some((key, texts)) => {
+            PublicKeys::parse(key, &texts, decode_public_key, PUBLIC_KEY_SPELLING)?
+        }
+        None => PublicKeys::default(),
+    };
+    // From a config, `--key` matters only to a source that checks `v1a`; named alone
+    // (`--scheme standard`), the key given is the one to sign with.
+    let signer = match settings.signing {
+        Some(signing) if settings.table.is_none() || !public_keys.is_empty() => {
+            PrivateKey::given(signing, "a standard source's v1a")?
+                .map(|key| key.checked_against(&public_keys, show_public_key))
+                .transpose()?
+        }
+        _ => None,
+    };
+    let keys = if settings.secrets.is_empty() && (!public_keys.is_empty() || signer.is_some()) {
+        None
+    } else if settings.secrets.is_empty() {
+        return Err(ProviderError::at(
+            "secrets",
+            "a standard source needs secrets (whsec_..., checked against v1 signatures) or              public_keys (whpk_..., checked against v1a signatures), or both",
+        ));
+    } else {
+        Some(Keys::derived("standard", settings.secrets, derive_key)?)
+    };
+    if settings.signing.is_some() && keys.is_none() && signer.is_none() {
+        return Err(ProviderError::at(
+            "--key",
+            "this standard source checks v1a signatures only (public_keys, no secrets): give              --key FILE, the PEM PKCS#8 Ed25519 private key of one of its public keys",
+        ));
+    }
+    Ok(Arc::new(Standard {
+        keys,
+        public_keys,
+        tolerance: settings.tolerance,
+        signer,
+    }))
 }
 
 impl Provider for Standard {
@@ -54,7 +110,8 @@ impl Provider for Standard {
             now,
             tolerance: self.tolerance,
         };
-        verify(self.keys.all(), headers, body, clock)
+        let keys = self.keys.as_ref().map_or(&[][..], Keys::all);
+        verify(keys, &self.public_keys, headers, body, clock)
     }
 
     fn needs_json(&self) -> bool {
@@ -69,6 +126,9 @@ impl Provider for Standard {
         KEPT_HEADERS.iter().map(|name| (*name).to_owned()).collect()
     }
 
+    /// Signs `v1` with the first secret and `v1a` with `--key`, whichever the source has (both
+    /// when it has both, in one header, as a sender mid-migration would). A source of public
+    /// keys only, built to receive, has neither and sends an empty signature list.
     fn sign(
         &self,
         body: &[u8],
@@ -76,7 +136,13 @@ impl Provider for Standard {
         event_id: &str,
         _event_type: Option<&str>,
     ) -> Vec<(String, String)> {
-        sign(self.keys.first(), body, timestamp, event_id)
+        sign(
+            self.keys.as_ref().map(Keys::first),
+            self.signer.as_ref(),
+            body,
+            timestamp,
+            event_id,
+        )
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
@@ -101,12 +167,15 @@ const KEPT_HEADERS: &[&str] = &[
     "svix-signature",
 ];
 
-/// Secrets are pasted by hand from a dashboard; accept them with or without `=` padding, since
-/// padding carries no key bits.
+/// Secrets and public keys are pasted by hand from a dashboard; accept them with or without `=`
+/// padding, since padding carries no key bits.
 const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
     &alphabet::STANDARD,
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
+
+/// How a public key is spelt, for messages.
+const PUBLIC_KEY_SPELLING: &str = "whpk_ followed by the base64 of the 32-byte Ed25519 key";
 
 /// The MAC key of a Standard Webhooks secret: the base64 after `whsec_`, or the whole string
 /// when it has no prefix.
@@ -121,6 +190,17 @@ fn derive_key(secret: &str) -> Result<Vec<u8>, String> {
     Ok(key)
 }
 
+/// The bytes of a `whpk_` public key (the prefix is required: it tells a public key from a
+/// secret pasted into the wrong list).
+fn decode_public_key(text: &str) -> Option<Vec<u8>> {
+    SECRET_BASE64.decode(text.strip_prefix("whpk_")?).ok()
+}
+
+/// A public key as a config spells it.
+fn show_public_key(bytes: &[u8; 32]) -> String {
+    format!("whpk_{}", STANDARD.encode(bytes))
+}
+
 /// The header names in use: the `webhook-*` set when all three are there, else the `svix-*` set.
 /// Names are never mixed across sets, as the reference libraries do not mix them.
 fn names_in_use(headers: &dyn Headers) -> Option<[&'static str; 3]> {
@@ -129,10 +209,12 @@ fn names_in_use(headers: &dyn Headers) -> Option<[&'static str; 3]> {
         .find(|set| set.iter().all(|name| headers.get(name).is_some()))
 }
 
-/// Checks a Standard Webhooks delivery. Entries of other versions (`v1a,` is the asymmetric
-/// scheme) are skipped: this verifier holds only symmetric keys.
+/// Checks a Standard Webhooks delivery: any `v1` against any secret, any `v1a` against any
+/// public key. A `v1` is never checked against a public key nor a `v1a` against a secret, and
+/// entries of other versions are skipped.
 fn verify(
     keys: &[Vec<u8>],
+    public_keys: &PublicKeys,
     headers: &dyn Headers,
     body: &[u8],
     clock: Clock,
@@ -143,14 +225,27 @@ fn verify(
     let raw_timestamp = required_header(headers, timestamp_name)?;
     let signatures = required_header(headers, signature_name)?;
     let timestamp = parse_timestamp(raw_timestamp)?;
-    let tags: Vec<Vec<u8>> = signatures
-        .split_ascii_whitespace()
-        .filter_map(|entry| entry.split_once(','))
-        .filter(|(version, _)| *version == "v1")
-        .filter_map(|(_, encoded)| STANDARD.decode(encoded).ok())
-        .collect();
+    let entries = || {
+        signatures
+            .split_ascii_whitespace()
+            .filter_map(|entry| entry.split_once(','))
+    };
+    let decoded = |version: &'static str| {
+        entries()
+            .filter(move |(named, _)| *named == version)
+            .filter_map(|(_, encoded)| STANDARD.decode(encoded).ok())
+    };
+    let tags: Vec<Vec<u8>> = decoded("v1").collect();
     let signed = [id.as_bytes(), b".", raw_timestamp.as_bytes(), b".", body];
-    if !any_matches(keys, &signed, &tags) {
+    let matched = (!keys.is_empty() && any_matches(keys, &signed, &tags)) || {
+        let ed25519: Vec<_> = decoded("v1a")
+            .filter_map(|bytes| signature_of(&bytes))
+            .collect();
+        !public_keys.is_empty()
+            && !ed25519.is_empty()
+            && public_keys.any_signed(&signed.concat(), &ed25519)
+    };
+    if !matched {
         return Err(SignatureError::Invalid);
     }
     clock.check(timestamp)
@@ -169,19 +264,23 @@ fn identify(headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity
 }
 
 /// The headers a Standard Webhooks sender would send; the spec spells them in lowercase.
-fn sign(key: &[u8], body: &[u8], timestamp: i64, event_id: &str) -> Vec<(String, String)> {
+fn sign(
+    key: Option<&[u8]>,
+    signer: Option<&PrivateKey>,
+    body: &[u8],
+    timestamp: i64,
+    event_id: &str,
+) -> Vec<(String, String)> {
     let stamp = timestamp.to_string();
-    let tag = tag_of(
-        key,
-        &[event_id.as_bytes(), b".", stamp.as_bytes(), b".", body],
-    );
+    let signed = [event_id.as_bytes(), b".", stamp.as_bytes(), b".", body];
+    let v1 = key.map(|key| format!("v1,{}", STANDARD.encode(tag_of(key, &signed))));
+    let v1a =
+        signer.map(|signer| format!("v1a,{}", STANDARD.encode(signer.sign(&signed.concat()))));
+    let signatures: Vec<String> = v1.into_iter().chain(v1a).collect();
     vec![
         (WEBHOOK[0].to_owned(), event_id.to_owned()),
         (WEBHOOK[1].to_owned(), stamp),
-        (
-            WEBHOOK[2].to_owned(),
-            format!("v1,{}", STANDARD.encode(tag)),
-        ),
+        (WEBHOOK[2].to_owned(), signatures.join(" ")),
     ]
 }
 

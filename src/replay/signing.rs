@@ -59,12 +59,14 @@ impl Signer {
     }
 
     /// A signer from `--scheme` and `--secret`, or `--key` (and `--cert-url`) where the scheme
-    /// signs with a private key (`sendgrid`: `--scheme sendgrid --key FILE`, no secret).
+    /// signs with a private key (`--scheme sendgrid --key FILE`, `--scheme discord --key FILE`:
+    /// no secret).
     ///
     /// # Errors
-    /// An unknown scheme, one that needs keys only a config source has (`hmac`'s and `hmac-sha256`'s
-    /// header and id location, `paypal`'s `webhook_id`), or a secret the scheme cannot use (a
-    /// standard secret that is not base64).
+    /// An unknown scheme, one that needs keys only a config source has (`hmac`'s and
+    /// `hmac-sha256`'s header and id location, `paypal`'s `webhook_id`), a secret the scheme
+    /// cannot use (a standard secret that is not base64, any secret for discord), or no key to
+    /// sign with.
     pub fn from_flags(
         scheme: &str,
         secret: Option<Secret>,

@@ -11,6 +11,7 @@ mod console;
 mod dead_connections;
 mod dedupe;
 mod downstream;
+mod ed25519_providers;
 mod export;
 mod faults;
 mod form_providers;
