@@ -537,4 +537,114 @@ mod tests {
         assert!(!verifier.needs_json());
         assert_eq!(verifier.kept_headers().len(), 6);
     }
+
+    /// A `standard` source with this table and these secrets, built to receive or (with
+    /// `signing`) to sign.
+    fn built(
+        table: &str,
+        secrets: &[&str],
+        signing: Option<&super::super::Signing>,
+    ) -> Result<Verifier, super::super::ProviderError> {
+        let table: toml::Table = table.parse().expect("TOML");
+        let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::new(*s)).collect();
+        let scheme = super::super::Registry::builtin()
+            .scheme("standard", Some(table))
+            .expect("built in");
+        match signing {
+            None => scheme.build(&secrets, Duration::from_secs(300)),
+            Some(signing) => scheme.build_signer(&secrets, Duration::ZERO, signing),
+        }
+    }
+
+    const PUBLIC: &str = "public_keys = [\"whpk_TUVFkEPtWnJ5AoVLqXF/lczVXQ5FSnCS5gUMBeXEJus=\"]";
+
+    #[test]
+    fn a_source_needs_secrets_or_public_keys_and_a_public_key_needs_its_prefix() {
+        let error = built("", &[], None).unwrap_err();
+        assert_eq!(error.key, "secrets");
+        assert!(
+            error.problem.contains("secrets") && error.problem.contains("public_keys"),
+            "{error}"
+        );
+        assert!(built(PUBLIC, &[], None).is_ok());
+        assert!(built(PUBLIC, &[SECRET], None).is_ok());
+        // A secret pasted into the public keys: refused, and not echoed.
+        let error = built(
+            "public_keys = [\"whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\"]",
+            &[],
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(error.key, "public_keys");
+        assert!(
+            error.problem.contains("whpk_") && !error.problem.contains("C2FVs"),
+            "{error}"
+        );
+        let error = built("public_keys = []", &[SECRET], None).unwrap_err();
+        assert_eq!(error.key, "public_keys");
+    }
+
+    #[test]
+    fn send_needs_a_key_only_where_no_secret_can_sign() {
+        let without = super::super::Signing::default();
+        let error = built(PUBLIC, &[], Some(&without)).unwrap_err();
+        assert_eq!(error.key, "--key");
+        let both = built(PUBLIC, &[SECRET], Some(&without)).expect("the secret signs");
+        let signed = both.sign(BODY, NOW, ID, None);
+        assert_eq!(signed, delivery(GOOD), "v1 alone, as before");
+        // A source of secrets only ignores a --key meant for another source (here not even a
+        // PEM key).
+        let other = super::super::Signing {
+            key_pem: Some(Secret::new("-----BEGIN RSA PRIVATE KEY-----")),
+            cert_url: None,
+        };
+        assert!(built("", &[SECRET], Some(&other)).is_ok());
+        let error = built(PUBLIC, &[SECRET], Some(&other)).unwrap_err();
+        assert_eq!(error.key, "--key");
+    }
+
+    #[test]
+    fn a_v1a_is_checked_against_public_keys_and_never_against_a_secret() {
+        let key = super::PrivateKey::from_seed(&[9; 32]);
+        let public = format!(
+            "public_keys = [\"{}\"]",
+            super::show_public_key(key.public().as_bytes())
+        );
+        let stamp = NOW.to_string();
+        let content = format!("{ID}.{stamp}.{}", String::from_utf8_lossy(BODY));
+        let v1a = format!(
+            "v1a,{}",
+            base64::Engine::encode(&super::STANDARD, key.sign(content.as_bytes()))
+        );
+        let sent = delivery(&v1a);
+        assert_eq!(
+            built(&public, &[], None)
+                .expect("builds")
+                .verify(&sent, BODY, NOW),
+            Ok(())
+        );
+        assert_eq!(
+            built(&public, &[SECRET], None)
+                .expect("builds")
+                .verify(&sent, BODY, NOW),
+            Ok(())
+        );
+        assert_eq!(
+            standard(&[SECRET]).verify(&sent, BODY, NOW),
+            Err(SignatureError::Invalid)
+        );
+        assert_eq!(
+            built(PUBLIC, &[], None)
+                .expect("builds")
+                .verify(&sent, BODY, NOW),
+            Err(SignatureError::Invalid),
+            "another key's v1a"
+        );
+        assert_eq!(
+            built(&public, &[], None)
+                .expect("builds")
+                .verify(&sent, BODY, NOW + 301),
+            Err(SignatureError::Stale)
+        );
+    }
 }
