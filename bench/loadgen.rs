@@ -10,6 +10,9 @@
 //!     --source square --connections 32 --prebuilt 20000 [--serve-cert 127.0.0.1:PORT]
 //! ```
 //!
+//! `--source NAME` without `--config` sends Stripe deliveries to `/webhooks/NAME` (a source of
+//! scheme `stripe` with the secret `--secret`).
+//!
 //! Without `--config` it sends Stripe deliveries signed with `--secret`. With `--config FILE`
 //! it signs as `--source`'s provider does, with that source's first secret, through the same
 //! library code as `hookbox send` (`hookbox::replay::signing`): headers, a query on the URL, or
@@ -26,6 +29,9 @@
 //! six fresh, three replays and one with a bad signature (which must get 401).
 //! `--rate N`: at most N requests a second in all, spread evenly over the connections (a
 //! steady load, for the soak); without it each connection sends as fast as it is answered.
+//! `--stamp-ids` (fresh only): each event id ends in `_t<micros>`, the Unix time in
+//! microseconds when the request was built, just before it is sent; `bench/sink.rs` reads it
+//! back from a forwarded delivery's `X-Hookbox-Event-Id` to measure the forward lag.
 //! `--prebuilt N` (fresh only): builds and signs N fresh requests before the clock starts and
 //! sends each once, so that a signature costly to make (PayPal's RSA) is not paid for on the
 //! cores the server shares; the run ends when all N are answered.
@@ -67,6 +73,7 @@ struct Args {
     config: Option<String>,
     serve_cert: Option<String>,
     prebuilt: Option<usize>,
+    stamp_ids: bool,
 }
 
 fn parse_args() -> Args {
@@ -84,9 +91,14 @@ fn parse_args() -> Args {
         config: None,
         serve_cert: None,
         prebuilt: None,
+        stamp_ids: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--stamp-ids" {
+            args.stamp_ids = true;
+            continue;
+        }
         let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--to" => to = value,
@@ -110,6 +122,10 @@ fn parse_args() -> Args {
     assert!(
         args.prebuilt.is_none() || args.mode == "fresh",
         "--prebuilt is for --mode fresh"
+    );
+    assert!(
+        !args.stamp_ids || (args.mode == "fresh" && args.prebuilt.is_none()),
+        "--stamp-ids is for --mode fresh, without --prebuilt"
     );
     assert!(
         matches!(args.mode.as_str(), "fresh" | "replay" | "mixed"),
@@ -167,6 +183,12 @@ fn body(scheme: &str, id: &str) -> String {
             r#"{{"id":"{id}","object":"event","api_version":"2024-06-20","created":1733130000,"data":{{"object":{{"id":"pi_{id}","object":"payment_intent","amount":2000,"currency":"usd","customer":"cus_bench","description":"{padding}","metadata":{{"order_id":"101"}},"status":"succeeded"}}}},"livemode":false,"pending_webhooks":1,"request":{{"id":null,"idempotency_key":null}},"type":"payment_intent.succeeded"}}"#
         ),
     }
+}
+
+fn unix_micros() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
 }
 
 fn alive(pid: u32) -> bool {
@@ -415,6 +437,7 @@ fn main() {
                             "replay" => (replay_ids[(worker * 7 + n) % replay_ids.len()].clone(), false),
                             "mixed" if slot < 3 => (replay_ids[(worker * 7 + n) % replay_ids.len()].clone(), false),
                             "mixed" if slot == 3 => (format!("evt_bench_forged_{run}_{worker}_{n}"), true),
+                            _ if args.stamp_ids => (format!("evt_bench_{run}_{worker}_{n}_t{}", unix_micros()), false),
                             _ => (format!("evt_bench_{run}_{worker}_{n}"), false),
                         };
                         n += 1;

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Forwarding at full speed, in one run on this machine, on each store (PostgreSQL, then SQLite):
+# a release `hookbox serve` with three Stripe sources, `plain` (no forward target), `one` (one
+# target) and `two` (two targets, every event to both), all forwarding to `bench/sink.rs`, a
+# local downstream that answers 200 at once. Per store, each step fresh deliveries from
+# `bench/loadgen.rs` at CONNECTIONS connections for SECONDS_EACH:
+#   plain      the floor: fresh deliveries/s of a source that does not forward;
+#   one        fresh deliveries/s of the forwarding source, rows forwarded while ingesting,
+#              the drain after ingest stops (until every row has reached the sink), and the lag;
+#   two        the same with two targets per event;
+#   one @ 1/2  the forwarding source at half the rate `one` took, for the lag.
+# Lag: at the sink, from the moment the load generator built the request (the event id carries
+# it, `--stamp-ids`) to the delivery's first arrival, an upper bound of commit -> delivered; and,
+# where hookbox exports it, `hookbox_forward_lag_seconds` (commit -> delivered) over the step,
+# p50/p99 interpolated within its buckets. Ratios are to the floor measured in the same run;
+# nothing is asserted on time.
+#
+#   bench/forward.sh                      # PostgreSQL at 127.0.0.1:5432, user postgres; SQLite
+#   SECONDS_EACH=1 bench/forward.sh       # a smoke (CI runs this)
+#   STORES=sqlite bench/forward.sh        # one store only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECONDS_EACH="${SECONDS_EACH:-10}"
+CONNECTIONS="${CONNECTIONS:-32}"
+# How long a drain may take before the step gives up on it (and says so).
+DRAIN_LIMIT="${DRAIN_LIMIT:-120}"
+STORES="${STORES:-postgres sqlite}"
+BENCH_NAME=forward
+# shellcheck source=bench/common.sh
+. bench/common.sh
+cargo build --release -q --example sink
+sink="${CARGO_TARGET_DIR:-target}/release/examples/sink"
+# Below both the server's port range and the ephemeral ports (and apart from run.sh's
+# certificate port).
+sink_port=$((10000 + ($$ + 5000) % 10000))
+sink_url="http://127.0.0.1:$sink_port"
+forward_secret="whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
+
+"$sink" --listen "127.0.0.1:$sink_port" 2>"$work/sink.log" &
+sink_pid=$!
+trap 'kill "$sink_pid" 2>/dev/null || true; cleanup' EXIT
+for _ in $(seq 1 100); do
+  curl -fs "$sink_url/stats" >/dev/null 2>&1 && break
+  sleep 0.05
+done
+
+config_for() {
+  cat <<TOML
+[server]
+listen = "127.0.0.1:$port"
+[database]
+url = "$1"
+pool_size = ${POOL_SIZE:-8}
+[sources.plain]
+scheme = "stripe"
+secrets = ["$secret"]
+[sources.one]
+scheme = "stripe"
+secrets = ["$secret"]
+[sources.one.forward]
+url = "$sink_url/one"
+secret = "$forward_secret"
+timeout = "10s"
+max_attempts = 12
+[sources.two]
+scheme = "stripe"
+secrets = ["$secret"]
+[[sources.two.forward]]
+name = "a"
+url = "$sink_url/two/a"
+secret = "$forward_secret"
+timeout = "10s"
+max_attempts = 12
+[[sources.two.forward]]
+name = "b"
+url = "$sink_url/two/b"
+secret = "$forward_secret"
+timeout = "10s"
+max_attempts = 12
+TOML
+}
+
+field() { sed -E "s/.*\"$1\":([0-9.]+).*/\1/"; }
+ratio() { printf "%.2f" "$(echo "scale=4; $1 / $2" | bc)"; }
+now() { date +%s.%N; }
+
+# The lag histogram's bucket lines of one source (all its targets), or nothing before hookbox
+# exports it.
+lag_buckets() {
+  curl -fs "http://127.0.0.1:$port/metrics" | grep "^hookbox_forward_lag_seconds_bucket{source=\"$1\"," || true
+}
+# The q quantile, in ms, of the lag observed between two lag_buckets readings ($1 before, $2
+# after), interpolated within its bucket; "-" when nothing was observed.
+lag_quantile() {
+  { echo "$1" | sed 's/^/B /'; echo "$2" | sed 's/^/A /'; } | awk -v q="$3" '
+    match($0, /le="[^"]*"/) {
+      le = substr($0, RSTART + 4, RLENGTH - 5); n = $NF + 0
+      if (!(le in seen)) { seen[le] = 1; order[++k] = le }
+      if ($1 == "A") a[le] += n; else b[le] += n
+    }
+    END {
+      total = a["+Inf"] - b["+Inf"]
+      if (total <= 0) { print "-"; exit }
+      rank = q * total; prev = 0; pc = 0
+      for (i = 1; i <= k; i++) {
+        le = order[i]; c = a[le] - b[le]
+        if (c >= rank) {
+          if (le == "+Inf") { printf ">%.0f\n", prev * 1000; exit }
+          printf "%.1f\n", (prev + (le - prev) * (c > pc ? (rank - pc) / (c - pc) : 1)) * 1000; exit
+        }
+        prev = le + 0; pc = c
+      }
+    }'
+}
+
+# One step: fresh deliveries to source $1 (forwarding to $2 targets per event; 0: none), with
+# any further loadgen flags after. Sets: rps, requests, errors, p99, elapsed, during (rows at
+# the sink when ingest stopped), rows (expected), drain (s, or ">LIMIT"), sink_p50, sink_p99,
+# hist_p50, hist_p99.
+step() {
+  local source=$1 targets=$2 before after out end stats deadline distinct last
+  shift 2
+  curl -fs "$sink_url/reset" >/dev/null
+  before=$(lag_buckets "$source")
+  out=$("$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --source "$source" \
+    --connections "$CONNECTIONS" --seconds "$SECONDS_EACH" --stamp-ids "$@")
+  end=$(now)
+  during=$(curl -fs "$sink_url/stats" | field distinct)
+  rps=$(echo "$out" | field rps)
+  requests=$(echo "$out" | field requests)
+  errors=$(echo "$out" | field errors)
+  p99=$(echo "$out" | field p99_ms)
+  elapsed=$(echo "$out" | field seconds)
+  rows=$((requests * targets))
+  drain=- sink_p50=- sink_p99=- hist_p50=- hist_p99=-
+  [ "$targets" -gt 0 ] || return 0
+  deadline=$(echo "$end + $DRAIN_LIMIT" | bc)
+  while :; do
+    stats=$(curl -fs "$sink_url/stats")
+    distinct=$(echo "$stats" | field distinct)
+    [ "$distinct" -ge "$rows" ] && break
+    if [ "$(echo "$(now) > $deadline" | bc)" = 1 ]; then
+      drain=">$DRAIN_LIMIT"
+      echo "warning: $source: $distinct of $rows rows reached the sink within ${DRAIN_LIMIT}s" >&2
+      break
+    fi
+    sleep 0.02
+  done
+  if [ "$drain" = - ]; then
+    last=$(echo "$stats" | field last_arrival)
+    drain=$(echo "d = $last - $end; if (d < 0) d = 0; d" | bc -l | xargs printf "%.2f")
+  fi
+  sink_p50=$(echo "$stats" | field lag_p50_ms)
+  sink_p99=$(echo "$stats" | field lag_p99_ms)
+  after=$(lag_buckets "$source")
+  hist_p50=$(lag_quantile "$before" "$after" 0.5)
+  hist_p99=$(lag_quantile "$before" "$after" 0.99)
+}
+
+header() {
+  printf '%-8s %-10s %5s %9s %7s %9s %11s %8s %8s %17s %19s\n' store step conns "ingest/s" \
+    errors "p99 ms" "fwd rows/s" "/ingest" "drain s" "sink lag p50/p99" "hookbox lag p50/p99"
+}
+# One row of the table, from what step set; $1 store, $2 step name.
+row() {
+  local fwd="-" share="-"
+  if [ "$rows" -gt 0 ]; then
+    fwd=$(printf "%.0f" "$(echo "$during / $elapsed" | bc -l)")
+    share=$(ratio "$during" "$rows")
+  fi
+  printf '%-8s %-10s %5s %9.0f %7s %9s %11s %8s %8s %17s %19s\n' "$1" "$2" "$CONNECTIONS" "$rps" \
+    "$errors" "$p99" "$fwd" "$share" "$drain" "$sink_p50/$sink_p99" "$hist_p50/$hist_p99"
+}
+
+# Every step of one store, against the server on $port, then the ratios.
+store_run() {
+  local store=$1 plain_rps one_rps one_share one_cost two_rps two_share two_cost half
+  "$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --source plain --connections 8 --seconds 2 >/dev/null
+  step plain 0; row "$store" plain; plain_rps=$rps
+  step one 1; row "$store" one; one_rps=$rps; one_share=$(ratio "$during" "$rows")
+  one_cost=$(echo "($elapsed + ${drain#>}) / $requests" | bc -l)
+  step two 2; row "$store" two; two_rps=$rps; two_share=$(ratio "$during" "$rows")
+  two_cost=$(echo "($elapsed + ${drain#>}) / $requests" | bc -l)
+  half=$(printf "%.0f" "$(echo "$one_rps / 2" | bc -l)")
+  step one 1 --rate "$half"; row "$store" "one @ 1/2"
+  echo
+  echo "$store: forwarding source's fresh deliveries/s / non-forwarding's: $(ratio "$one_rps" "$plain_rps") (target >= 0.8)"
+  echo "$store: rows forwarded while ingesting / rows queued: $one_share with one target, $two_share with two (target >= 0.9)"
+  echo "$store: lag p99 at half the forwarding source's max ingest ($half/s): ${sink_p99} ms at the sink (sent -> delivered), ${hist_p99} ms by hookbox_forward_lag_seconds (target <= 1000 ms)"
+  echo "$store: two targets / one, per event (ingest + drain): $(ratio "$two_cost" "$one_cost") (target <= 1.3); fresh deliveries/s one / two: $(ratio "$one_rps" "$two_rps")"
+  echo
+}
+
+for store in $STORES; do
+  case $store in
+    postgres) config_for "$db_url" > "$work/hookbox.toml" ;;
+    sqlite) config_for "sqlite://$work/hookbox.db" > "$work/hookbox.toml" ;;
+    *) echo "STORES: postgres and/or sqlite, not $store" >&2; exit 2 ;;
+  esac
+  start_server "$work/hookbox.toml"
+  [ "$store" = "${STORES%% *}" ] && header
+  store_run "$store"
+  stop_server
+done
