@@ -81,18 +81,41 @@ const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// A duration histogram with [`BUCKETS`].
-#[derive(Default)]
+/// Upper bounds of the forward lag buckets, in seconds: from a dispatcher that keeps up
+/// (milliseconds) through retries (seconds to minutes) to an outage (an hour).
+const LAG_BUCKETS: [f64; 17] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    1800.0, 3600.0,
+];
+
+/// A histogram of durations with fixed bucket bounds.
 struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
+    bounds: &'static [f64],
+    buckets: Box<[AtomicU64]>,
     count: AtomicU64,
     sum_micros: AtomicU64,
 }
 
+impl Default for Histogram {
+    /// A request or attempt duration histogram ([`BUCKETS`]).
+    fn default() -> Self {
+        Histogram::new(&BUCKETS)
+    }
+}
+
 impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
     fn observe(&self, elapsed: Duration) {
         let seconds = elapsed.as_secs_f64();
-        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+        for (bound, bucket) in self.bounds.iter().zip(self.buckets.iter()) {
             if seconds <= *bound {
                 bucket.fetch_add(1, Ordering::Relaxed);
             }
@@ -104,25 +127,23 @@ impl Histogram {
         );
     }
 
-    fn render(&self, out: &mut String, name: &str, label: &str) {
-        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+    /// Writes the series of `name` with `labels` (e.g. `source="stripe"`).
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        for (bound, bucket) in self.bounds.iter().zip(self.buckets.iter()) {
             let _ = writeln!(
                 out,
-                "{name}_bucket{{source=\"{label}\",le=\"{bound}\"}} {}",
+                "{name}_bucket{{{labels},le=\"{bound}\"}} {}",
                 bucket.load(Ordering::Relaxed)
             );
         }
         let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
         let _ = writeln!(
             out,
-            "{name}_bucket{{source=\"{label}\",le=\"+Inf\"}} {count}"
-        );
-        let _ = writeln!(
-            out,
-            "{name}_sum{{source=\"{label}\"}} {}",
+            "{name}_sum{{{labels}}} {}",
             self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
         );
-        let _ = writeln!(out, "{name}_count{{source=\"{label}\"}} {count}");
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
     }
 }
 
@@ -135,10 +156,21 @@ struct Series {
 }
 
 /// The series of one forward target.
-#[derive(Default)]
 struct TargetSeries {
     forwarded: [AtomicU64; 3],
     pending: AtomicU64,
+    /// From the commit that queued a delivery (or its requeue) to its delivery.
+    lag: Histogram,
+}
+
+impl Default for TargetSeries {
+    fn default() -> Self {
+        TargetSeries {
+            forwarded: Default::default(),
+            pending: AtomicU64::new(0),
+            lag: Histogram::new(&LAG_BUCKETS),
+        }
+    }
 }
 
 /// The process's metrics.
@@ -261,6 +293,14 @@ impl Metrics {
         }
     }
 
+    /// Counts one delivery's lag: from the commit that queued it (or its requeue) until the
+    /// target took it.
+    pub fn record_lag(&self, source: &str, target: &str, lag: Duration) {
+        if let Some(series) = self.target(source, target) {
+            series.lag.observe(lag);
+        }
+    }
+
     /// Sets the outbox gauges: the totals, and the pending rows of each (source, target) as
     /// counted (a target missing from `pending` has none).
     pub fn set_outbox(&self, pending: u64, dead: u64, pending_by_target: &[(String, String, u64)]) {
@@ -296,9 +336,11 @@ impl Metrics {
         out.push_str("# HELP hookbox_webhook_duration_seconds Time from request to answer for webhook requests.\n");
         out.push_str("# TYPE hookbox_webhook_duration_seconds histogram\n");
         for (label, series) in rows() {
-            series
-                .duration
-                .render(&mut out, "hookbox_webhook_duration_seconds", label);
+            series.duration.render(
+                &mut out,
+                "hookbox_webhook_duration_seconds",
+                &format!("source=\"{label}\""),
+            );
         }
 
         out.push_str("# HELP hookbox_purged_total Events removed by the retention purge.\n");
@@ -342,12 +384,23 @@ impl Metrics {
                 series.pending.load(Ordering::Relaxed)
             );
         }
+        out.push_str("# HELP hookbox_forward_lag_seconds Time from the commit that queued a delivery (or its requeue) to its delivery, by source and target.\n");
+        out.push_str("# TYPE hookbox_forward_lag_seconds histogram\n");
+        for ((source, target), series) in targets() {
+            series.lag.render(
+                &mut out,
+                "hookbox_forward_lag_seconds",
+                &format!("source=\"{source}\",target=\"{target}\""),
+            );
+        }
         out.push_str("# HELP hookbox_forward_duration_seconds Time one forward attempt took.\n");
         out.push_str("# TYPE hookbox_forward_duration_seconds histogram\n");
         for (label, series) in rows() {
-            series
-                .forward_duration
-                .render(&mut out, "hookbox_forward_duration_seconds", label);
+            series.forward_duration.render(
+                &mut out,
+                "hookbox_forward_duration_seconds",
+                &format!("source=\"{label}\""),
+            );
         }
         out.push_str("# HELP hookbox_forward_outbox Outbox rows by state, as last counted.\n");
         out.push_str("# TYPE hookbox_forward_outbox gauge\n");
@@ -413,6 +466,8 @@ mod tests {
             Duration::from_millis(2),
         );
         metrics.record_forward("stripe", "gone", ForwardResult::Dead, Duration::ZERO);
+        metrics.record_lag("stripe", "billing", Duration::from_millis(40));
+        metrics.record_lag("stripe", "billing", Duration::from_secs(20));
         metrics.set_outbox(4, 1, &[("stripe".to_owned(), "audit".to_owned(), 4)]);
         let text = metrics.render();
         for line in [
@@ -425,6 +480,10 @@ mod tests {
             "hookbox_forward_pending{source=\"stripe\",target=\"billing\"} 0",
             "hookbox_forward_pending{source=\"stripe\",target=\"audit\"} 4",
             "hookbox_forward_duration_seconds_count{source=\"stripe\"} 3",
+            "hookbox_forward_lag_seconds_bucket{source=\"stripe\",target=\"billing\",le=\"0.05\"} 1",
+            "hookbox_forward_lag_seconds_bucket{source=\"stripe\",target=\"billing\",le=\"30\"} 2",
+            "hookbox_forward_lag_seconds_bucket{source=\"stripe\",target=\"billing\",le=\"+Inf\"} 2",
+            "hookbox_forward_lag_seconds_count{source=\"stripe\",target=\"audit\"} 0",
             "hookbox_forward_outbox{state=\"pending\"} 4",
             "hookbox_forward_outbox{state=\"dead\"} 1",
         ] {

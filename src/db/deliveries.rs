@@ -1,21 +1,25 @@
 //! The owner of the `deliveries` table (the forward outbox): every statement on it is here.
 //! A row is queued with its event's claim ([`enqueue`]; [`enqueue_many`] for a batch of
-//! claims), taken under a lease by the dispatcher ([`take_due`]), settled after each attempt
-//! ([`settle`]), and shown and re-queued by the admin API and the console ([`of_event`],
-//! [`requeue`], [`redeliver`], [`requeue_dead`], [`counts`], [`pending_by_target`]). Rows go
-//! with their event (`ON DELETE CASCADE`).
+//! claims), taken under a lease by the dispatcher, lane by lane ([`take_due`]), settled in
+//! batches after the attempts ([`settle`]), and shown and re-queued by the admin API and the
+//! console ([`of_event`], [`requeue`], [`redeliver`], [`requeue_dead`], [`counts`],
+//! [`pending_by_target`]). Rows go with their event (`ON DELETE CASCADE`).
+//!
+//! A lane is one (source, target): each row carries its event's `source` and `received_at`,
+//! copied in by the claim, so a lane's due rows and an ordered lane's head each come from one
+//! index.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Bytea, Double, Integer, Nullable, SmallInt, Text};
 use serde::Serialize;
 
 use super::{now, on_backend, write_transaction, AnyConnection};
 
 /// A delivery taken for an attempt: its lease runs, so no other dispatcher takes it meanwhile.
-#[derive(Debug, QueryableByName)]
+#[derive(Debug, Clone, QueryableByName)]
 pub struct Due {
     /// The outbox row.
     #[diesel(sql_type = BigInt)]
@@ -41,15 +45,20 @@ pub struct Due {
     /// The original `Content-Type`, if the delivery had one.
     #[diesel(sql_type = Nullable<Text>)]
     pub content_type: Option<String>,
+    /// When this attempt series was queued (the claim's commit, or the last requeue), in
+    /// microseconds since the Unix epoch (milliseconds' precision on SQLite): where the lag
+    /// starts.
+    #[diesel(sql_type = BigInt)]
+    pub queued_at_micros: i64,
 }
 
 /// How an attempt ended, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settle {
-    /// 2xx: done.
+    /// Accepted (an HTTP 2xx): done.
     Delivered {
-        /// The downstream's status.
-        status: u16,
+        /// The downstream's status, where the transport has one.
+        status: Option<u16>,
     },
     /// Failed; try again after `after`.
     Retry {
@@ -67,6 +76,34 @@ pub enum Settle {
         /// What went wrong, in a sentence.
         error: String,
     },
+}
+
+/// One attempt's outcome, for [`settle`]: the row, which attempt it was, and how it ended.
+#[derive(Debug, Clone)]
+pub struct Settled {
+    /// The outbox row.
+    pub id: i64,
+    /// The attempt that ended: a row taken again since (its lease ran out, or it was
+    /// re-queued) is not overwritten by this older outcome.
+    pub attempt: i32,
+    /// How it ended.
+    pub outcome: Settle,
+}
+
+/// What the dispatcher asks of one lane, (source, target), in a take.
+#[derive(Debug, Clone)]
+pub struct Want {
+    /// The event source.
+    pub source: String,
+    /// The target's name within the source.
+    pub target: String,
+    /// Rows to take at most (an ordered lane: at most its head, whatever this says).
+    pub limit: i64,
+    /// Only the lane's head may be taken: its earliest pending row by (received_at, event
+    /// row), and only when it is due and not leased.
+    pub ordered: bool,
+    /// How long each taken row is leased.
+    pub lease: Duration,
 }
 
 /// A delivery as the admin API and the console show it.
@@ -96,119 +133,273 @@ pub struct DeliveryView {
 /// its source). Runs in the claim's transaction, so an event is queued if and only if it is
 /// stored.
 pub fn enqueue(conn: &mut AnyConnection, event_row: i64, targets: &[String]) -> QueryResult<()> {
-    on_backend!(conn, c => {
-        let rows: Vec<_> = targets
-            .iter()
-            .map(|target| (deliveries::event_row.eq(event_row), deliveries::target.eq(target)))
-            .collect();
-        diesel::insert_into(deliveries::table).values(rows).execute(c)
-    })
+    let rows: Vec<(i64, &str)> = targets.iter().map(|t| (event_row, t.as_str())).collect();
+    enqueue_many(conn, &rows)
+}
+
+/// Queues the deliveries `rows`, each (event row, target name), for the events of one claim or
+/// of several at once, in one INSERT that copies each event's source and received time onto
+/// its rows. Runs in the transaction of the claims, so each event is queued if and only if it
+/// is stored.
+pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResult<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let queued_at = now();
+    match conn {
+        AnyConnection::Postgres(c) => {
+            let (events, targets): (Vec<i64>, Vec<&str>) = rows.iter().copied().unzip();
+            diesel::sql_query(
+                "INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
+                 SELECT e.id, v.target, e.source, e.received_at, $3 \
+                 FROM unnest($1::bigint[], $2::text[]) AS v (event_row, target) \
+                 JOIN events e ON e.id = v.event_row",
+            )
+            .bind::<Array<BigInt>, _>(events)
+            .bind::<Array<Text>, _>(targets)
+            .bind::<super::pg::Instant, _>(queued_at)
+            .execute(c)
+        }
+        AnyConnection::Sqlite(c) => diesel::sql_query(
+            "INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
+             SELECT e.id, json_extract(v.value, '$[1]'), e.source, e.received_at, ?2 \
+             FROM json_each(?1) AS v JOIN events e ON e.id = json_extract(v.value, '$[0]')",
+        )
+        .bind::<Text, _>(serde_json::to_string(rows).expect("numbers and strings serialize"))
+        .bind::<super::sqlite::Instant, _>(queued_at)
+        .execute(c),
+    }
     .map(|_| ())
 }
 
-/// Rows one INSERT of [`enqueue_many`] carries at most (two bound values each; SQLite caps
-/// the bound values of a statement).
-const ENQUEUE_CHUNK: usize = 1000;
-
-/// Queues the deliveries `rows`, each (event row, target name), for the events of several
-/// claims at once: one multi-row INSERT (per [`ENQUEUE_CHUNK`] rows). Runs in the transaction
-/// of the claims' batch, so each event is queued if and only if it is stored.
-pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResult<()> {
-    for chunk in rows.chunks(ENQUEUE_CHUNK) {
-        on_backend!(conn, c => {
-            let values: Vec<_> = chunk
-                .iter()
-                .map(|(event_row, target)| {
-                    (deliveries::event_row.eq(*event_row), deliveries::target.eq(*target))
-                })
-                .collect();
-            diesel::insert_into(deliveries::table).values(values).execute(c)
-        })?;
+/// Takes the due rows each lane of `wants` asks for, and leases each for its lane's `lease`:
+/// its `next_attempt_at` moves past the attempt's end, so no other dispatcher takes it
+/// meanwhile. An ordered lane gives at most its head, and nothing while its head is leased or
+/// waiting for a retry.
+pub fn take_due(conn: &mut AnyConnection, wants: &[Want]) -> QueryResult<Vec<Due>> {
+    if wants.is_empty() {
+        return Ok(Vec::new());
     }
-    Ok(())
-}
-
-/// Takes up to `limit` due deliveries, oldest due first, and leases each for `lease`: its
-/// `next_attempt_at` moves past the attempt's end, so no other dispatcher takes it meanwhile.
-pub fn take_due(conn: &mut AnyConnection, limit: i64, lease: Duration) -> QueryResult<Vec<Due>> {
     match conn {
-        AnyConnection::Postgres(c) => take_due_pg(c, limit, lease),
-        AnyConnection::Sqlite(c) => take_due_sqlite(c, limit, lease),
+        AnyConnection::Postgres(c) => take_due_pg(c, wants),
+        AnyConnection::Sqlite(c) => take_due_sqlite(c, wants),
     }
 }
 
-/// [`take_due`] on PostgreSQL: `FOR UPDATE SKIP LOCKED` lets several dispatchers take rows at
-/// once without taking the same row twice.
-fn take_due_pg(
-    conn: &mut diesel::PgConnection,
-    limit: i64,
-    lease: Duration,
-) -> QueryResult<Vec<Due>> {
-    diesel::sql_query(
-        "UPDATE deliveries d \
-         SET attempts = d.attempts + 1, next_attempt_at = now() + make_interval(secs => $2) \
-         FROM events e \
-         WHERE d.id IN (SELECT id FROM deliveries \
-                        WHERE state = 'pending' AND next_attempt_at <= now() \
-                        ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
-           AND e.id = d.event_row \
-         RETURNING d.id, d.attempts AS attempt, e.source, d.target, e.event_id, e.event_type, e.payload, \
-                   e.headers ->> 'content-type' AS content_type",
-    )
-    .bind::<BigInt, _>(limit)
-    .bind::<diesel::sql_types::Double, _>(lease.as_secs_f64())
-    .load(conn)
+/// The columns of a [`Due`], over `deliveries d` joined with `events e`, on PostgreSQL.
+const DUE_COLUMNS_PG: &str = "d.id, d.attempts AS attempt, e.source, d.target, e.event_id, \
+     e.event_type, e.payload, e.headers ->> 'content-type' AS content_type, \
+     (extract(epoch FROM d.queued_at) * 1000000)::bigint AS queued_at_micros";
+
+/// [`take_due`] on PostgreSQL: one statement for the unordered lanes and one for the ordered,
+/// each taking every lane's rows through a LATERAL subquery with `FOR UPDATE SKIP LOCKED`, so
+/// several dispatchers take rows at once without taking one row twice. An ordered lane's head
+/// is found without locking and then locked with SKIP LOCKED and checked again: a head another
+/// dispatcher holds, or has leased or settled meanwhile, yields nothing rather than the row
+/// behind it.
+fn take_due_pg(conn: &mut diesel::PgConnection, wants: &[Want]) -> QueryResult<Vec<Due>> {
+    let mut due = Vec::new();
+    for ordered in [false, true] {
+        let lanes: Vec<&Want> = wants.iter().filter(|w| w.ordered == ordered).collect();
+        if lanes.is_empty() {
+            continue;
+        }
+        let pick = if ordered {
+            "SELECT x.id FROM deliveries x \
+             WHERE x.id = (SELECT h.id FROM deliveries h \
+                           WHERE h.state = 'pending' AND h.source = w.source AND h.target = w.target \
+                           ORDER BY h.received_at, h.event_row LIMIT 1) \
+               AND x.state = 'pending' AND x.next_attempt_at <= now() \
+             FOR UPDATE SKIP LOCKED"
+        } else {
+            "SELECT x.id FROM deliveries x \
+             WHERE x.state = 'pending' AND x.source = w.source AND x.target = w.target \
+               AND x.next_attempt_at <= now() \
+             ORDER BY x.next_attempt_at LIMIT w.n FOR UPDATE SKIP LOCKED"
+        };
+        let query = format!(
+            "UPDATE deliveries d \
+             SET attempts = d.attempts + 1, \
+                 next_attempt_at = now() + make_interval(secs => picked.lease) \
+             FROM (SELECT p.id, w.lease \
+                   FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[]) \
+                        AS w (source, target, n, lease) \
+                   CROSS JOIN LATERAL ({pick}) AS p) AS picked, \
+                  events e \
+             WHERE d.id = picked.id AND e.id = d.event_row \
+             RETURNING {DUE_COLUMNS_PG}"
+        );
+        let taken: Vec<Due> = diesel::sql_query(query)
+            .bind::<Array<Text>, _>(lanes.iter().map(|w| w.source.as_str()).collect::<Vec<_>>())
+            .bind::<Array<Text>, _>(lanes.iter().map(|w| w.target.as_str()).collect::<Vec<_>>())
+            .bind::<Array<BigInt>, _>(lanes.iter().map(|w| w.limit).collect::<Vec<_>>())
+            .bind::<Array<Double>, _>(
+                lanes
+                    .iter()
+                    .map(|w| w.lease.as_secs_f64())
+                    .collect::<Vec<_>>(),
+            )
+            .load(conn)?;
+        due.extend(taken);
+    }
+    Ok(due)
 }
 
 /// [`take_due`] on SQLite. The write lock, taken first, keeps other dispatchers (of other
-/// processes on the same file) out until the leases are written.
-fn take_due_sqlite(
-    conn: &mut diesel::SqliteConnection,
-    limit: i64,
-    lease: Duration,
-) -> QueryResult<Vec<Due>> {
-    use super::sqlite::Instant;
+/// processes on the same file) out until the leases are written, so a lane's head is the
+/// head for as long as it is looked at. A look without the lock comes first: SQLite has one
+/// writer, and a dispatcher that finds nothing due should not have held it from the claims.
+fn take_due_sqlite(conn: &mut diesel::SqliteConnection, wants: &[Want]) -> QueryResult<Vec<Due>> {
     let now = now();
-    let lease_end = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
+    let mut any = false;
+    for want in wants {
+        any |= !due_in_lane_sqlite(conn, want, now)?.is_empty();
+        if any {
+            break;
+        }
+    }
+    if !any {
+        return Ok(Vec::new());
+    }
     conn.immediate_transaction(|conn| {
-        let due: Vec<Due> = diesel::sql_query(
-            "SELECT d.id, d.attempts + 1 AS attempt, e.source, d.target, e.event_id, e.event_type, \
-                    e.payload, json_extract(e.headers, '$.\"content-type\"') AS content_type \
-             FROM deliveries d JOIN events e ON e.id = d.event_row \
-             WHERE d.state = 'pending' AND d.next_attempt_at <= ?1 \
-             ORDER BY d.next_attempt_at LIMIT ?2",
-        )
-        .bind::<Instant, _>(now)
-        .bind::<BigInt, _>(limit)
-        .load(conn)?;
-        if !due.is_empty() {
-            let ids: Vec<i64> = due.iter().map(|d| d.id).collect();
+        let mut taken: Vec<i64> = Vec::new();
+        for want in wants {
+            let ids = due_in_lane_sqlite(conn, want, now)?;
+            if ids.is_empty() {
+                continue;
+            }
+            let lease_end =
+                now + chrono::Duration::from_std(want.lease).unwrap_or(chrono::Duration::hours(1));
             diesel::sql_query(
                 "UPDATE deliveries SET attempts = attempts + 1, next_attempt_at = ?1 \
                  WHERE id IN (SELECT value FROM json_each(?2))",
             )
-            .bind::<Instant, _>(lease_end)
+            .bind::<super::sqlite::Instant, _>(lease_end)
             .bind::<Text, _>(serde_json::to_string(&ids).expect("numbers serialize"))
             .execute(conn)?;
+            taken.extend(ids);
         }
-        Ok(due)
+        if taken.is_empty() {
+            return Ok(Vec::new());
+        }
+        diesel::sql_query(
+            "SELECT d.id, d.attempts AS attempt, e.source, d.target, e.event_id, e.event_type, \
+                    e.payload, json_extract(e.headers, '$.\"content-type\"') AS content_type, \
+                    CAST(round((julianday(d.queued_at) - 2440587.5) * 86400000000.0) AS INTEGER) \
+                        AS queued_at_micros \
+             FROM deliveries d JOIN events e ON e.id = d.event_row \
+             WHERE d.id IN (SELECT value FROM json_each(?1))",
+        )
+        .bind::<Text, _>(serde_json::to_string(&taken).expect("numbers serialize"))
+        .load(conn)
     })
+}
+
+/// The rows of `want`'s lane that may be taken at `now`, on SQLite: its due rows, oldest due
+/// first, or an ordered lane's head if it is due.
+fn due_in_lane_sqlite(
+    conn: &mut diesel::SqliteConnection,
+    want: &Want,
+    now: DateTime<Utc>,
+) -> QueryResult<Vec<i64>> {
+    use super::sqlite::Instant;
+
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let rows: Vec<Row> = if want.ordered {
+        diesel::sql_query(
+            "SELECT x.id FROM deliveries x \
+             WHERE x.id = (SELECT h.id FROM deliveries h \
+                           WHERE h.state = 'pending' AND h.source = ?1 AND h.target = ?2 \
+                           ORDER BY h.received_at, h.event_row LIMIT 1) \
+               AND x.next_attempt_at <= ?3",
+        )
+        .bind::<Text, _>(&want.source)
+        .bind::<Text, _>(&want.target)
+        .bind::<Instant, _>(now)
+        .load(conn)?
+    } else {
+        diesel::sql_query(
+            "SELECT id FROM deliveries \
+             WHERE state = 'pending' AND source = ?1 AND target = ?2 AND next_attempt_at <= ?3 \
+             ORDER BY next_attempt_at LIMIT ?4",
+        )
+        .bind::<Text, _>(&want.source)
+        .bind::<Text, _>(&want.target)
+        .bind::<Instant, _>(now)
+        .bind::<BigInt, _>(want.limit)
+        .load(conn)?
+    };
+    Ok(rows.into_iter().map(|r| r.id).collect())
 }
 
 fn status_column(status: Option<u16>) -> Option<i16> {
     status.and_then(|s| i16::try_from(s).ok())
 }
 
-/// Records an attempt's outcome.
-pub fn settle(conn: &mut AnyConnection, id: i64, outcome: &Settle) -> QueryResult<()> {
+/// Records the outcomes of a batch of attempts in one transaction. Each applies only while its
+/// row is pending at the attempt it names, so an outcome that comes late (its lease ran out
+/// and the row was taken again, or it was re-queued) changes nothing.
+pub fn settle(conn: &mut AnyConnection, outcomes: &[Settled]) -> QueryResult<()> {
+    if outcomes.is_empty() {
+        return Ok(());
+    }
     let now = now();
+    write_transaction(conn, |conn| {
+        let (delivered, others): (Vec<&Settled>, Vec<&Settled>) = outcomes
+            .iter()
+            .partition(|s| matches!(s.outcome, Settle::Delivered { .. }));
+        if let AnyConnection::Postgres(c) = &mut *conn {
+            // The common case, every row delivered, is one statement, not one per row.
+            if !delivered.is_empty() {
+                diesel::sql_query(
+                    "UPDATE deliveries d \
+                     SET state = 'delivered', last_status = v.status, last_error = NULL, \
+                         delivered_at = $4 \
+                     FROM unnest($1::bigint[], $2::int[], $3::smallint[]) AS v (id, attempt, status) \
+                     WHERE d.id = v.id AND d.attempts = v.attempt AND d.state = 'pending'",
+                )
+                .bind::<Array<BigInt>, _>(delivered.iter().map(|s| s.id).collect::<Vec<_>>())
+                .bind::<Array<Integer>, _>(delivered.iter().map(|s| s.attempt).collect::<Vec<_>>())
+                .bind::<Array<Nullable<SmallInt>>, _>(
+                    delivered
+                        .iter()
+                        .map(|s| match s.outcome {
+                            Settle::Delivered { status } => status_column(status),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>(),
+                )
+                .bind::<super::pg::Instant, _>(now)
+                .execute(c)?;
+            }
+        } else {
+            for settled in &delivered {
+                settle_one(conn, settled, now)?;
+            }
+        }
+        for settled in &others {
+            settle_one(conn, settled, now)?;
+        }
+        Ok(())
+    })
+}
+
+/// One outcome of [`settle`].
+fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -> QueryResult<()> {
     on_backend!(conn, c => {
-    let row = deliveries::table.find(id);
-    match outcome {
+    let row = deliveries::table
+        .find(settled.id)
+        .filter(deliveries::attempts.eq(settled.attempt))
+        .filter(deliveries::state.eq("pending"));
+    match &settled.outcome {
         Settle::Delivered { status } => diesel::update(row)
             .set((
                 deliveries::state.eq("delivered"),
-                deliveries::last_status.eq(status_column(Some(*status))),
+                deliveries::last_status.eq(status_column(*status)),
                 deliveries::last_error.eq(None::<String>),
                 deliveries::delivered_at.eq(now),
             ))
@@ -322,6 +513,7 @@ pub fn requeue(
                             deliveries::state.eq("pending"),
                             deliveries::attempts.eq(0),
                             deliveries::next_attempt_at.eq(now),
+                            deliveries::queued_at.eq(now),
                         ))
                         .filter(deliveries::state.eq("dead"))
                         .returning(view_columns!())
@@ -392,6 +584,7 @@ fn requeue_rows(conn: &mut AnyConnection, ids: &[i64], states: &[&str]) -> Query
             deliveries::state.eq("pending"),
             deliveries::attempts.eq(0),
             deliveries::next_attempt_at.eq(now),
+            deliveries::queued_at.eq(now),
             deliveries::delivered_at.eq(None::<DateTime<Utc>>),
         ))
         .execute(c))?;

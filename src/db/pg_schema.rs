@@ -12,6 +12,9 @@ diesel::table! {
         created_at -> Timestamptz,
         delivered_at -> Nullable<Timestamptz>,
         target -> Text,
+        source -> Text,
+        received_at -> Timestamptz,
+        queued_at -> Timestamptz,
     }
 }
 

@@ -13,6 +13,9 @@ diesel::table! {
         created_at -> TimestamptzSqlite,
         delivered_at -> Nullable<TimestamptzSqlite>,
         target -> Text,
+        source -> Text,
+        received_at -> TimestamptzSqlite,
+        queued_at -> TimestamptzSqlite,
     }
 }
 

@@ -531,6 +531,9 @@ fn store_hostile_event(app: &TestApp, hostile: &str) -> (String, String) {
         diesel::insert_into(deliveries::table)
             .values((
                 deliveries::event_row.eq(row),
+                deliveries::source.eq(&source),
+                deliveries::received_at.eq(chrono::Utc::now()),
+                deliveries::queued_at.eq(chrono::Utc::now()),
                 deliveries::state.eq("dead"),
                 deliveries::attempts.eq(3),
                 deliveries::next_attempt_at.eq(chrono::Utc::now()),

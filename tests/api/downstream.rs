@@ -34,6 +34,9 @@ struct Shared {
     received: Mutex<Vec<Received>>,
     in_flight: Mutex<HashMap<String, usize>>,
     overlaps: AtomicUsize,
+    /// Requests being answered now, whatever their key, and the most there ever were.
+    answering: AtomicUsize,
+    most_answering: AtomicUsize,
 }
 
 pub struct Downstream {
@@ -53,6 +56,10 @@ async fn receive(
         .iter()
         .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
         .collect();
+    let now_answering = shared.answering.fetch_add(1, Ordering::SeqCst) + 1;
+    shared
+        .most_answering
+        .fetch_max(now_answering, Ordering::SeqCst);
     let key = headers.get("idempotency-key").cloned().unwrap_or_default();
     let seen_for_key = shared
         .received
@@ -87,6 +94,7 @@ async fn receive(
         body: body.to_vec(),
         status,
     });
+    shared.answering.fetch_sub(1, Ordering::SeqCst);
     HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status")).finish()
 }
 
@@ -144,6 +152,11 @@ impl Downstream {
         self.for_key(key)
             .iter()
             .any(|r| r.status == 200 && r.header("x-hookbox-attempt") == "1")
+    }
+
+    /// The most requests (of any key) it was ever answering at once.
+    pub fn most_in_flight(&self) -> usize {
+        self.shared.most_answering.load(Ordering::SeqCst)
     }
 
     /// Requests of one key that arrived while another of the same key was still being answered.

@@ -237,7 +237,8 @@ async fn a_dispatcher_pass_sends_what_is_due_and_then_nothing() {
         200
     );
     diesel::sql_query(format!(
-        "INSERT INTO deliveries (event_row) SELECT id FROM events \
+        "INSERT INTO deliveries (event_row, source, received_at, queued_at) \
+         SELECT id, source, received_at, received_at FROM events \
          WHERE source = 'stripe' AND event_id = '{id}'"
     ))
     .execute(&mut app.db.connect())

@@ -10,6 +10,7 @@ mod concurrency;
 mod console;
 mod dead_connections;
 mod dedupe;
+mod dispatch;
 mod downstream;
 mod ed25519_providers;
 mod export;

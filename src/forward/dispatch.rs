@@ -1,0 +1,381 @@
+//! The dispatcher's core, whatever the transport: take due rows lane by lane, start each when
+//! its lane's pace allows, hand it over within the target's timeout, judge the outcome, and
+//! record outcomes in batches.
+//!
+//! One task takes rows; each taken row is a task of its own (pace → hand-off → outcome); one
+//! more task commits the outcomes: whatever has ended while the last batch was being written
+//! goes in the next, in one transaction, so the batches grow with the load and a lone outcome
+//! waits for nothing. The taker sleeps until a claim commits, an attempt starts or ends, a
+//! batch of outcomes commits (an ordered lane's next row may be taken), a retry of its own
+//! comes due, or the poll (rows queued or released by other instances).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::time::Instant;
+
+use super::lane::Lane;
+use super::transport::{Handoff, Transport, Transports};
+use super::{Outbox, Wake};
+use crate::db::deliveries::{Due, Settle, Settled};
+use crate::metrics::ForwardResult;
+use crate::retry;
+
+/// How often the outbox is looked at when nothing wakes the dispatcher: rows claimed by another
+/// instance, or released by one (an ordered lane's head delivered there), are picked up within
+/// this.
+const POLL_EVERY: Duration = Duration::from_millis(250);
+
+/// How often the outbox gauges are recounted.
+const GAUGES_EVERY: Duration = Duration::from_secs(5);
+
+/// The first retry waits about this long; each further one about twice the last.
+const BACKOFF_BASE: Duration = Duration::from_secs(1);
+
+/// No retry waits longer than this, whatever the backoff or `Retry-After` says.
+const BACKOFF_CAP: Duration = Duration::from_secs(3600);
+
+/// What one thread's attempts go through: each lane's transport (built on this thread).
+pub struct Runner {
+    outbox: Outbox,
+    transports: Vec<Rc<dyn Transport>>,
+}
+
+impl Runner {
+    /// The runner of `outbox`'s lanes, on this thread.
+    pub fn new(outbox: &Outbox) -> Runner {
+        let transports = Transports::new(outbox.lanes.iter().map(|lane| &lane.target));
+        Runner {
+            outbox: outbox.clone(),
+            transports: outbox
+                .lanes
+                .iter()
+                .map(|lane| transports.for_target(&lane.target))
+                .collect(),
+        }
+    }
+
+    /// Takes what every lane has room for; each row comes with its lane's index.
+    pub async fn take(&self) -> Vec<(usize, Due)> {
+        let reserved: Vec<(usize, usize, crate::db::deliveries::Want)> = self
+            .outbox
+            .lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, lane)| {
+                lane.reserve()
+                    .map(|want| (i, usize::try_from(want.limit).unwrap_or(0), want))
+            })
+            .collect();
+        if reserved.is_empty() {
+            return Vec::new();
+        }
+        let wants: Vec<_> = reserved.iter().map(|(_, _, want)| want.clone()).collect();
+        let due = self.outbox.take(wants).await;
+        let mut by_lane: Vec<(usize, Due)> = Vec::with_capacity(due.len());
+        for due in due {
+            match self.outbox.lane_of(&due.source, &due.target) {
+                Some(i) => by_lane.push((i, due)),
+                // Only configured lanes are asked for, so this cannot come back; were it to,
+                // the row's lease runs out and it waits for its target again.
+                None => tracing::error!(
+                    source = %due.source, target = %due.target,
+                    "the outbox gave a row of a lane not asked for"
+                ),
+            }
+        }
+        for (i, reserved, _) in &reserved {
+            let taken = by_lane.iter().filter(|(lane, _)| lane == i).count();
+            self.outbox.lanes[*i].taken(*reserved, taken);
+        }
+        by_lane
+    }
+
+    /// One attempt of a taken row: waits for its turn, hands it over, judges the outcome, and
+    /// counts it. `started` is told when it starts (a paced lane has room again).
+    pub async fn attempt(&self, lane: usize, due: Due, started: &Wake) -> Settled {
+        let transport = self.transports[lane].clone();
+        let lane = &self.outbox.lanes[lane];
+        lane.start().await;
+        if lane.paced() {
+            started.poke();
+        }
+        let outcome = attempt(&self.outbox, lane, &*transport, &due).await;
+        lane.finished();
+        Settled {
+            id: due.id,
+            attempt: due.attempt,
+            outcome,
+        }
+    }
+}
+
+/// Sends one attempt within the target's timeout, judges it, logs it and counts it.
+// At ERROR level, so that its fields are on every line whatever level `RUST_LOG` lets through.
+#[tracing::instrument(
+    name = "forward",
+    level = "error",
+    skip_all,
+    fields(source = %due.source, target = %due.target, event.id = %due.event_id, attempt = due.attempt)
+)]
+async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &Due) -> Settle {
+    let config = &lane.target.config;
+    let started = std::time::Instant::now();
+    let handoff = match tokio::time::timeout(config.timeout, transport.hand_off(due)).await {
+        Ok(handoff) => handoff,
+        Err(_) => Handoff::Failed {
+            status: None,
+            error: format!(
+                "no answer within {}",
+                humantime::format_duration(config.timeout)
+            ),
+            retry_after: None,
+        },
+    };
+    let outcome = settle_of(handoff, due.attempt, config.max_attempts);
+    let elapsed = started.elapsed();
+    let result = match &outcome {
+        Settle::Delivered { status } => {
+            tracing::info!(
+                status,
+                duration_ms = elapsed.as_millis() as u64,
+                "forwarded"
+            );
+            ForwardResult::Delivered
+        }
+        Settle::Retry { error, after, .. } => {
+            tracing::warn!(
+                error = %error,
+                retry_in_ms = after.as_millis() as u64,
+                "forward attempt failed; will retry"
+            );
+            ForwardResult::Retried
+        }
+        Settle::Dead { error, .. } => {
+            tracing::error!(error = %error, "forward gave up; the delivery is dead-lettered");
+            ForwardResult::Dead
+        }
+    };
+    outbox
+        .metrics
+        .record_forward(&due.source, &due.target, result, elapsed);
+    if result == ForwardResult::Delivered {
+        let lag_micros = Utc::now().timestamp_micros() - due.queued_at_micros;
+        outbox.metrics.record_lag(
+            &due.source,
+            &due.target,
+            Duration::from_micros(u64::try_from(lag_micros).unwrap_or(0)),
+        );
+    }
+    outcome
+}
+
+/// The row's next state after a hand-off: a failure is retried after the backoff (and never
+/// sooner than the target asked), unless it was the last allowed attempt.
+fn settle_of(handoff: Handoff, attempt: i32, max_attempts: u32) -> Settle {
+    let last = attempt >= i32::try_from(max_attempts).unwrap_or(i32::MAX);
+    match handoff {
+        Handoff::Accepted { status } => Settle::Delivered { status },
+        Handoff::Refused { status, error } => Settle::Dead { status, error },
+        Handoff::Failed { status, error, .. } if last => Settle::Dead {
+            status,
+            error: format!("{error}; gave up after {attempt} attempts"),
+        },
+        Handoff::Failed {
+            status,
+            error,
+            retry_after,
+        } => Settle::Retry {
+            status,
+            error,
+            after: backoff(attempt)
+                .max(retry_after.unwrap_or_default())
+                .min(BACKOFF_CAP),
+        },
+    }
+}
+
+/// The wait before retry `attempt` of a delivery.
+fn backoff(attempt: i32) -> Duration {
+    retry::backoff(
+        BACKOFF_BASE,
+        BACKOFF_CAP,
+        u32::try_from(attempt).unwrap_or(0),
+    )
+}
+
+/// Outcomes waiting to be committed, and when the earliest retry this process scheduled
+/// comes due.
+#[derive(Default)]
+struct Outcomes {
+    ended: RefCell<Vec<(usize, Settled)>>,
+    ready: tokio::sync::Notify,
+    next_retry: Cell<Option<Instant>>,
+}
+
+/// The dispatcher: runs until `wake` says stop.
+pub async fn run(outbox: Outbox, wake: Wake) {
+    let runner = Rc::new(Runner::new(&outbox));
+    let outcomes = Rc::new(Outcomes::default());
+    actix_web::rt::spawn(record(outbox.clone(), outcomes.clone(), wake.clone()));
+    let mut gauges_at = Instant::now();
+    while !wake.stopping() {
+        for (lane, due) in runner.take().await {
+            let (runner, outcomes, wake) = (runner.clone(), outcomes.clone(), wake.clone());
+            actix_web::rt::spawn(async move {
+                let settled = runner.attempt(lane, due, &wake).await;
+                outcomes.ended.borrow_mut().push((lane, settled));
+                outcomes.ready.notify_one();
+            });
+        }
+        if gauges_at.elapsed() >= GAUGES_EVERY {
+            gauges_at = Instant::now();
+            outbox.refresh_gauges().await;
+        }
+        let mut wait_until = Instant::now() + POLL_EVERY;
+        if let Some(retry) = outcomes.next_retry.get() {
+            if retry <= Instant::now() {
+                outcomes.next_retry.set(None);
+            } else {
+                wait_until = wait_until.min(retry);
+            }
+        }
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep_until(wait_until) => {}
+        }
+    }
+    // Attempts under way finish and their outcomes are recorded by `record`.
+    outcomes.ready.notify_one();
+    tracing::info!("forward dispatcher stopped");
+}
+
+/// Commits outcomes in batches: whatever ended while the last batch was written goes in the
+/// next. Ends once the dispatcher stops and no taken row is left unsettled.
+async fn record(outbox: Outbox, outcomes: Rc<Outcomes>, wake: Wake) {
+    loop {
+        let batch: Vec<(usize, Settled)> = outcomes.ended.take();
+        if batch.is_empty() {
+            let left: usize = outbox.lanes.iter().map(|lane| lane.unsettled()).sum();
+            if wake.stopping() && left == 0 {
+                return;
+            }
+            // While stopping, look again now and then: the last attempts may end without a
+            // batch to wake this.
+            tokio::select! {
+                _ = outcomes.ready.notified() => {}
+                _ = tokio::time::sleep(POLL_EVERY), if wake.stopping() => {}
+            }
+            continue;
+        }
+        let rows: Vec<Settled> = batch.iter().map(|(_, s)| s.clone()).collect();
+        if outbox.settle(rows).await {
+            for (_, settled) in &batch {
+                if let Settle::Retry { after, .. } = &settled.outcome {
+                    let due = Instant::now() + *after;
+                    let next = outcomes.next_retry.get().map_or(due, |n| n.min(due));
+                    outcomes.next_retry.set(Some(next));
+                }
+            }
+        }
+        let mut per_lane: HashMap<usize, usize> = HashMap::new();
+        for (lane, _) in &batch {
+            *per_lane.entry(*lane).or_default() += 1;
+        }
+        for (lane, n) in per_lane {
+            outbox.lanes[lane].settled(n);
+        }
+        wake.poke();
+    }
+}
+
+/// Runs one pass on this thread: takes what is due, sends it, commits the outcomes in one
+/// batch, and returns how many rows were sent.
+pub async fn pass(outbox: &Outbox) -> usize {
+    let runner = Runner::new(outbox);
+    let due = runner.take().await;
+    let sent = due.len();
+    let quiet = Wake::default();
+    let settled = futures_util::future::join_all(due.into_iter().map(|(lane, due)| {
+        let (runner, quiet) = (&runner, &quiet);
+        async move { (lane, runner.attempt(lane, due, quiet).await) }
+    }))
+    .await;
+    let rows: Vec<Settled> = settled.iter().map(|(_, s)| s.clone()).collect();
+    outbox.settle(rows).await;
+    for (lane, _) in &settled {
+        outbox.lanes[*lane].settled(1);
+    }
+    sent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(retry_after: Option<Duration>) -> Handoff {
+        Handoff::Failed {
+            status: Some(503),
+            error: "the downstream answered 503".to_owned(),
+            retry_after,
+        }
+    }
+
+    #[test]
+    fn a_failure_is_retried_after_the_backoff_and_never_sooner_than_asked() {
+        let Settle::Retry { after, status, .. } = settle_of(failed(None), 1, 12) else {
+            panic!("a 503 is retried");
+        };
+        assert_eq!(status, Some(503));
+        assert!(after <= BACKOFF_BASE, "{after:?}");
+        let Settle::Retry { after, .. } = settle_of(failed(Some(Duration::from_secs(30))), 1, 12)
+        else {
+            panic!("a 503 is retried");
+        };
+        assert!(after >= Duration::from_secs(30));
+        let Settle::Retry { after, .. } =
+            settle_of(failed(Some(Duration::from_secs(86_400))), 1, 12)
+        else {
+            panic!("a 503 is retried");
+        };
+        assert_eq!(after, BACKOFF_CAP);
+    }
+
+    #[test]
+    fn the_last_allowed_attempt_is_dead_not_retried() {
+        assert!(matches!(
+            settle_of(failed(None), 2, 3),
+            Settle::Retry { .. }
+        ));
+        let Settle::Dead { status, error } = settle_of(failed(None), 3, 3) else {
+            panic!("out of attempts");
+        };
+        assert_eq!(status, Some(503));
+        assert!(error.ends_with("gave up after 3 attempts"), "{error}");
+    }
+
+    #[test]
+    fn accepted_is_delivered_and_refused_is_dead_at_once() {
+        assert_eq!(
+            settle_of(Handoff::Accepted { status: Some(204) }, 1, 1),
+            Settle::Delivered { status: Some(204) }
+        );
+        assert!(matches!(
+            settle_of(
+                Handoff::Refused {
+                    status: Some(410),
+                    error: "gone".to_owned()
+                },
+                1,
+                12
+            ),
+            Settle::Dead {
+                status: Some(410),
+                ..
+            }
+        ));
+    }
+}

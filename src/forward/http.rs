@@ -1,0 +1,168 @@
+//! The HTTP transport: a `POST` of the original body, signed the Standard Webhooks way with
+//! the target's secret, over the dispatcher's shared, kept-alive client.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use actix_web::http::header::HeaderValue;
+use futures_util::future::LocalBoxFuture;
+
+use super::transport::{hookbox_headers, idempotency_key, Handoff, Transport};
+use super::Target;
+use crate::db::deliveries::Due;
+use crate::providers::Provider;
+use crate::retry;
+
+/// The most of an answer's body read (and dropped), so the connection can be reused.
+const ANSWER_LIMIT: usize = 64 * 1024;
+
+/// An `http://` or `https://` target.
+pub struct Http {
+    client: awc::Client,
+    target: Arc<Target>,
+}
+
+impl Http {
+    /// The transport of `target`, over `client`.
+    pub fn new(client: awc::Client, target: Arc<Target>) -> Http {
+        Http { client, target }
+    }
+
+    async fn post(&self, due: &Due) -> Handoff {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let mut request = self.client.post(&self.target.config.url);
+        for (name, value) in headers(&self.target, due, now) {
+            // An id may hold non-ASCII characters: sent as raw bytes, as HTTP allows.
+            match HeaderValue::from_bytes(value.as_bytes()) {
+                Ok(value) => request = request.insert_header((name, value)),
+                Err(_) => {
+                    return Handoff::Refused {
+                        status: None,
+                        error: format!("the {name} header cannot carry this event's value"),
+                    }
+                }
+            }
+        }
+        let mut response = match request.send_body(due.payload.clone()).await {
+            Ok(response) => response,
+            Err(e) => {
+                return Handoff::Failed {
+                    status: None,
+                    error: format!("cannot reach the downstream: {e}"),
+                    retry_after: None,
+                }
+            }
+        };
+        // Read (and drop) the body so the connection can be reused.
+        let _ = response.body().limit(ANSWER_LIMIT).await;
+        judge(
+            response.status().as_u16(),
+            response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()),
+        )
+    }
+}
+
+impl Transport for Http {
+    fn hand_off<'a>(&'a self, due: &'a Due) -> LocalBoxFuture<'a, Handoff> {
+        Box::pin(self.post(due))
+    }
+}
+
+/// The headers of one attempt: the stable key, the Standard Webhooks signature, the original
+/// `Content-Type`, and the event's identity.
+fn headers(target: &Target, due: &Due, now: i64) -> Vec<(String, String)> {
+    let key = idempotency_key(due);
+    let mut headers = target.signer.sign(&due.payload, now, &key, None);
+    headers.push(("Idempotency-Key".to_owned(), key));
+    headers.push((
+        "Content-Type".to_owned(),
+        due.content_type
+            .clone()
+            .unwrap_or_else(|| "application/json".to_owned()),
+    ));
+    headers.extend(
+        hookbox_headers(due)
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value)),
+    );
+    headers
+}
+
+/// What an HTTP answer means for the delivery.
+fn judge(status: u16, retry_after: Option<&str>) -> Handoff {
+    match status {
+        200..=299 => Handoff::Accepted {
+            status: Some(status),
+        },
+        410 => Handoff::Refused {
+            status: Some(status),
+            error: "the downstream answered 410 Gone; not retried".to_owned(),
+        },
+        429 | 500..=599 => Handoff::Failed {
+            status: Some(status),
+            error: format!("the downstream answered {status}"),
+            retry_after: retry_after.and_then(|v| retry::retry_after(v, SystemTime::now())),
+        },
+        _ => Handoff::Refused {
+            status: Some(status),
+            error: format!("the downstream answered {status}; not retried"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn answers_are_judged_as_the_contract_says() {
+        assert_eq!(judge(204, None), Handoff::Accepted { status: Some(204) });
+        assert!(matches!(
+            judge(410, None),
+            Handoff::Refused {
+                status: Some(410),
+                ..
+            }
+        ));
+        assert!(matches!(
+            judge(404, None),
+            Handoff::Refused {
+                status: Some(404),
+                ..
+            }
+        ));
+        assert!(matches!(judge(302, None), Handoff::Refused { .. }));
+        assert!(matches!(
+            judge(503, None),
+            Handoff::Failed {
+                status: Some(503),
+                retry_after: None,
+                ..
+            }
+        ));
+        assert!(matches!(judge(429, None), Handoff::Failed { .. }));
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds_or_as_a_date() {
+        let Handoff::Failed { retry_after, .. } = judge(503, Some("30")) else {
+            panic!("503 is retried");
+        };
+        assert_eq!(retry_after, Some(Duration::from_secs(30)));
+        let Handoff::Failed { retry_after, .. } = judge(429, Some("Wed, 21 Oct 2015 07:28:00 GMT"))
+        else {
+            panic!("429 is retried");
+        };
+        assert_eq!(
+            retry_after,
+            Some(Duration::ZERO),
+            "a date in the past asks no wait"
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! How an attempt reaches its target: the one part of forwarding that differs by the target's
+//! `url` scheme.
+//!
+//! The dispatcher (`dispatch.rs`) takes rows, paces them, bounds them per target, applies the
+//! target's timeout, turns each [`Handoff`] into the row's next state (retry with backoff, dead
+//! after `max_attempts`) and records it. A transport only hands one message over and says how
+//! that went. HTTP ([`super::http::Http`]) is the one transport today; another (an event bus)
+//! is a type implementing [`Transport`] and one arm in [`Transports::for_target`].
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::LocalBoxFuture;
+
+use super::http::Http;
+use super::Target;
+use crate::db::deliveries::Due;
+
+/// How one hand-off went, in the transport's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handoff {
+    /// The target took it (HTTP 2xx; a publish acknowledgement): delivered.
+    Accepted {
+        /// The target's status, where the transport has one.
+        status: Option<u16>,
+    },
+    /// Not taken this time, and worth another attempt (5xx, 429, a lost connection): retried
+    /// after the backoff, and never sooner than `retry_after`.
+    Failed {
+        /// The target's status, where it answered.
+        status: Option<u16>,
+        /// What went wrong, in a sentence.
+        error: String,
+        /// The least wait the target asked for (`Retry-After`).
+        retry_after: Option<Duration>,
+    },
+    /// Refused for good (410, another 4xx): dead at once.
+    Refused {
+        /// The target's status, where it answered.
+        status: Option<u16>,
+        /// What went wrong, in a sentence.
+        error: String,
+    },
+}
+
+/// Hands a taken delivery to its target.
+///
+/// A transport lives on the dispatcher's thread (the futures need not be `Send`), is built
+/// once per target, and is called for any number of attempts at once, up to the target's
+/// `concurrency`. The dispatcher bounds each call by the target's `timeout` (a call still
+/// running then is dropped and retried), so a transport need not time itself out.
+pub trait Transport {
+    /// Hands `due` over once and says how it went. Never panics on what the target answers.
+    fn hand_off<'a>(&'a self, due: &'a Due) -> LocalBoxFuture<'a, Handoff>;
+}
+
+/// The value of `Idempotency-Key` (and `webhook-id`): the same on every attempt to every
+/// target, so a receiver that honours it sees the effect once.
+pub fn idempotency_key(due: &Due) -> String {
+    format!("{}:{}", due.source, due.event_id)
+}
+
+/// The `X-Hookbox-*` values every transport carries (as headers, where it has them).
+pub fn hookbox_headers(due: &Due) -> Vec<(&'static str, String)> {
+    let mut headers = vec![
+        ("X-Hookbox-Source", due.source.clone()),
+        ("X-Hookbox-Target", due.target.clone()),
+        ("X-Hookbox-Event-Id", due.event_id.clone()),
+        ("X-Hookbox-Attempt", due.attempt.to_string()),
+    ];
+    if let Some(event_type) = &due.event_type {
+        headers.push(("X-Hookbox-Event-Type", event_type.clone()));
+    }
+    headers
+}
+
+/// Builds each target's transport, sharing what targets can share: one HTTP client, whose
+/// pool keeps connections alive and holds enough of them for every target's `concurrency`.
+/// One per dispatcher thread (awc's client belongs to the thread that made it).
+pub struct Transports {
+    http: awc::Client,
+}
+
+impl Transports {
+    /// The transports of `targets`.
+    pub fn new<'a>(targets: impl IntoIterator<Item = &'a Arc<Target>>) -> Transports {
+        let connections: usize = targets
+            .into_iter()
+            .map(|t| t.config.concurrency as usize)
+            .sum();
+        let connector = awc::Connector::new()
+            // awc's default is 100 in all; each target may want its `concurrency` at once.
+            .limit(connections.max(100));
+        let http = awc::Client::builder()
+            .connector(connector)
+            .disable_redirects()
+            // The dispatcher bounds each attempt by its target's own timeout.
+            .disable_timeout()
+            .finish();
+        Transports { http }
+    }
+
+    /// The transport of `target`, by its URL's scheme.
+    pub fn for_target(&self, target: &Arc<Target>) -> Rc<dyn Transport> {
+        Rc::new(Http::new(self.http.clone(), target.clone()))
+    }
+}
