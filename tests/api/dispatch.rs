@@ -71,3 +71,46 @@ async fn a_target_with_concurrency_two_never_has_more_than_two_requests_in_fligh
         "two at once, and never more, with 20 waiting"
     );
 }
+
+#[actix_web::test]
+async fn a_target_with_rate_twenty_per_second_gets_a_hundred_events_over_five_seconds() {
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let app = TestApp::spawn_with(
+        &target("paced", &downstream.url, "rate = \"20/s\""),
+        Handlers::default(),
+    )
+    .await;
+    let ids = ids(100);
+    send_all(&app.address, &app.config, &ids, 25).await;
+    // Stored far faster than 20/s: the pace, not the intake, is what holds the rest back.
+    let arrived_while_storing = downstream.received().len();
+    assert!(
+        arrived_while_storing < 80,
+        "{arrived_while_storing} of 100 already arrived while they were being stored"
+    );
+    poll_until(
+        "every event reached the sink",
+        Duration::from_secs(60),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+
+    let mut starts: Vec<_> = downstream.received().iter().map(|r| r.at).collect();
+    starts.sort();
+    assert_eq!(starts.len(), 100, "one attempt each");
+    let took = starts[99] - starts[0];
+    assert!(
+        took >= Duration::from_millis(4500),
+        "100 attempts in {took:?}"
+    );
+    for (i, start) in starts.iter().enumerate() {
+        let in_window = starts[i..]
+            .iter()
+            .take_while(|at| **at - *start < Duration::from_secs(1))
+            .count();
+        assert!(
+            in_window <= 21,
+            "{in_window} attempts started in the second from attempt {i}"
+        );
+    }
+}
