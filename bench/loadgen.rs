@@ -7,7 +7,8 @@
 //! cargo run --release --example loadgen -- --to http://127.0.0.1:8080 --secret whsec_... \
 //!     --connections 32 --seconds 10 [--mode fresh|replay|mixed] [--rate N] [--while-pid PID]
 //! cargo run --release --example loadgen -- --to http://127.0.0.1:8080 --config hookbox.toml \
-//!     --source square --connections 32 --prebuilt 20000 [--serve-cert 127.0.0.1:PORT]
+//!     --source square --connections 32 --prebuilt 20000 [--serve-cert 127.0.0.1:PORT] \
+//!     [--key FILE]
 //! ```
 //!
 //! `--source NAME` without `--config` sends Stripe deliveries to `/webhooks/NAME` (a source of
@@ -18,11 +19,16 @@
 //! library code as `hookbox send` (`hookbox::replay::signing`): headers, a query on the URL, or
 //! a rewritten body (Braintree's form) as the provider sends them. Bodies are about 1.5 KB:
 //! Stripe, PayPal and Square events, a Braintree notification, or a Stripe-shaped event for any
-//! other scheme; for Adyen, a batch of ten items (about 3 KB), each an event of its own.
+//! other scheme; for Adyen, a batch of ten items (about 3 KB), each an event of its own; for
+//! SendGrid, a batch of one event (about 1.5 KB), so its row weighs the ECDSA check against
+//! Stripe's HMAC one delivery for one.
 //!
 //! `--serve-cert ADDR` (PayPal): makes an RSA key and a self-signed certificate for this run,
 //! serves the certificate on `http://ADDR/certs/bench-<run>.pem`, and signs with that key and
 //! URL; the source's `cert_urls` must allow `http://ADDR/certs/`.
+//!
+//! `--key FILE`: the PEM private key a scheme that signs with one takes (`sendgrid`: P-256),
+//! as `hookbox send --key` does; the source's `public_keys` must hold its public half.
 //!
 //! `fresh`: every request is a new event (a distinct id, signed with a fresh timestamp).
 //! `replay`: every request is one of 256 events stored first. `mixed`: of every ten requests,
@@ -74,6 +80,7 @@ struct Args {
     serve_cert: Option<String>,
     prebuilt: Option<usize>,
     stamp_ids: bool,
+    key: Option<String>,
 }
 
 fn parse_args() -> Args {
@@ -92,6 +99,7 @@ fn parse_args() -> Args {
         serve_cert: None,
         prebuilt: None,
         stamp_ids: false,
+        key: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -112,6 +120,7 @@ fn parse_args() -> Args {
             "--config" => args.config = Some(value),
             "--serve-cert" => args.serve_cert = Some(value),
             "--prebuilt" => args.prebuilt = Some(value.parse().expect("--prebuilt N")),
+            "--key" => args.key = Some(value),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -171,6 +180,10 @@ fn body(scheme: &str, id: &str) -> String {
                 items.join(",")
             )
         }
+        // One event, as SendGrid posts it: a JSON array ending in CRLF.
+        "sendgrid" => format!(
+            "[{{\"email\":\"ada@example.com\",\"timestamp\":1764669600,\"smtp-id\":\"<{id}@geopod-ismtpd-3>\",\"event\":\"delivered\",\"category\":[\"receipts\"],\"sg_event_id\":\"{id}\",\"sg_message_id\":\"{id}.recvd-7b5d8c6f4-x2kqp-1-6921E6DE-3.0\",\"response\":\"250 2.0.0 OK {padding}\",\"tls\":1,\"ip\":\"149.72.154.232\"}}]\r\n"
+        ),
         // Base64 and the form encoding make the ~1.1 KB notification about 1.5 KB on the wire.
         "braintree" => format!(
             "<notification>\n  <timestamp type=\"datetime\">2026-12-02T10:00:00Z</timestamp>\n  \
@@ -283,6 +296,10 @@ async fn serve_cert(listener: TcpListener, pem: String) {
 /// any.
 fn signer(args: &Args, run: &str) -> (Verifier, Option<(std::net::TcpListener, String)>) {
     let mut signing = Signing::default();
+    if let Some(path) = &args.key {
+        let pem = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("--key {path}: {e}"));
+        signing.key_pem = Some(Secret::new(pem));
+    }
     let mut cert = None;
     if let Some(address) = &args.serve_cert {
         let (key_pem, cert_pem) = paypal_key();

@@ -3,8 +3,9 @@
 # running the SQL hookbox runs per new event and per replay, then a release `hookbox serve`
 # taking fresh and replayed Stripe deliveries at 1, 8, 32 and 128 connections, then fresh
 # deliveries of each representative scheme (PayPal RSA, Square, Braintree form, an Adyen batch of
-# ten items) beside Stripe's, at 32 connections, each with its ratio to Stripe's in the same
-# step (deliveries a second: an Adyen delivery is ten events). SQLite: the same Stripe
+# ten items, SendGrid's ECDSA P-256 over a batch of one event) beside Stripe's, at 32
+# connections, each with its ratio to Stripe's in the same step (deliveries a second: an Adyen
+# delivery is ten events). SQLite: the same Stripe
 # deliveries against a release `hookbox serve` on a fresh SQLite file in the work directory,
 # with a floor from the sqlite3 CLI when it is installed (the same INSERT and SELECT, in WAL
 # mode with synchronous=FULL; none otherwise, and the table says so). Prints throughput,
@@ -29,6 +30,10 @@ BENCH_NAME=run
 # The loadgen serves PayPal's certificate here for the paypal rows: below both the server's
 # port range and the ephemeral ports the load generator's own connections take.
 cert_port=$((10000 + $$ % 10000))
+# SendGrid's rows sign with a P-256 key made for this run; the source lists its public half, as
+# SendGrid's dashboard shows it (base64 DER).
+openssl ecparam -name prime256v1 -genkey -noout -out "$work/sendgrid.pem" 2>/dev/null
+sendgrid_key=$(openssl ec -in "$work/sendgrid.pem" -pubout -outform DER 2>/dev/null | base64 -w0)
 # The server's config, the same on both stores but for the database URL. The loadgen signs
 # each source's deliveries from this same file, as `hookbox send --config` does.
 config_for() {
@@ -56,6 +61,9 @@ public_key = "btbenchpublickey"
 [sources.adyen]
 scheme = "adyen"
 secrets = ["44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"]
+[sources.sendgrid]
+scheme = "sendgrid"
+public_keys = ["$sendgrid_key"]
 TOML
 }
 config_for "$db_url" > "$work/hookbox.toml"
@@ -110,12 +118,13 @@ deliveries() {
 # SCHEME_CONNECTIONS, Stripe's first, each signed by the provider's signing code in the library
 # from the server's own config; each row's ratio is to Stripe's row of this step.
 schemes() {
-  local store=$1 source out rps stripe_rps="" cert
-  for source in stripe paypal square braintree adyen; do
-    cert=()
-    [ "$source" = paypal ] && cert=(--serve-cert "127.0.0.1:$cert_port")
+  local store=$1 source out rps stripe_rps="" signing
+  for source in stripe paypal square braintree adyen sendgrid; do
+    signing=()
+    [ "$source" = paypal ] && signing=(--serve-cert "127.0.0.1:$cert_port")
+    [ "$source" = sendgrid ] && signing=(--key "$work/sendgrid.pem")
     out=$("$loadgen" --to "http://127.0.0.1:$port" --config "$work/hookbox.toml" --source "$source" \
-      --connections "$SCHEME_CONNECTIONS" --prebuilt "$SCHEME_REQUESTS" ${cert[@]+"${cert[@]}"})
+      --connections "$SCHEME_CONNECTIONS" --prebuilt "$SCHEME_REQUESTS" ${signing[@]+"${signing[@]}"})
     rps=$(echo "$out" | field rps)
     [ -n "$stripe_rps" ] || stripe_rps=$rps
     printf '%-8s %-9s %5s %9.0f %9s %9s %7s %8s\n' "$store" "$source" "$SCHEME_CONNECTIONS" "$rps" \
