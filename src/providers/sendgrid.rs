@@ -17,7 +17,7 @@ use base64::Engine;
 use futures_util::future::LocalBoxFuture;
 use p256::ecdsa::signature::{MultipartSigner, MultipartVerifier};
 use p256::ecdsa::{DerSignature, Signature, SigningKey, VerifyingKey};
-use p256::pkcs8::{DecodePrivateKey, DecodePublicKey};
+use p256::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -71,6 +71,9 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
         None => Vec::new(),
     };
     let signer = settings.signing.map(signing_key).transpose()?;
+    if let Some(signer) = &signer {
+        trusted(signer, &keys)?;
+    }
     if keys.is_empty() && signer.is_none() {
         return Err(ProviderError::at(
             "public_keys",
@@ -129,6 +132,26 @@ fn signing_key(signing: &Signing) -> Result<SigningKey, ProviderError> {
                  PRIVATE KEY`)",
             )
         })
+}
+
+/// Refuses a `--key` whose public half is not among the source's public keys (when it has
+/// any): the receiver would refuse every delivery it signs.
+fn trusted(signer: &SigningKey, keys: &[VerifyingKey]) -> Result<(), ProviderError> {
+    let public = signer.verifying_key();
+    if keys.is_empty() || keys.contains(public) {
+        return Ok(());
+    }
+    let shown = public
+        .to_public_key_der()
+        .map(|der| base64::engine::general_purpose::STANDARD.encode(der.as_bytes()))
+        .unwrap_or_default();
+    Err(ProviderError::at(
+        "--key",
+        format!(
+            "its public key {shown} is not among the source's public_keys, so the receiver \
+             would refuse everything it signs: sign with a key the source trusts, or add this one"
+        ),
+    ))
 }
 
 /// An event's id and type: `sg_event_id` and `event`.
@@ -273,7 +296,7 @@ impl Provider for SendGrid {
 
 #[cfg(test)]
 mod tests {
-    use p256::elliptic_curve::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
+    use p256::elliptic_curve::pkcs8::{EncodePrivateKey, LineEnding};
 
     use super::super::tests::headers;
     use super::super::{Registry, Scheme};
@@ -587,6 +610,28 @@ mod tests {
         assert!(receiver(&[&key(1)])
             .sign(body.as_bytes(), NOW, "", None)
             .is_empty());
+    }
+
+    #[test]
+    fn a_key_the_source_does_not_list_is_refused_naming_its_public_half() {
+        let pem = key(3).to_pkcs8_pem(LineEnding::LF).expect("pem");
+        let signing = Signing {
+            key_pem: Some(Secret::new(pem.as_str())),
+            cert_url: None,
+        };
+        let listed = |keys: &[&SigningKey]| {
+            let list: Vec<String> = keys.iter().map(|k| format!("{:?}", shown(k))).collect();
+            scheme(&format!("public_keys = [{}]", list.join(", "))).build_signer(
+                &[],
+                Duration::ZERO,
+                &signing,
+            )
+        };
+        let error = listed(&[&key(1), &key(2)]).expect_err("not listed");
+        assert_eq!(error.key, "--key");
+        assert!(error.problem.contains(&shown(&key(3))), "{error}");
+        assert!(!error.problem.contains("PRIVATE"), "{error}");
+        assert!(listed(&[&key(1), &key(3)]).is_ok());
     }
 
     #[test]

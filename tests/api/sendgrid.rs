@@ -475,6 +475,20 @@ async fn send_and_replay_sign_with_a_p256_key_file_and_name_a_missing_one() {
     let (code, _, stderr) = run_hookbox_async(&args).await;
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--key"), "{stderr}");
+    let stranger_file = TempFile::new(
+        stranger()
+            .to_pkcs8_pem(LineEnding::LF)
+            .expect("PKCS#8")
+            .as_str(),
+    );
+    let args = run(&["--config", &config_path, "--key", &stranger_file.path()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, stderr) = run_hookbox_async(&args).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--key") && stderr.contains(&shown(&stranger())),
+        "{stderr}"
+    );
     let args = run(&["--config", &config_path, "--key", &config_path]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, _, stderr) = run_hookbox_async(&args).await;
