@@ -114,3 +114,92 @@ async fn a_target_with_rate_twenty_per_second_gets_a_hundred_events_over_five_se
         );
     }
 }
+
+/// A sink that answers 200 after a few milliseconds, except the first two attempts of
+/// `failing` (an idempotency key), which get 503.
+fn sink_failing_twice(failing: String) -> Downstream {
+    Downstream::start(move |key, earlier| {
+        if key == failing && earlier < 2 {
+            (503, Duration::ZERO)
+        } else {
+            (200, Duration::from_millis(5))
+        }
+    })
+}
+
+/// Asserts the sink got the events of `ids` one at a time and strictly in that order: the
+/// attempts in arrival order, repeats of one event run together, are `ids`; the 10th event
+/// took three attempts (two refused), every other one.
+fn assert_in_order(downstream: &Downstream, ids: &[String]) {
+    let mut received = downstream.received();
+    received.sort_by_key(|r| r.at);
+    let mut order: Vec<String> = Vec::new();
+    for r in &received {
+        let key = r.header("idempotency-key").to_owned();
+        if order.last() != Some(&key) {
+            order.push(key);
+        }
+    }
+    let expected: Vec<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
+    assert_eq!(order, expected, "the events in the order the sink got them");
+    let tenth = format!("stripe:{}", ids[9]);
+    assert_eq!(downstream.for_key(&tenth).len(), 3, "two 503s, then a 200");
+    assert_eq!(received.len(), ids.len() + 2, "every other event once");
+    assert_eq!(downstream.most_in_flight(), 1, "one at a time");
+}
+
+#[actix_web::test]
+async fn an_ordered_target_gets_events_in_received_order_and_a_retry_holds_back_the_rest() {
+    let ids = ids(100);
+    let downstream = sink_failing_twice(format!("stripe:{}", ids[9]));
+    let app = TestApp::spawn_with(
+        &target("ledger", &downstream.url, "ordered = true"),
+        Handlers::default(),
+    )
+    .await;
+    // One at a time, so each is received after the one before.
+    send_all(&app.address, &app.config, &ids, 1).await;
+    poll_until(
+        "every event reached the sink",
+        Duration::from_secs(60),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+    assert_in_order(&downstream, &ids);
+}
+
+#[actix_web::test]
+async fn an_ordered_target_gets_events_in_received_order_across_two_processes() {
+    let ids = ids(100);
+    let downstream = sink_failing_twice(format!("stripe:{}", ids[9]));
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &target("ledger", &downstream.url, "ordered = true"),
+    );
+    let config = parse_config(&text);
+    let one = Process::serve(&text);
+    let two = Process::serve(&text);
+    for (i, id) in ids.iter().enumerate() {
+        let address = if i % 2 == 0 {
+            &one.address
+        } else {
+            &two.address
+        };
+        send_all(address, &config, std::slice::from_ref(id), 1).await;
+    }
+    poll_until(
+        "every event reached the sink",
+        Duration::from_secs(60),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+    assert_in_order(&downstream, &ids);
+    let logs = format!("{}{}", one.log(), two.log());
+    for (n, process) in [&one, &two].iter().enumerate() {
+        assert!(
+            process.log().contains("forwarded"),
+            "process {n} forwarded none of them:\n{logs}"
+        );
+    }
+}
