@@ -203,3 +203,51 @@ async fn an_ordered_target_gets_events_in_received_order_across_two_processes() 
         );
     }
 }
+
+#[actix_web::test]
+async fn after_a_sigkill_with_hundreds_pending_on_two_targets_every_pair_arrives_with_its_key() {
+    // A slow sink, so most rows are still waiting when the process dies.
+    let downstream = Downstream::start(|_, _| (200, Duration::from_secs(2)));
+    let db = TestDb::create();
+    let targets = format!(
+        "{}{}",
+        target("billing", &downstream.url, "timeout = \"5s\""),
+        target("audit", &downstream.url, "timeout = \"5s\"")
+    );
+    let text = config_text(&db.url, &targets);
+    let config = parse_config(&text);
+    let mut first = Process::serve(&text);
+    let ids = ids(300);
+    send_all(&first.address, &config, &ids, 50).await;
+    poll_until("attempts are under way", Duration::from_secs(30), || {
+        downstream.received().len() >= 10
+    })
+    .await;
+    first.child.kill().expect("SIGKILL");
+    let _ = first.child.wait();
+    let pending = db.count("deliveries WHERE state = 'pending'");
+    assert!(pending >= 400, "only {pending} deliveries were pending");
+
+    downstream.behave(|_, _| (200, Duration::ZERO));
+    let _second = Process::serve(&text);
+    poll_until(
+        "every (event, target) pair reached the sink",
+        Duration::from_secs(90),
+        || {
+            all_delivered(&downstream, &ids, Some("billing"))
+                && all_delivered(&downstream, &ids, Some("audit"))
+        },
+    )
+    .await;
+    poll_until(
+        "every delivery is recorded delivered",
+        Duration::from_secs(30),
+        || db.count("deliveries WHERE state = 'delivered'") == 2 * ids.len() as i64,
+    )
+    .await;
+    for r in downstream.received() {
+        let key = format!("stripe:{}", r.header("x-hookbox-event-id"));
+        assert_eq!(r.header("idempotency-key"), key, "one key per event");
+        assert_eq!(r.header("webhook-id"), key);
+    }
+}
