@@ -7,7 +7,11 @@
 //! curl -s http://127.0.0.1:9000/reset    # start counting afresh
 //! ```
 //!
-//! A delivery is any request but `GET /stats` and `GET /reset`. It is counted once per
+//! A request whose path starts with `/hold` is never answered (its connection is held open
+//! until hookbox gives up on it): a target there keeps hookbox's attempts in flight and its
+//! dispatcher idle, so the claim's own cost shows.
+//!
+//! A delivery is any other request but `GET /stats` and `GET /reset`. It is counted once per
 //! (`X-Hookbox-Event-Id`, `X-Hookbox-Target`): `distinct` counts those pairs, `received` every
 //! request (the difference is what was sent twice). Where the event id ends in `_t<micros>`
 //! (the load generator's `--stamp-ids`: the Unix time in microseconds when the delivery was
@@ -115,6 +119,9 @@ async fn serve(mut stream: TcpStream, counts: Rc<RefCell<Counts>>) -> std::io::R
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             )
+        } else if request_line.split(' ').nth(1).is_some_and(|p| p.starts_with("/hold")) {
+            std::future::pending::<()>().await;
+            unreachable!("a held request is never answered")
         } else if request_line.starts_with("GET /reset ") {
             *counts.borrow_mut() = Counts::default();
             "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".to_owned()
