@@ -119,7 +119,11 @@ async fn serve(mut stream: TcpStream, counts: Rc<RefCell<Counts>>) -> std::io::R
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             )
-        } else if request_line.split(' ').nth(1).is_some_and(|p| p.starts_with("/hold")) {
+        } else if request_line
+            .split(' ')
+            .nth(1)
+            .is_some_and(|p| p.starts_with("/hold"))
+        {
             std::future::pending::<()>().await;
             unreachable!("a held request is never answered")
         } else if request_line.starts_with("GET /reset ") {
