@@ -27,8 +27,9 @@
 //! serves the certificate on `http://ADDR/certs/bench-<run>.pem`, and signs with that key and
 //! URL; the source's `cert_urls` must allow `http://ADDR/certs/`.
 //!
-//! `--key FILE`: the PEM private key a scheme that signs with one takes (`sendgrid`: P-256),
-//! as `hookbox send --key` does; the source's `public_keys` must hold its public half.
+//! `--key FILE`: the PEM private key a scheme that signs with one takes (`sendgrid`: P-256;
+//! `standard` with `public_keys`: Ed25519, signed as `v1a`), as `hookbox send --key` does; the
+//! source's `public_keys` must hold its public half.
 //!
 //! `fresh`: every request is a new event (a distinct id, signed with a fresh timestamp).
 //! `replay`: every request is one of 256 events stored first. `mixed`: of every ten requests,

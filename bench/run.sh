@@ -3,8 +3,8 @@
 # running the SQL hookbox runs per new event and per replay, then a release `hookbox serve`
 # taking fresh and replayed Stripe deliveries at 1, 8, 32 and 128 connections, then fresh
 # deliveries of each representative scheme (PayPal RSA, Square, Braintree form, an Adyen batch of
-# ten items, SendGrid's ECDSA P-256 over a batch of one event) beside Stripe's, at 32
-# connections, each with its ratio to Stripe's in the same step (deliveries a second: an Adyen
+# ten items, SendGrid's ECDSA P-256 over a batch of one event, Standard Webhooks' Ed25519 v1a)
+# beside Stripe's, at 32 connections, each with its ratio to Stripe's in the same step (deliveries a second: an Adyen
 # delivery is ten events). SQLite: the same Stripe
 # deliveries against a release `hookbox serve` on a fresh SQLite file in the work directory,
 # with a floor from the sqlite3 CLI when it is installed (the same INSERT and SELECT, in WAL
@@ -31,9 +31,12 @@ BENCH_NAME=run
 # port range and the ephemeral ports the load generator's own connections take.
 cert_port=$((10000 + $$ % 10000))
 # SendGrid's rows sign with a P-256 key made for this run; the source lists its public half, as
-# SendGrid's dashboard shows it (base64 DER).
+# SendGrid's dashboard shows it (base64 DER). The Standard Webhooks v1a rows sign with an
+# Ed25519 key made likewise; the source lists it as whpk_ + base64 of its 32 bytes.
 openssl ecparam -name prime256v1 -genkey -noout -out "$work/sendgrid.pem" 2>/dev/null
 sendgrid_key=$(openssl ec -in "$work/sendgrid.pem" -pubout -outform DER 2>/dev/null | base64 -w0)
+openssl genpkey -algorithm ed25519 -out "$work/v1a.pem" 2>/dev/null
+v1a_key=$(openssl pkey -in "$work/v1a.pem" -pubout -outform DER | tail -c 32 | base64 -w0)
 # The server's config, the same on both stores but for the database URL. The loadgen signs
 # each source's deliveries from this same file, as `hookbox send --config` does.
 config_for() {
@@ -64,6 +67,9 @@ secrets = ["44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"]
 [sources.sendgrid]
 scheme = "sendgrid"
 public_keys = ["$sendgrid_key"]
+[sources.standard]
+scheme = "standard"
+public_keys = ["whpk_$v1a_key"]
 TOML
 }
 config_for "$db_url" > "$work/hookbox.toml"
@@ -119,10 +125,11 @@ deliveries() {
 # from the server's own config; each row's ratio is to Stripe's row of this step.
 schemes() {
   local store=$1 source out rps stripe_rps="" signing
-  for source in stripe paypal square braintree adyen sendgrid; do
+  for source in stripe paypal square braintree adyen sendgrid standard; do
     signing=()
     [ "$source" = paypal ] && signing=(--serve-cert "127.0.0.1:$cert_port")
     [ "$source" = sendgrid ] && signing=(--key "$work/sendgrid.pem")
+    [ "$source" = standard ] && signing=(--key "$work/v1a.pem")
     out=$("$loadgen" --to "http://127.0.0.1:$port" --config "$work/hookbox.toml" --source "$source" \
       --connections "$SCHEME_CONNECTIONS" --prebuilt "$SCHEME_REQUESTS" ${signing[@]+"${signing[@]}"})
     rps=$(echo "$out" | field rps)
