@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::ids::SourceName;
+use crate::routing::{Kind, Template};
 use crate::secret::Secret;
 pub use crate::store::DatabaseConfig;
 use crate::store::Store;
@@ -98,8 +99,8 @@ pub struct SourceConfig {
 pub const DEFAULT_TARGET: &str = "default";
 
 /// A forward target: a downstream the source's stored events (those its `events` patterns
-/// match) are sent to.
-#[derive(Debug, Clone)]
+/// match) are sent to. Its `Debug` shows the URL with its password as `***`.
+#[derive(Clone)]
 pub struct ForwardConfig {
     /// Unique within the source: 1-64 of `[A-Za-z0-9_-]`. `default` for the single-table form.
     pub name: String,
@@ -111,14 +112,60 @@ pub struct ForwardConfig {
     pub concurrency: u32,
     /// One event at a time, in received order, across all processes sharing the database.
     pub ordered: bool,
-    /// `http://` or `https://` URL the events are POSTed to.
+    /// Where the events go (`url`, or the variable `url_env` names); its scheme picks the
+    /// [`Transport`]. It may hold a password: show it only through [`ForwardConfig::shown_url`].
     pub url: String,
     /// How long one attempt may take.
     pub timeout: Duration,
     /// Attempts before a delivery is dead-lettered.
     pub max_attempts: u32,
-    /// The Standard Webhooks secret (`whsec_...`) hookbox signs what it sends with.
-    pub secret: Secret,
+    /// How the events are handed over, with what that transport needs.
+    pub transport: Transport,
+}
+
+/// How a target's events are handed over, as its `url`'s scheme says.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// `http://`, `https://`: a POST, signed the Standard Webhooks way.
+    Http {
+        /// The Standard Webhooks secret (`whsec_...`) hookbox signs what it sends with.
+        secret: Secret,
+    },
+    /// `nats://`: a JetStream publish, acknowledged by the stream.
+    Nats {
+        /// The subject each event is published to.
+        subject: Template,
+    },
+    /// `amqp://`, `amqps://`: a persistent, mandatory publish, confirmed by the broker.
+    Amqp {
+        /// The exchange each event is published to.
+        exchange: Template,
+        /// Its routing key.
+        routing_key: Template,
+    },
+}
+
+impl ForwardConfig {
+    /// The URL as logs, errors and pages show it: its password (or NATS token) as `***`.
+    pub fn shown_url(&self) -> String {
+        crate::redact::target_url(&self.url)
+    }
+}
+
+impl fmt::Debug for ForwardConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ForwardConfig")
+            .field("name", &self.name)
+            .field("events", &self.events)
+            .field("rate", &self.rate)
+            .field("concurrency", &self.concurrency)
+            .field("ordered", &self.ordered)
+            .field("url", &self.shown_url())
+            .field("timeout", &self.timeout)
+            .field("max_attempts", &self.max_attempts)
+            .field("transport", &self.transport)
+            .finish()
+    }
 }
 
 impl ForwardConfig {
@@ -368,7 +415,7 @@ struct RawSource {
 
 /// `forward`: one table (the target `default`) or an array of tables (named targets).
 enum RawForwards {
-    One(RawForward),
+    One(Box<RawForward>),
     Many(Vec<RawForward>),
 }
 
@@ -385,7 +432,7 @@ impl<'de> Deserialize<'de> for RawForwards {
                 map: A,
             ) -> Result<RawForwards, A::Error> {
                 RawForward::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-                    .map(RawForwards::One)
+                    .map(|raw| RawForwards::One(Box::new(raw)))
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(
                 self,
@@ -433,7 +480,11 @@ impl RawForwards {
 #[serde(deny_unknown_fields)]
 struct RawForward {
     name: Option<String>,
-    url: String,
+    url: Option<String>,
+    url_env: Option<String>,
+    subject: Option<String>,
+    exchange: Option<String>,
+    routing_key: Option<String>,
     events: Option<Vec<String>>,
     rate: Option<String>,
     concurrency: Option<u32>,
@@ -493,16 +544,29 @@ impl RawForward {
                 "must be at least 1 (attempts in flight to this target at once)",
             ));
         }
-        let url = self.url.trim().to_owned();
-        let host = url
-            .strip_prefix("http://")
-            .or_else(|| url.strip_prefix("https://"));
-        if host.is_none_or(|host| host.is_empty() || host.starts_with('/')) {
-            return Err(ConfigError::at(
-                key("url"),
-                format!("{url:?} is not an http:// or https:// URL"),
-            ));
-        }
+        let url = match (self.url, self.url_env) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::at(
+                    key("url_env"),
+                    "give either url or url_env, not both",
+                ))
+            }
+            (Some(url), None) => url,
+            (None, Some(var)) => env.var(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
+                ConfigError::at(
+                    key("url_env"),
+                    format!("the environment variable {var} is not set"),
+                )
+            })?,
+            (None, None) => {
+                return Err(ConfigError::at(
+                    key("url"),
+                    "a forward target needs a url (http://, https://, nats://, amqp:// or \
+                     amqps://), or url_env naming a variable that holds one",
+                ))
+            }
+        };
+        let url = url.trim().to_owned();
         let timeout = self.timeout.unwrap_or(Duration::from_secs(10));
         if timeout.is_zero() {
             return Err(ConfigError::at(key("timeout"), "must be longer than 0s"));
@@ -511,30 +575,102 @@ impl RawForward {
         if max_attempts == 0 {
             return Err(ConfigError::at(key("max_attempts"), "must be at least 1"));
         }
-        let secret = match (self.secret, self.secret_env) {
-            (Some(_), Some(_)) => {
+        let scheme = url
+            .split_once("://")
+            .map(|(scheme, _)| scheme.to_ascii_lowercase());
+        let bus = match scheme.as_deref() {
+            Some("http" | "https") => None,
+            Some("nats") => Some("NATS"),
+            Some("amqp" | "amqps") => Some("AMQP"),
+            _ => {
                 return Err(ConfigError::at(
-                    key("secret_env"),
-                    "give either secret or secret_env, not both",
-                ))
-            }
-            (Some(secret), None) => secret,
-            (None, Some(var)) => env.var(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
-                ConfigError::at(
-                    key("secret_env"),
-                    format!("the environment variable {var} is not set"),
-                )
-            })?,
-            (None, None) => {
-                return Err(ConfigError::at(
-                    key("secret"),
-                    "a forward target needs a Standard Webhooks secret (secret = \"whsec_...\" or secret_env = \"VAR\") to sign what hookbox sends",
+                    key("url"),
+                    format!(
+                        "{:?} names no transport hookbox has: use http:// or https:// (a signed \
+                         POST), nats:// (NATS JetStream) or amqp:// / amqps:// (RabbitMQ)",
+                        crate::redact::target_url(&url)
+                    ),
                 ))
             }
         };
-        let secret = Secret::new(secret.trim());
-        Standard::new(std::slice::from_ref(&secret), Duration::ZERO)
-            .map_err(|e| ConfigError::at(key("secret"), e.problem))?;
+        // A key that belongs to another transport is named, not ignored.
+        let misplaced = [
+            ("secret", self.secret.is_some(), bus.is_some()),
+            ("secret_env", self.secret_env.is_some(), bus.is_some()),
+            ("subject", self.subject.is_some(), bus != Some("NATS")),
+            ("exchange", self.exchange.is_some(), bus != Some("AMQP")),
+            (
+                "routing_key",
+                self.routing_key.is_some(),
+                bus != Some("AMQP"),
+            ),
+        ];
+        if let Some((field, _, _)) = misplaced.iter().find(|(_, given, wrong)| *given && *wrong) {
+            let problem = match (*field, bus) {
+                ("secret" | "secret_env", Some(bus)) => format!(
+                    "a {bus} target takes no secret: hookbox signs only what it POSTs over HTTP; \
+                     the bus's own credentials go in the URL (url_env keeps them out of the file)"
+                ),
+                ("subject", _) => "subject applies only to a nats:// target".to_owned(),
+                _ => format!("{field} applies only to an amqp:// or amqps:// target"),
+            };
+            return Err(ConfigError::at(key(field), problem));
+        }
+        let transport = match bus {
+            None => {
+                let host = url.split_once("://").map(|(_, rest)| rest).unwrap_or("");
+                if host.is_empty() || host.starts_with('/') {
+                    return Err(ConfigError::at(
+                        key("url"),
+                        format!("{:?} names no host", crate::redact::target_url(&url)),
+                    ));
+                }
+                Transport::Http {
+                    secret: http_secret(self.secret, self.secret_env, &key, env)?,
+                }
+            }
+            Some("NATS") => {
+                let server = url.parse::<async_nats::ServerAddr>().map_err(|e| {
+                    ConfigError::at(
+                        key("url"),
+                        crate::redact::message_about(&e.to_string(), &url),
+                    )
+                })?;
+                if server.host().is_empty() {
+                    return Err(ConfigError::at(
+                        key("url"),
+                        format!(
+                            "{:?} names no host (e.g. nats://127.0.0.1:4222)",
+                            crate::redact::target_url(&url)
+                        ),
+                    ));
+                }
+                Transport::Nats {
+                    subject: template(self.subject, "subject", Kind::NatsSubject, &key)?,
+                }
+            }
+            Some(_) => {
+                url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+                    ConfigError::at(
+                        key("url"),
+                        format!(
+                            "{:?} is not an AMQP URL: {}",
+                            crate::redact::target_url(&url),
+                            crate::redact::message_about(&e, &url)
+                        ),
+                    )
+                })?;
+                Transport::Amqp {
+                    exchange: template(self.exchange, "exchange", Kind::AmqpExchange, &key)?,
+                    routing_key: template(
+                        self.routing_key,
+                        "routing_key",
+                        Kind::AmqpRoutingKey,
+                        &key,
+                    )?,
+                }
+            }
+        };
         Ok(ForwardConfig {
             name,
             events,
@@ -544,9 +680,64 @@ impl RawForward {
             url,
             timeout,
             max_attempts,
-            secret,
+            transport,
         })
     }
+}
+
+/// An HTTP target's Standard Webhooks secret, from `secret` or the variable `secret_env` names.
+fn http_secret(
+    secret: Option<String>,
+    secret_env: Option<String>,
+    key: &dyn Fn(&str) -> String,
+    env: &dyn Env,
+) -> Result<Secret, ConfigError> {
+    let secret = match (secret, secret_env) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::at(
+                key("secret_env"),
+                "give either secret or secret_env, not both",
+            ))
+        }
+        (Some(secret), None) => secret,
+        (None, Some(var)) => env.var(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
+            ConfigError::at(
+                key("secret_env"),
+                format!("the environment variable {var} is not set"),
+            )
+        })?,
+        (None, None) => {
+            return Err(ConfigError::at(
+                key("secret"),
+                "a forward target needs a Standard Webhooks secret (secret = \"whsec_...\" or secret_env = \"VAR\") to sign what hookbox sends",
+            ))
+        }
+    };
+    let secret = Secret::new(secret.trim());
+    Standard::new(std::slice::from_ref(&secret), Duration::ZERO)
+        .map_err(|e| ConfigError::at(key("secret"), e.problem))?;
+    Ok(secret)
+}
+
+/// A bus target's `subject`, `exchange` or `routing_key`, which it needs.
+fn template(
+    text: Option<String>,
+    field: &str,
+    kind: Kind,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Template, ConfigError> {
+    let example = match kind {
+        Kind::NatsSubject => "subject = \"webhooks.{source}.{event_type}\"",
+        Kind::AmqpExchange => "exchange = \"webhooks\" (an exchange that exists)",
+        Kind::AmqpRoutingKey => "routing_key = \"{source}.{event_type}\"",
+    };
+    let text = text.ok_or_else(|| {
+        ConfigError::at(
+            key(field),
+            format!("this target needs a {field}, e.g. {example}"),
+        )
+    })?;
+    Template::parse(&text, kind).map_err(|e| ConfigError::at(key(field), e))
 }
 
 /// Reads a humantime duration (`90s`, `5m`, `72h`, `30d`).
@@ -1154,6 +1345,93 @@ mod tests {
             let message = targets(&body).expect_err(&body);
             assert!(message.starts_with(key), "{key} <- {message}");
             assert!(!message.contains('\n'), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_url_scheme_picks_the_transport() {
+        let targets = targets(
+            "[[sources.s.forward]]\nname = \"bus\"\nurl = \"nats://127.0.0.1:4222\"\n\
+             subject = \"webhooks.{source}.{event_type}\"\n\
+             [[sources.s.forward]]\nname = \"rabbit\"\nurl = \"amqp://guest:guest@127.0.0.1:5672/%2f\"\n\
+             exchange = \"webhooks\"\nrouting_key = \"{source}.{event_type}\"\n",
+        )
+        .expect("valid");
+        let Transport::Nats { subject } = &targets[0].transport else {
+            panic!("nats:// is NATS: {:?}", targets[0]);
+        };
+        assert_eq!(subject.to_string(), "webhooks.{source}.{event_type}");
+        let Transport::Amqp {
+            exchange,
+            routing_key,
+        } = &targets[1].transport
+        else {
+            panic!("amqp:// is AMQP: {:?}", targets[1]);
+        };
+        assert_eq!(
+            (exchange.to_string(), routing_key.to_string()),
+            ("webhooks".to_owned(), "{source}.{event_type}".to_owned())
+        );
+        let shown = format!("{:?}", targets[1]);
+        assert!(
+            shown.contains("amqp://guest:***@127.0.0.1:5672/%2f"),
+            "{shown}"
+        );
+        assert!(!shown.contains("guest@"), "{shown}");
+    }
+
+    #[test]
+    fn url_env_holds_the_whole_url() {
+        let env = |name: &str| {
+            (name == "RABBIT_URL").then(|| "amqps://hook:s3cr3t@mq.example:5671/prod".to_owned())
+        };
+        let config = Config::parse(
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[sources.s.forward]\n\
+             url_env = \"RABBIT_URL\"\nexchange = \"\"\nrouting_key = \"q\"\n",
+            &env,
+        )
+        .expect("valid");
+        let target = &config.sources[0].forward[0];
+        assert_eq!(target.url, "amqps://hook:s3cr3t@mq.example:5671/prod");
+        assert_eq!(target.shown_url(), "amqps://hook:***@mq.example:5671/prod");
+        let message = error(
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[sources.s.forward]\n\
+             url_env = \"HOOKBOX_TEST_UNSET\"\nsubject = \"a\"\n",
+        );
+        assert!(
+            message.starts_with("sources.s.forward.url_env:"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_bus_target_config_error_names_the_key() {
+        let nats = "url = \"nats://127.0.0.1:4222\"\n";
+        let amqp = "url = \"amqp://guest:hunter2@127.0.0.1:5672/%2f\"\n";
+        let cases = [
+            (format!("{nats}subject = \"a.{{source}}\"\nsecret = \"{WHSEC}\"\n"), "secret"),
+            (format!("{amqp}exchange = \"x\"\nrouting_key = \"k\"\nsecret_env = \"HOME\"\n"), "secret_env"),
+            (format!("{nats}subject = \"a.{{evnt_type}}\"\n"), "subject"),
+            (format!("{nats}subject = \"a..b\"\n"), "subject"),
+            (nats.to_owned(), "subject"),
+            (format!("{amqp}routing_key = \"k\"\n"), "exchange"),
+            (format!("{amqp}exchange = \"x\"\nrouting_key = \"{{id}}\"\n"), "routing_key"),
+            (format!("{amqp}exchange = \"x\"\nrouting_key = \"k\"\nsubject = \"a\"\n"), "subject"),
+            (format!("{nats}subject = \"a\"\nexchange = \"x\"\n"), "exchange"),
+            (format!("url = \"http://a\"\nsecret = \"{WHSEC}\"\nrouting_key = \"k\"\n"), "routing_key"),
+            ("url = \"kafka://u:hunter2@broker:9092\"\n".to_owned(), "url"),
+            ("url = \"nats://\"\nsubject = \"a\"\n".to_owned(), "url"),
+            ("url = \"amqp://guest:hunter2@h:notaport/\"\nexchange = \"x\"\nrouting_key = \"k\"\n".to_owned(), "url"),
+            (format!("{nats}url_env = \"HOME\"\nsubject = \"a\"\n"), "url_env"),
+            ("subject = \"a\"\n".to_owned(), "url"),
+        ];
+        for (body, field) in cases {
+            let message = targets(&format!("[sources.s.forward]\n{body}")).expect_err(&body);
+            assert!(
+                message.starts_with(&format!("sources.s.forward.{field}:")),
+                "{body}: {message}"
+            );
+            assert!(!message.contains("hunter2"), "{message}");
         }
     }
 

@@ -24,6 +24,7 @@ pub mod replay;
 pub mod replay_counts;
 pub mod retention;
 pub mod retry;
+pub mod routing;
 pub mod secret;
 pub mod send;
 pub mod startup;

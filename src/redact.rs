@@ -1,10 +1,13 @@
-//! Keeping a database URL's secrets out of everything hookbox prints: startup logs, `migrate`
-//! output and connection errors all go through here.
+//! Keeping the secrets of a database URL, or of a forward target's URL, out of everything
+//! hookbox prints: startup logs, `migrate` output, connection errors and the errors a delivery
+//! records (which the admin API and the console show) all go through here.
 //!
 //! A libpq URL carries a password in two places: the userinfo (`postgres://user:PW@host/db`)
 //! and the query (`?password=PW`, `?sslpassword=PW`). Both are replaced with `***`. libpq's own
 //! error messages can quote a piece of the URL (`invalid percent-encoded token: "PW%zz"`), so an
-//! error about a URL is scrubbed of every secret value it names as well.
+//! error about a URL is scrubbed of every secret value it names as well. A forward target's
+//! URL (`https://user:PW@host`, `amqp://user:PW@host/vhost`) is masked the same way, and a
+//! NATS URL's userinfo without a password (`nats://TOKEN@host`) is a token, masked whole.
 
 /// Query parameters whose value is a secret (libpq's keywords, compared ignoring case).
 const SECRET_PARAMETERS: &[&str] = &["password", "sslpassword"];
@@ -46,6 +49,12 @@ pub fn database_url(url: &str) -> String {
         }
     }
     shown
+}
+
+/// A forward target's `url` as it may be shown: see [`database_url`]; a `nats://` URL's token
+/// (a userinfo with no password) is masked too.
+pub fn target_url(url: &str) -> String {
+    database_url(url)
 }
 
 /// `message` (an error about connecting to `url`) with `url` shown redacted and every secret
@@ -96,7 +105,7 @@ fn is_secret_parameter(key: &str) -> bool {
 }
 
 /// `%XX` sequences decoded (as libpq does); a malformed one is left as written.
-fn percent_decoded(text: &str) -> String {
+pub fn percent_decoded(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -139,10 +148,14 @@ impl Parts {
         // whole, and an '@' in a query value is not taken for one.
         let before_query = rest.find('?').unwrap_or(rest.len());
         let userinfo_end = rest[..before_query].rfind('@');
-        let password = userinfo_end.and_then(|at| {
-            rest[..at]
-                .find(':')
-                .map(|colon| (authority_start + colon + 1, authority_start + at))
+        let is_nats = url
+            .get(..authority_start)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("nats://"));
+        let password = userinfo_end.and_then(|at| match rest[..at].find(':') {
+            Some(colon) => Some((authority_start + colon + 1, authority_start + at)),
+            // NATS reads a userinfo without a password as a token.
+            None if is_nats && at > 0 => Some((authority_start, authority_start + at)),
+            None => None,
         });
         let query_start = authority_start + before_query;
         Parts {
@@ -190,9 +203,18 @@ mod tests {
             ),
             ("sqlite://hookbox.db", "sqlite://hookbox.db"),
             ("sqlite::memory:", "sqlite::memory:"),
+            (
+                "amqp://guest:gu%40st@127.0.0.1:5672/%2f",
+                "amqp://guest:***@127.0.0.1:5672/%2f",
+            ),
+            ("nats://s3cr3t-token@h:4222", "nats://***@h:4222"),
+            ("nats://u:pw@h:4222", "nats://u:***@h:4222"),
+            ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+            ("https://u:pw@h/hooks?x=1", "https://u:***@h/hooks?x=1"),
+            ("http://user@h/hooks", "http://user@h/hooks"),
         ];
         for (url, shown) in cases {
-            assert_eq!(database_url(url), shown, "{url}");
+            assert_eq!(target_url(url), shown, "{url}");
         }
     }
 

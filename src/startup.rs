@@ -245,7 +245,7 @@ fn log_sources(config: &Config) {
             tracing::info!(
                 source = %source.name,
                 target = %target.name,
-                url = %target.url,
+                url = %target.shown_url(),
                 timeout = %humantime::format_duration(target.timeout),
                 max_attempts = target.max_attempts,
                 "forwarding {} events",

@@ -8,7 +8,7 @@ use actix_web::http::header::HeaderValue;
 use futures_util::future::LocalBoxFuture;
 
 use super::transport::{hookbox_headers, idempotency_key, Handoff, Transport};
-use super::Target;
+use super::{Link, Target};
 use crate::db::deliveries::Due;
 use crate::providers::Provider;
 use crate::retry;
@@ -77,7 +77,11 @@ impl Transport for Http {
 /// `Content-Type`, and the event's identity.
 fn headers(target: &Target, due: &Due, now: i64) -> Vec<(String, String)> {
     let key = idempotency_key(due);
-    let mut headers = target.signer.sign(&due.payload, now, &key, None);
+    let mut headers = match &target.link {
+        Link::Http(signer) => signer.sign(&due.payload, now, &key, None),
+        // `Transports::for_target` builds this transport for HTTP targets alone.
+        Link::Nats(_) | Link::Amqp(_) => Vec::new(),
+    };
     headers.push(("Idempotency-Key".to_owned(), key));
     headers.push((
         "Content-Type".to_owned(),

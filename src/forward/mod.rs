@@ -12,9 +12,12 @@
 //! `Idempotency-Key: {source}:{event_id}` (the same for every target), so a downstream that
 //! honours it sees the effect once; `X-Hookbox-Target` names the target.
 
+mod amqp;
+mod bus;
 mod dispatch;
 mod http;
 mod lane;
+mod nats;
 mod pace;
 pub mod transport;
 
@@ -26,7 +29,7 @@ use std::time::Duration;
 use actix_web::web;
 use diesel::QueryResult;
 
-use crate::config::ForwardConfig;
+use crate::config::{ForwardConfig, Transport};
 use crate::db::{self, deliveries, AnyConnection, DbPool};
 use crate::metrics::Metrics;
 use crate::providers::Standard;
@@ -41,16 +44,44 @@ const TURN_WAIT: Duration = Duration::from_secs(5);
 pub struct Target {
     /// `[sources.NAME.forward]`, or one of `[[sources.NAME.forward]]`.
     pub config: ForwardConfig,
-    /// Signs what hookbox sends, the Standard Webhooks way, with the target's secret.
-    pub(crate) signer: Standard,
+    /// What its transport keeps for as long as the target lives.
+    pub(crate) link: Link,
+}
+
+/// What a target's transport keeps across attempts, passes and dispatcher threads.
+pub(crate) enum Link {
+    /// Signs what hookbox POSTs, the Standard Webhooks way, with the target's secret.
+    Http(Box<Standard>),
+    /// The target's JetStream connection.
+    Nats(Arc<nats::Nats>),
+    /// The target's RabbitMQ connection and confirm-mode channel.
+    Amqp(Arc<amqp::Amqp>),
 }
 
 impl Target {
-    /// Builds the signer from the target's secret.
+    /// Builds the target's transport: the signer from an HTTP target's secret; a bus target's
+    /// connection is opened by its first attempt.
     pub fn new(config: ForwardConfig) -> Result<Target, String> {
-        let signer = Standard::new(std::slice::from_ref(&config.secret), Duration::ZERO)
-            .map_err(|e| e.problem)?;
-        Ok(Target { config, signer })
+        let link = match &config.transport {
+            Transport::Http { secret } => Link::Http(Box::new(
+                Standard::new(std::slice::from_ref(secret), Duration::ZERO)
+                    .map_err(|e| e.problem)?,
+            )),
+            Transport::Nats { subject } => Link::Nats(Arc::new(nats::Nats::new(
+                &config.url,
+                subject.clone(),
+                config.timeout,
+            )?)),
+            Transport::Amqp {
+                exchange,
+                routing_key,
+            } => Link::Amqp(Arc::new(amqp::Amqp::new(
+                &config.url,
+                exchange.clone(),
+                routing_key.clone(),
+            ))),
+        };
+        Ok(Target { config, link })
     }
 }
 

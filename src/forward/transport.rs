@@ -4,8 +4,8 @@
 //! The dispatcher (`dispatch.rs`) takes rows, paces them, bounds them per target, applies the
 //! target's timeout, turns each [`Handoff`] into the row's next state (retry with backoff, dead
 //! after `max_attempts`) and records it. A transport only hands one message over and says how
-//! that went. HTTP ([`super::http::Http`]) is the one transport today; another (an event bus)
-//! is a type implementing [`Transport`] and one arm in [`Transports::for_target`].
+//! that went: HTTP (`http.rs`), NATS JetStream (`nats.rs`) or RabbitMQ (`amqp.rs`), picked in
+//! [`Transports::for_target`].
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures_util::future::LocalBoxFuture;
 
 use super::http::Http;
-use super::Target;
+use super::{Link, Target};
 use crate::db::deliveries::Due;
 
 /// How one hand-off went, in the transport's terms.
@@ -101,8 +101,13 @@ impl Transports {
         Transports { http }
     }
 
-    /// The transport of `target`, by its URL's scheme.
+    /// The transport of `target`, by its URL's scheme. A bus target's connection is the
+    /// target's own, shared by every thread and pass.
     pub fn for_target(&self, target: &Arc<Target>) -> Rc<dyn Transport> {
-        Rc::new(Http::new(self.http.clone(), target.clone()))
+        match &target.link {
+            Link::Http(_) => Rc::new(Http::new(self.http.clone(), target.clone())),
+            Link::Nats(nats) => Rc::new(nats.clone()),
+            Link::Amqp(amqp) => Rc::new(amqp.clone()),
+        }
     }
 }

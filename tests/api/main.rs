@@ -5,6 +5,7 @@ mod admin;
 mod bad_config;
 mod batches;
 mod browser;
+mod bus_targets;
 mod cluster;
 mod concurrency;
 mod console;

@@ -1,0 +1,195 @@
+//! The `nats://` transport: a JetStream publish per attempt.
+//!
+//! The body goes out as it came in, with `Nats-Msg-Id: {source}:{event_id}`, so JetStream's
+//! duplicate window drops a repeat publish of the event (a retry after a lost acknowledgement,
+//! a lease that ran out mid-publish, a redeliver); `Content-Type` and the `X-Hookbox-*` values
+//! ride along as headers. Delivered means the stream's publish acknowledgement; no stream for
+//! the subject, no acknowledgement in time, or a lost connection is a retry.
+//!
+//! One connection per target, opened when its first delivery is due (on the dispatcher's
+//! runtime, never the provider-facing workers') and kept for the life of the process.
+//! async-nats reopens it when it drops, with its own backoff (immediately, then doubling up to
+//! 4 s); publishes made meanwhile wait in the client and time out as retries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, HeaderValue};
+use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::{ConnectOptions, ServerAddr};
+use futures_util::future::LocalBoxFuture;
+use tokio::sync::OnceCell;
+
+use super::bus;
+use super::transport::{hookbox_headers, idempotency_key, Handoff, Transport};
+use crate::db::deliveries::Due;
+use crate::routing::Template;
+use crate::secret::Secret;
+
+/// A target's JetStream: where it is, how to log in, and the subject template.
+pub struct Nats {
+    /// The configured URL, credentials included: only to scrub errors of them.
+    url: String,
+    /// The server, without credentials (async-nats takes them as options).
+    server: ServerAddr,
+    login: Login,
+    subject: Template,
+    timeout: Duration,
+    /// Opened on the first delivery.
+    jetstream: OnceCell<jetstream::Context>,
+}
+
+/// The credentials a NATS URL carries in its userinfo.
+enum Login {
+    None,
+    /// `nats://user:password@host`
+    Password(String, Secret),
+    /// `nats://token@host`
+    Token(Secret),
+}
+
+impl Nats {
+    /// The transport of a target at `url` (checked by the config) publishing to `subject`;
+    /// each attempt may take `timeout`.
+    pub fn new(url: &str, subject: Template, timeout: Duration) -> Result<Nats, String> {
+        let server: ServerAddr = url
+            .parse()
+            .map_err(|e: std::io::Error| crate::redact::message_about(&e.to_string(), url))?;
+        let mut address = server.clone().into_inner();
+        let decode = |text: &str| crate::redact::percent_decoded(text);
+        let login = match (address.username(), address.password()) {
+            ("", _) => Login::None,
+            (user, Some(password)) => Login::Password(decode(user), Secret::new(decode(password))),
+            (token, None) => Login::Token(Secret::new(decode(token))),
+        };
+        // Neither can fail on a URL with a host, which parsing it as a server address ensured.
+        let _ = address.set_username("");
+        let _ = address.set_password(None);
+        let server = ServerAddr::from_url(address)
+            .map_err(|e| crate::redact::message_about(&e.to_string(), url))?;
+        Ok(Nats {
+            url: url.to_owned(),
+            server,
+            login,
+            subject,
+            timeout,
+            jetstream: OnceCell::new(),
+        })
+    }
+
+    /// The JetStream context, its connection opened (in the background) on first use.
+    async fn jetstream(&self) -> Result<&jetstream::Context, String> {
+        self.jetstream
+            .get_or_try_init(|| async {
+                let options = match &self.login {
+                    Login::None => ConnectOptions::new(),
+                    Login::Password(user, password) => ConnectOptions::with_user_and_password(
+                        user.clone(),
+                        password.expose().to_owned(),
+                    ),
+                    Login::Token(token) => ConnectOptions::with_token(token.expose().to_owned()),
+                };
+                let client = options
+                    .name("hookbox")
+                    .retry_on_initial_connect()
+                    .max_reconnects(None)
+                    .connection_timeout(self.timeout)
+                    .connect(self.server.clone())
+                    .await
+                    .map_err(|e| format!("cannot open the NATS connection: {e}"))?;
+                Ok(jetstream::ContextBuilder::new()
+                    .timeout(self.timeout)
+                    .backpressure_on_inflight(true)
+                    .build(client))
+            })
+            .await
+    }
+
+    /// One attempt: publish the event and wait for the stream's acknowledgement. The
+    /// dispatcher bounds it by the target's timeout, as the JetStream context bounds the wait
+    /// for the acknowledgement.
+    async fn publish(&self, due: &Due) -> Handoff {
+        let subject = self.subject.render(bus::names(due));
+        let mut headers = HeaderMap::new();
+        let values = [
+            ("Nats-Msg-Id".to_owned(), idempotency_key(due)),
+            ("Content-Type".to_owned(), bus::content_type(due).to_owned()),
+        ]
+        .into_iter()
+        .chain(
+            hookbox_headers(due)
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value)),
+        );
+        for (name, value) in values {
+            match value.parse::<HeaderValue>() {
+                Ok(value) => headers.insert(name.as_str(), value),
+                Err(_) => {
+                    return bus::refused(
+                        &format!("the {name} header cannot carry this event's value"),
+                        &self.url,
+                    )
+                }
+            }
+        }
+        let published = async {
+            let jetstream = self.jetstream().await.map_err(Failure::Retry)?;
+            jetstream
+                .publish_with_headers(subject.clone(), headers, due.payload.clone().into())
+                .await
+                .map_err(|e| Failure::from_publish(e.kind(), e.to_string()))?
+                .await
+                .map_err(|e| Failure::from_publish(e.kind(), e.to_string()))
+        };
+        match published.await {
+            Ok(ack) => {
+                tracing::debug!(
+                    stream = %ack.stream,
+                    sequence = ack.sequence,
+                    duplicate = ack.duplicate,
+                    "JetStream acknowledged the publish"
+                );
+                Handoff::Accepted { status: None }
+            }
+            Err(Failure::Retry(error)) => bus::failed(
+                &format!("no JetStream acknowledgement for subject {subject}: {error}"),
+                &self.url,
+            ),
+            Err(Failure::Dead(error)) => bus::refused(
+                &format!("JetStream cannot take this event on subject {subject}: {error}"),
+                &self.url,
+            ),
+        }
+    }
+}
+
+/// Shared by the target and every dispatcher thread's lane: one connection.
+impl Transport for Arc<Nats> {
+    fn hand_off<'a>(&'a self, due: &'a Due) -> LocalBoxFuture<'a, Handoff> {
+        Box::pin(self.publish(due))
+    }
+}
+
+/// Why a publish failed, and whether another attempt may do better.
+enum Failure {
+    Retry(String),
+    Dead(String),
+}
+
+impl Failure {
+    fn from_publish(kind: PublishErrorKind, error: String) -> Failure {
+        match kind {
+            PublishErrorKind::StreamNotFound => Failure::Retry(
+                "no stream captures this subject (hookbox never creates streams; add the \
+                 subject to a stream)"
+                    .to_owned(),
+            ),
+            PublishErrorKind::TimedOut => Failure::Retry(
+                "none within the target's timeout (is the NATS server up?)".to_owned(),
+            ),
+            // The server's own limit: the event is too large for it, however often it is sent.
+            PublishErrorKind::MaxPayloadExceeded => Failure::Dead(error),
+            _ => Failure::Retry(error),
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Where a forwarded event lands on an event bus: a NATS subject, an AMQP exchange and routing
+//! key, each written in the config as a template over the event's `{source}`, `{event_id}`
+//! and `{event_type}`.
+//!
+//! A template is checked once, when the config is read (an unknown placeholder, a stray brace,
+//! or a literal part the bus refuses is a config error). When an event is rendered, the
+//! characters of its values that the bus forbids are replaced, so every rendering is a name the
+//! bus accepts and the event is never held back by the shape of its id or type:
+//! - a NATS subject: in a value, whitespace, control characters, `.` (it would add tokens),
+//!   `*` and `>` (wildcards) become `_`, and an empty value (an event without a type) becomes
+//!   `_` (a token may not be empty);
+//! - an AMQP routing key: values are kept as they are (a `.` separates words for a topic
+//!   exchange, as RabbitMQ users expect), control characters become `_`, and the key is cut at
+//!   255 bytes (AMQP's limit), on a character boundary;
+//! - an AMQP exchange name: in a value, anything but `A-Z a-z 0-9 - _ . :` (AMQP's characters
+//!   for an exchange name) becomes `_`, and the name is cut at 255 bytes.
+//!
+//! Low in the tree: `config` parses templates and `forward` renders them.
+
+use std::fmt;
+
+/// What a template names, and so which rules its renderings follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A NATS subject (tokens separated by `.`).
+    NatsSubject,
+    /// An AMQP exchange name.
+    AmqpExchange,
+    /// An AMQP routing key.
+    AmqpRoutingKey,
+}
+
+/// AMQP's short strings (exchange names, routing keys, `message_id`) hold at most this many
+/// bytes.
+pub const AMQP_SHORT_STRING: usize = 255;
+
+/// A placeholder of a template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Source,
+    EventId,
+    EventType,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Value(Field),
+}
+
+/// A parsed template, ready to render for any event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    kind: Kind,
+    written: String,
+    pieces: Vec<Piece>,
+}
+
+/// The event a template is rendered for.
+#[derive(Debug, Clone, Copy)]
+pub struct Names<'a> {
+    /// The source's name.
+    pub source: &'a str,
+    /// The provider's event id.
+    pub event_id: &'a str,
+    /// The event type, if the provider gave one.
+    pub event_type: Option<&'a str>,
+}
+
+impl Template {
+    /// Parses `text` as a template of `kind`; the error says what is wrong and how to write it.
+    pub fn parse(text: &str, kind: Kind) -> Result<Template, String> {
+        let mut pieces = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let brace = rest.find(['{', '}']).unwrap_or(rest.len());
+            if brace > 0 {
+                pieces.push(Piece::Text(rest[..brace].to_owned()));
+                rest = &rest[brace..];
+                continue;
+            }
+            let Some(end) = rest.find('}').filter(|_| rest.starts_with('{')) else {
+                return Err(format!(
+                    "{text:?} has a '{}' that opens or closes no placeholder; the placeholders \
+                     are {{source}}, {{event_id}} and {{event_type}}",
+                    &rest[..1]
+                ));
+            };
+            let field = match &rest[1..end] {
+                "source" => Field::Source,
+                "event_id" => Field::EventId,
+                "event_type" => Field::EventType,
+                other => {
+                    return Err(format!(
+                        "{text:?} has an unknown placeholder {{{other}}}; the placeholders are \
+                         {{source}}, {{event_id}} and {{event_type}}"
+                    ))
+                }
+            };
+            pieces.push(Piece::Value(field));
+            rest = &rest[end + 1..];
+        }
+        let template = Template {
+            kind,
+            written: text.to_owned(),
+            pieces,
+        };
+        template.check_literal()?;
+        Ok(template)
+    }
+
+    /// The literal parts must already be what the bus accepts: values are made to fit when
+    /// rendered, the text the operator wrote is not rewritten.
+    fn check_literal(&self) -> Result<(), String> {
+        let text = &self.written;
+        match self.kind {
+            Kind::NatsSubject => {
+                // Each value renders to at least one character and no '.', so the template's
+                // tokens are those of the text with every value as one character.
+                let shape: String = self
+                    .pieces
+                    .iter()
+                    .map(|p| match p {
+                        Piece::Text(t) => t.as_str(),
+                        Piece::Value(_) => "_",
+                    })
+                    .collect();
+                if let Some(c) = shape
+                    .chars()
+                    .find(|&c| c.is_whitespace() || c.is_control() || c == '*' || c == '>')
+                {
+                    return Err(format!(
+                        "{text:?} holds {c:?}, which a subject hookbox publishes to may not \
+                         hold (no whitespace, and no wildcards * or >)"
+                    ));
+                }
+                if shape.split('.').any(str::is_empty) {
+                    return Err(format!(
+                        "{text:?} has an empty token: a NATS subject is tokens joined by single \
+                         dots, with none at either end (e.g. \"webhooks.{{source}}.{{event_type}}\")"
+                    ));
+                }
+            }
+            Kind::AmqpExchange | Kind::AmqpRoutingKey => {
+                let literal: usize = self
+                    .pieces
+                    .iter()
+                    .map(|p| match p {
+                        Piece::Text(t) => t.len(),
+                        Piece::Value(_) => 0,
+                    })
+                    .sum();
+                if literal > AMQP_SHORT_STRING {
+                    return Err(format!(
+                        "{text:?} is {literal} bytes without its placeholders; AMQP allows at \
+                         most {AMQP_SHORT_STRING}"
+                    ));
+                }
+                if text.chars().any(char::is_control) {
+                    return Err(format!("{text:?} holds a control character"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The name for this event, with the characters the bus forbids replaced (see the module
+    /// documentation).
+    pub fn render(&self, names: Names<'_>) -> String {
+        let mut out = String::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Text(text) => out.push_str(text),
+                Piece::Value(field) => {
+                    let value = match field {
+                        Field::Source => names.source,
+                        Field::EventId => names.event_id,
+                        Field::EventType => names.event_type.unwrap_or(""),
+                    };
+                    self.push_value(&mut out, value);
+                }
+            }
+        }
+        match self.kind {
+            Kind::NatsSubject => out,
+            Kind::AmqpExchange | Kind::AmqpRoutingKey => {
+                cut_at(&mut out, AMQP_SHORT_STRING);
+                out
+            }
+        }
+    }
+
+    fn push_value(&self, out: &mut String, value: &str) {
+        match self.kind {
+            Kind::NatsSubject => {
+                if value.is_empty() {
+                    out.push('_');
+                }
+                out.extend(value.chars().map(|c| {
+                    if c.is_whitespace() || c.is_control() || matches!(c, '.' | '*' | '>') {
+                        '_'
+                    } else {
+                        c
+                    }
+                }));
+            }
+            Kind::AmqpRoutingKey => {
+                out.extend(value.chars().map(|c| if c.is_control() { '_' } else { c }));
+            }
+            Kind::AmqpExchange => {
+                out.extend(value.chars().map(|c| {
+                    if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') {
+                        c
+                    } else {
+                        '_'
+                    }
+                }));
+            }
+        }
+    }
+}
+
+impl fmt::Display for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.written)
+    }
+}
+
+/// Shortens `text` to at most `max` bytes, on a character boundary.
+pub fn cut_at(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names<'a>(event_id: &'a str, event_type: Option<&'a str>) -> Names<'a> {
+        Names {
+            source: "stripe",
+            event_id,
+            event_type,
+        }
+    }
+
+    #[test]
+    fn a_subject_keeps_its_tokens_whatever_the_values_hold() {
+        let subject =
+            Template::parse("webhooks.{source}.{event_type}", Kind::NatsSubject).expect("valid");
+        assert_eq!(
+            subject.render(names("evt_1", Some("payment_intent.succeeded"))),
+            "webhooks.stripe.payment_intent_succeeded"
+        );
+        assert_eq!(
+            subject.render(names("evt_1", Some("a b*c>d\te"))),
+            "webhooks.stripe.a_b_c_d_e"
+        );
+        assert_eq!(
+            subject.render(names("evt_1", None)),
+            "webhooks.stripe._",
+            "an empty value is one token"
+        );
+        assert_eq!(
+            subject.render(names("evt_1", Some("ünïcode"))),
+            "webhooks.stripe.ünïcode"
+        );
+    }
+
+    #[test]
+    fn a_routing_key_keeps_dots_and_fits_in_255_bytes() {
+        let key = Template::parse("{source}.{event_type}.{event_id}", Kind::AmqpRoutingKey)
+            .expect("valid");
+        assert_eq!(
+            key.render(names("evt_1", Some("charge.refunded"))),
+            "stripe.charge.refunded.evt_1"
+        );
+        let long = "é".repeat(200);
+        let rendered = key.render(names(&long, Some("t")));
+        assert!(rendered.len() <= AMQP_SHORT_STRING, "{}", rendered.len());
+        assert!(rendered.len() >= AMQP_SHORT_STRING - 1);
+        assert!(rendered.starts_with("stripe.t.éé"));
+    }
+
+    #[test]
+    fn an_exchange_name_keeps_to_amqp_characters() {
+        let exchange = Template::parse("hooks-{event_type}", Kind::AmqpExchange).expect("valid");
+        assert_eq!(
+            exchange.render(names("e", Some("order/created now"))),
+            "hooks-order_created_now"
+        );
+        assert_eq!(
+            Template::parse("", Kind::AmqpExchange)
+                .expect("the default exchange")
+                .render(names("e", None)),
+            ""
+        );
+    }
+
+    #[test]
+    fn bad_templates_say_what_is_wrong() {
+        let cases = [
+            (
+                "webhooks.{sorce}",
+                Kind::NatsSubject,
+                "unknown placeholder {sorce}",
+            ),
+            (
+                "webhooks.{source",
+                Kind::NatsSubject,
+                "opens or closes no placeholder",
+            ),
+            (
+                "webhooks.source}",
+                Kind::NatsSubject,
+                "opens or closes no placeholder",
+            ),
+            ("webhooks..{source}", Kind::NatsSubject, "empty token"),
+            ("webhooks.{source}.", Kind::NatsSubject, "empty token"),
+            ("", Kind::NatsSubject, "empty token"),
+            ("webhooks.>", Kind::NatsSubject, "wildcards"),
+            ("web hooks", Kind::NatsSubject, "whitespace"),
+            (
+                "{event}",
+                Kind::AmqpRoutingKey,
+                "unknown placeholder {event}",
+            ),
+        ];
+        for (text, kind, problem) in cases {
+            let error = Template::parse(text, kind).expect_err(text);
+            assert!(error.contains(problem), "{text}: {error}");
+        }
+        let long = "x".repeat(256);
+        assert!(Template::parse(&long, Kind::AmqpRoutingKey)
+            .expect_err("too long")
+            .contains("at most 255"));
+        assert!(Template::parse(
+            &format!("{}{{event_id}}", "x".repeat(255)),
+            Kind::AmqpRoutingKey
+        )
+        .is_ok());
+    }
+}

@@ -1,0 +1,877 @@
+//! Forward targets on an event bus, against the machine's real NATS (JetStream, 127.0.0.1:4222)
+//! and RabbitMQ (127.0.0.1:5672), and a private `nats-server` a test starts and stops itself.
+//! Each test makes its own stream, or exchange and queue, under a unique name and removes them.
+//!
+//! Which store: the NATS and RabbitMQ delivery tests, the unroutable one and the outage run on
+//! both (`HOOKBOX_TEST_STORE`); the SIGKILL test runs the real binary on PostgreSQL only.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream::StorageType};
+use futures_util::future::join_all;
+use hookbox::Handlers;
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+
+use crate::forward::deliveries;
+use crate::helpers::*;
+
+const NATS: &str = "nats://127.0.0.1:4222";
+const RABBIT: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// A name no other test or run uses: `hb_<pid>_<n>_<nanos>`.
+fn unique_name() -> String {
+    unique_id("hb").replace('-', "_")
+}
+
+/// A JetStream stream of its own capturing `<prefix>.>`, deleted when dropped.
+struct Stream {
+    server: String,
+    name: String,
+    /// The subjects' first token.
+    prefix: String,
+    jetstream: jetstream::Context,
+}
+
+impl Stream {
+    /// A file-backed stream on the server at `server` with a two-minute duplicate window.
+    async fn create(server: &str) -> Stream {
+        let name = unique_name();
+        let prefix = name.clone();
+        let client = async_nats::connect(server).await.expect("connect to NATS");
+        let jetstream = jetstream::new(client);
+        jetstream
+            .create_stream(jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{prefix}.>")],
+                storage: StorageType::File,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .expect("create the stream");
+        Stream {
+            server: server.to_owned(),
+            name,
+            prefix,
+            jetstream,
+        }
+    }
+
+    /// How many messages the stream holds.
+    async fn messages(&self) -> u64 {
+        let mut stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .expect("the stream");
+        stream.info().await.expect("stream info").state.messages
+    }
+
+    /// Every message: (subject, headers by name, payload), in stream order.
+    async fn all(&self) -> Vec<(String, BTreeMap<String, String>, Vec<u8>)> {
+        let stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .expect("the stream");
+        let count = self.messages().await;
+        let mut all = Vec::new();
+        for sequence in 1..=count {
+            let message = stream
+                .get_raw_message(sequence)
+                .await
+                .expect("a stored message");
+            let headers = message
+                .headers
+                .iter()
+                .map(|(name, values)| {
+                    (
+                        name.to_string(),
+                        values.first().map(|v| v.to_string()).unwrap_or_default(),
+                    )
+                })
+                .collect();
+            all.push((
+                message.subject.to_string(),
+                headers,
+                message.payload.to_vec(),
+            ));
+        }
+        all
+    }
+
+    /// Waits until the stream holds `n` messages (never more).
+    async fn until_holds(&self, n: u64, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let held = self.messages().await;
+            assert!(held <= n, "the stream holds {held} messages, more than {n}");
+            if held == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stream holds {held} of {n} messages after {limit:?}"
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let (server, name) = (self.server.clone(), self.name.clone());
+        // On a runtime of its own: the test's may be gone, or panicking.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                if let Ok(client) = async_nats::connect(server).await {
+                    let _ = jetstream::new(client).delete_stream(&name).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A topic exchange of its own and, unless `bound` is false, a queue bound to it for `#`;
+/// both deleted when dropped.
+struct Rabbit {
+    exchange: String,
+    queue: String,
+    channel: lapin::Channel,
+    _connection: Connection,
+}
+
+impl Rabbit {
+    async fn create(bound: bool) -> Rabbit {
+        let exchange = unique_name();
+        let queue = format!("{exchange}_q");
+        let connection = Connection::connect(RABBIT, ConnectionProperties::default())
+            .await
+            .expect("connect to RabbitMQ");
+        let channel = connection.create_channel().await.expect("a channel");
+        channel
+            .exchange_declare(
+                exchange.clone().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the exchange");
+        if bound {
+            channel
+                .queue_declare(
+                    queue.clone().into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .expect("declare the queue");
+            channel
+                .queue_bind(
+                    queue.clone().into(),
+                    exchange.clone().into(),
+                    "#".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .expect("bind the queue");
+        }
+        Rabbit {
+            exchange,
+            queue,
+            channel,
+            _connection: connection,
+        }
+    }
+
+    /// How many messages wait in the queue.
+    async fn ready(&self) -> u32 {
+        self.channel
+            .queue_declare(
+                self.queue.clone().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("the queue")
+            .message_count()
+    }
+
+    /// Waits until at least `n` messages wait in the queue.
+    async fn until_ready(&self, n: u32, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let ready = self.ready().await;
+            if ready >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{ready} of {n} messages in the queue after {limit:?}"
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Takes every message in the queue: (routing key, properties, body).
+    async fn drain(&self) -> Vec<(String, BasicProperties, Vec<u8>)> {
+        let mut all = Vec::new();
+        while let Some(message) = self
+            .channel
+            .basic_get(self.queue.clone().into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get")
+        {
+            let delivery = message.delivery;
+            all.push((
+                delivery.routing_key.to_string(),
+                delivery.properties,
+                delivery.data,
+            ));
+        }
+        all
+    }
+}
+
+impl Drop for Rabbit {
+    fn drop(&mut self) {
+        let (exchange, queue) = (self.exchange.clone(), self.queue.clone());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let Ok(connection) =
+                    Connection::connect(RABBIT, ConnectionProperties::default()).await
+                else {
+                    return;
+                };
+                if let Ok(channel) = connection.create_channel().await {
+                    let _ = channel
+                        .queue_delete(queue.into(), QueueDeleteOptions::default())
+                        .await;
+                    let _ = channel
+                        .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+                        .await;
+                }
+                let _ = connection.close(200, "done".into()).await;
+            });
+        })
+        .join();
+    }
+}
+
+/// A `[[sources.stripe.forward]]` table for a NATS target.
+fn nats_target(name: &str, url: &str, subject: &str) -> String {
+    format!(
+        "\n[[sources.stripe.forward]]\nname = \"{name}\"\nurl = \"{url}\"\nsubject = \"{subject}\"\ntimeout = \"2s\"\nmax_attempts = 30\n"
+    )
+}
+
+/// A `[[sources.stripe.forward]]` table for a RabbitMQ target.
+fn amqp_target(name: &str, exchange: &str, max_attempts: u32) -> String {
+    format!(
+        "\n[[sources.stripe.forward]]\nname = \"{name}\"\nurl = \"{RABBIT}\"\nexchange = \"{exchange}\"\nrouting_key = \"{{source}}.{{event_type}}\"\ntimeout = \"2s\"\nmax_attempts = {max_attempts}\n"
+    )
+}
+
+/// The event types the tests send, in turn.
+const KINDS: [&str; 3] = [
+    "payment_intent.succeeded",
+    "charge.refunded",
+    "customer created",
+];
+
+/// `n` stripe events: (id, type, body) of each.
+fn make_events(n: usize) -> Vec<(String, String, String)> {
+    (0..n)
+        .map(|i| {
+            let id = unique_id("evt");
+            let kind = KINDS[i % KINDS.len()].to_owned();
+            let body = stripe_event(&id, &kind, 1);
+            (id, kind, body)
+        })
+        .collect()
+}
+
+/// Delivers `events` to `address`, ten at a time; how many were answered 200. Past a
+/// connection error (the server was killed) the rest are not tried.
+async fn deliver(
+    config: &hookbox::Config,
+    address: &str,
+    events: &[(String, String, String)],
+) -> usize {
+    let mut answered = 0;
+    for chunk in events.chunks(10) {
+        let answers = join_all(chunk.iter().map(|(id, _, body)| {
+            let delivery = delivery_for(config, "stripe", body, id, unix_now());
+            async move { try_send(address, &delivery, Duration::from_secs(30)).await }
+        }))
+        .await;
+        for answer in answers {
+            match answer {
+                Ok(answer) => {
+                    assert_eq!(answer.status, 200, "{}", answer.text());
+                    answered += 1;
+                }
+                Err(_) => return answered,
+            }
+        }
+    }
+    answered
+}
+
+/// Sends `n` stripe events to `address`, each answered 200; returns (id, type, body) of each.
+async fn send_events(
+    config: &hookbox::Config,
+    address: &str,
+    n: usize,
+) -> Vec<(String, String, String)> {
+    let events = make_events(n);
+    assert_eq!(
+        deliver(config, address, &events).await,
+        n,
+        "every event answered"
+    );
+    events
+}
+
+/// Waits until `n` deliveries of `target` are delivered.
+async fn until_delivered(db: &TestDb, target: &str, n: i64, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let delivered = db.count(&format!(
+            "deliveries WHERE target = '{target}' AND state = 'delivered'"
+        ));
+        if delivered == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{delivered} of {n} deliveries to {target} delivered after {limit:?}"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What a NATS subject template renders an event type to in these tests.
+fn subject_token(kind: &str) -> String {
+    kind.replace(['.', ' '], "_")
+}
+
+#[actix_web::test]
+async fn a_hundred_events_reach_the_stream_once_each_and_a_redeliver_adds_none() {
+    let stream = Stream::create(NATS).await;
+    let subject = format!("{}.{{source}}.{{event_type}}", stream.prefix);
+    let app = TestApp::spawn_with(&nats_target("bus", NATS, &subject), Handlers::default()).await;
+
+    let events = send_events(&app.config, &app.address, 100).await;
+    stream.until_holds(100, Duration::from_secs(60)).await;
+    until_delivered(&app.db, "bus", 100, Duration::from_secs(30)).await;
+
+    let by_key: BTreeMap<String, (String, String)> = events
+        .iter()
+        .map(|(id, kind, body)| (format!("stripe:{id}"), (kind.clone(), body.clone())))
+        .collect();
+    let stored = stream.all().await;
+    let keys: BTreeSet<&str> = stored
+        .iter()
+        .map(|(_, headers, _)| headers["Nats-Msg-Id"].as_str())
+        .collect();
+    assert_eq!(keys.len(), 100, "each event once");
+    for (subject, headers, payload) in &stored {
+        let key = &headers["Nats-Msg-Id"];
+        let (kind, body) = by_key.get(key).expect("a message is one of the events");
+        assert_eq!(
+            subject,
+            &format!("{}.stripe.{}", stream.prefix, subject_token(kind))
+        );
+        assert_eq!(payload, body.as_bytes(), "the body byte for byte");
+        assert_eq!(headers["X-Hookbox-Source"], "stripe");
+        assert_eq!(headers["X-Hookbox-Target"], "bus");
+        assert_eq!(&format!("stripe:{}", headers["X-Hookbox-Event-Id"]), key);
+        assert_eq!(&headers["X-Hookbox-Event-Type"], kind);
+        assert_eq!(headers["X-Hookbox-Attempt"], "1");
+        assert!(headers["Content-Type"].starts_with("application/json"));
+    }
+    let shown = deliveries(&app, &events[0].0).await;
+    assert_eq!(shown[0]["state"], "delivered");
+    assert_eq!(shown[0]["last_status"], serde_json::Value::Null, "{shown}");
+
+    // A forced repeat publish of ten events: each is published again and acknowledged, and
+    // JetStream drops it as a duplicate.
+    let mut before = Vec::new();
+    for (id, _, _) in &events[..10] {
+        before.push(deliveries(&app, id).await[0]["delivered_at"].clone());
+        let answer = client()
+            .post(format!(
+                "{}/admin/events/stripe/{id}/redeliver",
+                app.address
+            ))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("redeliver");
+        let answer = read(answer).await;
+        assert_eq!(answer.status, 202, "{}", answer.text());
+        assert_eq!(answer.json()["requeued"], 1);
+    }
+    for ((id, _, _), before) in events[..10].iter().zip(before) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let shown = deliveries(&app, id).await;
+            if shown[0]["state"] == "delivered" && shown[0]["delivered_at"] != before {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never published again: {shown}");
+            actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(stream.messages().await, 100, "no event twice in the stream");
+}
+
+#[actix_web::test]
+async fn a_hundred_events_reach_a_bound_queue_persistent_with_their_message_id() {
+    let rabbit = Rabbit::create(true).await;
+    let app = TestApp::spawn_with(
+        &amqp_target("rabbit", &rabbit.exchange, 30),
+        Handlers::default(),
+    )
+    .await;
+
+    let events = send_events(&app.config, &app.address, 100).await;
+    until_delivered(&app.db, "rabbit", 100, Duration::from_secs(60)).await;
+    rabbit.until_ready(100, Duration::from_secs(10)).await;
+
+    let by_key: BTreeMap<String, (String, String)> = events
+        .iter()
+        .map(|(id, kind, body)| (format!("stripe:{id}"), (kind.clone(), body.clone())))
+        .collect();
+    let received = rabbit.drain().await;
+    assert_eq!(received.len(), 100, "each event once");
+    let mut ids = BTreeSet::new();
+    for (routing_key, properties, body) in &received {
+        let key = properties
+            .message_id()
+            .as_ref()
+            .expect("a message_id")
+            .to_string();
+        let (kind, sent) = by_key.get(&key).expect("a message is one of the events");
+        ids.insert(key.clone());
+        assert_eq!(routing_key, &format!("stripe.{kind}"));
+        assert_eq!(body, sent.as_bytes(), "the body byte for byte");
+        assert_eq!(*properties.delivery_mode(), Some(2), "persistent");
+        assert!(properties
+            .content_type()
+            .as_ref()
+            .is_some_and(|t| t.as_str().starts_with("application/json")));
+        let headers = properties.headers().as_ref().expect("headers");
+        let header = |name: &str| match headers.inner().get(name) {
+            Some(AMQPValue::LongString(value)) => value.to_string(),
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!(header("X-Hookbox-Source"), "stripe");
+        assert_eq!(header("X-Hookbox-Target"), "rabbit");
+        assert_eq!(format!("stripe:{}", header("X-Hookbox-Event-Id")), key);
+        assert_eq!(&header("X-Hookbox-Event-Type"), kind);
+    }
+    assert_eq!(ids.len(), 100);
+}
+
+#[actix_web::test]
+async fn a_publish_no_queue_is_bound_for_is_never_delivered() {
+    let rabbit = Rabbit::create(false).await;
+    let app = TestApp::spawn_with(
+        &amqp_target("rabbit", &rabbit.exchange, 2),
+        Handlers::default(),
+    )
+    .await;
+    let events = send_events(&app.config, &app.address, 1).await;
+    let id = &events[0].0;
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shown = loop {
+        let shown = deliveries(&app, id).await;
+        if shown[0]["state"] == "dead" {
+            break shown;
+        }
+        assert_ne!(shown[0]["state"], "delivered", "{shown}");
+        assert!(Instant::now() < deadline, "never dead: {shown}");
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(shown[0]["attempts"], 2, "{shown}");
+    let error = shown[0]["last_error"].as_str().expect("an error");
+    assert!(
+        error.contains("unroutable") && error.contains(&rabbit.exchange),
+        "{error}"
+    );
+}
+
+/// A `nats-server -js` of this test's own on a free port, storing in a directory of its own;
+/// stopped (SIGKILL) when dropped.
+struct PrivateNats {
+    child: Option<Child>,
+    port: u16,
+    store: TempDir,
+}
+
+impl PrivateNats {
+    fn start() -> PrivateNats {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("a free port")
+            .local_addr()
+            .expect("its address")
+            .port();
+        let mut server = PrivateNats {
+            child: None,
+            port,
+            store: TempDir::new(),
+        };
+        server.resume();
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server (again) on its port and store; returns once it takes connections.
+    fn resume(&mut self) {
+        let child = Command::new("/usr/sbin/nats-server")
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(&self.store.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server never took connections"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server; its stored streams stay in the store.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[actix_web::test]
+async fn while_the_bus_is_down_providers_get_fast_200s_and_every_event_arrives_when_it_is_back() {
+    let mut nats = PrivateNats::start();
+    let stream = Stream::create(&nats.url()).await;
+    let subject = format!("{}.{{source}}.{{event_type}}", stream.prefix);
+    let app = TestApp::spawn_with(
+        &nats_target("bus", &nats.url(), &subject),
+        Handlers::default(),
+    )
+    .await;
+    // One event while the bus is up: the connection is open before the outage.
+    send_events(&app.config, &app.address, 1).await;
+    stream.until_holds(1, Duration::from_secs(30)).await;
+
+    nats.stop();
+    let started = Instant::now();
+    let events = send_events(&app.config, &app.address, 30).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "30 deliveries answered in {took:?} while the bus is down"
+    );
+    // Every event has been tried at least once, and none delivered, before the bus returns.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let tried = app.db.count(
+            "deliveries WHERE attempts >= 1 AND state = 'pending' AND last_error IS NOT NULL",
+        );
+        if tried == 30 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{tried} of 30 deliveries tried");
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ready = app.get("/readyz", None).await;
+    assert_eq!(ready.status, 200, "readiness does not hang on the bus");
+
+    nats.resume();
+    until_delivered(&app.db, "bus", 31, Duration::from_secs(90)).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let check = Stream {
+        server: nats.url(),
+        name: stream.name.clone(),
+        prefix: stream.prefix.clone(),
+        jetstream: jetstream::new(client),
+    };
+    check.until_holds(31, Duration::from_secs(10)).await;
+    let keys: BTreeSet<String> = check
+        .all()
+        .await
+        .into_iter()
+        .map(|(_, headers, _)| headers["Nats-Msg-Id"].clone())
+        .collect();
+    for (id, _, _) in &events {
+        assert!(keys.contains(&format!("stripe:{id}")), "{id} arrived");
+    }
+    drop(check);
+}
+
+#[actix_web::test]
+async fn after_a_sigkill_mid_stream_every_event_is_in_the_stream_once_and_in_the_queue() {
+    if skip_on_sqlite(
+        "after_a_sigkill_mid_stream_every_event_is_in_the_stream_once_and_in_the_queue",
+        "it runs the real binary against a shared PostgreSQL database",
+    ) {
+        return;
+    }
+    let stream = Stream::create(NATS).await;
+    let rabbit = Rabbit::create(true).await;
+    let db = TestDb::create();
+    let subject = format!("{}.{{source}}.{{event_type}}", stream.prefix);
+    let config = config_text(
+        &db.url,
+        &format!(
+            "{}{}",
+            nats_target("bus", NATS, &subject),
+            amqp_target("rabbit", &rabbit.exchange, 30)
+        ),
+    );
+    let parsed = parse_config(&config);
+    let first = Process::serve(&config);
+
+    // Events arrive while the first process forwards them; it is killed a few dozen in.
+    let events = make_events(200);
+    let mut first = first;
+    let (_, held_at_kill) = tokio::join!(deliver(&parsed, &first.address, &events), async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while stream.messages().await < 20 {
+            assert!(
+                Instant::now() < deadline,
+                "the first process forwards nothing"
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(5)).await;
+        }
+        first.child.kill().expect("SIGKILL hookbox");
+        first.child.wait().expect("reap hookbox");
+        stream.messages().await
+    });
+    assert!(
+        held_at_kill < 200,
+        "the kill came mid-stream: {held_at_kill} of 200 published"
+    );
+
+    // The provider retries every event against the restarted server (an answered one is a
+    // replay), which forwards the rest, and again what the first had in flight.
+    let second = Process::serve(&config);
+    assert_eq!(deliver(&parsed, &second.address, &events).await, 200);
+    let answered = 200;
+    until_delivered(&db, "bus", answered, Duration::from_secs(120)).await;
+    until_delivered(&db, "rabbit", answered, Duration::from_secs(60)).await;
+    stream
+        .until_holds(answered as u64, Duration::from_secs(10))
+        .await;
+    let keys: BTreeSet<String> = stream
+        .all()
+        .await
+        .into_iter()
+        .map(|(_, headers, _)| headers["Nats-Msg-Id"].clone())
+        .collect();
+    assert_eq!(keys.len() as i64, answered, "every event exactly once");
+
+    rabbit
+        .until_ready(answered as u32, Duration::from_secs(10))
+        .await;
+    let ids: BTreeSet<String> = rabbit
+        .drain()
+        .await
+        .iter()
+        .map(|(_, properties, _)| {
+            properties
+                .message_id()
+                .as_ref()
+                .expect("a message_id")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        ids.len() as i64,
+        answered,
+        "every event at least once, each with its one message_id"
+    );
+    drop(second);
+}
+
+/// Runs `hookbox serve` with `target` as stripe's one forward table; (exit code, stderr).
+fn serve_target(target: &str) -> (i32, String) {
+    let file = TempFile::new(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[database]\nurl = \"sqlite::memory:\"\n\
+         [sources.stripe]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[sources.stripe.forward]\n{target}"
+    ));
+    let (code, _stdout, stderr) = run_hookbox(&["serve", "--config", &file.path()], &[]);
+    (code, stderr)
+}
+
+#[test]
+fn a_bus_target_config_error_is_exit_2_naming_the_key() {
+    let cases = [
+        (
+            format!("url = \"{NATS}\"\nsubject = \"a.{{source}}\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"),
+            "sources.stripe.forward.secret",
+        ),
+        (
+            "url = \"amqp://guest:hunter2@127.0.0.1:5672/%2f\"\nexchange = \"x\"\nrouting_key = \"k\"\nsecret_env = \"HOME\"\n".to_owned(),
+            "sources.stripe.forward.secret_env",
+        ),
+        (
+            format!("url = \"{NATS}\"\nsubject = \"webhooks.{{source}}.{{type}}\"\n"),
+            "sources.stripe.forward.subject",
+        ),
+        (
+            "url = \"amqp://guest:hunter2@127.0.0.1:5672/%2f\"\nexchange = \"{exchange}\"\nrouting_key = \"k\"\n".to_owned(),
+            "sources.stripe.forward.exchange",
+        ),
+        (
+            "url = \"amqp://guest:hunter2@127.0.0.1:5672/%2f\"\nexchange = \"x\"\nrouting_key = \"{source\"\n".to_owned(),
+            "sources.stripe.forward.routing_key",
+        ),
+        (
+            "url = \"kafka://u:hunter2@127.0.0.1:9092\"\nsubject = \"a\"\n".to_owned(),
+            "sources.stripe.forward.url",
+        ),
+        (
+            format!("url = \"{NATS}\"\nsubject = \"webhooks.>\"\n"),
+            "sources.stripe.forward.subject",
+        ),
+    ];
+    for (target, key) in cases {
+        let (code, stderr) = serve_target(&target);
+        assert_eq!(code, 2, "{target:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "one line: {stderr}");
+        assert!(
+            lines[0].contains(key),
+            "{target:?} should name {key}: {stderr}"
+        );
+        assert!(!stderr.contains("listening"), "nothing listens");
+        assert!(!stderr.contains("hunter2"), "no password: {stderr}");
+    }
+}
+
+#[actix_web::test]
+async fn a_bus_password_shows_as_stars_in_the_log_the_admin_api_and_the_console() {
+    let password = "wr0ng-Pa55word";
+    let url = format!("amqp://guest:{password}@127.0.0.1:5672/%2f");
+    let db = TestDb::create();
+    let config = config_text(
+        &db.url,
+        "\n[[sources.stripe.forward]]\nname = \"rabbit\"\nurl_env = \"TEST_RABBIT_URL\"\n\
+         exchange = \"amq.topic\"\nrouting_key = \"{source}\"\ntimeout = \"2s\"\nmax_attempts = 2\n",
+    );
+    let parsed = hookbox::Config::parse(&config, &|name: &str| match name {
+        "TEST_RABBIT_URL" => Some(url.clone()),
+        other => test_env(other),
+    })
+    .expect("valid");
+    let server = Process::serve_with_env(&config, &[("TEST_RABBIT_URL", &url)]);
+    let events = send_events(&parsed, &server.address, 1).await;
+    let id = &events[0].0;
+
+    // The broker refuses the login: the delivery dies with the broker's reason.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shown = loop {
+        let answer = get(
+            &server.address,
+            &format!("/admin/events/stripe/{id}/deliveries"),
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+        let shown = answer.json()["deliveries"].clone();
+        if shown[0]["state"] == "dead" {
+            break shown;
+        }
+        assert!(Instant::now() < deadline, "never dead: {shown}");
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        shown[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("RabbitMQ")),
+        "{shown}"
+    );
+    assert!(!shown.to_string().contains(password), "{shown}");
+
+    let log = server.log();
+    assert!(
+        log.contains("amqp://guest:***@127.0.0.1:5672/%2f"),
+        "the startup line shows the URL masked: {log}"
+    );
+    assert!(!log.contains(password), "{log}");
+
+    let login = client()
+        .post(format!("{}/console/login", server.address))
+        .insert_header(("Content-Type", "application/x-www-form-urlencoded"))
+        .send_body(format!("token={ADMIN_TOKEN}"))
+        .await
+        .expect("the console answers");
+    let login = read(login).await;
+    assert_eq!(login.status, 303, "{}", login.text());
+    let cookie = login
+        .header("Set-Cookie")
+        .and_then(|c| c.split(';').next())
+        .expect("a session cookie")
+        .to_owned();
+    let page = client()
+        .get(format!(
+            "{}/console/event?source=stripe&id={id}",
+            server.address
+        ))
+        .insert_header(("Cookie", cookie))
+        .send()
+        .await
+        .expect("the console answers");
+    let page = read(page).await;
+    assert_eq!(page.status, 200);
+    assert!(page.text().contains("RabbitMQ"), "{}", page.text());
+    assert!(!page.text().contains(password), "{}", page.text());
+}
