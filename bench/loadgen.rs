@@ -21,7 +21,8 @@
 //! Stripe, PayPal and Square events, a Braintree notification, or a Stripe-shaped event for any
 //! other scheme; for Adyen, a batch of ten items (about 3 KB), each an event of its own; for
 //! SendGrid, a batch of one event (about 1.5 KB), so its row weighs the ECDSA check against
-//! Stripe's HMAC one delivery for one.
+//! Stripe's HMAC one delivery for one; for GoCardless, a batch of one event too, the same claim
+//! path as SendGrid's with an HMAC, so the two rows set the ECDSA check apart from the batch.
 //!
 //! `--serve-cert ADDR` (PayPal): makes an RSA key and a self-signed certificate for this run,
 //! serves the certificate on `http://ADDR/certs/bench-<run>.pem`, and signs with that key and
@@ -184,6 +185,10 @@ fn body(scheme: &str, id: &str) -> String {
         // One event, as SendGrid posts it: a JSON array ending in CRLF.
         "sendgrid" => format!(
             "[{{\"email\":\"ada@example.com\",\"timestamp\":1764669600,\"smtp-id\":\"<{id}@geopod-ismtpd-3>\",\"event\":\"delivered\",\"category\":[\"receipts\"],\"sg_event_id\":\"{id}\",\"sg_message_id\":\"{id}.recvd-7b5d8c6f4-x2kqp-1-6921E6DE-3.0\",\"response\":\"250 2.0.0 OK {padding}\",\"tls\":1,\"ip\":\"149.72.154.232\"}}]\r\n"
+        ),
+        // One event, as GoCardless posts it.
+        "gocardless" => format!(
+            r#"{{"events":[{{"id":"{id}","created_at":"2026-12-02T10:00:00.000Z","resource_type":"payments","action":"confirmed","links":{{"payment":"PM_{id}"}},"details":{{"origin":"gocardless","cause":"payment_confirmed","description":"{padding}"}}}}],"meta":{{"webhook_id":"WB_{id}"}}}}"#
         ),
         // Base64 and the form encoding make the ~1.1 KB notification about 1.5 KB on the wire.
         "braintree" => format!(

@@ -3,8 +3,8 @@
 # running the SQL hookbox runs per new event and per replay, then a release `hookbox serve`
 # taking fresh and replayed Stripe deliveries at 1, 8, 32 and 128 connections, then fresh
 # deliveries of each representative scheme (PayPal RSA, Square, Braintree form, an Adyen batch of
-# ten items, SendGrid's ECDSA P-256 over a batch of one event, Standard Webhooks' Ed25519 v1a)
-# beside Stripe's, at 32 connections, each with its ratio to Stripe's in the same step (deliveries a second: an Adyen
+# ten items, a GoCardless batch of one event, SendGrid's ECDSA P-256 over a batch of one event,
+# Standard Webhooks' Ed25519 v1a) beside Stripe's, at 32 connections, each with its ratio to Stripe's in the same step (deliveries a second: an Adyen
 # delivery is ten events). SQLite: the same Stripe
 # deliveries against a release `hookbox serve` on a fresh SQLite file in the work directory,
 # with a floor from the sqlite3 CLI when it is installed (the same INSERT and SELECT, in WAL
@@ -64,6 +64,9 @@ public_key = "btbenchpublickey"
 [sources.adyen]
 scheme = "adyen"
 secrets = ["44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"]
+[sources.gocardless]
+scheme = "gocardless"
+secrets = ["gc-bench-webhook-secret"]
 [sources.sendgrid]
 scheme = "sendgrid"
 public_keys = ["$sendgrid_key"]
@@ -125,7 +128,7 @@ deliveries() {
 # from the server's own config; each row's ratio is to Stripe's row of this step.
 schemes() {
   local store=$1 source out rps stripe_rps="" signing
-  for source in stripe paypal square braintree adyen sendgrid standard; do
+  for source in stripe paypal square braintree adyen gocardless sendgrid standard; do
     signing=()
     [ "$source" = paypal ] && signing=(--serve-cert "127.0.0.1:$cert_port")
     [ "$source" = sendgrid ] && signing=(--key "$work/sendgrid.pem")
