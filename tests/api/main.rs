@@ -19,6 +19,7 @@ mod faults;
 mod form_providers;
 mod forward;
 mod fuzz;
+mod generic_hmac;
 mod handler_failures;
 mod helpers;
 mod hostile;
