@@ -94,17 +94,18 @@ impl Runner {
         by_lane
     }
 
-    /// One attempt of a taken row: waits for its turn, hands it over, judges the outcome, and
-    /// counts it. `started` is told when it starts (a paced lane has room again).
+    /// One attempt of a taken row: waits for a slot and its turn, hands it over, judges the
+    /// outcome, and counts it. `started` is told when a paced one starts (its lane has room again).
     pub async fn attempt(&self, lane: usize, due: Due, started: &Wake) -> Settled {
         let transport = self.transports[lane].clone();
         let lane = &self.outbox.lanes[lane];
-        lane.start().await;
+        let slot = lane.start().await;
         if lane.paced() {
+            // Fewer rows wait for a turn now: the lane may take more.
             started.poke();
         }
         let outcome = attempt(&self.outbox, lane, &*transport, &due).await;
-        lane.finished();
+        lane.finished(slot);
         Settled {
             id: due.id,
             attempt: due.attempt,

@@ -1,22 +1,27 @@
 //! A lane: one (source, target), with the limits this process keeps for it.
 //!
-//! `concurrency` bounds the rows taken and not yet answered (waiting for their turn under
-//! `rate`, or in flight); `rate` spreads their starts ([`Pace`]) and bounds how many wait for
-//! one; `ordered` lets a lane hold one row at a time, from its take until its outcome is
-//! committed, so the next take sees the head as it stands. Every runner of the process (the
-//! dispatcher, and a test's [`super::Outbox::pass`]) shares these counts: a take reserves room
-//! first and gives back what it did not fill, so two runners never overfill a lane.
+//! `concurrency` bounds the attempts in flight (a fair semaphore of slots). A lane takes up to
+//! as many rows again ahead of its slots, so the next rows are at hand while a take is under
+//! way and no slot idles waiting for the database; the lease covers that wait. `rate` spreads
+//! the starts ([`Pace`]) and bounds how many rows wait for one; `ordered` lets a lane hold one
+//! row at a time, from its take until its outcome is committed, so the next take sees the head
+//! as it stands. Every runner of the process (the dispatcher, and a test's
+//! [`super::Outbox::pass`]) shares these counts: a take reserves room first and gives back what
+//! it did not fill, so two runners never overfill a lane.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::{Semaphore, SemaphorePermit};
+
 use super::pace::Pace;
 use super::Target;
 use crate::db::deliveries::Want;
 
-/// A lease lasts the attempt's timeout, its longest wait for a turn under `rate`, and this, so
-/// a slow but live attempt is settled before another dispatcher may take the row.
+/// A lease lasts the longest a taken row may wait for a slot and its turn under `rate`, the
+/// attempt's timeout, and this, so a slow but live attempt is settled before another
+/// dispatcher may take the row.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
 /// One (source, target) and its counts in this process.
@@ -27,6 +32,8 @@ pub struct Lane {
     pub target: Arc<Target>,
     /// Its `rate`, if it has one.
     pace: Option<Pace>,
+    /// One permit per attempt in flight: `concurrency` of them.
+    slots: Semaphore,
     /// Rows taken (or room reserved for a take) that have not started.
     waiting: AtomicUsize,
     /// Attempts under way.
@@ -41,10 +48,12 @@ impl Lane {
     /// The lane of `source`'s `target`.
     pub fn new(source: String, target: Arc<Target>) -> Lane {
         let pace = target.config.rate.map(Pace::new);
+        let slots = Semaphore::new(target.config.concurrency as usize);
         Lane {
             source,
             target,
             pace,
+            slots,
             waiting: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             unsettled: AtomicUsize::new(0),
@@ -106,18 +115,27 @@ impl Lane {
         self.unsettled.fetch_sub(unused, Ordering::SeqCst);
     }
 
-    /// Waits for a taken row's turn (under `rate`), then counts it in flight.
-    pub async fn start(&self) {
+    /// Waits for a slot, then for the row's turn under `rate` (holding the slot, so the
+    /// attempt starts the moment its turn comes), and counts it in flight. The slot is the
+    /// attempt's until the permit is dropped, after [`Lane::finished`].
+    pub async fn start(&self) -> SemaphorePermit<'_> {
+        let slot = self
+            .slots
+            .acquire()
+            .await
+            .expect("a lane's semaphore is never closed");
         if let Some(pace) = &self.pace {
             pace.start().await;
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.waiting.fetch_sub(1, Ordering::SeqCst);
+        slot
     }
 
-    /// An attempt ended (its outcome is not yet committed).
-    pub fn finished(&self) {
+    /// An attempt ended (its outcome is not yet committed); its slot goes with `slot`.
+    pub fn finished(&self, slot: SemaphorePermit<'_>) {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        drop(slot);
     }
 
     /// `n` outcomes were committed, or failed to be (the rows' leases then run out).
