@@ -5,16 +5,27 @@
 //! yet fetched wait on one fetch, so a burst fetches once. A failed fetch is not kept: the
 //! provider's retry fetches again, with no restart. The same allowlist and client serve the one
 //! other request a delivery may ask for: [`visit`], SNS's GET of its `SubscribeURL`.
+//!
+//! What the certificate schemes (PayPal, SNS) share beyond the fetch lives here too: a source's
+//! `cert_urls` ([`Allowlist::from_settings`]), the check of an RSA signature with the key of a
+//! certificate valid at the time ([`RsaSignature`]), and the key `send` and `replay` sign with
+//! ([`RsaSigningKey`]). Each provider keeps only its own rules: what it signs, where the
+//! signature, digest and certificate URL travel, and the event's id.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
+use base64::Engine;
 use openssl::asn1::Asn1Time;
-use openssl::pkey::{PKey, Public};
+use openssl::hash::MessageDigest;
+use openssl::pkey::{Id, PKey, Private, Public};
+use openssl::sign::{Signer as RsaSigner, Verifier as RsaVerifier};
 use openssl::x509::X509;
 use tokio::sync::watch;
+
+use super::{ProviderError, Refusal, Settings, SignatureError, Signing};
 
 /// How long one certificate fetch may take, connection and body included.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -167,6 +178,22 @@ impl Allowlist {
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Allowlist)
+    }
+
+    /// A source's `cert_urls`, or `defaults` (the provider's own hosts) when it names none.
+    ///
+    /// # Errors
+    /// Under `cert_urls`: not a list of texts, an empty list, or a prefix [`Allowlist::new`]
+    /// refuses.
+    pub fn from_settings(
+        settings: &Settings<'_>,
+        defaults: &[&str],
+    ) -> Result<Allowlist, ProviderError> {
+        match settings.texts("cert_urls")? {
+            Some(prefixes) => Allowlist::new(&prefixes),
+            None => Allowlist::new(defaults),
+        }
+        .map_err(|problem| ProviderError::at("cert_urls", problem))
     }
 
     /// The URL, normalised, when it starts with an allowed prefix: same scheme, host and port,
@@ -514,6 +541,171 @@ pub async fn visit(url: &CertUrl) -> Result<(), Unavailable> {
         tracing::warn!(url = %url.origin(), %reason, "confirmation request failed");
         Unavailable
     })
+}
+
+/// An RSA signature a delivery carries, made with the key of the certificate at `cert_url` over
+/// what the provider signs, with the digest the provider names (PayPal's SHA256withRSA, SNS's
+/// SHA1withRSA or SHA256withRSA).
+pub struct RsaSignature {
+    /// The certificate's URL, already admitted by the source's [`Allowlist`].
+    pub cert_url: CertUrl,
+    /// The digest signed with.
+    pub digest: MessageDigest,
+    bytes: Vec<u8>,
+}
+
+impl RsaSignature {
+    /// The signature as the provider spells it, standard base64.
+    ///
+    /// # Errors
+    /// [`SignatureError::Invalid`] for text that is not base64 or decodes to nothing.
+    pub fn from_base64(
+        text: &str,
+        digest: MessageDigest,
+        cert_url: CertUrl,
+    ) -> Result<RsaSignature, SignatureError> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|_| SignatureError::Invalid)?;
+        if bytes.is_empty() {
+            return Err(SignatureError::Invalid);
+        }
+        Ok(RsaSignature {
+            cert_url,
+            digest,
+            bytes,
+        })
+    }
+
+    /// Checks `signed` against the certificate only if it is already cached: one not fetched
+    /// yet counts as a mismatch (for [`Provider::verify`](super::Provider::verify), which
+    /// cannot wait for a fetch).
+    ///
+    /// # Errors
+    /// [`SignatureError::Invalid`] as [`RsaSignature::verify`] says, or for a certificate not
+    /// cached.
+    pub fn verify_cached(&self, signed: &[u8], now: i64) -> Result<(), SignatureError> {
+        let certificate = cached(&self.cert_url).ok_or(SignatureError::Invalid)?;
+        self.check(&certificate, signed, now)
+    }
+
+    /// Fetches the certificate (once per URL, see [`certificate`]) and checks `signed` with
+    /// its key.
+    ///
+    /// # Errors
+    /// [`Refusal::Unavailable`] when the fetch fails (503: the provider retries);
+    /// [`SignatureError::Invalid`] for a key that is not RSA, a certificate outside its validity
+    /// period at `now`, or a signature that does not match.
+    pub async fn verify(&self, signed: &[u8], now: i64) -> Result<(), Refusal> {
+        let certificate = certificate(&self.cert_url)
+            .await
+            .map_err(|Unavailable| Refusal::Unavailable)?;
+        Ok(self.check(&certificate, signed, now)?)
+    }
+
+    fn check(
+        &self,
+        certificate: &Certificate,
+        signed: &[u8],
+        now: i64,
+    ) -> Result<(), SignatureError> {
+        let key = certificate.public_key();
+        if key.id() != Id::RSA || !certificate.valid_at(now) {
+            return Err(SignatureError::Invalid);
+        }
+        let good = RsaVerifier::new(self.digest, key)
+            .and_then(|mut verifier| verifier.verify_oneshot(&self.bytes, signed))
+            .unwrap_or(false);
+        if good {
+            Ok(())
+        } else {
+            Err(SignatureError::Invalid)
+        }
+    }
+}
+
+/// The RSA private key `send` and `replay` sign with (`--key FILE`, PEM) and the URL
+/// `--cert-url` says its certificate is at. `Debug` is not implemented: the key is never shown.
+pub struct RsaSigningKey {
+    key: PKey<Private>,
+    /// Where the receiver fetches the certificate.
+    pub cert_url: String,
+}
+
+impl RsaSigningKey {
+    /// The key and URL of `signing`, for `scheme`; `names_it` says where the scheme names the
+    /// certificate's URL ("in each delivery"), for the error when `--cert-url` is missing.
+    ///
+    /// # Errors
+    /// Under `--key`: no key, or one that is not a PEM RSA private key; under `--cert-url`: no
+    /// URL.
+    pub fn load(
+        signing: &Signing,
+        scheme: &str,
+        names_it: &str,
+    ) -> Result<RsaSigningKey, ProviderError> {
+        let pem = signing.key_pem.as_ref().ok_or_else(|| {
+            ProviderError::at(
+                "--key",
+                format!(
+                    "{scheme} signs with an RSA private key: give --key FILE (PEM) and \
+                     --cert-url URL (where the receiver fetches its certificate)"
+                ),
+            )
+        })?;
+        let key = PKey::private_key_from_pem(pem.expose().as_bytes())
+            .ok()
+            .filter(|key| key.id() == Id::RSA)
+            .ok_or_else(|| ProviderError::at("--key", "not a PEM RSA private key"))?;
+        let cert_url = signing.cert_url.clone().ok_or_else(|| {
+            ProviderError::at(
+                "--cert-url",
+                format!("{scheme} names its certificate's URL {names_it}: give --cert-url URL"),
+            )
+        })?;
+        Ok(RsaSigningKey { key, cert_url })
+    }
+
+    /// The signature over `signed` with `digest`, in standard base64.
+    pub fn sign_base64(&self, digest: MessageDigest, signed: &[u8]) -> String {
+        let signature = RsaSigner::new(digest, &self.key)
+            .and_then(|mut rsa| rsa.sign_oneshot_to_vec(signed))
+            .expect("an RSA key checked when it was loaded signs");
+        base64::engine::general_purpose::STANDARD.encode(signature)
+    }
+}
+
+/// For the certificate schemes' unit tests: a fresh RSA key and a self-signed certificate for
+/// it named `common_name`, valid from `from` to `until` (unix seconds), as PEM.
+#[cfg(test)]
+pub(super) fn test_key_and_cert(
+    common_name: &str,
+    from: i64,
+    until: i64,
+) -> (PKey<Private>, String) {
+    use openssl::bn::BigNum;
+    use openssl::rsa::Rsa;
+    use openssl::x509::X509Name;
+
+    let key = PKey::from_rsa(Rsa::generate(2048).expect("rsa")).expect("pkey");
+    let mut name = X509Name::builder().expect("name");
+    name.append_entry_by_text("CN", common_name).expect("cn");
+    let name = name.build();
+    let mut cert = X509::builder().expect("x509");
+    cert.set_version(2).expect("version");
+    let serial = BigNum::from_u32(1).and_then(|n| n.to_asn1_integer());
+    cert.set_serial_number(&serial.expect("serial"))
+        .expect("serial");
+    cert.set_subject_name(&name).expect("subject");
+    cert.set_issuer_name(&name).expect("issuer");
+    cert.set_pubkey(&key).expect("pubkey");
+    cert.set_not_before(&Asn1Time::from_unix(from).expect("time"))
+        .expect("nb");
+    cert.set_not_after(&Asn1Time::from_unix(until).expect("time"))
+        .expect("na");
+    cert.sign(&key, MessageDigest::sha256()).expect("sign");
+    let pem = cert.build().to_pem().expect("pem");
+    (key, String::from_utf8(pem).expect("pem is text"))
 }
 
 #[cfg(test)]

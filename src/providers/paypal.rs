@@ -11,13 +11,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use futures_util::future::LocalBoxFuture;
 use openssl::hash::MessageDigest;
-use openssl::pkey::{Id, PKey, Private};
-use openssl::sign::{Signer as RsaSigner, Verifier as RsaVerifier};
 
-use super::certs::{self, Allowlist, CertUrl, Certificate};
+use super::certs::{Allowlist, RsaSignature, RsaSigningKey};
 use super::mac::{json_text, required_header, Clock};
 use super::{
     receive_verified, Headers, Identity, Inbound, Provider, ProviderError, Received, Refusal,
@@ -44,13 +41,7 @@ pub struct PayPal {
     webhook_id: String,
     allowlist: Allowlist,
     tolerance: Duration,
-    signer: Option<SigningKey>,
-}
-
-/// The private key `--key` names and the URL `--cert-url` says its certificate is at.
-struct SigningKey {
-    key: PKey<Private>,
-    cert_url: String,
+    signer: Option<RsaSigningKey>,
 }
 
 impl fmt::Debug for PayPal {
@@ -84,12 +75,11 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
             "the webhook id is empty or holds spaces or '|'",
         ));
     }
-    let allowlist = match settings.texts("cert_urls")? {
-        Some(prefixes) => Allowlist::new(&prefixes),
-        None => Allowlist::new(&DEFAULT_CERT_URLS),
-    }
-    .map_err(|problem| ProviderError::at("cert_urls", problem))?;
-    let signer = settings.signing.map(signing_key).transpose()?;
+    let allowlist = Allowlist::from_settings(settings, &DEFAULT_CERT_URLS)?;
+    let signer = settings
+        .signing
+        .map(|signing| RsaSigningKey::load(signing, "paypal", "in each delivery"))
+        .transpose()?;
     Ok(Arc::new(PayPal {
         webhook_id: webhook_id.to_owned(),
         allowlist,
@@ -98,35 +88,12 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
     }))
 }
 
-/// The RSA key and certificate URL `send` and `replay` sign with.
-fn signing_key(signing: &super::Signing) -> Result<SigningKey, ProviderError> {
-    let pem = signing.key_pem.as_ref().ok_or_else(|| {
-        ProviderError::at(
-            "--key",
-            "paypal signs with an RSA private key: give --key FILE (PEM) and --cert-url URL \
-             (where the receiver fetches its certificate)",
-        )
-    })?;
-    let key = PKey::private_key_from_pem(pem.expose().as_bytes())
-        .ok()
-        .filter(|key| key.id() == Id::RSA)
-        .ok_or_else(|| ProviderError::at("--key", "not a PEM RSA private key"))?;
-    let cert_url = signing.cert_url.clone().ok_or_else(|| {
-        ProviderError::at(
-            "--cert-url",
-            "paypal names its certificate's URL in each delivery: give --cert-url URL",
-        )
-    })?;
-    Ok(SigningKey { key, cert_url })
-}
-
 /// A delivery's signed parts, read and checked as far as can be without the certificate.
 struct Transmission<'h> {
     id: &'h str,
     time: &'h str,
     timestamp: i64,
-    signature: Vec<u8>,
-    cert_url: CertUrl,
+    signature: RsaSignature,
 }
 
 impl PayPal {
@@ -150,52 +117,18 @@ impl PayPal {
         let timestamp = chrono::DateTime::parse_from_rfc3339(time)
             .map_err(|_| SignatureError::Invalid)?
             .timestamp();
-        let signature = base64::engine::general_purpose::STANDARD
-            .decode(signature)
-            .map_err(|_| SignatureError::Invalid)?;
-        if signature.is_empty() {
-            return Err(SignatureError::Invalid);
-        }
+        let signature = RsaSignature::from_base64(signature, MessageDigest::sha256(), cert_url)?;
         Ok(Transmission {
             id,
             time,
             timestamp,
             signature,
-            cert_url,
         })
     }
 
     /// What PayPal signs: the transmission's id and time, the webhook id and the body's CRC32.
     fn signed_string(&self, id: &str, time: &str, body: &[u8]) -> String {
         format!("{id}|{time}|{}|{}", self.webhook_id, crc32fast::hash(body))
-    }
-
-    /// Checks the signature with `certificate`, then its validity period and the time.
-    fn check(
-        &self,
-        transmission: &Transmission<'_>,
-        certificate: &Certificate,
-        body: &[u8],
-        now: i64,
-    ) -> Result<(), SignatureError> {
-        let key = certificate.public_key();
-        if key.id() != Id::RSA || !certificate.valid_at(now) {
-            return Err(SignatureError::Invalid);
-        }
-        let signed = self.signed_string(transmission.id, transmission.time, body);
-        let good = RsaVerifier::new(MessageDigest::sha256(), key)
-            .and_then(|mut verifier| {
-                verifier.verify_oneshot(&transmission.signature, signed.as_bytes())
-            })
-            .unwrap_or(false);
-        if !good {
-            return Err(SignatureError::Invalid);
-        }
-        Clock {
-            now,
-            tolerance: self.tolerance,
-        }
-        .check(transmission.timestamp)
     }
 }
 
@@ -208,8 +141,11 @@ impl Provider for PayPal {
     /// here. [`receive`](Provider::receive) is what fetches it.
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let transmission = self.transmission(headers)?;
-        let certificate = certs::cached(&transmission.cert_url).ok_or(SignatureError::Invalid)?;
-        self.check(&transmission, &certificate, body, now)
+        let signed = self.signed_string(transmission.id, transmission.time, body);
+        transmission
+            .signature
+            .verify_cached(signed.as_bytes(), now)?;
+        Clock::new(now, self.tolerance).check(transmission.timestamp)
     }
 
     fn receive<'a>(
@@ -218,10 +154,12 @@ impl Provider for PayPal {
     ) -> LocalBoxFuture<'a, Result<Received, Refusal>> {
         Box::pin(async move {
             let transmission = self.transmission(inbound.headers)?;
-            let certificate = certs::certificate(&transmission.cert_url)
-                .await
-                .map_err(|certs::Unavailable| Refusal::Unavailable)?;
-            self.check(&transmission, &certificate, inbound.body, inbound.now)?;
+            let signed = self.signed_string(transmission.id, transmission.time, inbound.body);
+            transmission
+                .signature
+                .verify(signed.as_bytes(), inbound.now)
+                .await?;
+            Clock::new(inbound.now, self.tolerance).check(transmission.timestamp)?;
             receive_verified(self, inbound)
         })
     }
@@ -267,16 +205,11 @@ impl Provider for PayPal {
             .unwrap_or_default()
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let signed = self.signed_string(&id, &time, body);
-        let signature = RsaSigner::new(MessageDigest::sha256(), &signer.key)
-            .and_then(|mut rsa| rsa.sign_oneshot_to_vec(signed.as_bytes()))
-            .expect("an RSA key checked when it was loaded signs");
+        let signature = signer.sign_base64(MessageDigest::sha256(), signed.as_bytes());
         vec![
             (TRANSMISSION_ID.to_owned(), id),
             (TRANSMISSION_TIME.to_owned(), time),
-            (
-                TRANSMISSION_SIG.to_owned(),
-                base64::engine::general_purpose::STANDARD.encode(signature),
-            ),
+            (TRANSMISSION_SIG.to_owned(), signature),
             (CERT_URL.to_owned(), signer.cert_url.clone()),
             (AUTH_ALGO.to_owned(), ALGORITHM.to_owned()),
         ]
@@ -311,12 +244,7 @@ fn transmission_id() -> String {
 mod tests {
     use std::time::Duration;
 
-    use openssl::asn1::Asn1Time;
-    use openssl::bn::BigNum;
-    use openssl::hash::MessageDigest;
     use openssl::pkey::{PKey, Private};
-    use openssl::rsa::Rsa;
-    use openssl::x509::{X509Name, X509};
 
     use super::super::{certs, Provider, Scheme, SignatureError, Signing};
     use super::*;
@@ -325,27 +253,8 @@ mod tests {
     const NOW: i64 = 1_763_649_000;
     const BODY: &[u8] = br#"{"id":"WH-1","event_type":"PAYMENT.CAPTURE.COMPLETED"}"#;
 
-    /// A fresh RSA key and a self-signed certificate for it, valid from `from` to `until`.
     fn key_and_cert(from: i64, until: i64) -> (PKey<Private>, String) {
-        let key = PKey::from_rsa(Rsa::generate(2048).expect("rsa")).expect("pkey");
-        let mut name = X509Name::builder().expect("name");
-        name.append_entry_by_text("CN", "hookbox test").expect("cn");
-        let name = name.build();
-        let mut cert = X509::builder().expect("x509");
-        cert.set_version(2).expect("version");
-        let serial = BigNum::from_u32(1).and_then(|n| n.to_asn1_integer());
-        cert.set_serial_number(&serial.expect("serial"))
-            .expect("serial");
-        cert.set_subject_name(&name).expect("subject");
-        cert.set_issuer_name(&name).expect("issuer");
-        cert.set_pubkey(&key).expect("pubkey");
-        cert.set_not_before(&Asn1Time::from_unix(from).expect("time"))
-            .expect("nb");
-        cert.set_not_after(&Asn1Time::from_unix(until).expect("time"))
-            .expect("na");
-        cert.sign(&key, MessageDigest::sha256()).expect("sign");
-        let pem = cert.build().to_pem().expect("pem");
-        (key, String::from_utf8(pem).expect("pem is text"))
+        certs::test_key_and_cert("hookbox test", from, until)
     }
 
     fn scheme(extra: &str) -> Scheme {

@@ -25,14 +25,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use futures_util::future::LocalBoxFuture;
 use openssl::hash::MessageDigest;
-use openssl::pkey::{Id, PKey, Private};
-use openssl::sign::{Signer as RsaSigner, Verifier as RsaVerifier};
 use serde_json::{Map, Value};
 
-use super::certs::{self, Allowlist, CertUrl, Certificate};
+use super::certs::{Allowlist, CertUrl, RsaSignature, RsaSigningKey};
 use super::mac::{json_text, Clock};
 use super::{
     receive_verified, Answer, Confirmation, Headers, Identity, Inbound, Provider, ProviderError,
@@ -147,13 +144,7 @@ pub struct Sns {
     allowlist: Allowlist,
     topics: Option<Vec<String>>,
     tolerance: Duration,
-    signer: Option<SigningKey>,
-}
-
-/// The private key `--key` names and the URL `--cert-url` says its certificate is at.
-struct SigningKey {
-    key: PKey<Private>,
-    cert_url: String,
+    signer: Option<RsaSigningKey>,
 }
 
 impl fmt::Debug for Sns {
@@ -174,11 +165,7 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
         "SNS signs with the certificate at each message's SigningCertURL; name the topics to \
          take in topic_arns",
     )?;
-    let allowlist = match settings.texts("cert_urls")? {
-        Some(prefixes) => Allowlist::new(&prefixes),
-        None => Allowlist::new(&DEFAULT_CERT_URLS),
-    }
-    .map_err(|problem| ProviderError::at("cert_urls", problem))?;
+    let allowlist = Allowlist::from_settings(settings, &DEFAULT_CERT_URLS)?;
     let topics = settings.texts("topic_arns")?;
     if let Some(topics) = &topics {
         if topics.is_empty() {
@@ -195,7 +182,10 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
             ));
         }
     }
-    let signer = settings.signing.map(signing_key).transpose()?;
+    let signer = settings
+        .signing
+        .map(|signing| RsaSigningKey::load(signing, "sns", "in each message (SigningCertURL)"))
+        .transpose()?;
     Ok(Arc::new(Sns {
         allowlist,
         topics: topics.map(|topics| topics.into_iter().map(str::to_owned).collect()),
@@ -208,36 +198,11 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
     }))
 }
 
-/// The RSA key and certificate URL `send` and `replay` sign with.
-fn signing_key(signing: &super::Signing) -> Result<SigningKey, ProviderError> {
-    let pem = signing.key_pem.as_ref().ok_or_else(|| {
-        ProviderError::at(
-            "--key",
-            "sns signs with an RSA private key: give --key FILE (PEM) and --cert-url URL \
-             (where the receiver fetches its certificate)",
-        )
-    })?;
-    let key = PKey::private_key_from_pem(pem.expose().as_bytes())
-        .ok()
-        .filter(|key| key.id() == Id::RSA)
-        .ok_or_else(|| ProviderError::at("--key", "not a PEM RSA private key"))?;
-    let cert_url = signing.cert_url.clone().ok_or_else(|| {
-        ProviderError::at(
-            "--cert-url",
-            "sns names its certificate's URL in each message (SigningCertURL): give \
-             --cert-url URL",
-        )
-    })?;
-    Ok(SigningKey { key, cert_url })
-}
-
 /// A message's signed parts, read and checked as far as can be without the certificate.
 struct Envelope {
     kind: Kind,
     signed: String,
-    signature: Vec<u8>,
-    digest: MessageDigest,
-    cert_url: CertUrl,
+    signature: RsaSignature,
     timestamp: i64,
     /// A `SubscriptionConfirmation`'s `SubscribeURL`, admitted.
     subscribe_url: Option<CertUrl>,
@@ -283,43 +248,14 @@ impl Sns {
         let timestamp = chrono::DateTime::parse_from_rfc3339(text("Timestamp")?)
             .map_err(|_| SignatureError::Invalid)?
             .timestamp();
-        let signature = base64::engine::general_purpose::STANDARD
-            .decode(text("Signature")?)
-            .map_err(|_| SignatureError::Invalid)?;
-        if signature.is_empty() {
-            return Err(SignatureError::Invalid);
-        }
+        let signature = RsaSignature::from_base64(text("Signature")?, digest, cert_url)?;
         Ok(Envelope {
             kind,
             signed,
             signature,
-            digest,
-            cert_url,
             timestamp,
             subscribe_url,
         })
-    }
-
-    /// Checks the signature with `certificate`, then its validity period and the time.
-    fn check(
-        &self,
-        envelope: &Envelope,
-        certificate: &Certificate,
-        now: i64,
-    ) -> Result<(), SignatureError> {
-        let key = certificate.public_key();
-        if key.id() != Id::RSA || !certificate.valid_at(now) {
-            return Err(SignatureError::Invalid);
-        }
-        let good = RsaVerifier::new(envelope.digest, key)
-            .and_then(|mut verifier| {
-                verifier.verify_oneshot(&envelope.signature, envelope.signed.as_bytes())
-            })
-            .unwrap_or(false);
-        if !good {
-            return Err(SignatureError::Invalid);
-        }
-        Clock::new(now, self.tolerance).check(envelope.timestamp)
     }
 }
 
@@ -341,8 +277,10 @@ impl Provider for Sns {
     /// here. [`receive`](Provider::receive) is what fetches it.
     fn verify(&self, _headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let envelope = self.envelope(body)?;
-        let certificate = certs::cached(&envelope.cert_url).ok_or(SignatureError::Invalid)?;
-        self.check(&envelope, &certificate, now)
+        envelope
+            .signature
+            .verify_cached(envelope.signed.as_bytes(), now)?;
+        Clock::new(now, self.tolerance).check(envelope.timestamp)
     }
 
     fn receive<'a>(
@@ -351,10 +289,11 @@ impl Provider for Sns {
     ) -> LocalBoxFuture<'a, Result<Received, Refusal>> {
         Box::pin(async move {
             let envelope = self.envelope(inbound.body)?;
-            let certificate = certs::certificate(&envelope.cert_url)
-                .await
-                .map_err(|certs::Unavailable| Refusal::Unavailable)?;
-            self.check(&envelope, &certificate, inbound.now)?;
+            envelope
+                .signature
+                .verify(envelope.signed.as_bytes(), inbound.now)
+                .await?;
+            Clock::new(inbound.now, self.tolerance).check(envelope.timestamp)?;
             match (envelope.kind, envelope.subscribe_url) {
                 (Kind::SubscriptionConfirmation, Some(url)) => {
                     Ok(Received::Confirm(Confirmation {
@@ -451,13 +390,8 @@ impl Provider for Sns {
         let kind = field(&message, "Type").ok().flatten().and_then(Kind::of);
         let digest = digest_of(version).expect("1 and 2 name a digest");
         if let Some(signed) = kind.and_then(|kind| string_to_sign(kind, &message)) {
-            let signature = RsaSigner::new(digest, &signer.key)
-                .and_then(|mut rsa| rsa.sign_oneshot_to_vec(signed.as_bytes()))
-                .expect("an RSA key checked when it was loaded signs");
-            message.insert(
-                "Signature".into(),
-                Value::String(base64::engine::general_purpose::STANDARD.encode(signature)),
-            );
+            let signature = signer.sign_base64(digest, signed.as_bytes());
+            message.insert("Signature".into(), Value::String(signature));
         }
         let body = serde_json::to_vec(&message).expect("a JSON object serializes");
         Signed {
@@ -491,12 +425,7 @@ impl Provider for Sns {
 mod tests {
     use std::time::Duration;
 
-    use openssl::asn1::Asn1Time;
-    use openssl::bn::BigNum;
-    use openssl::hash::MessageDigest;
     use openssl::pkey::{PKey, Private};
-    use openssl::rsa::Rsa;
-    use openssl::x509::{X509Name, X509};
 
     use super::super::{certs, Provider, Scheme, SignatureError, Signing};
     use super::*;
@@ -505,28 +434,8 @@ mod tests {
     const NOW: i64 = 1_763_649_000;
     const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:orders";
 
-    /// A fresh RSA key and a self-signed certificate for it, valid from `from` to `until`.
     fn key_and_cert(from: i64, until: i64) -> (PKey<Private>, String) {
-        let key = PKey::from_rsa(Rsa::generate(2048).expect("rsa")).expect("pkey");
-        let mut name = X509Name::builder().expect("name");
-        name.append_entry_by_text("CN", "sns.amazonaws.com")
-            .expect("cn");
-        let name = name.build();
-        let mut cert = X509::builder().expect("x509");
-        cert.set_version(2).expect("version");
-        let serial = BigNum::from_u32(1).and_then(|n| n.to_asn1_integer());
-        cert.set_serial_number(&serial.expect("serial"))
-            .expect("serial");
-        cert.set_subject_name(&name).expect("subject");
-        cert.set_issuer_name(&name).expect("issuer");
-        cert.set_pubkey(&key).expect("pubkey");
-        cert.set_not_before(&Asn1Time::from_unix(from).expect("time"))
-            .expect("nb");
-        cert.set_not_after(&Asn1Time::from_unix(until).expect("time"))
-            .expect("na");
-        cert.sign(&key, MessageDigest::sha256()).expect("sign");
-        let pem = cert.build().to_pem().expect("pem");
-        (key, String::from_utf8(pem).expect("pem is text"))
+        certs::test_key_and_cert("sns.amazonaws.com", from, until)
     }
 
     fn scheme(table: &str) -> Scheme {
