@@ -813,7 +813,9 @@ async fn a_bus_password_shows_as_stars_in_the_log_the_admin_api_and_the_console(
         other => test_env(other),
     })
     .expect("valid");
-    let server = Process::serve_with_env(&config, &[("TEST_RABBIT_URL", &url)]);
+    // At trace level: no library hookbox uses prints the password either.
+    let server =
+        Process::serve_with_env(&config, &[("TEST_RABBIT_URL", &url), ("RUST_LOG", "trace")]);
     let events = send_events(&parsed, &server.address, 1).await;
     let id = &events[0].0;
 
