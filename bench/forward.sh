@@ -12,6 +12,13 @@
 #   held       a source whose one target never answers (the sink holds its requests), so the
 #              dispatcher sits idle with its attempts in flight: the claim's own cost, beside
 #              plain. Last, as its attempts stay in flight until the server stops.
+#   nats, rabbit (and each @ 1/2)  a source forwarding to NATS JetStream (127.0.0.1:4222) or
+#              RabbitMQ (127.0.0.1:5672, guest/guest) instead of the sink: its fresh
+#              deliveries/s, publishes confirmed (stream ack, broker confirm) per second while
+#              ingesting and over ingest + drain, and the lag by hookbox_forward_lag_seconds
+#              (commit -> confirmed). A stream and an exchange with a bound queue of the run's
+#              own (bench/busprep.rs) are made first and removed at the end. Skipped when
+#              either port does not answer, or with BUS=0.
 # Lag: at the sink, from the moment the load generator built the request (the event id carries
 # it, `--stamp-ids`) to the delivery's first arrival, an upper bound of commit -> delivered; and,
 # where hookbox exports it, `hookbox_forward_lag_seconds` (commit -> delivered) over the step,
@@ -21,6 +28,7 @@
 #   bench/forward.sh                      # PostgreSQL at 127.0.0.1:5432, user postgres; SQLite
 #   SECONDS_EACH=1 bench/forward.sh       # a smoke (CI runs this)
 #   STORES=sqlite bench/forward.sh        # one store only
+#   BUS=0 bench/forward.sh                # without the NATS and RabbitMQ rows
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,8 +40,22 @@ STORES="${STORES:-postgres sqlite}"
 BENCH_NAME=forward
 # shellcheck source=bench/common.sh
 . bench/common.sh
-cargo build --release -q --example sink
+cargo build --release -q --example sink --example busprep
 sink="${CARGO_TARGET_DIR:-target}/release/examples/sink"
+busprep="${CARGO_TARGET_DIR:-target}/release/examples/busprep"
+nats_url="nats://127.0.0.1:4222"
+amqp_url="amqp://guest:guest@127.0.0.1:5672/%2f"
+# The stream, exchange and queue of this run.
+bus="hookbox_bench_$$"
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if [ "${BUS:-1}" = 0 ]; then
+  BUS=0
+elif port_open 4222 && port_open 5672; then
+  BUS=1
+else
+  echo "warning: NATS (4222) or RabbitMQ (5672) does not answer; no bus rows" >&2
+  BUS=0
+fi
 # Below both the server's port range and the ephemeral ports (and apart from run.sh's
 # certificate port).
 sink_port=$((10000 + ($$ + 5000) % 10000))
@@ -42,7 +64,10 @@ forward_secret="whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 
 "$sink" --listen "127.0.0.1:$sink_port" 2>"$work/sink.log" &
 sink_pid=$!
-trap 'kill "$sink_pid" 2>/dev/null || true; cleanup' EXIT
+trap 'kill "$sink_pid" 2>/dev/null || true; [ "$BUS" = 0 ] || "$busprep" down "$bus" || true; cleanup' EXIT
+if [ "$BUS" = 1 ]; then
+  "$busprep" up "$bus" "$nats_url" "$amqp_url"
+fi
 for _ in $(seq 1 100); do
   curl -fs "$sink_url/stats" >/dev/null 2>&1 && break
   sleep 0.05
@@ -87,6 +112,26 @@ max_attempts = 12
 name = "b"
 url = "$sink_url/two/b"
 secret = "$forward_secret"
+timeout = "10s"
+max_attempts = 12
+TOML
+  [ "$BUS" = 1 ] || return 0
+  cat <<TOML
+[sources.nats]
+scheme = "stripe"
+secrets = ["$secret"]
+[sources.nats.forward]
+url = "$nats_url"
+subject = "$bus.{source}.{event_type}"
+timeout = "10s"
+max_attempts = 12
+[sources.rabbit]
+scheme = "stripe"
+secrets = ["$secret"]
+[sources.rabbit.forward]
+url = "$amqp_url"
+exchange = "$bus"
+routing_key = "{source}.{event_type}"
 timeout = "10s"
 max_attempts = 12
 TOML
@@ -169,6 +214,64 @@ step() {
   hist_p99=$(lag_quantile "$before" "$after" 0.99)
 }
 
+# Deliveries of source $1 recorded delivered (a bus's confirm), by hookbox_forward_total.
+delivered() {
+  curl -fs "http://127.0.0.1:$port/metrics" |
+    awk -v s="source=\"$1\"" 'index($0, "hookbox_forward_total{" s ",") == 1 && /result="delivered"/ { n += $NF } END { print n + 0 }'
+}
+
+# One step to a bus source $1 (one target), with any further loadgen flags after: as step, but
+# counted by hookbox's metrics instead of at the sink (during: confirmed when ingest stopped;
+# drain: until every event is confirmed). No sink lag.
+bus_step() {
+  local source=$1 base before after out end deadline now_delivered
+  shift
+  base=$(delivered "$source")
+  before=$(lag_buckets "$source")
+  out=$("$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --source "$source" \
+    --connections "$CONNECTIONS" --seconds "$SECONDS_EACH" "$@")
+  end=$(now)
+  during=$(($(delivered "$source") - base))
+  rps=$(echo "$out" | field rps)
+  requests=$(echo "$out" | field requests)
+  errors=$(echo "$out" | field errors)
+  p99=$(echo "$out" | field p99_ms)
+  elapsed=$(echo "$out" | field seconds)
+  rows=$requests
+  drain=- sink_p50=- sink_p99=-
+  deadline=$(echo "$end + $DRAIN_LIMIT" | bc)
+  while :; do
+    now_delivered=$(($(delivered "$source") - base))
+    if [ "$now_delivered" -ge "$rows" ]; then
+      drain=$(echo "$(now) - $end" | bc -l | xargs printf "%.2f")
+      break
+    fi
+    if [ "$(echo "$(now) > $deadline" | bc)" = 1 ]; then
+      drain=">$DRAIN_LIMIT"
+      echo "warning: $source: $now_delivered of $rows events confirmed within ${DRAIN_LIMIT}s" >&2
+      break
+    fi
+    sleep 0.02
+  done
+  after=$(lag_buckets "$source")
+  hist_p50=$(lag_quantile "$before" "$after" 0.5)
+  hist_p99=$(lag_quantile "$before" "$after" 0.99)
+}
+
+# The bus rows of one store, and a line each: published and confirmed per second.
+bus_run() {
+  local store=$1 bus_source full half confirmed
+  for bus_source in nats rabbit; do
+    bus_step "$bus_source"; row "$store" "$bus_source"
+    full=$rps
+    confirmed=$(printf "%.0f" "$(echo "$requests / ($elapsed + ${drain#>})" | bc -l)")
+    half=$(printf "%.0f" "$(echo "$full / 2" | bc -l)")
+    bus_step "$bus_source" --rate "$half"; row "$store" "$bus_source @ 1/2"
+    echo "$store: $bus_source: published and confirmed $confirmed/s over ingest + drain at full speed; lag p50/p99 at $half/s: $hist_p50/$hist_p99 ms (commit -> confirmed)"
+  done
+  echo
+}
+
 header() {
   printf '%-8s %-10s %5s %9s %7s %9s %11s %8s %8s %17s %19s\n' store step conns "ingest/s" \
     errors "p99 ms" "fwd rows/s" "/ingest" "drain s" "sink lag p50/p99" "hookbox lag p50/p99"
@@ -215,5 +318,6 @@ for store in $STORES; do
   start_server "$work/hookbox.toml"
   [ "$store" = "${STORES%% *}" ] && header
   store_run "$store"
+  [ "$BUS" = 0 ] || bus_run "$store"
   stop_server
 done
