@@ -19,10 +19,11 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use subtle::ConstantTimeEq;
 
+use super::family::{batch, item_text};
 use super::mac::{any_matches, matched, tag_of};
 use super::{
-    Answer, Headers, Identity, Inbound, Item, Keys, Provider, ProviderError, Received, Refusal,
-    Settings, SignatureError, Signed,
+    Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Received, Refusal, Settings,
+    SignatureError, Signed,
 };
 
 /// An Adyen source: its HMAC keys (hex-decoded) and the Basic credentials Adyen sends, if set.
@@ -203,11 +204,10 @@ impl Adyen {
     }
 
     fn identity(item: &Value) -> Identity {
-        let text = |pointer| match item.pointer(pointer) {
-            Some(Value::String(text)) if !text.is_empty() => Some(text.clone()),
-            _ => None,
-        };
-        let (psp, code) = (text("/pspReference"), text("/eventCode"));
+        let (psp, code) = (
+            item_text(item, "/pspReference"),
+            item_text(item, "/eventCode"),
+        );
         Identity {
             event_id: psp
                 .zip(code.clone())
@@ -218,19 +218,7 @@ impl Adyen {
 
     fn receive_items(&self, inbound: &Inbound<'_>) -> Result<Received, Refusal> {
         let items = self.checked(inbound.headers, inbound.body)?;
-        items
-            .into_iter()
-            .map(|(raw, json)| {
-                let identity = Adyen::identity(&json);
-                Ok(Item {
-                    event_id: identity.event_id.ok_or(Refusal::MissingEventId)?,
-                    event_type: identity.event_type,
-                    payload: raw.as_bytes().to_vec(),
-                    json,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Received::Batch)
+        batch(items, Adyen::identity)
     }
 
     /// `item` with its `hmacSignature` made with the first key.

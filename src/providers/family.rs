@@ -3,9 +3,13 @@
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::mac::{any_matches, matched, parse_timestamp, required_header, tag_of, Clock};
-use super::{Headers, Keys, ProviderError, Settings, SignatureError};
+use super::{
+    Headers, Identity, Item, Keys, ProviderError, Received, Refusal, Settings, SignatureError,
+};
 
 /// The keys of a source that takes no key of its own: each secret's text is a MAC key.
 ///
@@ -169,6 +173,77 @@ impl HeaderMac {
             format!("{}{}", self.prefix, self.text.encode(&tag)),
         )
     }
+}
+
+/// The text at `pointer` in a batch item, when it is a string that is not empty: where the batch
+/// providers (Adyen, GoCardless, SendGrid) read an item's id and type.
+pub fn item_text(item: &Value, pointer: &str) -> Option<String> {
+    match item.pointer(pointer) {
+        Some(Value::String(text)) if !text.is_empty() => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// One item of a verified batch: its id and type as `identity` reads them from `json`, its
+/// payload `raw`, the bytes it stood as in the body.
+fn batch_item(
+    raw: &str,
+    json: Value,
+    identity: impl Fn(&Value) -> Identity,
+) -> Result<Item, Refusal> {
+    let Identity {
+        event_id,
+        event_type,
+    } = identity(&json);
+    Ok(Item {
+        event_id: event_id.ok_or(Refusal::MissingEventId)?,
+        event_type,
+        payload: raw.as_bytes().to_vec(),
+        json,
+    })
+}
+
+/// A verified batch of items already read, each its raw bytes and its JSON object (Adyen's).
+///
+/// # Errors
+/// [`Refusal::MissingEventId`] for the first item `identity` finds no id in.
+pub fn batch<'b>(
+    items: impl IntoIterator<Item = (&'b str, Value)>,
+    identity: impl Fn(&Value) -> Identity,
+) -> Result<Received, Refusal> {
+    items
+        .into_iter()
+        .map(|(raw, json)| batch_item(raw, json, &identity))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Received::Batch)
+}
+
+/// A verified batch from a list of events as they stood in the body (SendGrid's array,
+/// GoCardless's `events`), each to be a JSON object, read in order.
+///
+/// # Errors
+/// [`Refusal::MissingEventId`] for an empty list; for the first event that fails,
+/// [`Refusal::MalformedPayload`] when it is not an object, [`Refusal::MissingEventId`] when
+/// `identity` finds no id in it.
+pub fn batch_of_events(
+    events: Vec<&RawValue>,
+    identity: impl Fn(&Value) -> Identity,
+) -> Result<Received, Refusal> {
+    if events.is_empty() {
+        return Err(Refusal::MissingEventId);
+    }
+    events
+        .into_iter()
+        .map(|raw| {
+            let json: Value =
+                serde_json::from_str(raw.get()).map_err(|_| Refusal::MalformedPayload)?;
+            if !json.is_object() {
+                return Err(Refusal::MalformedPayload);
+            }
+            batch_item(raw.get(), json, &identity)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Received::Batch)
 }
 
 #[cfg(test)]

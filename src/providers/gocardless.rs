@@ -11,10 +11,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::family::text_keys_only;
+use super::family::{batch_of_events, item_text, text_keys_only};
 use super::mac::{any_matches, hex_tags, matched, required_header, tag_of};
 use super::{
-    Headers, Identity, Inbound, Item, Keys, Provider, ProviderError, Received, Refusal, Settings,
+    Headers, Identity, Inbound, Keys, Provider, ProviderError, Received, Refusal, Settings,
     SignatureError,
 };
 
@@ -45,14 +45,10 @@ struct Delivery<'a> {
 
 /// An event's id and type: `id`, and `{resource_type}.{action}`.
 fn identity(event: &Value) -> Identity {
-    let text = |key: &str| match event.get(key) {
-        Some(Value::String(text)) if !text.is_empty() => Some(text.clone()),
-        _ => None,
-    };
     Identity {
-        event_id: text("id"),
-        event_type: text("resource_type")
-            .zip(text("action"))
+        event_id: item_text(event, "/id"),
+        event_type: item_text(event, "/resource_type")
+            .zip(item_text(event, "/action"))
             .map(|(resource, action)| format!("{resource}.{action}")),
     }
 }
@@ -62,28 +58,7 @@ impl GoCardless {
         self.verify(inbound.headers, inbound.body, inbound.now)?;
         let delivery: Delivery<'_> =
             serde_json::from_slice(inbound.body).map_err(|_| Refusal::MalformedPayload)?;
-        if delivery.events.is_empty() {
-            return Err(Refusal::MissingEventId);
-        }
-        delivery
-            .events
-            .into_iter()
-            .map(|raw| {
-                let json: Value =
-                    serde_json::from_str(raw.get()).map_err(|_| Refusal::MalformedPayload)?;
-                if !json.is_object() {
-                    return Err(Refusal::MalformedPayload);
-                }
-                let identity = identity(&json);
-                Ok(Item {
-                    event_id: identity.event_id.ok_or(Refusal::MissingEventId)?,
-                    event_type: identity.event_type,
-                    payload: raw.get().as_bytes().to_vec(),
-                    json,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Received::Batch)
+        batch_of_events(delivery.events, identity)
     }
 }
 

@@ -21,9 +21,10 @@ use p256::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::family::{batch_of_events, item_text};
 use super::mac::{parse_timestamp, required_header, Clock};
 use super::{
-    Headers, Identity, Inbound, Item, Provider, ProviderError, Received, Refusal, Settings,
+    Headers, Identity, Inbound, Provider, ProviderError, Received, Refusal, Settings,
     SignatureError, Signing,
 };
 
@@ -156,13 +157,9 @@ fn trusted(signer: &SigningKey, keys: &[VerifyingKey]) -> Result<(), ProviderErr
 
 /// An event's id and type: `sg_event_id` and `event`.
 fn identity(event: &Value) -> Identity {
-    let text = |key: &str| match event.get(key) {
-        Some(Value::String(text)) if !text.is_empty() => Some(text.clone()),
-        _ => None,
-    };
     Identity {
-        event_id: text("sg_event_id"),
-        event_type: text("event"),
+        event_id: item_text(event, "/sg_event_id"),
+        event_type: item_text(event, "/event"),
     }
 }
 
@@ -172,27 +169,7 @@ impl SendGrid {
         self.verify(inbound.headers, inbound.body, inbound.now)?;
         let events: Vec<&RawValue> =
             serde_json::from_slice(inbound.body).map_err(|_| Refusal::MalformedPayload)?;
-        if events.is_empty() {
-            return Err(Refusal::MissingEventId);
-        }
-        events
-            .into_iter()
-            .map(|raw| {
-                let json: Value =
-                    serde_json::from_str(raw.get()).map_err(|_| Refusal::MalformedPayload)?;
-                if !json.is_object() {
-                    return Err(Refusal::MalformedPayload);
-                }
-                let identity = identity(&json);
-                Ok(Item {
-                    event_id: identity.event_id.ok_or(Refusal::MissingEventId)?,
-                    event_type: identity.event_type,
-                    payload: raw.get().as_bytes().to_vec(),
-                    json,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Received::Batch)
+        batch_of_events(events, identity)
     }
 }
 
