@@ -14,10 +14,11 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use futures_util::future::LocalBoxFuture;
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::Hmac;
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
+use super::mac::{any_matches_with, tag_with};
 use super::{
     receive_now, Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Received,
     Refusal, Settings, SignatureError, Signed,
@@ -77,11 +78,9 @@ impl Provider for Braintree {
             return Err(SignatureError::Invalid);
         }
         let tag = our_tag(&signature, &self.public_key).ok_or(SignatureError::Invalid)?;
-        let matches = self.keys.all().iter().any(|key| {
-            let mac = mac_over(key, &[payload.as_bytes()]);
-            let with_newline = mac_over(key, &[payload.as_bytes(), b"\n"]);
-            mac.verify_slice(&tag).is_ok() || with_newline.verify_slice(&tag).is_ok()
-        });
+        let tags = [tag];
+        let matches = any_matches_with::<HmacSha1>(self.keys.all(), &[payload.as_bytes()], &tags)
+            || any_matches_with::<HmacSha1>(self.keys.all(), &[payload.as_bytes(), b"\n"], &tags);
         if matches {
             Ok(())
         } else {
@@ -210,9 +209,7 @@ impl Provider for Braintree {
 impl Braintree {
     /// `PUBLIC_KEY|HEX` of `content` under the first private key.
     fn signature_of(&self, content: &[u8]) -> String {
-        let tag = mac_over(self.keys.first(), &[content])
-            .finalize()
-            .into_bytes();
+        let tag = tag_with::<HmacSha1>(self.keys.first(), &[content]);
         format!("{}|{}", self.public_key, hex::encode(tag))
     }
 
@@ -239,16 +236,6 @@ const SIGNATURE: &str = "bt_signature";
 const PAYLOAD: &str = "bt_payload";
 const CHALLENGE: &str = "bt_challenge";
 const FORM: &str = "application/x-www-form-urlencoded";
-
-/// An HMAC-SHA1 keyed by `key` over the concatenation of `parts`.
-fn mac_over(key: &[u8], parts: &[&[u8]]) -> HmacSha1 {
-    let mut mac =
-        <HmacSha1 as KeyInit>::new_from_slice(key).expect("HMAC takes a key of any length");
-    for part in parts {
-        mac.update(part);
-    }
-    mac
-}
 
 /// The decoded value of form field `name` when the form has it exactly once: a field given
 /// twice could be read either way by whatever sits in front, so it counts as absent.

@@ -13,12 +13,12 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use futures_util::future::LocalBoxFuture;
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::Hmac;
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::mac::{header_text, required_header};
+use super::mac::{any_matches_with, header_text, required_header, tag_with};
 use super::{
     receive_verified, Headers, Identity, Inbound, Keys, Provider, ProviderError, Received, Refusal,
     Settings, SignatureError, Signed,
@@ -142,9 +142,7 @@ impl Provider for Twilio {
         } else {
             sorted_fields(body)
         };
-        let tag = mac_over(self.keys.first(), url.as_bytes(), &fields)
-            .finalize()
-            .into_bytes();
+        let tag = tag_with::<HmacSha1>(self.keys.first(), &signed_parts(url.as_bytes(), &fields));
         let mut headers = vec![(SIGNATURE.to_owned(), STANDARD.encode(tag))];
         if !event_id.is_empty() {
             headers.push((IDEMPOTENCY_TOKEN.to_owned(), event_id.to_owned()));
@@ -207,12 +205,10 @@ impl Twilio {
             }
         };
         let urls = self.url.variants(query);
-        let signed = self.keys.all().iter().any(|key| {
-            urls.iter().any(|url| {
-                mac_over(key, url.as_bytes(), &fields)
-                    .verify_slice(&tag)
-                    .is_ok()
-            })
+        let tags = [tag];
+        let signed = urls.iter().any(|url| {
+            let parts = signed_parts(url.as_bytes(), &fields);
+            any_matches_with::<HmacSha1>(self.keys.all(), &parts, &tags)
         });
         if signed && body_ok {
             Ok(())
@@ -247,16 +243,15 @@ fn sorted_fields(body: &[u8]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The HMAC-SHA1 of the URL and then each field's name and value.
-fn mac_over(key: &[u8], url: &[u8], fields: &[(String, String)]) -> HmacSha1 {
-    let mut mac =
-        <HmacSha1 as KeyInit>::new_from_slice(key).expect("HMAC takes a key of any length");
-    mac.update(url);
+/// What Twilio signs: the URL, then each field's name and value.
+fn signed_parts<'a>(url: &'a [u8], fields: &'a [(String, String)]) -> Vec<&'a [u8]> {
+    let mut parts = Vec::with_capacity(1 + 2 * fields.len());
+    parts.push(url);
     for (name, value) in fields {
-        mac.update(name.as_bytes());
-        mac.update(value.as_bytes());
+        parts.push(name.as_bytes());
+        parts.push(value.as_bytes());
     }
-    mac
+    parts
 }
 
 /// `public_url` taken apart: what comes before the query, in the two forms Twilio may sign
