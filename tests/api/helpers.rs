@@ -911,3 +911,42 @@ impl TestKey {
         }
     }
 }
+
+/// Exports `source` from the server that `config_path` configures and replays the capture into
+/// `second`, each event signed again with the private key at `key_path` and naming `cert_url`
+/// (the certificate schemes: PayPal, SNS). Both commands must succeed.
+pub async fn export_and_replay_signed(
+    config_path: &str,
+    source: &str,
+    second: &TestApp,
+    key_path: &str,
+    cert_url: &str,
+) {
+    let capture = TempFile::new("");
+    let capture_path = capture.path();
+    let (code, _, stderr) = run_hookbox_async(&[
+        "export",
+        "--config",
+        config_path,
+        "--source",
+        source,
+        "--out",
+        capture_path.as_str(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stdout, stderr) = run_hookbox_async(&[
+        "replay",
+        capture_path.as_str(),
+        "--to",
+        second.address.as_str(),
+        "--config",
+        config_path,
+        "--key",
+        key_path,
+        "--cert-url",
+        cert_url,
+    ])
+    .await;
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+}

@@ -607,34 +607,8 @@ async fn send_and_replay_sign_as_sns_with_key_and_cert_url_and_name_a_missing_fl
     assert_eq!(stored(&app), 1);
 
     // Exported from this server and replayed into a second one, re-signed with the same key.
-    let capture = TempFile::new("");
-    let capture_path = capture.path();
-    let (code, _, stderr) = run_hookbox_async(&[
-        "export",
-        "--config",
-        config_path.as_str(),
-        "--source",
-        "sns",
-        "--out",
-        capture_path.as_str(),
-    ])
-    .await;
-    assert_eq!(code, 0, "{stderr}");
     let second = spawn(&base).await;
-    let (code, stdout, stderr) = run_hookbox_async(&[
-        "replay",
-        capture_path.as_str(),
-        "--to",
-        second.address.as_str(),
-        "--config",
-        config_path.as_str(),
-        "--key",
-        key_path.as_str(),
-        "--cert-url",
-        cert_url.as_str(),
-    ])
-    .await;
-    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    export_and_replay_signed(&config_path, "sns", &second, &key_path, &cert_url).await;
     assert_eq!(stored(&second), 1);
     let event = second
         .get(&format!("/admin/events/sns/{id}"), Some(ADMIN_TOKEN))
