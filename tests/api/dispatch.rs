@@ -194,14 +194,9 @@ async fn an_ordered_target_gets_events_in_received_order_across_two_processes() 
         || all_delivered(&downstream, &ids, None),
     )
     .await;
+    // Which process sends is up to scheduling: the one whose attempt just settled is often the
+    // first to see the next head, so one process may send all of them. The order is the promise.
     assert_in_order(&downstream, &ids);
-    let logs = format!("{}{}", one.log(), two.log());
-    for (n, process) in [&one, &two].iter().enumerate() {
-        assert!(
-            process.log().contains("forwarded"),
-            "process {n} forwarded none of them:\n{logs}"
-        );
-    }
 }
 
 #[actix_web::test]
