@@ -170,6 +170,28 @@ lag_quantile() {
     }'
 }
 
+# CPU time (in clock ticks) used so far by each live process, summed by name: hookbox, the
+# PostgreSQL backends, the sink. Read from /proc before and after each step; the difference per
+# event says where the machine's two cores went (the load generator exits before it is read).
+cpu_ticks() {
+  local stat line comm fields
+  for stat in /proc/[0-9]*/stat; do
+    { read -r line < "$stat"; } 2>/dev/null || continue
+    comm=${line#*(}; comm=${comm%%)*}
+    # shellcheck disable=SC2086
+    set -- ${line##*) }
+    echo "$comm $(( ${12} + ${13} ))"
+  done | awk '$1 == "hookbox" || $1 == "postgres" || $1 == "sink" { t[$1] += $2 } END { for (k in t) print k, t[k] }' | sort
+}
+# After a step: sets cpu_line, the CPU per event by process since cpu_before (row prints it).
+cpu_report() {
+  local hz
+  hz=$(getconf CLK_TCK)
+  cpu_line=$(join <(echo "$cpu_before") <(cpu_ticks) | awk -v n="$requests" -v hz="$hz" '
+    { printf "%s%s %.0f", sep, $1, ($3 - $2) * 1000000 / hz / (n > 0 ? n : 1); sep = ", " }
+    END { if (NR) printf " us of CPU per event" }')
+}
+
 # One step: fresh deliveries to source $1 (forwarding to $2 targets per event; 0: none), with
 # any further loadgen flags after. Sets: rps, requests, errors, p99, elapsed, during (rows at
 # the sink when ingest stopped), rows (expected), drain (s, or ">LIMIT"), sink_p50, sink_p99,
@@ -179,6 +201,7 @@ step() {
   shift 2
   curl -fs "$sink_url/reset" >/dev/null
   before=$(lag_buckets "$source")
+  cpu_before=$(cpu_ticks)
   out=$("$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --source "$source" \
     --connections "$CONNECTIONS" --seconds "$SECONDS_EACH" --stamp-ids "$@")
   end=$(now)
@@ -190,7 +213,7 @@ step() {
   elapsed=$(echo "$out" | field seconds)
   rows=$((requests * targets))
   drain=- sink_p50=- sink_p99=- hist_p50=- hist_p99=-
-  [ "$targets" -gt 0 ] || return 0
+  [ "$targets" -gt 0 ] || { cpu_report; return 0; }
   deadline=$(echo "$end + $DRAIN_LIMIT" | bc)
   while :; do
     stats=$(curl -fs "$sink_url/stats")
@@ -207,6 +230,7 @@ step() {
     last=$(echo "$stats" | field last_arrival)
     drain=$(echo "d = $last - $end; if (d < 0) d = 0; d" | bc -l | xargs printf "%.2f")
   fi
+  cpu_report
   sink_p50=$(echo "$stats" | field lag_p50_ms)
   sink_p99=$(echo "$stats" | field lag_p99_ms)
   after=$(lag_buckets "$source")
@@ -228,6 +252,7 @@ bus_step() {
   shift
   base=$(delivered "$source")
   before=$(lag_buckets "$source")
+  cpu_before=$(cpu_ticks)
   out=$("$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --source "$source" \
     --connections "$CONNECTIONS" --seconds "$SECONDS_EACH" "$@")
   end=$(now)
@@ -256,16 +281,19 @@ bus_step() {
   after=$(lag_buckets "$source")
   hist_p50=$(lag_quantile "$before" "$after" 0.5)
   hist_p99=$(lag_quantile "$before" "$after" 0.99)
+  cpu_report
 }
 
 # The bus rows of one store, and a line each: published and confirmed per second.
 bus_run() {
   local store=$1 bus_source full half confirmed
   for bus_source in nats rabbit; do
+    fresh "$store"
     bus_step "$bus_source"; row "$store" "$bus_source"
     full=$rps
     confirmed=$(printf "%.0f" "$(echo "$requests / ($elapsed + ${drain#>})" | bc -l)")
     half=$(printf "%.0f" "$(echo "$full / 2" | bc -l)")
+    fresh "$store"
     bus_step "$bus_source" --rate "$half"; row "$store" "$bus_source @ 1/2"
     echo "$store: $bus_source: published and confirmed $confirmed/s over ingest + drain at full speed; lag p50/p99 at $half/s: $hist_p50/$hist_p99 ms (commit -> confirmed)"
   done
@@ -285,21 +313,41 @@ row() {
   fi
   printf '%-8s %-10s %5s %9.0f %7s %9s %11s %8s %8s %17s %19s\n' "$1" "$2" "$CONNECTIONS" "$rps" \
     "$errors" "$p99" "$fwd" "$share" "$drain" "$sink_p50/$sink_p99" "$hist_p50/$hist_p99"
+  [ -z "${cpu_line:-}" ] || printf '%-19s %s\n' "" "$cpu_line"
 }
 
 # Every step of one store, against the server on $port, then the ratios.
-store_run() {
-  local store=$1 plain_rps held_rps one_rps one_share one_cost two_rps two_share two_cost half half_sink_p99 half_hist_p99
+# Each step starts from an empty store (PostgreSQL: a new database; SQLite: a new file) on a
+# freshly started server, warmed up the same way: a store that grew in the steps before (larger
+# indexes, a checkpoint due, dead rows to vacuum) would make each step pay for the ones before
+# it, and the floor must be measured under the same conditions as the steps compared to it.
+fresh() {
+  stop_server
+  case $1 in
+    postgres) psql "$server_url" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" \
+      -c "CREATE DATABASE $db" >/dev/null ;;
+    sqlite) rm -f "$work/hookbox.db" "$work/hookbox.db-wal" "$work/hookbox.db-shm" ;;
+  esac
+  start_server "$work/hookbox.toml"
   "$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --source plain --connections 8 \
     --seconds "$((SECONDS_EACH < 2 ? SECONDS_EACH : 2))" >/dev/null
+}
+
+store_run() {
+  local store=$1 plain_rps held_rps one_rps one_share one_cost two_rps two_share two_cost half half_sink_p99 half_hist_p99
+  fresh "$store"
   step plain 0; row "$store" plain; plain_rps=$rps
+  fresh "$store"
   step one 1; row "$store" one; one_rps=$rps; one_share=$(ratio "$during" "$rows")
   one_cost=$(echo "($elapsed + ${drain#>}) / $requests" | bc -l)
+  fresh "$store"
   step two 2; row "$store" two; two_rps=$rps; two_share=$(ratio "$during" "$rows")
   two_cost=$(echo "($elapsed + ${drain#>}) / $requests" | bc -l)
   half=$(printf "%.0f" "$(echo "$one_rps / 2" | bc -l)")
+  fresh "$store"
   step one 1 --rate "$half"; row "$store" "one @ 1/2"
   half_sink_p99=$sink_p99 half_hist_p99=$hist_p99
+  fresh "$store"
   step held 0; row "$store" held; held_rps=$rps
   echo
   echo "$store: forwarding source's fresh deliveries/s / non-forwarding's: $(ratio "$one_rps" "$plain_rps") (target >= 0.8); with the dispatcher idle (held): $(ratio "$held_rps" "$plain_rps")"
@@ -315,7 +363,6 @@ for store in $STORES; do
     sqlite) config_for "sqlite://$work/hookbox.db" > "$work/hookbox.toml" ;;
     *) echo "STORES: postgres and/or sqlite, not $store" >&2; exit 2 ;;
   esac
-  start_server "$work/hookbox.toml"
   [ "$store" = "${STORES%% *}" ] && header
   store_run "$store"
   [ "$BUS" = 0 ] || bus_run "$store"

@@ -66,6 +66,10 @@ impl Application {
             state.forward_targets(),
         );
         if let Some(outbox) = outbox.clone() {
+            state.claims.hand_over_to(forward::Handover::new(
+                outbox.clone(),
+                state.forward.clone(),
+            ));
             Dispatcher::start(outbox, state.forward.clone());
         }
         let flusher = Flusher::start(state.pool.clone(), state.replay_counts.clone());

@@ -129,8 +129,9 @@ impl AppState {
             .database
             .store
             .claim_writers(config.database.pool_size);
+        let forward = forward::Wake::default();
         AppState {
-            claims: Batcher::start(pool.clone(), writers),
+            claims: Batcher::start(pool.clone(), writers, forward.clone()),
             pool,
             metrics: Arc::new(
                 Metrics::new(config.sources.iter().map(|s| &s.name)).with_targets(
@@ -150,7 +151,7 @@ impl AppState {
             in_flight_wait: config.server.in_flight_wait,
             request_timeout: config.server.request_timeout,
             admin_token: config.admin_token.clone(),
-            forward: forward::Wake::default(),
+            forward,
             replays: ReplayCache::default(),
         }
     }

@@ -340,42 +340,27 @@ fn status_column(status: Option<u16>) -> Option<i16> {
     status.and_then(|s| i16::try_from(s).ok())
 }
 
-/// Records the outcomes of a batch of attempts in one transaction. Each applies only while its
-/// row is pending at the attempt it names, so an outcome that comes late (its lease ran out
-/// and the row was taken again, or it was re-queued) changes nothing.
+/// Records the outcomes of a batch of attempts, all or none. Each applies only while its row is
+/// pending at the attempt it names, so an outcome that comes late (its lease ran out and the row
+/// was taken again, or it was re-queued) changes nothing. On PostgreSQL the common batch, every
+/// row delivered, is one statement (atomic on its own, so no BEGIN and COMMIT round trips);
+/// anything else is one transaction.
 pub fn settle(conn: &mut AnyConnection, outcomes: &[Settled]) -> QueryResult<()> {
     if outcomes.is_empty() {
         return Ok(());
     }
     let now = now();
+    let (delivered, others): (Vec<&Settled>, Vec<&Settled>) = outcomes
+        .iter()
+        .partition(|s| matches!(s.outcome, Settle::Delivered { .. }));
+    if let AnyConnection::Postgres(c) = &mut *conn {
+        if others.is_empty() {
+            return settle_delivered_pg(c, &delivered, now);
+        }
+    }
     write_transaction(conn, |conn| {
-        let (delivered, others): (Vec<&Settled>, Vec<&Settled>) = outcomes
-            .iter()
-            .partition(|s| matches!(s.outcome, Settle::Delivered { .. }));
         if let AnyConnection::Postgres(c) = &mut *conn {
-            // The common case, every row delivered, is one statement, not one per row.
-            if !delivered.is_empty() {
-                diesel::sql_query(
-                    "UPDATE deliveries d \
-                     SET state = 'delivered', last_status = v.status, last_error = NULL, \
-                         delivered_at = $4 \
-                     FROM unnest($1::bigint[], $2::int[], $3::smallint[]) AS v (id, attempt, status) \
-                     WHERE d.id = v.id AND d.attempts = v.attempt AND d.state = 'pending'",
-                )
-                .bind::<Array<BigInt>, _>(delivered.iter().map(|s| s.id).collect::<Vec<_>>())
-                .bind::<Array<Integer>, _>(delivered.iter().map(|s| s.attempt).collect::<Vec<_>>())
-                .bind::<Array<Nullable<SmallInt>>, _>(
-                    delivered
-                        .iter()
-                        .map(|s| match s.outcome {
-                            Settle::Delivered { status } => status_column(status),
-                            _ => None,
-                        })
-                        .collect::<Vec<_>>(),
-                )
-                .bind::<super::pg::Instant, _>(now)
-                .execute(c)?;
-            }
+            settle_delivered_pg(c, &delivered, now)?;
         } else {
             for settled in &delivered {
                 settle_one(conn, settled, now)?;
@@ -386,6 +371,38 @@ pub fn settle(conn: &mut AnyConnection, outcomes: &[Settled]) -> QueryResult<()>
         }
         Ok(())
     })
+}
+
+/// The delivered outcomes of [`settle`] on PostgreSQL, in one statement.
+fn settle_delivered_pg(
+    conn: &mut diesel::PgConnection,
+    delivered: &[&Settled],
+    now: DateTime<Utc>,
+) -> QueryResult<()> {
+    if delivered.is_empty() {
+        return Ok(());
+    }
+    diesel::sql_query(
+        "UPDATE deliveries d \
+         SET state = 'delivered', last_status = v.status, last_error = NULL, \
+             delivered_at = $4 \
+         FROM unnest($1::bigint[], $2::int[], $3::smallint[]) AS v (id, attempt, status) \
+         WHERE d.id = v.id AND d.attempts = v.attempt AND d.state = 'pending'",
+    )
+    .bind::<Array<BigInt>, _>(delivered.iter().map(|s| s.id).collect::<Vec<_>>())
+    .bind::<Array<Integer>, _>(delivered.iter().map(|s| s.attempt).collect::<Vec<_>>())
+    .bind::<Array<Nullable<SmallInt>>, _>(
+        delivered
+            .iter()
+            .map(|s| match s.outcome {
+                Settle::Delivered { status } => status_column(status),
+                _ => None,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .bind::<super::pg::Instant, _>(now)
+    .execute(conn)
+    .map(|_| ())
 }
 
 /// One outcome of [`settle`].

@@ -58,13 +58,15 @@ impl Runner {
         }
     }
 
-    /// Takes what every lane has room for; each row comes with its lane's index.
-    pub async fn take(&self) -> Vec<(usize, Due)> {
+    /// Takes what every lane has room for (with `look`, every lane; otherwise only those that
+    /// may have a backlog in the outbox); each row comes with its lane's index.
+    pub async fn take(&self, look: bool) -> Vec<(usize, Due)> {
         let reserved: Vec<(usize, usize, crate::db::deliveries::Want)> = self
             .outbox
             .lanes
             .iter()
             .enumerate()
+            .filter(|(_, lane)| lane.worth_a_take(look))
             .filter_map(|(i, lane)| {
                 lane.reserve()
                     .map(|want| (i, usize::try_from(want.limit).unwrap_or(0), want))
@@ -217,47 +219,88 @@ struct Outcomes {
     next_retry: Cell<Option<Instant>>,
 }
 
+/// Starts one attempt of a taken or handed-over row; its outcome goes to `outcomes`.
+fn spawn_attempt(runner: &Rc<Runner>, outcomes: &Rc<Outcomes>, wake: &Wake, lane: usize, due: Due) {
+    let (runner, outcomes, wake) = (runner.clone(), outcomes.clone(), wake.clone());
+    actix_web::rt::spawn(async move {
+        let settled = runner.attempt(lane, due, &wake).await;
+        outcomes.ended.borrow_mut().push((lane, settled));
+        outcomes.ready.notify_one();
+    });
+}
+
+/// Starts every row claims have handed over since the last call.
+fn start_handed(runner: &Rc<Runner>, outcomes: &Rc<Outcomes>, wake: &Wake) {
+    let handed = std::mem::take(
+        &mut *runner
+            .outbox
+            .handed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    );
+    for (lane, due) in handed {
+        spawn_attempt(runner, outcomes, wake, lane, due);
+    }
+}
+
 /// The dispatcher: runs until `wake` says stop.
 pub async fn run(outbox: Outbox, wake: Wake) {
     let runner = Rc::new(Runner::new(&outbox));
     let outcomes = Rc::new(Outcomes::default());
-    actix_web::rt::spawn(record(outbox.clone(), outcomes.clone(), wake.clone()));
+    actix_web::rt::spawn(record(runner.clone(), outcomes.clone(), wake.clone()));
     let mut gauges_at = Instant::now();
+    // The first look is at every lane: rows may be waiting from before this process started.
+    let mut look = true;
     while !wake.stopping() {
-        for (lane, due) in runner.take().await {
-            let (runner, outcomes, wake) = (runner.clone(), outcomes.clone(), wake.clone());
-            actix_web::rt::spawn(async move {
-                let settled = runner.attempt(lane, due, &wake).await;
-                outcomes.ended.borrow_mut().push((lane, settled));
-                outcomes.ready.notify_one();
-            });
+        start_handed(&runner, &outcomes, &wake);
+        if wake.take_look() {
+            look = true;
+        }
+        if look {
+            for lane in outbox.lanes.iter() {
+                lane.look_again();
+            }
+        }
+        for (lane, due) in runner.take(look).await {
+            spawn_attempt(&runner, &outcomes, &wake, lane, due);
         }
         if gauges_at.elapsed() >= GAUGES_EVERY {
             gauges_at = Instant::now();
             outbox.refresh_gauges().await;
         }
         let mut wait_until = Instant::now() + POLL_EVERY;
+        // A retry of this process's coming due is a look at every lane, as a poll is.
+        look = false;
         if let Some(retry) = outcomes.next_retry.get() {
             if retry <= Instant::now() {
                 outcomes.next_retry.set(None);
-            } else {
-                wait_until = wait_until.min(retry);
+                look = true;
+                continue;
             }
+            wait_until = wait_until.min(retry);
         }
         tokio::select! {
             _ = wake.notified() => {}
-            _ = tokio::time::sleep_until(wait_until) => {}
+            // The poll: rows queued or released by other instances, leases run out.
+            _ = tokio::time::sleep_until(wait_until) => look = true,
         }
     }
-    // Attempts under way finish and their outcomes are recorded by `record`.
+    // Attempts under way finish and their outcomes are recorded by `record`, which also starts
+    // rows still being handed over.
     outcomes.ready.notify_one();
     tracing::info!("forward dispatcher stopped");
 }
 
 /// Commits outcomes in batches: whatever ended while the last batch was written goes in the
 /// next. Ends once the dispatcher stops and no taken row is left unsettled.
-async fn record(outbox: Outbox, outcomes: Rc<Outcomes>, wake: Wake) {
+async fn record(runner: Rc<Runner>, outcomes: Rc<Outcomes>, wake: Wake) {
+    let outbox = runner.outbox.clone();
     loop {
+        if wake.stopping() {
+            // Rows a claim handed over as the dispatcher stopped are attempted still: they are
+            // counted unsettled, and leased to this process.
+            start_handed(&runner, &outcomes, &wake);
+        }
         let batch: Vec<(usize, Settled)> = outcomes.ended.take();
         if batch.is_empty() {
             let left: usize = outbox.lanes.iter().map(|lane| lane.unsettled()).sum();
@@ -297,7 +340,7 @@ async fn record(outbox: Outbox, outcomes: Rc<Outcomes>, wake: Wake) {
 /// batch, and returns how many rows were sent.
 pub async fn pass(outbox: &Outbox) -> usize {
     let runner = Runner::new(outbox);
-    let due = runner.take().await;
+    let due = runner.take(true).await;
     let sent = due.len();
     let quiet = Wake::default();
     let settled = futures_util::future::join_all(due.into_iter().map(|(lane, due)| {

@@ -2,14 +2,16 @@
 //!
 //! `concurrency` bounds the attempts in flight (a fair semaphore of slots). A lane takes up to
 //! as many rows again ahead of its slots, so the next rows are at hand while a take is under
-//! way and no slot idles waiting for the database; the lease covers that wait. `rate` spreads
+//! way and no slot idles waiting for the database; the lease covers that wait. It takes in
+//! batches: only once half its slots' worth of room is free (at once when it is idle), so under
+//! load one statement brings many rows rather than one per ended attempt. `rate` spreads
 //! the starts ([`Pace`]) and bounds how many rows wait for one; `ordered` lets a lane hold one
 //! row at a time, from its take until its outcome is committed, so the next take sees the head
 //! as it stands. Every runner of the process (the dispatcher, and a test's
 //! [`super::Outbox::pass`]) shares these counts: a take reserves room first and gives back what
 //! it did not fill, so two runners never overfill a lane.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,6 +44,12 @@ pub struct Lane {
     unsettled: AtomicUsize,
     /// Held while room is read and reserved, so two runners on two threads reserve in turn.
     reserving: Mutex<()>,
+    /// Whether rows of this lane may be due in the outbox that this process has not taken: set
+    /// when the dispatcher looks at every lane (rows queued the normal way, a poll, a retry
+    /// coming due), cleared when a take brings fewer rows than it asked for. While it is clear,
+    /// a claim may hand its rows straight over ([`Lane::reserve_handover`]) and the dispatcher
+    /// does not ask the outbox for this lane.
+    backlog: AtomicBool,
 }
 
 impl Lane {
@@ -58,22 +66,37 @@ impl Lane {
             in_flight: AtomicUsize::new(0),
             unsettled: AtomicUsize::new(0),
             reserving: Mutex::new(()),
+            backlog: AtomicBool::new(true),
         }
     }
 
-    /// How long a row of this lane is leased when taken.
+    /// How long a row of this lane is leased when taken: a row taken ahead waits for a slot at
+    /// most one attempt's timeout (no more rows wait than there are slots, and each slot is
+    /// free again within a timeout), then for its turn under `rate`, then its own attempt.
     pub fn lease(&self) -> Duration {
         let wait = self
             .pace
             .as_ref()
             .map_or(Duration::ZERO, Pace::longest_wait);
-        self.target.config.timeout + wait + LEASE_MARGIN
+        let slot_wait = if self.target.config.ordered {
+            // One row at a time: it never waits for a slot.
+            Duration::ZERO
+        } else {
+            self.target.config.timeout
+        };
+        slot_wait + self.target.config.timeout + wait + LEASE_MARGIN
     }
 
-    /// How many rows a take may ask for now.
+    /// How many rows a take may ask for now: up to twice `concurrency` taken and unfinished
+    /// (as many waiting as in flight), and nothing until at least half of `concurrency` is free,
+    /// so that a busy lane takes in batches.
     fn room(&self) -> usize {
+        let concurrency = self.target.config.concurrency as usize;
         let busy = self.waiting.load(Ordering::SeqCst) + self.in_flight.load(Ordering::SeqCst);
-        let mut room = (self.target.config.concurrency as usize).saturating_sub(busy);
+        let mut room = (2 * concurrency).saturating_sub(busy);
+        if room < concurrency.div_ceil(2) {
+            return 0;
+        }
         if let Some(pace) = &self.pace {
             room = room.min(
                 pace.queue()
@@ -109,10 +132,56 @@ impl Lane {
     }
 
     /// The take of a reservation of `reserved` rows brought `taken`: the rest is given back.
+    /// A take that brought fewer than it asked for found every due row of the lane: until the
+    /// dispatcher looks again, nothing is left for a take, and claims may hand rows over.
     pub fn taken(&self, reserved: usize, taken: usize) {
         let unused = reserved.saturating_sub(taken);
         self.waiting.fetch_sub(unused, Ordering::SeqCst);
         self.unsettled.fetch_sub(unused, Ordering::SeqCst);
+        if taken < reserved && self.hands_over() {
+            self.backlog.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether claims may hand this lane's rows straight over: neither `ordered` (its order is
+    /// kept by the outbox, across processes) nor paced.
+    fn hands_over(&self) -> bool {
+        !self.target.config.ordered && self.pace.is_none()
+    }
+
+    /// Rows of this lane may be due in the outbox: the next take asks for them, and claims
+    /// queue rows the normal way until a take has caught up.
+    pub fn look_again(&self) {
+        self.backlog.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a take should ask for this lane's rows (always, when `look` says so).
+    pub fn worth_a_take(&self, look: bool) -> bool {
+        look || self.backlog.load(Ordering::SeqCst)
+    }
+
+    /// Reserves room for one row a claim inserts already leased to this process and hands
+    /// straight to the dispatcher, with no take: only when the lane hands over, has room in its
+    /// window, and has no backlog in the outbox (a handed row would overtake it). The caller
+    /// hands the row over, or gives the room back with [`Lane::taken`]`(1, 0)`.
+    pub fn reserve_handover(&self) -> bool {
+        if !self.hands_over() || self.backlog.load(Ordering::SeqCst) {
+            return false;
+        }
+        let _turn = self.reserving.lock().unwrap_or_else(|e| e.into_inner());
+        let busy = self.waiting.load(Ordering::SeqCst) + self.in_flight.load(Ordering::SeqCst);
+        if busy >= 2 * self.target.config.concurrency as usize {
+            return false;
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.unsettled.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+
+    /// Gives back a handover reservation whose row was not queued (its claim did not store it).
+    pub fn unreserve_handover(&self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.unsettled.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Waits for a slot, then for the row's turn under `rate` (holding the slot, so the
@@ -151,5 +220,76 @@ impl Lane {
     /// Whether attempts are paced.
     pub fn paced(&self) -> bool {
         self.pace.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(extra: &str) -> Lane {
+        let text = format!(
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_test\"]\n\
+             [sources.s.forward]\nurl = \"http://127.0.0.1:9/\"\n\
+             secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n{extra}\n"
+        );
+        let config = crate::config::Config::parse(&text, &|_: &str| None).expect("a config");
+        let forward = config.sources[0].forward[0].clone();
+        Lane::new(
+            "s".to_owned(),
+            Arc::new(Target::new(forward).expect("a target")),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_busy_lane_takes_in_batches_of_at_least_half_its_slots() {
+        let lane = lane("concurrency = 4");
+        let want = lane.reserve().expect("an idle lane has room");
+        assert_eq!(want.limit, 8, "as many rows again as slots");
+        lane.taken(8, 8);
+        assert!(lane.reserve().is_none(), "the window is full");
+        let mut slots = Vec::new();
+        for _ in 0..4 {
+            slots.push(lane.start().await);
+        }
+        // One attempt ends: one row of room is not worth a take.
+        lane.finished(slots.pop().expect("a slot"));
+        lane.settled(1);
+        assert!(lane.reserve().is_none(), "one row of room");
+        lane.finished(slots.pop().expect("a slot"));
+        lane.settled(1);
+        let want = lane.reserve().expect("half the slots are free");
+        assert_eq!(want.limit, 2);
+    }
+
+    #[test]
+    fn claims_hand_over_only_once_a_take_has_caught_up_and_within_the_window() {
+        let lane = lane("concurrency = 2");
+        assert!(!lane.reserve_handover(), "a new lane may have a backlog");
+        let want = lane.reserve().expect("room");
+        lane.taken(usize::try_from(want.limit).expect("a count"), 1);
+        // The take came back short: the outbox has nothing more due for this lane.
+        assert!(lane.reserve_handover());
+        assert!(lane.reserve_handover());
+        assert!(lane.reserve_handover());
+        assert!(
+            !lane.reserve_handover(),
+            "four rows (twice the slots) are taken"
+        );
+        lane.unreserve_handover();
+        assert!(lane.reserve_handover(), "a row given back frees its room");
+        lane.look_again();
+        lane.unreserve_handover();
+        assert!(!lane.reserve_handover(), "rows were queued the normal way");
+    }
+
+    #[test]
+    fn ordered_and_paced_lanes_never_hand_over() {
+        for extra in ["ordered = true", "rate = \"5/s\""] {
+            let lane = lane(extra);
+            let want = lane.reserve().expect("room");
+            lane.taken(usize::try_from(want.limit).expect("a count"), 0);
+            assert!(!lane.reserve_handover(), "{extra}");
+        }
     }
 }

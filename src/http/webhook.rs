@@ -180,7 +180,6 @@ async fn answer(
     };
     let json = incoming.json;
     let targets = targets_for(&source, incoming.event_type.as_deref());
-    let queues = !targets.is_empty();
     let event_id = EventId::try_from(incoming.event_id).map_err(ApiError::InvalidEventId)?;
     super::observe::identified(request, &event_id);
     tracing::Span::current().record("event.id", tracing::field::display(&event_id));
@@ -234,9 +233,6 @@ async fn answer(
             })??;
     match outcome {
         Outcome::Claimed(stored) => {
-            if queues {
-                state.forward.queued();
-            }
             remember(&stored, &event_id);
             tracing::debug!("processed");
             Ok((respond(&source, stored, false), Counted::Processed))
@@ -376,8 +372,15 @@ async fn claim(
     delivery: Delivery,
     answer_by: Instant,
 ) -> Result<Outcome, Failed> {
+    // The claim writers wake the dispatcher for what they queue (or hand over); a claim in a
+    // transaction of its own is woken for here.
     let outcome = if inbox::needs_transaction(&delivery, source.handler.as_ref()) {
-        claim_in_transaction(state, source, delivery, answer_by).await?
+        let queues = !delivery.forward.is_empty();
+        let outcome = claim_in_transaction(state, source, delivery, answer_by).await?;
+        if queues && matches!(outcome, Ok(Outcome::Claimed(_))) {
+            state.forward.queued();
+        }
+        outcome
     } else {
         state.claims.claim(delivery, source.handler.clone()).await
     };

@@ -20,7 +20,7 @@
 //! timeout, a failed statement) falls back to claiming its deliveries one by one.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use chrono::{DateTime, Utc};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
@@ -29,6 +29,7 @@ use super::{
     answer, claim, event, new_event, run_handler, ClaimError, Delivery, Outcome, StoredResponse,
 };
 use crate::db::{self, deliveries, events, AnyConnection, DbPool};
+use crate::forward::{Handover, Wake};
 use crate::handlers::{Handler, Response};
 
 /// Claims one INSERT carries at most.
@@ -46,6 +47,10 @@ struct Job {
 struct Queue {
     jobs: Mutex<VecDeque<Job>>,
     ready: Condvar,
+    /// Wakes the forward dispatcher when a batch queued outbox rows.
+    wake: Wake,
+    /// Where rows are handed straight to this process's dispatcher, once it has started.
+    handover: OnceLock<Handover>,
     /// Set when the last [`Batcher`] is gone: the writers finish what is queued and stop,
     /// letting go of their pool.
     closed: std::sync::atomic::AtomicBool,
@@ -72,9 +77,13 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Starts `writers` threads claiming from the queue with connections from `pool`.
-    pub fn start(pool: DbPool, writers: usize) -> Batcher {
-        let queue = Arc::new(Queue::default());
+    /// Starts `writers` threads claiming from the queue with connections from `pool`; `wake`
+    /// wakes the forward dispatcher when a batch queues outbox rows.
+    pub fn start(pool: DbPool, writers: usize, wake: Wake) -> Batcher {
+        let queue = Arc::new(Queue {
+            wake,
+            ..Queue::default()
+        });
         for n in 0..writers.max(1) {
             let (queue, pool) = (queue.clone(), pool.clone());
             std::thread::Builder::new()
@@ -86,6 +95,12 @@ impl Batcher {
             _closer: Arc::new(Closer(queue.clone())),
             queue,
         }
+    }
+
+    /// From now on, a batch hands the outbox rows that `handover` has room for straight to this
+    /// process's dispatcher (see [`Handover`]) instead of queuing them for a take.
+    pub fn hand_over_to(&self, handover: Handover) {
+        let _ = self.queue.handover.set(handover);
     }
 
     /// Claims `delivery` in the next batch and waits for the outcome.
@@ -130,7 +145,12 @@ fn write_loop(queue: &Queue, pool: &DbPool) {
         // Handlers' panics are caught where they run; this is for a bug of hookbox's own. The
         // batch's jobs are dropped with it, so their deliveries are answered 500 (and logged,
         // each once, where they are answered), and the writer lives on for the next batch.
+        let forwards = batch.iter().any(|job| !job.delivery.forward.is_empty());
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(pool, batch)));
+        if forwards {
+            // After the commit (or whatever became of the batch): a look finds the rows.
+            queue.wake.queued();
+        }
     }
 }
 
