@@ -1,9 +1,12 @@
 //! The owner of the `deliveries` table (the forward outbox): every statement on it is here.
-//! A row is queued with its event's claim ([`enqueue`]; [`enqueue_many`] for a batch of
-//! claims), taken under a lease by the dispatcher, lane by lane ([`take_due`]), settled in
-//! batches after the attempts ([`settle`]), and shown and re-queued by the admin API and the
-//! console ([`of_event`], [`requeue`], [`redeliver`], [`requeue_dead`], [`counts`],
-//! [`pending_by_target`]). Rows go with their event (`ON DELETE CASCADE`).
+//! A row is queued with its event's claim ([`enqueue`]; for a batch of claims, in the claim's
+//! own statement on PostgreSQL, `QueueClaimedPg`, which
+//! [`events::claim_and_queue`](super::events::claim_and_queue) places after its INSERT, and
+//! [`enqueue_many`] in its transaction on SQLite), taken under a lease by the dispatcher, lane
+//! by lane ([`take_due`]), settled in batches after the attempts ([`settle`]), and shown and
+//! re-queued by the admin API and the console ([`of_event`], [`requeue`], [`redeliver`],
+//! [`requeue_dead`], [`counts`], [`pending_by_target`]). Rows go with their event
+//! (`ON DELETE CASCADE`).
 //!
 //! A lane is one (source, target): each row carries its event's `source` and `received_at`,
 //! copied in by the claim, so a lane's due rows and an ordered lane's head each come from one
@@ -138,9 +141,9 @@ pub fn enqueue(conn: &mut AnyConnection, event_row: i64, targets: &[String]) -> 
 }
 
 /// Queues the deliveries `rows`, each (event row, target name), for the events of one claim or
-/// of several at once, in one INSERT that copies each event's source and received time onto
-/// its rows. Runs in the transaction of the claims, so each event is queued if and only if it
-/// is stored.
+/// of several at once (a batch's on SQLite), in one INSERT that copies each event's source and
+/// received time onto its rows. Runs in the transaction of the claims, so each event is queued
+/// if and only if it is stored.
 pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResult<()> {
     if rows.is_empty() {
         return Ok(());
@@ -170,6 +173,75 @@ pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResu
         .execute(c),
     }
     .map(|_| ())
+}
+
+/// The outbox rows of the events a claim inserts in the same statement, on PostgreSQL: the
+/// data-modifying CTE
+///
+/// ```sql
+/// queued AS (INSERT INTO deliveries (event_row, target, source, received_at, queued_at)
+///            SELECT c.id, q.target, c.source, c.received_at, $queued_at
+///            FROM unnest($sources, $event_ids, $targets) WITH ORDINALITY AS q (...)
+///            JOIN claimed c ON c.source = q.source AND c.event_id = q.event_id ...)
+/// ```
+///
+/// which [`events::claim_and_queue`](super::events::claim_and_queue) writes after its own CTE
+/// `claimed` (the claim's `INSERT ... RETURNING id, source, event_id, received_at`). Each
+/// (source, event id, target) given queues one row if, and only if, its event came back in
+/// `claimed`; an event that conflicted queues nothing. The event's source and received time are
+/// copied from the claim's own RETURNING, with no second look at `events`. Its binds are
+/// pushed in the order they appear, after whatever the statement bound before it, so the
+/// composed statement's text is fixed and stays prepared.
+pub(super) struct QueueClaimedPg<'a> {
+    sources: Vec<&'a str>,
+    event_ids: Vec<&'a str>,
+    targets: Vec<&'a str>,
+    queued_at: DateTime<Utc>,
+}
+
+impl<'a> QueueClaimedPg<'a> {
+    /// The outbox rows to queue, each (source, event id, target name), in the order queued.
+    pub(super) fn new(rows: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> Self {
+        let mut queue = QueueClaimedPg {
+            sources: Vec::new(),
+            event_ids: Vec::new(),
+            targets: Vec::new(),
+            queued_at: now(),
+        };
+        for (source, event_id, target) in rows {
+            queue.sources.push(source);
+            queue.event_ids.push(event_id);
+            queue.targets.push(target);
+        }
+        queue
+    }
+}
+
+impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for QueueClaimedPg<'_> {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>,
+    ) -> QueryResult<()> {
+        out.push_sql(
+            "queued AS (INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
+             SELECT c.id, q.target, c.source, c.received_at, ",
+        );
+        out.push_bind_param::<super::pg::Instant, _>(&self.queued_at)?;
+        out.push_sql(" FROM unnest(");
+        out.push_bind_param::<Array<Text>, _>(&self.sources)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Text>, _>(&self.event_ids)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Text>, _>(&self.targets)?;
+        // In the order given, so an event's targets get their ids in the order named, as
+        // `of_event` lists them.
+        out.push_sql(
+            ") WITH ORDINALITY AS q (source, event_id, target, n) \
+             JOIN claimed c ON c.source = q.source AND c.event_id = q.event_id \
+             ORDER BY q.n)",
+        );
+        Ok(())
+    }
 }
 
 /// Takes the due rows each lane of `wants` asks for, and leases each for its lane's `lease`:

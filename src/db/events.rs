@@ -1,18 +1,34 @@
 //! The owner of the `events` table: every statement on it is here. The claim ([`claim`],
-//! [`set_answer`]), the stored-answer reads ([`answers`], [`answer_by_key`]), the admin and
-//! console lists and lookups ([`recent`], [`page`], [`find`], [`row_of`]), `export`'s pages
-//! ([`export_page`]), the retention purge ([`purge_batch`], [`count_older`]), the replay-count
-//! flush ([`add_replays`]) and `/readyz`'s write probe ([`takes_writes`]).
+//! [`claim_and_queue`], [`set_answer`]), the stored-answer reads ([`answers`],
+//! [`answer_by_key`]), the admin and console lists and lookups ([`recent`], [`page`], [`find`],
+//! [`row_of`]), `export`'s pages ([`export_page`]), the retention purge ([`purge_batch`],
+//! [`count_older`]), the replay-count flush ([`add_replays`]) and `/readyz`'s write probe
+//! ([`takes_writes`]).
 //!
 //! A source or id no store can hold (see [`storable`]) was never stored: a lookup of one finds
 //! nothing, without asking the database (PostgreSQL would refuse even to compare it).
+//!
+//! One function here writes `deliveries` too: [`claim_and_queue`], the claim of a batch whose
+//! sources forward, with its outbox rows. On PostgreSQL the two INSERTs are one statement
+//! (data-modifying CTEs): one round trip and no `BEGIN`/`COMMIT` instead of four round trips,
+//! and no second look at `events` for what the claim's own `RETURNING` gives. Each table's SQL
+//! is still written by its owner: the outbox's CTE, its columns and its binds are
+//! `deliveries.rs`'s (`deliveries::QueueClaimedPg`), which this module only places after its
+//! claim's CTE, under the name it reads (`claimed`).
+//!
+//! On PostgreSQL the claim's INSERT binds each column as an array (`unnest`), so its text is
+//! the same whatever the number of rows and diesel keeps it prepared (its own multi-row
+//! `VALUES` and `sql_query` are never cached: each would be parsed and planned again for every
+//! claim).
 
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use diesel::pg::Pg;
 use diesel::prelude::*;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::Error as DieselError;
-use diesel::sql_types::{Array, BigInt, Text};
+use diesel::sql_types::{Array, BigInt, Bytea, Jsonb, Nullable, SmallInt, Text};
 
 use super::{now, on_backend, sqlite, write_transaction, AnyConnection, Conn};
 use crate::ids::storable;
@@ -69,46 +85,242 @@ pub struct Claimed {
 /// where the source dedupes by body, its payload's key; the index makes a concurrent claim of
 /// either wait for this transaction to end), whose answer [`answers`] or [`answer_by_key`]
 /// read. Rows should be sorted by (source, event id), so that two claims never wait on each
-/// other in opposite orders.
+/// other in opposite orders; they go in in the order given.
+///
+/// On PostgreSQL the statement's text is the same for any number of rows (each column is bound
+/// as one array, see [`ClaimPg`]), so it is prepared once per connection and kept; on SQLite it
+/// is diesel's multi-row `VALUES`, prepared in-process.
 pub fn claim(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> QueryResult<Vec<Claimed>> {
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let claimed: Vec<(i64, String, String)> = on_backend!(conn, c => {
-        let values: Vec<_> = rows
-            .iter()
-            .map(|row| {
-                let answer = row.answer.as_ref();
-                (
-                    events::source.eq(row.source),
-                    events::event_id.eq(row.event_id),
-                    events::event_type.eq(row.event_type),
-                    events::fingerprint.eq(row.fingerprint),
-                    events::received_at.eq(row.received_at),
-                    events::payload.eq(row.payload),
-                    events::headers.eq(row.headers),
-                    events::dedupe_key.eq(row.dedupe_key),
-                    events::response_status.eq(answer.map(|a| a.status)),
-                    events::response_content_type.eq(answer.map(|a| a.content_type)),
-                    events::response_body.eq(answer.map(|a| a.body)),
-                )
-            })
-            .collect();
-        diesel::insert_into(events::table)
-            .values(&values)
-            .on_conflict_do_nothing()
-            .returning((events::id, events::source, events::event_id))
-            .get_results(c)?
-    });
-    Ok(claimed
-        .into_iter()
-        .map(|(row, source, event_id)| Claimed {
-            row,
-            source,
-            event_id,
-        })
-        .collect())
+    let returned: Vec<(i64, String, String)> = match conn {
+        AnyConnection::Postgres(c) => ClaimPg(Columns::of(rows)).get_results(c)?,
+        AnyConnection::Sqlite(c) => {
+            use super::sqlite_schema::events;
+            let values: Vec<_> = rows
+                .iter()
+                .map(|row| {
+                    let answer = row.answer.as_ref();
+                    (
+                        events::source.eq(row.source),
+                        events::event_id.eq(row.event_id),
+                        events::event_type.eq(row.event_type),
+                        events::fingerprint.eq(row.fingerprint),
+                        events::received_at.eq(row.received_at),
+                        events::payload.eq(row.payload),
+                        events::headers.eq(row.headers),
+                        events::dedupe_key.eq(row.dedupe_key),
+                        events::response_status.eq(answer.map(|a| a.status)),
+                        events::response_content_type.eq(answer.map(|a| a.content_type)),
+                        events::response_body.eq(answer.map(|a| a.body)),
+                    )
+                })
+                .collect();
+            diesel::insert_into(events::table)
+                .values(&values)
+                .on_conflict_do_nothing()
+                .returning((events::id, events::source, events::event_id))
+                .get_results(c)?
+        }
+    };
+    Ok(returned.into_iter().map(claimed).collect())
 }
+
+/// Claims `rows` as [`claim`] does and, for each event it claims, queues a delivery to each of
+/// the targets given with it (names within its source): all or nothing, so each event is
+/// queued if and only if it is stored, and a row that does not come back queues nothing. Not
+/// for use inside a transaction: it is atomic on its own.
+///
+/// This one function writes two tables, `events` and `deliveries` (which
+/// [`deliveries`](super::deliveries) owns). On PostgreSQL as one statement: the claim's INSERT
+/// (written here) and the outbox's (written by `deliveries::QueueClaimedPg`) as data-modifying
+/// CTEs, so a batch of claims and their outbox rows is one round trip, no parse (the text is
+/// fixed, so it stays prepared) and no `BEGIN`/`COMMIT`. On SQLite, whose statements cost no
+/// round trip, [`claim`] then [`enqueue_many`](super::deliveries::enqueue_many) in one write
+/// transaction.
+pub fn claim_and_queue(
+    conn: &mut AnyConnection,
+    rows: &[(NewEvent<'_>, &[String])],
+) -> QueryResult<Vec<Claimed>> {
+    let events: Vec<NewEvent<'_>> = rows.iter().map(|(row, _)| *row).collect();
+    if rows.iter().all(|(_, targets)| targets.is_empty()) {
+        return claim(conn, &events);
+    }
+    match conn {
+        AnyConnection::Postgres(c) => {
+            let outbox = rows.iter().flat_map(|(row, targets)| {
+                targets
+                    .iter()
+                    .map(|target| (row.source, row.event_id, target.as_str()))
+            });
+            let returned: Vec<(i64, String, String)> = ClaimAndQueuePg {
+                claim: Columns::of(&events),
+                queue: super::deliveries::QueueClaimedPg::new(outbox),
+            }
+            .get_results(c)?;
+            Ok(returned.into_iter().map(claimed).collect())
+        }
+        AnyConnection::Sqlite(_) => write_transaction(conn, |conn| {
+            let claimed = claim(conn, &events)?;
+            let targets: std::collections::HashMap<(&str, &str), &[String]> = rows
+                .iter()
+                .map(|(row, targets)| ((row.source, row.event_id), *targets))
+                .collect();
+            let outbox: Vec<(i64, &str)> = claimed
+                .iter()
+                .flat_map(|claimed| {
+                    let key = (claimed.source.as_str(), claimed.event_id.as_str());
+                    let targets = targets.get(&key).copied().unwrap_or_default();
+                    targets.iter().map(|target| (claimed.row, target.as_str()))
+                })
+                .collect();
+            super::deliveries::enqueue_many(conn, &outbox)?;
+            Ok(claimed)
+        }),
+    }
+}
+
+/// A row of a claim's `RETURNING id, source, event_id`.
+fn claimed((row, source, event_id): (i64, String, String)) -> Claimed {
+    Claimed {
+        row,
+        source,
+        event_id,
+    }
+}
+
+/// The claim's rows on PostgreSQL, a column at a time: each column is bound as one array and
+/// `unnest` turns them back into rows, so the statement's text does not depend on how many
+/// rows there are, and diesel keeps it prepared.
+struct Columns<'a> {
+    source: Vec<&'a str>,
+    event_id: Vec<&'a str>,
+    event_type: Vec<Option<&'a str>>,
+    fingerprint: Vec<&'a [u8]>,
+    received_at: Vec<DateTime<Utc>>,
+    payload: Vec<&'a [u8]>,
+    headers: Vec<&'a serde_json::Value>,
+    dedupe_key: Vec<Option<&'a [u8]>>,
+    response_status: Vec<Option<i16>>,
+    response_content_type: Vec<Option<&'a str>>,
+    response_body: Vec<Option<&'a [u8]>>,
+}
+
+/// The columns a claim writes, in the order [`Columns`] binds them.
+const CLAIM_COLUMNS: &str = "source, event_id, event_type, fingerprint, received_at, payload, \
+     headers, dedupe_key, response_status, response_content_type, response_body";
+
+impl<'a> Columns<'a> {
+    fn of(rows: &[NewEvent<'a>]) -> Self {
+        let answers = || rows.iter().map(|row| row.answer.as_ref());
+        Columns {
+            source: rows.iter().map(|row| row.source).collect(),
+            event_id: rows.iter().map(|row| row.event_id).collect(),
+            event_type: rows.iter().map(|row| row.event_type).collect(),
+            fingerprint: rows.iter().map(|row| row.fingerprint).collect(),
+            received_at: rows.iter().map(|row| row.received_at).collect(),
+            payload: rows.iter().map(|row| row.payload).collect(),
+            headers: rows.iter().map(|row| row.headers).collect(),
+            dedupe_key: rows.iter().map(|row| row.dedupe_key).collect(),
+            response_status: answers().map(|a| a.map(|a| a.status)).collect(),
+            response_content_type: answers().map(|a| a.map(|a| a.content_type)).collect(),
+            response_body: answers().map(|a| a.map(|a| a.body)).collect(),
+        }
+    }
+
+    /// `INSERT INTO events ... ON CONFLICT DO NOTHING RETURNING {returning}`, its binds the
+    /// eleven columns. `ORDER BY n` (the arrays' order, which costs no sort: the planner knows
+    /// `WITH ORDINALITY` counts up) makes the order the rows go in the order given, on which
+    /// the absence of deadlocks rests. `ON CONFLICT DO NOTHING` names no target, so every
+    /// unique index is an arbiter: `(source, event_id)` and, for `dedupe = "body"`, the
+    /// partial `(source, dedupe_key)`.
+    fn walk_insert<'b>(
+        &'b self,
+        out: &mut AstPass<'_, 'b, Pg>,
+        returning: &str,
+    ) -> QueryResult<()> {
+        out.push_sql("INSERT INTO events (");
+        out.push_sql(CLAIM_COLUMNS);
+        out.push_sql(") SELECT ");
+        out.push_sql(CLAIM_COLUMNS);
+        out.push_sql(" FROM unnest(");
+        out.push_bind_param::<Array<Text>, _>(&self.source)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Text>, _>(&self.event_id)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<Text>>, _>(&self.event_type)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Bytea>, _>(&self.fingerprint)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<super::pg::Instant>, _>(&self.received_at)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Bytea>, _>(&self.payload)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Jsonb>, _>(&self.headers)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<Bytea>>, _>(&self.dedupe_key)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<SmallInt>>, _>(&self.response_status)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<Text>>, _>(&self.response_content_type)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<Bytea>>, _>(&self.response_body)?;
+        out.push_sql(") WITH ORDINALITY AS v (");
+        out.push_sql(CLAIM_COLUMNS);
+        out.push_sql(", n) ORDER BY n ON CONFLICT DO NOTHING RETURNING ");
+        out.push_sql(returning);
+        Ok(())
+    }
+}
+
+/// [`claim`] on PostgreSQL: the claim's INSERT alone.
+struct ClaimPg<'a>(Columns<'a>);
+
+impl QueryFragment<Pg> for ClaimPg<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        self.0.walk_insert(&mut out, "id, source, event_id")
+    }
+}
+
+/// [`claim_and_queue`] on PostgreSQL: the claim's INSERT as the CTE `claimed`, which
+/// `deliveries::QueueClaimedPg`'s CTE reads (it needs `id`, `source`,
+/// `event_id` and `received_at` of each claimed row), and the claimed rows as the result.
+/// PostgreSQL runs a data-modifying CTE to completion whether or not the query reads it.
+struct ClaimAndQueuePg<'a> {
+    claim: Columns<'a>,
+    queue: super::deliveries::QueueClaimedPg<'a>,
+}
+
+impl QueryFragment<Pg> for ClaimAndQueuePg<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("WITH claimed AS (");
+        self.claim
+            .walk_insert(&mut out, "id, source, event_id, received_at")?;
+        out.push_sql("), ");
+        self.queue.walk_ast(out.reborrow())?;
+        out.push_sql(" SELECT id, source, event_id FROM claimed");
+        Ok(())
+    }
+}
+
+/// The statements of fixed text that diesel keeps prepared: the query id is the type, so the
+/// cache finds the statement without building its SQL again.
+macro_rules! fixed_statement {
+    ($($query:ident),*) => {$(
+        impl QueryId for $query<'_> {
+            type QueryId = $query<'static>;
+            const HAS_STATIC_QUERY_ID: bool = true;
+        }
+
+        impl Query for $query<'_> {
+            type SqlType = (BigInt, Text, Text);
+        }
+
+        impl RunQueryDsl<diesel::PgConnection> for $query<'_> {}
+    )*};
+}
+fixed_statement!(ClaimPg, ClaimAndQueuePg);
 
 /// Stores the answer of the event claimed in `row`, in the claim's transaction.
 pub fn set_answer(conn: &mut AnyConnection, row: i64, answer: &Answer<'_>) -> QueryResult<()> {

@@ -2,17 +2,18 @@
 //!
 //! Under load many deliveries wait at once, each for its own round trip and its own commit.
 //! A few writer threads take whatever claims are waiting (up to [`MAX_BATCH`]) and store them
-//! with one `INSERT ... VALUES (..), (..) ON CONFLICT DO NOTHING RETURNING id, source, event_id`:
-//! one round trip and one commit for the lot. Each row is still claimed on its own terms: a row
+//! with one multi-row `INSERT ... ON CONFLICT DO NOTHING RETURNING id, source, event_id`
+//! ([`events::claim`]): one round trip and one commit for the lot. Each row is still claimed on its own terms: a row
 //! that comes back is this delivery's claim, a row that does not was committed by someone else
 //! and its stored answer is read. Nothing waits to fill a batch: a writer takes what is there,
 //! so a lone delivery goes out at once.
 //!
 //! Where a claimed event's source forwards, its outbox rows (one per matching target) go in
-//! with one more multi-row INSERT, in the same transaction as the claims: every event of the
+//! with the claims, all or nothing ([`events::claim_and_queue`]: on PostgreSQL the claims'
+//! INSERT and the outbox's are one statement, on SQLite one transaction): every event of the
 //! batch is queued if and only if it is stored. A row that did not come back queues nothing
-//! (its stored answer is a replay), and a batch that falls back to claims one by one rolls back
-//! its outbox rows with its claims.
+//! (its stored answer is a replay), and a batch that falls back to claims one by one has
+//! queued nothing.
 //!
 //! Rows go in sorted by (source, event id), so two batches never wait on each other in opposite
 //! orders (no deadlock); a delivery and its duplicate in one batch are claimed once, the second
@@ -28,7 +29,7 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use super::{
     answer, claim, event, new_event, run_handler, ClaimError, Delivery, Outcome, StoredResponse,
 };
-use crate::db::{self, deliveries, events, AnyConnection, DbPool};
+use crate::db::{self, events, AnyConnection, DbPool};
 use crate::forward::{Handover, Wake};
 use crate::handlers::{Handler, Response};
 
@@ -265,8 +266,9 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
 
 type Groups = BTreeMap<(String, String), Vec<(Job, Response)>>;
 
-/// The multi-row INSERT of each group's first delivery, and where their sources forward, the
-/// outbox rows of the events it claimed, in one transaction; returns the keys it claimed.
+/// The claim of each group's first delivery, and where their sources forward, the outbox rows
+/// of the events it claims, all or nothing (one statement on PostgreSQL, see
+/// [`events::claim_and_queue`]); returns the keys it claimed.
 fn insert(
     conn: &mut AnyConnection,
     groups: &Groups,
@@ -276,34 +278,16 @@ fn insert(
         .values()
         .map(|jobs| {
             let (job, response) = &jobs[0];
-            new_event(&job.delivery, received_at, Some(answer(response)))
+            (
+                new_event(&job.delivery, received_at, Some(answer(response))),
+                &job.delivery.forward[..],
+            )
         })
         .collect();
-    let forwards = groups
-        .values()
-        .any(|jobs| !jobs[0].0.delivery.forward.is_empty());
-    if !forwards {
-        // One statement, atomic on its own.
-        return Ok(events::claim(conn, &rows)?
-            .into_iter()
-            .map(|claimed| (claimed.source, claimed.event_id))
-            .collect());
-    }
-    db::write_transaction(conn, |conn| {
-        let claimed = events::claim(conn, &rows)?;
-        let mut keys = std::collections::BTreeSet::new();
-        let mut outbox: Vec<(i64, &str)> = Vec::new();
-        for claimed in claimed {
-            let key = (claimed.source, claimed.event_id);
-            if let Some(jobs) = groups.get(&key) {
-                let targets = &jobs[0].0.delivery.forward;
-                outbox.extend(targets.iter().map(|t| (claimed.row, t.as_str())));
-            }
-            keys.insert(key);
-        }
-        deliveries::enqueue_many(conn, &outbox)?;
-        Ok(keys)
-    })
+    Ok(events::claim_and_queue(conn, &rows)?
+        .into_iter()
+        .map(|claimed| (claimed.source, claimed.event_id))
+        .collect())
 }
 
 /// Answers the groups whose rows another delivery committed, from what it stored, and returns

@@ -6,6 +6,7 @@ mod bad_config;
 mod batches;
 mod browser;
 mod bus_targets;
+mod claims;
 mod cluster;
 mod concurrency;
 mod console;
