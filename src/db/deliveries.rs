@@ -11,14 +11,22 @@
 //! A lane is one (source, target): each row carries its event's `source` and `received_at`,
 //! copied in by the claim, so a lane's due rows and an ordered lane's head each come from one
 //! index.
+//!
+//! The dispatcher's statements on PostgreSQL ([`take_due`]'s two takes and [`settle`]'s
+//! UPDATE of the delivered) bind each column as an array (`unnest`), so their text does not
+//! depend on how many lanes or rows there are: each is prepared once per connection and kept
+//! (see `pg::prepared_statement!`).
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use diesel::pg::Pg;
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Bytea, Double, Integer, Nullable, SmallInt, Text};
+use diesel::query_builder::{AstPass, QueryFragment};
+use diesel::sql_types::{Array, BigInt, Bytea, Double, Integer, Nullable, SmallInt, Text, Untyped};
 use serde::Serialize;
 
+use super::pg::prepared_statement;
 use super::{now, on_backend, write_transaction, AnyConnection};
 
 /// A delivery taken for an attempt: its lease runs, so no other dispatcher takes it meanwhile.
@@ -263,12 +271,12 @@ const DUE_COLUMNS_PG: &str = "d.id, d.attempts AS attempt, e.source, d.target, e
      e.event_type, e.payload, e.headers ->> 'content-type' AS content_type, \
      (extract(epoch FROM d.queued_at) * 1000000)::bigint AS queued_at_micros";
 
-/// [`take_due`] on PostgreSQL: one statement for the unordered lanes and one for the ordered,
-/// each taking every lane's rows through a LATERAL subquery with `FOR UPDATE SKIP LOCKED`, so
-/// several dispatchers take rows at once without taking one row twice. An ordered lane's head
-/// is found without locking and then locked with SKIP LOCKED and checked again: a head another
-/// dispatcher holds, or has leased or settled meanwhile, yields nothing rather than the row
-/// behind it.
+/// [`take_due`] on PostgreSQL: one statement for the unordered lanes ([`TakeDuePg`]) and one
+/// for the ordered ([`TakeHeadsPg`]), each taking every lane's rows through a LATERAL subquery
+/// with `FOR UPDATE SKIP LOCKED`, so several dispatchers take rows at once without taking one
+/// row twice. An ordered lane's head is found without locking and then locked with SKIP LOCKED
+/// and checked again: a head another dispatcher holds, or has leased or settled meanwhile,
+/// yields nothing rather than the row behind it.
 fn take_due_pg(conn: &mut diesel::PgConnection, wants: &[Want]) -> QueryResult<Vec<Due>> {
     let mut due = Vec::new();
     for ordered in [false, true] {
@@ -276,46 +284,102 @@ fn take_due_pg(conn: &mut diesel::PgConnection, wants: &[Want]) -> QueryResult<V
         if lanes.is_empty() {
             continue;
         }
-        let pick = if ordered {
+        let lanes = LanesPg::of(&lanes);
+        let taken: Vec<Due> = if ordered {
+            TakeHeadsPg(lanes).load(conn)?
+        } else {
+            TakeDuePg(lanes).load(conn)?
+        };
+        due.extend(taken);
+    }
+    Ok(due)
+}
+
+/// The lanes of a take on PostgreSQL, a column at a time: each column is bound as one array
+/// and `unnest` turns them back into lanes, so the statement's text does not depend on how
+/// many lanes there are, and diesel keeps it prepared.
+struct LanesPg<'a> {
+    sources: Vec<&'a str>,
+    targets: Vec<&'a str>,
+    limits: Vec<i64>,
+    leases: Vec<f64>,
+}
+
+impl<'a> LanesPg<'a> {
+    fn of(lanes: &[&'a Want]) -> Self {
+        LanesPg {
+            sources: lanes.iter().map(|w| w.source.as_str()).collect(),
+            targets: lanes.iter().map(|w| w.target.as_str()).collect(),
+            limits: lanes.iter().map(|w| w.limit).collect(),
+            leases: lanes.iter().map(|w| w.lease.as_secs_f64()).collect(),
+        }
+    }
+
+    /// The take: leases the rows `pick` (a subquery over the lane `w`) finds in each lane, and
+    /// returns them as [`Due`] rows.
+    fn walk_take<'b>(&'b self, out: &mut AstPass<'_, 'b, Pg>, pick: &str) -> QueryResult<()> {
+        out.push_sql(
+            "UPDATE deliveries d \
+             SET attempts = d.attempts + 1, \
+                 next_attempt_at = now() + make_interval(secs => picked.lease) \
+             FROM (SELECT p.id, w.lease FROM unnest(",
+        );
+        out.push_bind_param::<Array<Text>, _>(&self.sources)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Text>, _>(&self.targets)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<BigInt>, _>(&self.limits)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Double>, _>(&self.leases)?;
+        out.push_sql(") AS w (source, target, n, lease) CROSS JOIN LATERAL (");
+        out.push_sql(pick);
+        out.push_sql(
+            ") AS p) AS picked, events e \
+             WHERE d.id = picked.id AND e.id = d.event_row \
+             RETURNING ",
+        );
+        out.push_sql(DUE_COLUMNS_PG);
+        Ok(())
+    }
+}
+
+/// [`take_due_pg`]'s take of unordered lanes: up to `n` of each lane's due rows, the
+/// earliest due first.
+struct TakeDuePg<'a>(LanesPg<'a>);
+
+impl QueryFragment<Pg> for TakeDuePg<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        self.0.walk_take(
+            &mut out,
+            "SELECT x.id FROM deliveries x \
+             WHERE x.state = 'pending' AND x.source = w.source AND x.target = w.target \
+               AND x.next_attempt_at <= now() \
+             ORDER BY x.next_attempt_at LIMIT w.n FOR UPDATE SKIP LOCKED",
+        )
+    }
+}
+
+/// [`take_due_pg`]'s take of ordered lanes: each lane's head, if it is due and no other
+/// dispatcher holds it.
+struct TakeHeadsPg<'a>(LanesPg<'a>);
+
+impl QueryFragment<Pg> for TakeHeadsPg<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        self.0.walk_take(
+            &mut out,
             "SELECT x.id FROM deliveries x \
              WHERE x.id = (SELECT h.id FROM deliveries h \
                            WHERE h.state = 'pending' AND h.source = w.source AND h.target = w.target \
                            ORDER BY h.received_at, h.event_row LIMIT 1) \
                AND x.state = 'pending' AND x.next_attempt_at <= now() \
-             FOR UPDATE SKIP LOCKED"
-        } else {
-            "SELECT x.id FROM deliveries x \
-             WHERE x.state = 'pending' AND x.source = w.source AND x.target = w.target \
-               AND x.next_attempt_at <= now() \
-             ORDER BY x.next_attempt_at LIMIT w.n FOR UPDATE SKIP LOCKED"
-        };
-        let query = format!(
-            "UPDATE deliveries d \
-             SET attempts = d.attempts + 1, \
-                 next_attempt_at = now() + make_interval(secs => picked.lease) \
-             FROM (SELECT p.id, w.lease \
-                   FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[]) \
-                        AS w (source, target, n, lease) \
-                   CROSS JOIN LATERAL ({pick}) AS p) AS picked, \
-                  events e \
-             WHERE d.id = picked.id AND e.id = d.event_row \
-             RETURNING {DUE_COLUMNS_PG}"
-        );
-        let taken: Vec<Due> = diesel::sql_query(query)
-            .bind::<Array<Text>, _>(lanes.iter().map(|w| w.source.as_str()).collect::<Vec<_>>())
-            .bind::<Array<Text>, _>(lanes.iter().map(|w| w.target.as_str()).collect::<Vec<_>>())
-            .bind::<Array<BigInt>, _>(lanes.iter().map(|w| w.limit).collect::<Vec<_>>())
-            .bind::<Array<Double>, _>(
-                lanes
-                    .iter()
-                    .map(|w| w.lease.as_secs_f64())
-                    .collect::<Vec<_>>(),
-            )
-            .load(conn)?;
-        due.extend(taken);
+             FOR UPDATE SKIP LOCKED",
+        )
     }
-    Ok(due)
 }
+
+// `Untyped`, as `sql_query`'s: the rows load by name into a `Due`.
+prepared_statement!(TakeDuePg<'_> => Untyped);
+prepared_statement!(TakeHeadsPg<'_> => Untyped);
 
 /// [`take_due`] on SQLite. The write lock, taken first, keeps other dispatchers (of other
 /// processes on the same file) out until the leases are written, so a lane's head is the
@@ -454,28 +518,54 @@ fn settle_delivered_pg(
     if delivered.is_empty() {
         return Ok(());
     }
-    diesel::sql_query(
-        "UPDATE deliveries d \
-         SET state = 'delivered', last_status = v.status, last_error = NULL, \
-             delivered_at = $4 \
-         FROM unnest($1::bigint[], $2::int[], $3::smallint[]) AS v (id, attempt, status) \
-         WHERE d.id = v.id AND d.attempts = v.attempt AND d.state = 'pending'",
-    )
-    .bind::<Array<BigInt>, _>(delivered.iter().map(|s| s.id).collect::<Vec<_>>())
-    .bind::<Array<Integer>, _>(delivered.iter().map(|s| s.attempt).collect::<Vec<_>>())
-    .bind::<Array<Nullable<SmallInt>>, _>(
-        delivered
+    SettleDeliveredPg {
+        ids: delivered.iter().map(|s| s.id).collect(),
+        attempts: delivered.iter().map(|s| s.attempt).collect(),
+        statuses: delivered
             .iter()
             .map(|s| match s.outcome {
                 Settle::Delivered { status } => status_column(status),
                 _ => None,
             })
-            .collect::<Vec<_>>(),
-    )
-    .bind::<super::pg::Instant, _>(now)
+            .collect(),
+        at: now,
+    }
     .execute(conn)
     .map(|_| ())
 }
+
+/// [`settle_delivered_pg`]'s UPDATE: each row (`ids`, at the attempt in `attempts`) delivered
+/// at `at` with its status, if it is still pending at that attempt. The rows are bound a
+/// column at a time, as arrays, so the text is fixed and stays prepared.
+struct SettleDeliveredPg {
+    ids: Vec<i64>,
+    attempts: Vec<i32>,
+    statuses: Vec<Option<i16>>,
+    at: DateTime<Utc>,
+}
+
+impl QueryFragment<Pg> for SettleDeliveredPg {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql(
+            "UPDATE deliveries d \
+             SET state = 'delivered', last_status = v.status, last_error = NULL, delivered_at = ",
+        );
+        out.push_bind_param::<super::pg::Instant, _>(&self.at)?;
+        out.push_sql(" FROM unnest(");
+        out.push_bind_param::<Array<BigInt>, _>(&self.ids)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Integer>, _>(&self.attempts)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<SmallInt>>, _>(&self.statuses)?;
+        out.push_sql(
+            ") AS v (id, attempt, status) \
+             WHERE d.id = v.id AND d.attempts = v.attempt AND d.state = 'pending'",
+        );
+        Ok(())
+    }
+}
+
+prepared_statement!(SettleDeliveredPg);
 
 /// One outcome of [`settle`].
 fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -> QueryResult<()> {
