@@ -204,24 +204,65 @@ pub(super) struct QueueClaimedPg<'a> {
     sources: Vec<&'a str>,
     event_ids: Vec<&'a str>,
     targets: Vec<&'a str>,
+    leased_until: Vec<Option<DateTime<Utc>>>,
     queued_at: DateTime<Utc>,
 }
 
+/// One outbox row a claim queues with its event.
+#[derive(Debug, Clone, Copy)]
+pub struct ToQueue<'a> {
+    /// The target's name within the source.
+    pub target: &'a str,
+    /// For a row handed straight to this process's dispatcher (`forward::Handover`): when its
+    /// lease ends. It goes in as attempt 1, leased until then, so no take finds it meanwhile.
+    pub leased_until: Option<DateTime<Utc>>,
+}
+
+impl<'a> ToQueue<'a> {
+    /// A row queued for a take, the normal way.
+    pub fn target(target: &'a str) -> ToQueue<'a> {
+        ToQueue {
+            target,
+            leased_until: None,
+        }
+    }
+}
+
+/// A row a claim queued leased (see [`ToQueue::leased_until`]), to be handed over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leased {
+    /// The outbox row.
+    pub id: i64,
+    /// Its event's row.
+    pub event_row: i64,
+    /// The target's name within the source.
+    pub target: String,
+    /// When it was queued.
+    pub queued_at: DateTime<Utc>,
+}
+
 impl<'a> QueueClaimedPg<'a> {
-    /// The outbox rows to queue, each (source, event id, target name), in the order queued.
-    pub(super) fn new(rows: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> Self {
+    /// The outbox rows to queue, each (source, event id, row), in the order queued.
+    pub(super) fn new(rows: impl IntoIterator<Item = (&'a str, &'a str, ToQueue<'a>)>) -> Self {
         let mut queue = QueueClaimedPg {
             sources: Vec::new(),
             event_ids: Vec::new(),
             targets: Vec::new(),
+            leased_until: Vec::new(),
             queued_at: now(),
         };
-        for (source, event_id, target) in rows {
+        for (source, event_id, row) in rows {
             queue.sources.push(source);
             queue.event_ids.push(event_id);
-            queue.targets.push(target);
+            queue.targets.push(row.target);
+            queue.leased_until.push(row.leased_until);
         }
         queue
+    }
+
+    /// When its rows are queued.
+    pub(super) fn queued_at(&self) -> DateTime<Utc> {
+        self.queued_at
     }
 }
 
@@ -231,25 +272,59 @@ impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for QueueClaimedPg<'_>
         mut out: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>,
     ) -> QueryResult<()> {
         out.push_sql(
-            "queued AS (INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
+            "queued AS (INSERT INTO deliveries \
+             (event_row, target, source, received_at, queued_at, attempts, next_attempt_at) \
              SELECT c.id, q.target, c.source, c.received_at, ",
         );
         out.push_bind_param::<super::pg::Instant, _>(&self.queued_at)?;
-        out.push_sql(" FROM unnest(");
+        // A leased row is attempt 1, due when its lease ends; any other is due now.
+        out.push_sql(
+            ", CASE WHEN q.leased_until IS NULL THEN 0 ELSE 1 END, \
+             COALESCE(q.leased_until, now()) FROM unnest(",
+        );
         out.push_bind_param::<Array<Text>, _>(&self.sources)?;
         out.push_sql(", ");
         out.push_bind_param::<Array<Text>, _>(&self.event_ids)?;
         out.push_sql(", ");
         out.push_bind_param::<Array<Text>, _>(&self.targets)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<super::pg::Instant>>, _>(&self.leased_until)?;
         // In the order given, so an event's targets get their ids in the order named, as
         // `of_event` lists them.
         out.push_sql(
-            ") WITH ORDINALITY AS q (source, event_id, target, n) \
+            ") WITH ORDINALITY AS q (source, event_id, target, leased_until, n) \
              JOIN claimed c ON c.source = q.source AND c.event_id = q.event_id \
-             ORDER BY q.n)",
+             ORDER BY q.n \
+             RETURNING id, event_row, target, attempts)",
         );
         Ok(())
     }
+}
+
+/// Queues one row leased (see [`ToQueue::leased_until`]) on SQLite, in the claim's
+/// transaction, and returns its id.
+pub(super) fn queue_leased_sqlite(
+    conn: &mut diesel::SqliteConnection,
+    event_row: i64,
+    source: &str,
+    received_at: DateTime<Utc>,
+    target: &str,
+    leased_until: DateTime<Utc>,
+    queued_at: DateTime<Utc>,
+) -> QueryResult<i64> {
+    use super::sqlite_schema::deliveries;
+    diesel::insert_into(deliveries::table)
+        .values((
+            deliveries::event_row.eq(event_row),
+            deliveries::target.eq(target),
+            deliveries::source.eq(source),
+            deliveries::received_at.eq(received_at),
+            deliveries::queued_at.eq(queued_at),
+            deliveries::attempts.eq(1),
+            deliveries::next_attempt_at.eq(leased_until),
+        ))
+        .returning(deliveries::id)
+        .get_result(conn)
 }
 
 /// Takes the due rows each lane of `wants` asks for, and leases each for its lane's `lease`:

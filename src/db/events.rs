@@ -30,6 +30,7 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::Error as DieselError;
 use diesel::sql_types::{Array, BigInt, Bytea, Jsonb, Nullable, SmallInt, Text};
 
+use super::deliveries::{Leased, ToQueue};
 use super::{now, on_backend, sqlite, write_transaction, AnyConnection, Conn};
 use crate::ids::storable;
 
@@ -124,7 +125,7 @@ pub fn claim(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> QueryResult<Vec
                 .get_results(c)?
         }
     };
-    Ok(returned.into_iter().map(claimed).collect())
+    Ok(returned.into_iter().map(claimed_row).collect())
 }
 
 /// Claims `rows` as [`claim`] does and, for each event it claims, queues a delivery to each of
@@ -141,48 +142,99 @@ pub fn claim(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> QueryResult<Vec
 /// transaction.
 pub fn claim_and_queue(
     conn: &mut AnyConnection,
-    rows: &[(NewEvent<'_>, &[String])],
-) -> QueryResult<Vec<Claimed>> {
+    rows: &[(NewEvent<'_>, &[ToQueue<'_>])],
+) -> QueryResult<ClaimedAndQueued> {
     let events: Vec<NewEvent<'_>> = rows.iter().map(|(row, _)| *row).collect();
-    if rows.iter().all(|(_, targets)| targets.is_empty()) {
-        return claim(conn, &events);
+    if rows.iter().all(|(_, queue)| queue.is_empty()) {
+        return Ok(ClaimedAndQueued {
+            claimed: claim(conn, &events)?,
+            leased: Vec::new(),
+        });
     }
     match conn {
         AnyConnection::Postgres(c) => {
-            let outbox = rows.iter().flat_map(|(row, targets)| {
-                targets
-                    .iter()
-                    .map(|target| (row.source, row.event_id, target.as_str()))
-            });
-            let returned: Vec<(i64, String, String)> = ClaimAndQueuePg {
+            let outbox = rows
+                .iter()
+                .flat_map(|(row, queue)| queue.iter().map(|to| (row.source, row.event_id, *to)));
+            let statement = ClaimAndQueuePg {
                 claim: Columns::of(&events),
                 queue: super::deliveries::QueueClaimedPg::new(outbox),
+            };
+            let queued_at = statement.queue.queued_at();
+            let returned: Vec<ClaimedRowPg> = statement.get_results(c)?;
+            // One row per claimed event, or per leased row of it (LEFT JOIN).
+            let mut claimed: Vec<Claimed> = Vec::new();
+            let mut leased = Vec::new();
+            for (row, source, event_id, delivery, target) in returned {
+                if claimed.last().map(|c| c.row) != Some(row) {
+                    claimed.push(claimed_row((row, source, event_id)));
+                }
+                if let (Some(id), Some(target)) = (delivery, target) {
+                    leased.push(Leased {
+                        id,
+                        event_row: row,
+                        target,
+                        queued_at,
+                    });
+                }
             }
-            .get_results(c)?;
-            Ok(returned.into_iter().map(claimed).collect())
+            Ok(ClaimedAndQueued { claimed, leased })
         }
         AnyConnection::Sqlite(_) => write_transaction(conn, |conn| {
             let claimed = claim(conn, &events)?;
-            let targets: std::collections::HashMap<(&str, &str), &[String]> = rows
-                .iter()
-                .map(|(row, targets)| ((row.source, row.event_id), *targets))
-                .collect();
-            let outbox: Vec<(i64, &str)> = claimed
-                .iter()
-                .flat_map(|claimed| {
-                    let key = (claimed.source.as_str(), claimed.event_id.as_str());
-                    let targets = targets.get(&key).copied().unwrap_or_default();
-                    targets.iter().map(|target| (claimed.row, target.as_str()))
-                })
-                .collect();
+            let queues: std::collections::HashMap<(&str, &str), (&NewEvent<'_>, &[ToQueue<'_>])> =
+                rows.iter()
+                    .map(|(row, queue)| ((row.source, row.event_id), (row, *queue)))
+                    .collect();
+            let queued_at = now();
+            let mut outbox: Vec<(i64, &str)> = Vec::new();
+            let mut leased = Vec::new();
+            for claimed in &claimed {
+                let key = (claimed.source.as_str(), claimed.event_id.as_str());
+                let Some((event, queue)) = queues.get(&key) else {
+                    continue;
+                };
+                for to in queue.iter() {
+                    match (to.leased_until, &mut *conn) {
+                        (Some(until), AnyConnection::Sqlite(c)) => leased.push(Leased {
+                            id: super::deliveries::queue_leased_sqlite(
+                                c,
+                                claimed.row,
+                                event.source,
+                                event.received_at,
+                                to.target,
+                                until,
+                                queued_at,
+                            )?,
+                            event_row: claimed.row,
+                            target: to.target.to_owned(),
+                            queued_at,
+                        }),
+                        _ => outbox.push((claimed.row, to.target)),
+                    }
+                }
+            }
             super::deliveries::enqueue_many(conn, &outbox)?;
-            Ok(claimed)
+            Ok(ClaimedAndQueued { claimed, leased })
         }),
     }
 }
 
+/// A row of [`ClaimAndQueuePg`]: the event's row, source and id, and a row it queued leased.
+type ClaimedRowPg = (i64, String, String, Option<i64>, Option<String>);
+
+/// What [`claim_and_queue`] stored: the events it claimed, in the order given, and the outbox
+/// rows it queued leased, to be handed over.
+#[derive(Debug)]
+pub struct ClaimedAndQueued {
+    /// The events claimed.
+    pub claimed: Vec<Claimed>,
+    /// The rows queued leased.
+    pub leased: Vec<Leased>,
+}
+
 /// A row of a claim's `RETURNING id, source, event_id`.
-fn claimed((row, source, event_id): (i64, String, String)) -> Claimed {
+fn claimed_row((row, source, event_id): (i64, String, String)) -> Claimed {
     Claimed {
         row,
         source,
@@ -299,7 +351,12 @@ impl QueryFragment<Pg> for ClaimAndQueuePg<'_> {
             .walk_insert(&mut out, "id, source, event_id, received_at")?;
         out.push_sql("), ");
         self.queue.walk_ast(out.reborrow())?;
-        out.push_sql(" SELECT id, source, event_id FROM claimed");
+        // Each claimed event, once per row of it queued leased (whose id is handed over).
+        out.push_sql(
+            " SELECT c.id, c.source, c.event_id, q.id, q.target FROM claimed c \
+             LEFT JOIN queued q ON q.event_row = c.id AND q.attempts = 1 \
+             ORDER BY c.id, q.id",
+        );
         Ok(())
     }
 }
@@ -320,7 +377,18 @@ macro_rules! fixed_statement {
         impl RunQueryDsl<diesel::PgConnection> for $query<'_> {}
     )*};
 }
-fixed_statement!(ClaimPg, ClaimAndQueuePg);
+fixed_statement!(ClaimPg);
+
+impl QueryId for ClaimAndQueuePg<'_> {
+    type QueryId = ClaimAndQueuePg<'static>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl Query for ClaimAndQueuePg<'_> {
+    type SqlType = (BigInt, Text, Text, Nullable<BigInt>, Nullable<Text>);
+}
+
+impl RunQueryDsl<diesel::PgConnection> for ClaimAndQueuePg<'_> {}
 
 /// Stores the answer of the event claimed in `row`, in the claim's transaction.
 pub fn set_answer(conn: &mut AnyConnection, row: i64, answer: &Answer<'_>) -> QueryResult<()> {

@@ -20,7 +20,7 @@
 //! answered as a replay (or 422 if its payload differs). A batch that meets trouble (a lock
 //! timeout, a failed statement) falls back to claiming its deliveries one by one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use chrono::{DateTime, Utc};
@@ -29,8 +29,9 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use super::{
     answer, claim, event, new_event, run_handler, ClaimError, Delivery, Outcome, StoredResponse,
 };
+use crate::db::deliveries::{Due, Leased, ToQueue};
 use crate::db::{self, events, AnyConnection, DbPool};
-use crate::forward::{Handover, Wake};
+use crate::forward::{Handover, Reserved, Wake};
 use crate::handlers::{Handler, Response};
 
 /// Claims one INSERT carries at most.
@@ -147,8 +148,10 @@ fn write_loop(queue: &Queue, pool: &DbPool) {
         // batch's jobs are dropped with it, so their deliveries are answered 500 (and logged,
         // each once, where they are answered), and the writer lives on for the next batch.
         let forwards = batch.iter().any(|job| !job.delivery.forward.is_empty());
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(pool, batch)));
-        if forwards {
+        let queued =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(queue, pool, batch)))
+                .unwrap_or(true);
+        if forwards && queued {
             // After the commit (or whatever became of the batch): a look finds the rows.
             queue.wake.queued();
         }
@@ -163,7 +166,9 @@ fn shared_failure(message: &str) -> ClaimError {
     ))
 }
 
-fn write(pool: &DbPool, batch: Vec<Job>) {
+/// Claims a batch and answers its jobs; whether it may have queued outbox rows for a take
+/// (rather than handing every one over).
+fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> bool {
     let mut conn = match pool.get() {
         Ok(conn) => conn,
         Err(e) => {
@@ -173,7 +178,7 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
             for job in batch {
                 let _ = job.reply.send(Err(shared_failure(&message)));
             }
-            return;
+            return true;
         }
     };
     let received_at = db::now();
@@ -203,7 +208,7 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
         groups.entry(key).or_default().push((job, response));
     }
     if groups.is_empty() {
-        return;
+        return true;
     }
 
     // The batch waits no longer than its most hurried delivery may; the others, should it
@@ -219,19 +224,24 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
         // lock still keeps it safe. The turn ends with the INSERT, before any claim one by one
         // (which takes turns of its own).
         let _turn = conn.write_turn(deadline).ok().flatten();
-        conn.waiting_until(deadline, |c| insert(c, &groups, received_at))
+        let handover = queue.handover.get();
+        conn.waiting_until(deadline, |c| insert(c, &groups, received_at, handover))
     };
-    let inserted = match inserted {
-        Ok(keys) => keys,
+    let (inserted, handed, queued) = match inserted {
+        Ok(stored) => stored,
         Err(e) => {
             let gone = conn.note(&e);
             if !gone {
                 tracing::debug!(error = %e, "a claim batch fell back to claims one by one");
             }
             drop(conn);
-            return one_by_one(pool, groups);
+            one_by_one(pool, groups);
+            return true;
         }
     };
+    if let Some(handover) = queue.handover.get() {
+        handover.hand(handed);
+    }
 
     let mut unresolved = BTreeMap::new();
     for (key, jobs) in groups {
@@ -253,7 +263,7 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
         }
     }
     if unresolved.is_empty() {
-        return;
+        return queued;
     }
     let left = answer_from_store(&mut conn, unresolved);
     // The connection goes back to the pool before any claim one by one takes its own: held, it
@@ -261,33 +271,131 @@ fn write(pool: &DbPool, batch: Vec<Job>) {
     drop(conn);
     if !left.is_empty() {
         one_by_one(pool, left);
+        return true;
     }
+    queued
 }
 
 type Groups = BTreeMap<(String, String), Vec<(Job, Response)>>;
 
+/// What a batch's INSERT stored: the keys it claimed, the outbox rows it queued leased (each
+/// with its lane's reservation, to be handed over), and whether it queued any for a take.
+type Stored = (BTreeSet<(String, String)>, Vec<(Reserved, Due)>, bool);
+
 /// The claim of each group's first delivery, and where their sources forward, the outbox rows
 /// of the events it claims, all or nothing (one statement on PostgreSQL, see
-/// [`events::claim_and_queue`]); returns the keys it claimed.
+/// [`events::claim_and_queue`]). A row whose lane `handover` has room for goes in leased to
+/// this process, to be handed to its dispatcher once stored; the room of a row that was not
+/// stored is given back.
 fn insert(
     conn: &mut AnyConnection,
     groups: &Groups,
     received_at: DateTime<Utc>,
-) -> Result<std::collections::BTreeSet<(String, String)>, DieselError> {
-    let rows: Vec<_> = groups
+    handover: Option<&Handover>,
+) -> Result<Stored, DieselError> {
+    let now = db::now();
+    let mut reserved: HashMap<(&str, &str, &str), Reserved> = HashMap::new();
+    let queues: Vec<Vec<ToQueue<'_>>> = groups
         .values()
         .map(|jobs| {
+            let delivery = &jobs[0].0.delivery;
+            let source = delivery.source.as_str();
+            delivery
+                .forward
+                .iter()
+                .map(
+                    |target| match handover.and_then(|h| h.reserve(source, target)) {
+                        Some(room) => {
+                            let lease = chrono::Duration::from_std(room.lease)
+                                .unwrap_or(chrono::Duration::hours(1));
+                            reserved.insert((source, delivery.event_id.as_str(), target), room);
+                            ToQueue {
+                                target,
+                                leased_until: Some(now + lease),
+                            }
+                        }
+                        None => ToQueue::target(target),
+                    },
+                )
+                .collect()
+        })
+        .collect();
+    let queued = queues.iter().flatten().any(|q| q.leased_until.is_none());
+    let rows: Vec<_> = groups
+        .values()
+        .zip(&queues)
+        .map(|(jobs, queue)| {
             let (job, response) = &jobs[0];
             (
                 new_event(&job.delivery, received_at, Some(answer(response))),
-                &job.delivery.forward[..],
+                &queue[..],
             )
         })
         .collect();
-    Ok(events::claim_and_queue(conn, &rows)?
+    let stored = match events::claim_and_queue(conn, &rows) {
+        Ok(stored) => stored,
+        Err(e) => {
+            if let Some(handover) = handover {
+                reserved
+                    .into_values()
+                    .for_each(|room| handover.unreserve(room));
+            }
+            return Err(e);
+        }
+    };
+    let events_by_row: HashMap<i64, (&str, &str)> = stored
+        .claimed
+        .iter()
+        .map(|c| (c.row, (c.source.as_str(), c.event_id.as_str())))
+        .collect();
+    let mut handed = Vec::with_capacity(stored.leased.len());
+    for leased in stored.leased {
+        let Some(&(source, event_id)) = events_by_row.get(&leased.event_row) else {
+            continue;
+        };
+        let Some(jobs) = groups.get(&(source.to_owned(), event_id.to_owned())) else {
+            continue;
+        };
+        let delivery = &jobs[0].0.delivery;
+        let Some(target) = delivery.forward.iter().find(|t| **t == leased.target) else {
+            continue;
+        };
+        let Some(room) = reserved.remove(&(source, event_id, target.as_str())) else {
+            continue;
+        };
+        handed.push((room, due(delivery, leased)));
+    }
+    if let Some(handover) = handover {
+        // Rows of events another delivery had stored: nothing was queued for them.
+        reserved
+            .into_values()
+            .for_each(|room| handover.unreserve(room));
+    }
+    let keys = stored
+        .claimed
         .into_iter()
         .map(|claimed| (claimed.source, claimed.event_id))
-        .collect())
+        .collect();
+    Ok((keys, handed, queued))
+}
+
+/// The first attempt of a row queued leased, as the dispatcher would have taken it.
+fn due(delivery: &Delivery, leased: Leased) -> Due {
+    Due {
+        id: leased.id,
+        attempt: 1,
+        source: delivery.source.as_str().to_owned(),
+        target: leased.target,
+        event_id: delivery.event_id.as_str().to_owned(),
+        event_type: delivery.event_type.as_ref().map(|t| t.as_str().to_owned()),
+        payload: delivery.body.to_vec(),
+        content_type: delivery
+            .headers
+            .get("content-type")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned),
+        queued_at_micros: leased.queued_at.timestamp_micros(),
+    }
 }
 
 /// Answers the groups whose rows another delivery committed, from what it stored, and returns

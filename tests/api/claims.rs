@@ -3,6 +3,7 @@
 //! if and only if it is stored, whatever made a row not come back.
 
 use chrono::{DateTime, Utc};
+use hookbox::db::deliveries::ToQueue;
 use hookbox::db::events::{self, Answer, Claimed, NewEvent};
 use hookbox::db::{self, deliveries, AnyConnection};
 
@@ -40,6 +41,11 @@ fn row<'a>(
     }
 }
 
+/// Rows queued for a take, the normal way, to each of `targets`.
+fn to(targets: &[&'static str]) -> Vec<ToQueue<'static>> {
+    targets.iter().map(|t| ToQueue::target(t)).collect()
+}
+
 fn ids(claimed: &[Claimed]) -> Vec<&str> {
     claimed.iter().map(|c| c.event_id.as_str()).collect()
 }
@@ -56,10 +62,7 @@ fn targets(conn: &mut AnyConnection, claimed: &Claimed) -> Vec<String> {
 fn a_batch_with_a_stored_id_and_a_stored_payload_queues_deliveries_only_for_what_it_stored() {
     let (db, mut conn) = migrated();
     let headers = serde_json::json!({ "content-type": "application/json" });
-    let (t1, t2) = (
-        ["t1".to_owned(), "t2".to_owned()],
-        ["t2".to_owned(), "t1".to_owned()],
-    );
+    let (t1, t2) = (to(&["t1", "t2"]), to(&["t2", "t1"]));
     let first_at = db::now();
     let first = events::claim_and_queue(
         &mut conn,
@@ -68,7 +71,8 @@ fn a_batch_with_a_stored_id_and_a_stored_payload_queues_deliveries_only_for_what
             (row("b", Some(b"key-1"), first_at, &headers), &t1[..1]),
         ],
     )
-    .expect("the first batch is stored");
+    .expect("the first batch is stored")
+    .claimed;
     assert_eq!(ids(&first), ["a", "b"]);
 
     // "a" again (its id is stored), "c" with b's payload key (dedupe = "body"), "d" and "e"
@@ -85,7 +89,8 @@ fn a_batch_with_a_stored_id_and_a_stored_payload_queues_deliveries_only_for_what
             (row("g", Some(b"key-2"), at, &headers), &t1[..]),
         ],
     )
-    .expect("the second batch is stored");
+    .expect("the second batch is stored")
+    .claimed;
 
     assert_eq!(
         ids(&second),
@@ -133,7 +138,58 @@ fn a_batch_that_forwards_nowhere_is_a_plain_claim() {
             (row("y", None, at, &headers), &[][..]),
         ],
     )
-    .expect("the batch is stored");
+    .expect("the batch is stored")
+    .claimed;
     assert_eq!(ids(&claimed), ["x", "y"]);
     assert_eq!(db.count("deliveries"), 0);
+}
+
+#[test]
+fn a_row_queued_leased_is_attempt_one_due_when_its_lease_ends_and_comes_back_with_its_id() {
+    let (db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let at = db::now();
+    let until = at + chrono::Duration::seconds(60);
+    let leased = [
+        ToQueue {
+            target: "fast",
+            leased_until: Some(until),
+        },
+        ToQueue::target("slow"),
+    ];
+    let first = events::claim_and_queue(&mut conn, &[(row("p", None, at, &headers), &leased[..])])
+        .expect("the batch is stored");
+    assert_eq!(ids(&first.claimed), ["p"]);
+    assert_eq!(first.leased.len(), 1, "{:?}", first.leased);
+    let handed = &first.leased[0];
+    assert_eq!(handed.target, "fast");
+    assert_eq!(handed.event_row, first.claimed[0].row);
+    let rows = deliveries::of_event(&mut conn, first.claimed[0].row).expect("the deliveries read");
+    let fast = rows
+        .iter()
+        .find(|d| d.target == "fast")
+        .expect("fast is queued");
+    let slow = rows
+        .iter()
+        .find(|d| d.target == "slow")
+        .expect("slow is queued");
+    assert_eq!(fast.id, handed.id);
+    assert_eq!((fast.attempts, slow.attempts), (1, 0));
+    let (fast_due, slow_due) = (
+        fast.next_attempt_at
+            .expect("a pending row is due some time"),
+        slow.next_attempt_at
+            .expect("a pending row is due some time"),
+    );
+    assert!(
+        fast_due >= until - chrono::Duration::milliseconds(1),
+        "leased: {fast_due:?}"
+    );
+    assert!(slow_due <= db::now(), "due now: {slow_due:?}");
+
+    // Claimed again: a replay queues nothing, leased or not.
+    let again = events::claim_and_queue(&mut conn, &[(row("p", None, at, &headers), &leased[..])])
+        .expect("the batch is stored");
+    assert!(again.claimed.is_empty() && again.leased.is_empty());
+    assert_eq!(db.count("deliveries"), 2);
 }
