@@ -13,7 +13,7 @@
 //! index.
 //!
 //! The dispatcher's statements on PostgreSQL ([`take_due`]'s two takes and [`settle`]'s
-//! UPDATE of the delivered) bind each column as an array (`unnest`), so their text does not
+//! UPDATE of the delivered), and [`enqueue_many`]'s INSERT, bind each column as an array (`unnest`), so their text does not
 //! depend on how many lanes or rows there are: each is prepared once per connection and kept
 //! (see `pg::prepared_statement!`).
 
@@ -159,16 +159,12 @@ pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResu
     let queued_at = now();
     match conn {
         AnyConnection::Postgres(c) => {
-            let (events, targets): (Vec<i64>, Vec<&str>) = rows.iter().copied().unzip();
-            diesel::sql_query(
-                "INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
-                 SELECT e.id, v.target, e.source, e.received_at, $3 \
-                 FROM unnest($1::bigint[], $2::text[]) AS v (event_row, target) \
-                 JOIN events e ON e.id = v.event_row",
-            )
-            .bind::<Array<BigInt>, _>(events)
-            .bind::<Array<Text>, _>(targets)
-            .bind::<super::pg::Instant, _>(queued_at)
+            let (events, targets) = rows.iter().copied().unzip();
+            EnqueuePg {
+                events,
+                targets,
+                queued_at,
+            }
             .execute(c)
         }
         AnyConnection::Sqlite(c) => diesel::sql_query(
@@ -182,6 +178,32 @@ pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResu
     }
     .map(|_| ())
 }
+
+/// [`enqueue_many`] on PostgreSQL: each (event row, target) bound a column at a time, as
+/// arrays, so the text is fixed and stays prepared.
+struct EnqueuePg<'a> {
+    events: Vec<i64>,
+    targets: Vec<&'a str>,
+    queued_at: DateTime<Utc>,
+}
+
+impl QueryFragment<Pg> for EnqueuePg<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql(
+            "INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
+             SELECT e.id, v.target, e.source, e.received_at, ",
+        );
+        out.push_bind_param::<super::pg::Instant, _>(&self.queued_at)?;
+        out.push_sql(" FROM unnest(");
+        out.push_bind_param::<Array<BigInt>, _>(&self.events)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Text>, _>(&self.targets)?;
+        out.push_sql(") AS v (event_row, target) JOIN events e ON e.id = v.event_row");
+        Ok(())
+    }
+}
+
+prepared_statement!(EnqueuePg<'_>);
 
 /// The outbox rows of the events a claim inserts in the same statement, on PostgreSQL: the
 /// data-modifying CTE

@@ -867,21 +867,13 @@ pub fn count_older(
 pub fn add_replays(conn: &mut AnyConnection, batch: &[(String, String, u64)]) -> QueryResult<()> {
     let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     match conn {
-        AnyConnection::Postgres(c) => {
-            let sources: Vec<&str> = batch.iter().map(|(s, _, _)| s.as_str()).collect();
-            let ids: Vec<&str> = batch.iter().map(|(_, id, _)| id.as_str()).collect();
-            let ns: Vec<i64> = batch.iter().map(|(_, _, n)| count(*n)).collect();
-            diesel::sql_query(
-                "UPDATE events AS e SET replays = e.replays + v.n \
-                 FROM unnest($1, $2, $3) AS v(source, event_id, n) \
-                 WHERE e.source = v.source AND e.event_id = v.event_id",
-            )
-            .bind::<Array<Text>, _>(&sources)
-            .bind::<Array<Text>, _>(&ids)
-            .bind::<Array<BigInt>, _>(&ns)
-            .execute(c)
-            .map(|_| ())
+        AnyConnection::Postgres(c) => AddReplaysPg {
+            sources: batch.iter().map(|(s, _, _)| s.as_str()).collect(),
+            event_ids: batch.iter().map(|(_, id, _)| id.as_str()).collect(),
+            counts: batch.iter().map(|(_, _, n)| count(*n)).collect(),
         }
+        .execute(c)
+        .map(|_| ()),
         AnyConnection::Sqlite(c) => c.immediate_transaction(|c| {
             for (source, event_id, n) in batch {
                 diesel::sql_query(
@@ -896,6 +888,32 @@ pub fn add_replays(conn: &mut AnyConnection, batch: &[(String, String, u64)]) ->
         }),
     }
 }
+
+/// [`add_replays`] on PostgreSQL: the counts bound a column at a time, as arrays, so the text
+/// is fixed and stays prepared.
+struct AddReplaysPg<'a> {
+    sources: Vec<&'a str>,
+    event_ids: Vec<&'a str>,
+    counts: Vec<i64>,
+}
+
+impl QueryFragment<Pg> for AddReplaysPg<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("UPDATE events AS e SET replays = e.replays + v.n FROM unnest(");
+        out.push_bind_param::<Array<Text>, _>(&self.sources)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Text>, _>(&self.event_ids)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<BigInt>, _>(&self.counts)?;
+        out.push_sql(
+            ") AS v (source, event_id, n) \
+             WHERE e.source = v.source AND e.event_id = v.event_id",
+        );
+        Ok(())
+    }
+}
+
+super::pg::prepared_statement!(AddReplaysPg<'_>);
 
 /// Whether the store takes a write as a claim makes one: an event claimed and answered with
 /// the claim's own statements, then rolled back, so `/readyz` says not ready when hookbox's role lost `INSERT` or `UPDATE`, or
