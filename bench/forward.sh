@@ -29,11 +29,16 @@
 #   SECONDS_EACH=1 bench/forward.sh       # a smoke (CI runs this)
 #   STORES=sqlite bench/forward.sh        # one store only
 #   BUS=0 bench/forward.sh                # without the NATS and RabbitMQ rows
+#   CONCURRENCY_EACH=16 bench/forward.sh  # every target at the default concurrency (64 here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_EACH="${SECONDS_EACH:-10}"
 CONNECTIONS="${CONNECTIONS:-32}"
+# Each forward target's `concurrency`. The sink answers at once and takes any number at a time;
+# with the two cores busy, a round trip to it takes several milliseconds, and the default of 16
+# in flight would cap a target near 16 per round trip, below what the claims queue.
+CONCURRENCY_EACH="${CONCURRENCY_EACH:-64}"
 # How long a drain may take before the step gives up on it (and says so).
 DRAIN_LIMIT="${DRAIN_LIMIT:-120}"
 STORES="${STORES:-postgres sqlite}"
@@ -91,6 +96,7 @@ url = "$sink_url/one"
 secret = "$forward_secret"
 timeout = "10s"
 max_attempts = 12
+concurrency = $CONCURRENCY_EACH
 [sources.held]
 scheme = "stripe"
 secrets = ["$secret"]
@@ -99,6 +105,7 @@ url = "$sink_url/hold"
 secret = "$forward_secret"
 timeout = "300s"
 max_attempts = 12
+concurrency = $CONCURRENCY_EACH
 [sources.two]
 scheme = "stripe"
 secrets = ["$secret"]
@@ -108,12 +115,14 @@ url = "$sink_url/two/a"
 secret = "$forward_secret"
 timeout = "10s"
 max_attempts = 12
+concurrency = $CONCURRENCY_EACH
 [[sources.two.forward]]
 name = "b"
 url = "$sink_url/two/b"
 secret = "$forward_secret"
 timeout = "10s"
 max_attempts = 12
+concurrency = $CONCURRENCY_EACH
 TOML
   [ "$BUS" = 1 ] || return 0
   cat <<TOML
@@ -125,6 +134,7 @@ url = "$nats_url"
 subject = "$bus.{source}.{event_type}"
 timeout = "10s"
 max_attempts = 12
+concurrency = $CONCURRENCY_EACH
 [sources.rabbit]
 scheme = "stripe"
 secrets = ["$secret"]
@@ -134,6 +144,7 @@ exchange = "$bus"
 routing_key = "{source}.{event_type}"
 timeout = "10s"
 max_attempts = 12
+concurrency = $CONCURRENCY_EACH
 TOML
 }
 

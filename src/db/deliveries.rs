@@ -592,18 +592,49 @@ pub fn settle(conn: &mut AnyConnection, outcomes: &[Settled]) -> QueryResult<()>
         }
     }
     write_transaction(conn, |conn| {
-        if let AnyConnection::Postgres(c) = &mut *conn {
-            settle_delivered_pg(c, &delivered, now)?;
-        } else {
-            for settled in &delivered {
-                settle_one(conn, settled, now)?;
-            }
+        match &mut *conn {
+            AnyConnection::Postgres(c) => settle_delivered_pg(c, &delivered, now)?,
+            AnyConnection::Sqlite(c) => settle_delivered_sqlite(c, &delivered, now)?,
         }
         for settled in &others {
             settle_one(conn, settled, now)?;
         }
         Ok(())
     })
+}
+
+/// The delivered outcomes of [`settle`] on SQLite, in one statement (diesel prepares its
+/// query builder's UPDATE anew for every row).
+fn settle_delivered_sqlite(
+    conn: &mut diesel::SqliteConnection,
+    delivered: &[&Settled],
+    now: DateTime<Utc>,
+) -> QueryResult<()> {
+    if delivered.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<(i64, i32, Option<i16>)> = delivered
+        .iter()
+        .map(|s| {
+            let status = match s.outcome {
+                Settle::Delivered { status } => status_column(status),
+                _ => None,
+            };
+            (s.id, s.attempt, status)
+        })
+        .collect();
+    diesel::sql_query(
+        "UPDATE deliveries SET state = 'delivered', last_status = json_extract(v.value, '$[2]'), \
+             last_error = NULL, delivered_at = ?1 \
+         FROM json_each(?2) AS v \
+         WHERE deliveries.id = json_extract(v.value, '$[0]') \
+           AND deliveries.attempts = json_extract(v.value, '$[1]') \
+           AND deliveries.state = 'pending'",
+    )
+    .bind::<super::sqlite::Instant, _>(now)
+    .bind::<Text, _>(serde_json::to_string(&rows).expect("numbers serialize"))
+    .execute(conn)
+    .map(|_| ())
 }
 
 /// The delivered outcomes of [`settle`] on PostgreSQL, in one statement.
