@@ -861,9 +861,8 @@ pub fn pending_by_target(conn: &mut AnyConnection) -> QueryResult<Vec<(String, S
         n: i64,
     }
     let query = diesel::sql_query(
-        "SELECT e.source, d.target, count(*) AS n \
-         FROM deliveries d JOIN events e ON e.id = d.event_row \
-         WHERE d.state = 'pending' GROUP BY e.source, d.target",
+        "SELECT source, target, count(*) AS n FROM deliveries \
+         WHERE state = 'pending' GROUP BY source, target",
     );
     let rows: Vec<Row> = on_backend!(conn, c => query.load(c))?;
     Ok(rows

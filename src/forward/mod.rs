@@ -330,6 +330,19 @@ impl Handover {
         })
     }
 
+    /// A claim queued rows of these lanes, each (source, target), the normal way (for a
+    /// take): those lanes look at the outbox again, and hand nothing over until a take has
+    /// caught up. Only these: a lane that fell behind does not stop the others' handover.
+    pub fn queued(&self, lanes: &[(String, String)]) {
+        for (source, target) in lanes {
+            match self.outbox.lane_of(source, target) {
+                Some(lane) => self.outbox.lanes[lane].look_again(),
+                None => self.wake.look.store(true, Ordering::SeqCst),
+            }
+        }
+        self.wake.poke();
+    }
+
     /// Gives back the room of a row that was not stored.
     pub fn unreserve(&self, reserved: Reserved) {
         self.outbox.lanes[reserved.lane].unreserve_handover();

@@ -150,10 +150,13 @@ fn write_loop(queue: &Queue, pool: &DbPool) {
         let forwards = batch.iter().any(|job| !job.delivery.forward.is_empty());
         let queued =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(queue, pool, batch)))
-                .unwrap_or(true);
-        if forwards && queued {
-            // After the commit (or whatever became of the batch): a look finds the rows.
-            queue.wake.queued();
+                .unwrap_or(Queued::Unknown);
+        // After the commit (or whatever became of the batch): a look finds the rows.
+        match (queued, queue.handover.get()) {
+            _ if !forwards => {}
+            (Queued::Nothing, _) => {}
+            (Queued::Lanes(lanes), Some(handover)) => handover.queued(&lanes),
+            _ => queue.wake.queued(),
         }
     }
 }
@@ -166,9 +169,18 @@ fn shared_failure(message: &str) -> ClaimError {
     ))
 }
 
-/// Claims a batch and answers its jobs; whether it may have queued outbox rows for a take
-/// (rather than handing every one over).
-fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> bool {
+/// What a batch queued for a take (rather than handing it over), for the dispatcher's wake.
+enum Queued {
+    /// Nothing: every row was handed over, or none was queued.
+    Nothing,
+    /// Rows of these lanes, each (source, target).
+    Lanes(Vec<(String, String)>),
+    /// Perhaps rows of any lane (claims one by one, a failure).
+    Unknown,
+}
+
+/// Claims a batch and answers its jobs; says what it queued for a take.
+fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
     let mut conn = match pool.get() {
         Ok(conn) => conn,
         Err(e) => {
@@ -178,7 +190,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> bool {
             for job in batch {
                 let _ = job.reply.send(Err(shared_failure(&message)));
             }
-            return true;
+            return Queued::Unknown;
         }
     };
     let received_at = db::now();
@@ -208,7 +220,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> bool {
         groups.entry(key).or_default().push((job, response));
     }
     if groups.is_empty() {
-        return true;
+        return Queued::Unknown;
     }
 
     // The batch waits no longer than its most hurried delivery may; the others, should it
@@ -236,7 +248,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> bool {
             }
             drop(conn);
             one_by_one(pool, groups);
-            return true;
+            return Queued::Unknown;
         }
     };
     if let Some(handover) = queue.handover.get() {
@@ -271,7 +283,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> bool {
     drop(conn);
     if !left.is_empty() {
         one_by_one(pool, left);
-        return true;
+        return Queued::Unknown;
     }
     queued
 }
@@ -279,8 +291,8 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> bool {
 type Groups = BTreeMap<(String, String), Vec<(Job, Response)>>;
 
 /// What a batch's INSERT stored: the keys it claimed, the outbox rows it queued leased (each
-/// with its lane's reservation, to be handed over), and whether it queued any for a take.
-type Stored = (BTreeSet<(String, String)>, Vec<(Reserved, Due)>, bool);
+/// with its lane's reservation, to be handed over), and what it queued for a take.
+type Stored = (BTreeSet<(String, String)>, Vec<(Reserved, Due)>, Queued);
 
 /// The claim of each group's first delivery, and where their sources forward, the outbox rows
 /// of the events it claims, all or nothing (one statement on PostgreSQL, see
@@ -320,7 +332,18 @@ fn insert(
                 .collect()
         })
         .collect();
-    let queued = queues.iter().flatten().any(|q| q.leased_until.is_none());
+    let mut lanes: BTreeSet<(String, String)> = BTreeSet::new();
+    for (jobs, queue) in groups.values().zip(&queues) {
+        for to in queue.iter().filter(|to| to.leased_until.is_none()) {
+            let source = jobs[0].0.delivery.source.as_str();
+            lanes.insert((source.to_owned(), to.target.to_owned()));
+        }
+    }
+    let queued = if lanes.is_empty() {
+        Queued::Nothing
+    } else {
+        Queued::Lanes(lanes.into_iter().collect())
+    };
     let rows: Vec<_> = groups
         .values()
         .zip(&queues)
