@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
 use diesel::prelude::*;
-use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::query_builder::{AstPass, QueryFragment};
 use diesel::result::Error as DieselError;
 use diesel::sql_types::{Array, BigInt, Bytea, Jsonb, Nullable, SmallInt, Text};
 
@@ -361,34 +361,11 @@ impl QueryFragment<Pg> for ClaimAndQueuePg<'_> {
     }
 }
 
-/// The statements of fixed text that diesel keeps prepared: the query id is the type, so the
-/// cache finds the statement without building its SQL again.
-macro_rules! fixed_statement {
-    ($($query:ident),*) => {$(
-        impl QueryId for $query<'_> {
-            type QueryId = $query<'static>;
-            const HAS_STATIC_QUERY_ID: bool = true;
-        }
+super::pg::prepared_statement!(ClaimPg<'_> => (BigInt, Text, Text));
+super::pg::prepared_statement!(ClaimAndQueuePg<'_> => ClaimedRowTypesPg);
 
-        impl Query for $query<'_> {
-            type SqlType = (BigInt, Text, Text);
-        }
-
-        impl RunQueryDsl<diesel::PgConnection> for $query<'_> {}
-    )*};
-}
-fixed_statement!(ClaimPg);
-
-impl QueryId for ClaimAndQueuePg<'_> {
-    type QueryId = ClaimAndQueuePg<'static>;
-    const HAS_STATIC_QUERY_ID: bool = true;
-}
-
-impl Query for ClaimAndQueuePg<'_> {
-    type SqlType = (BigInt, Text, Text, Nullable<BigInt>, Nullable<Text>);
-}
-
-impl RunQueryDsl<diesel::PgConnection> for ClaimAndQueuePg<'_> {}
+/// The SQL types of a [`ClaimedRowPg`].
+type ClaimedRowTypesPg = (BigInt, Text, Text, Nullable<BigInt>, Nullable<Text>);
 
 /// Stores the answer of the event claimed in `row`, in the claim's transaction.
 pub fn set_answer(conn: &mut AnyConnection, row: i64, answer: &Answer<'_>) -> QueryResult<()> {
