@@ -78,6 +78,15 @@ for _ in $(seq 1 100); do
   sleep 0.05
 done
 
+# A Stripe source's table, signed with the run's secret.
+source_table() {
+  printf '[sources.%s]\nscheme = "stripe"\nsecrets = ["%s"]\n' "$1" "$secret"
+}
+# A forward target's limits: the attempt timeout $1, the same attempts and concurrency for all.
+limits() {
+  printf 'timeout = "%s"\nmax_attempts = 12\nconcurrency = %s\n' "$1" "$CONCURRENCY_EACH"
+}
+
 config_for() {
   cat <<TOML
 [server]
@@ -85,66 +94,42 @@ listen = "127.0.0.1:$port"
 [database]
 url = "$1"
 pool_size = ${POOL_SIZE:-8}
-[sources.plain]
-scheme = "stripe"
-secrets = ["$secret"]
-[sources.one]
-scheme = "stripe"
-secrets = ["$secret"]
+$(source_table plain)
+$(source_table one)
 [sources.one.forward]
 url = "$sink_url/one"
 secret = "$forward_secret"
-timeout = "10s"
-max_attempts = 12
-concurrency = $CONCURRENCY_EACH
-[sources.held]
-scheme = "stripe"
-secrets = ["$secret"]
+$(limits 10s)
+$(source_table held)
 [sources.held.forward]
 url = "$sink_url/hold"
 secret = "$forward_secret"
-timeout = "300s"
-max_attempts = 12
-concurrency = $CONCURRENCY_EACH
-[sources.two]
-scheme = "stripe"
-secrets = ["$secret"]
+$(limits 300s)
+$(source_table two)
 [[sources.two.forward]]
 name = "a"
 url = "$sink_url/two/a"
 secret = "$forward_secret"
-timeout = "10s"
-max_attempts = 12
-concurrency = $CONCURRENCY_EACH
+$(limits 10s)
 [[sources.two.forward]]
 name = "b"
 url = "$sink_url/two/b"
 secret = "$forward_secret"
-timeout = "10s"
-max_attempts = 12
-concurrency = $CONCURRENCY_EACH
+$(limits 10s)
 TOML
   [ "$BUS" = 1 ] || return 0
   cat <<TOML
-[sources.nats]
-scheme = "stripe"
-secrets = ["$secret"]
+$(source_table nats)
 [sources.nats.forward]
 url = "$nats_url"
 subject = "$bus.{source}.{event_type}"
-timeout = "10s"
-max_attempts = 12
-concurrency = $CONCURRENCY_EACH
-[sources.rabbit]
-scheme = "stripe"
-secrets = ["$secret"]
+$(limits 10s)
+$(source_table rabbit)
 [sources.rabbit.forward]
 url = "$amqp_url"
 exchange = "$bus"
 routing_key = "{source}.{event_type}"
-timeout = "10s"
-max_attempts = 12
-concurrency = $CONCURRENCY_EACH
+$(limits 10s)
 TOML
 }
 
