@@ -58,15 +58,15 @@ impl Runner {
         }
     }
 
-    /// Takes what every lane has room for (with `look`, every lane; otherwise only those that
-    /// may have a backlog in the outbox); each row comes with its lane's index.
-    pub async fn take(&self, look: bool) -> Vec<(usize, Due)> {
+    /// Takes what every lane that may have rows in the outbox has room for; each row comes
+    /// with its lane's index.
+    pub async fn take(&self) -> Vec<(usize, Due)> {
         let reserved: Vec<(usize, usize, crate::db::deliveries::Want)> = self
             .outbox
             .lanes
             .iter()
             .enumerate()
-            .filter(|(_, lane)| lane.worth_a_take(look))
+            .filter(|(_, lane)| lane.worth_a_take())
             .filter_map(|(i, lane)| {
                 lane.reserve()
                     .map(|want| (i, usize::try_from(want.limit).unwrap_or(0), want))
@@ -261,7 +261,7 @@ pub async fn run(outbox: Outbox, wake: Wake) {
                 lane.look_again();
             }
         }
-        for (lane, due) in runner.take(look).await {
+        for (lane, due) in runner.take().await {
             spawn_attempt(&runner, &outcomes, &wake, lane, due);
         }
         if gauges_at.elapsed() >= GAUGES_EVERY {
@@ -269,9 +269,9 @@ pub async fn run(outbox: Outbox, wake: Wake) {
             outbox.refresh_gauges().await;
         }
         let mut wait_until = Instant::now() + POLL_EVERY;
-        // A retry of this process's coming due is a look at every lane, as a poll is.
         look = false;
         if let Some(retry) = outcomes.next_retry.get() {
+            // A retry of this process's coming due is a look at every lane, as a poll is.
             if retry <= Instant::now() {
                 outcomes.next_retry.set(None);
                 look = true;
@@ -340,7 +340,10 @@ async fn record(runner: Rc<Runner>, outcomes: Rc<Outcomes>, wake: Wake) {
 /// batch, and returns how many rows were sent.
 pub async fn pass(outbox: &Outbox) -> usize {
     let runner = Runner::new(outbox);
-    let due = runner.take(true).await;
+    for lane in outbox.lanes.iter() {
+        lane.look_again();
+    }
+    let due = runner.take().await;
     let sent = due.len();
     let quiet = Wake::default();
     let settled = futures_util::future::join_all(due.into_iter().map(|(lane, due)| {

@@ -155,9 +155,9 @@ impl Lane {
         self.backlog.store(true, Ordering::SeqCst);
     }
 
-    /// Whether a take should ask for this lane's rows (always, when `look` says so).
-    pub fn worth_a_take(&self, look: bool) -> bool {
-        look || self.backlog.load(Ordering::SeqCst)
+    /// Whether a take should ask for this lane's rows: they may be due in the outbox.
+    pub fn worth_a_take(&self) -> bool {
+        self.backlog.load(Ordering::SeqCst)
     }
 
     /// Reserves room for one row a claim inserts already leased to this process and hands
