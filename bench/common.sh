@@ -7,7 +7,9 @@ server_url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 db="hookbox_bench_${BENCH_NAME}_$$"
 db_url="${server_url%/*}/$db"
 secret="whsec_bench_secret"
-port=$((20000 + $$ % 20000))
+# The server's port: 20000-31999, below Linux's ephemeral range (32768 and up), so no outgoing
+# connection of the run (to PostgreSQL, the sink, a bus) can hold it when a step starts hookbox.
+port=$((20000 + $$ % 12000))
 work="$(mktemp -d)"
 server_pid=""
 
