@@ -578,6 +578,14 @@ fn status_column(status: Option<u16>) -> Option<i16> {
 /// was taken again, or it was re-queued) changes nothing. On PostgreSQL the common batch, every
 /// row delivered, is one statement (atomic on its own, so no BEGIN and COMMIT round trips);
 /// anything else is one transaction.
+///
+/// The commit does not wait for the disk (PostgreSQL: `synchronous_commit = off` for this
+/// transaction alone; SQLite: `synchronous = NORMAL` for it), where every claim's does. An
+/// outcome is worth less than a claim: should the database's machine crash in the moment
+/// before its log reaches the disk, the outcome is lost, the row's lease runs out, and it is
+/// sent again with its one key: at least once, as always. A crash of hookbox loses nothing
+/// committed. Waiting for the disk on every batch of outcomes cost as much as the claims'
+/// own waits.
 pub fn settle(conn: &mut AnyConnection, outcomes: &[Settled]) -> QueryResult<()> {
     if outcomes.is_empty() {
         return Ok(());
@@ -586,17 +594,37 @@ pub fn settle(conn: &mut AnyConnection, outcomes: &[Settled]) -> QueryResult<()>
     let (delivered, others): (Vec<&Settled>, Vec<&Settled>) = outcomes
         .iter()
         .partition(|s| matches!(s.outcome, Settle::Delivered { .. }));
-    if let AnyConnection::Postgres(c) = &mut *conn {
-        if others.is_empty() {
-            return settle_delivered_pg(c, &delivered, now);
+    match &mut *conn {
+        AnyConnection::Postgres(c) if others.is_empty() => settle_delivered_pg(c, &delivered, now),
+        AnyConnection::Postgres(_) => settle_in_transaction(conn, &delivered, &others, now),
+        AnyConnection::Sqlite(c) => {
+            super::sqlite::wait_for_disk(c, false)?;
+            let settled = settle_in_transaction(conn, &delivered, &others, now);
+            if let AnyConnection::Sqlite(c) = &mut *conn {
+                super::sqlite::wait_for_disk(c, true)?;
+            }
+            settled
         }
     }
+}
+
+/// [`settle`]'s transaction, for a batch with outcomes other than delivered (and every batch
+/// on SQLite).
+fn settle_in_transaction(
+    conn: &mut AnyConnection,
+    delivered: &[&Settled],
+    others: &[&Settled],
+    now: DateTime<Utc>,
+) -> QueryResult<()> {
     write_transaction(conn, |conn| {
         match &mut *conn {
-            AnyConnection::Postgres(c) => settle_delivered_pg(c, &delivered, now)?,
-            AnyConnection::Sqlite(c) => settle_delivered_sqlite(c, &delivered, now)?,
+            AnyConnection::Postgres(c) => {
+                super::pg::commit_without_waiting(c)?;
+                settle_delivered_pg(c, delivered, now)?
+            }
+            AnyConnection::Sqlite(c) => settle_delivered_sqlite(c, delivered, now)?,
         }
-        for settled in &others {
+        for settled in others {
             settle_one(conn, settled, now)?;
         }
         Ok(())
@@ -663,8 +691,15 @@ fn settle_delivered_pg(
 }
 
 /// [`settle_delivered_pg`]'s UPDATE: each row (`ids`, at the attempt in `attempts`) delivered
-/// at `at` with its status, if it is still pending at that attempt. The rows are bound a
-/// column at a time, as arrays, so the text is fixed and stays prepared.
+/// at `at` with its status, if it is still pending at that attempt (neither delivered nor
+/// dead). The rows are bound a column at a time, as arrays.
+///
+/// Unlike the other statements here it is planned on every call, and its test of the state
+/// is written so that no partial index on pending rows can serve it. Each row delivered leaves
+/// its entries in those indexes until a vacuum; the planner, which counts live pending rows
+/// only, took them for a few rows and chose to read them all and hash-join the batch against
+/// them, and a plan kept prepared stays the one made when the table was empty. Planned with the
+/// batch's own arrays and the table's size, the UPDATE finds each row by its primary key.
 struct SettleDeliveredPg {
     ids: Vec<i64>,
     attempts: Vec<i32>,
@@ -674,8 +709,13 @@ struct SettleDeliveredPg {
 
 impl QueryFragment<Pg> for SettleDeliveredPg {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.unsafe_to_cache_prepared();
+        // A statement outside a transaction block commits at its end: set here, the setting
+        // holds for that commit, with no round trip of its own (see `settle`).
+        out.push_sql("WITH asynchronous AS (");
+        out.push_sql(super::pg::COMMIT_WITHOUT_WAITING);
         out.push_sql(
-            "UPDATE deliveries d \
+            ") UPDATE deliveries d \
              SET state = 'delivered', last_status = v.status, last_error = NULL, delivered_at = ",
         );
         out.push_bind_param::<super::pg::Instant, _>(&self.at)?;
@@ -686,14 +726,20 @@ impl QueryFragment<Pg> for SettleDeliveredPg {
         out.push_sql(", ");
         out.push_bind_param::<Array<Nullable<SmallInt>>, _>(&self.statuses)?;
         out.push_sql(
-            ") AS v (id, attempt, status) \
-             WHERE d.id = v.id AND d.attempts = v.attempt AND d.state = 'pending'",
+            ") AS v (id, attempt, status), asynchronous \
+             WHERE d.id = v.id AND d.attempts = v.attempt \
+               AND d.state NOT IN ('delivered', 'dead')",
         );
         Ok(())
     }
 }
 
-prepared_statement!(SettleDeliveredPg);
+impl diesel::query_builder::QueryId for SettleDeliveredPg {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl RunQueryDsl<diesel::PgConnection> for SettleDeliveredPg {}
 
 /// One outcome of [`settle`].
 fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -> QueryResult<()> {

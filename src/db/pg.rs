@@ -41,6 +41,17 @@ pub fn connect(url: &str, lock_timeout: Duration) -> Result<PgConnection, diesel
     Ok(pg)
 }
 
+/// A query that makes the transaction it runs in commit without waiting for its log to reach
+/// the disk (`synchronous_commit = off` until that transaction ends), for writes that may be
+/// lost in a crash of the database's machine and done again: a forward attempt's outcome.
+pub const COMMIT_WITHOUT_WAITING: &str = "SELECT set_config('synchronous_commit', 'off', true)";
+
+/// Makes the transaction under way commit without waiting for the disk
+/// ([`COMMIT_WITHOUT_WAITING`]).
+pub fn commit_without_waiting(conn: &mut PgConnection) -> QueryResult<()> {
+    conn.batch_execute("SET LOCAL synchronous_commit = off")
+}
+
 #[derive(QueryableByName)]
 struct Locked {
     #[diesel(sql_type = Bool)]

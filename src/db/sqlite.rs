@@ -18,6 +18,19 @@ use diesel::sqlite::SqliteConnection;
 /// waiting for the lock get it: SQLite's busy handler sleeps up to 100 ms between its tries.
 pub const YIELD_TO_WRITERS: Duration = Duration::from_millis(110);
 
+/// Whether this connection's commits wait for the disk: `synchronous = FULL`, as every
+/// connection opens, or `NORMAL` (in WAL mode a commit then survives a crash of the process
+/// but maybe not of the machine), for the writes that may be lost that way and done again: a
+/// forward attempt's outcome. Whoever turns it off turns it back on before the connection is
+/// used for anything else.
+pub fn wait_for_disk(conn: &mut SqliteConnection, wait: bool) -> QueryResult<()> {
+    conn.batch_execute(if wait {
+        "PRAGMA synchronous = FULL"
+    } else {
+        "PRAGMA synchronous = NORMAL"
+    })
+}
+
 /// The SQL type of hookbox's times on this backend: TEXT, always UTC, in one format, so times
 /// compare in order as strings.
 pub type Instant = diesel::sql_types::TimestamptzSqlite;

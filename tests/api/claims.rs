@@ -193,3 +193,132 @@ fn a_row_queued_leased_is_attempt_one_due_when_its_lease_ends_and_comes_back_wit
     assert!(again.claimed.is_empty() && again.leased.is_empty());
     assert_eq!(db.count("deliveries"), 2);
 }
+
+/// A setting of the connection, as text: whether its commits wait for the disk.
+#[derive(diesel::QueryableByName)]
+struct Setting {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    value: String,
+}
+
+fn waits_for_disk(conn: &mut AnyConnection) -> String {
+    use diesel::RunQueryDsl;
+    let read = |sql| diesel::sql_query(sql);
+    let setting: Setting = match conn {
+        AnyConnection::Postgres(c) => read("SELECT current_setting('synchronous_commit') AS value")
+            .get_result(c)
+            .expect("the setting reads"),
+        AnyConnection::Sqlite(c) => {
+            read("SELECT CAST(synchronous AS TEXT) AS value FROM pragma_synchronous")
+                .get_result(c)
+                .expect("the pragma reads")
+        }
+    };
+    setting.value
+}
+
+#[test]
+fn outcomes_apply_at_their_attempt_and_the_connection_waits_for_the_disk_again_after() {
+    use deliveries::{Settle, Settled};
+    let (_db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let at = db::now();
+    let leased = [ToQueue {
+        target: "t",
+        leased_until: Some(at + chrono::Duration::seconds(60)),
+    }];
+    let names = ["delivered", "late", "also-delivered", "retried"];
+    let rows: Vec<_> = names
+        .iter()
+        .map(|name| (row(name, None, at, &headers), &leased[..]))
+        .collect();
+    let batch = events::claim_and_queue(&mut conn, &rows).expect("the batch is stored");
+    assert_eq!(batch.leased.len(), 4, "{:?}", batch.leased);
+    let id_of = |name: &str| {
+        let event = batch
+            .claimed
+            .iter()
+            .find(|c| c.event_id == name)
+            .expect("claimed");
+        batch
+            .leased
+            .iter()
+            .find(|l| l.event_row == event.row)
+            .expect("leased")
+            .id
+    };
+    let row_of = |conn: &mut AnyConnection, name: &str| {
+        let event = batch
+            .claimed
+            .iter()
+            .find(|c| c.event_id == name)
+            .expect("claimed");
+        deliveries::of_event(conn, event.row)
+            .expect("the deliveries read")
+            .remove(0)
+    };
+    let before = waits_for_disk(&mut conn);
+    let delivered = |name: &str, attempt| Settled {
+        id: id_of(name),
+        attempt,
+        outcome: Settle::Delivered { status: Some(200) },
+    };
+
+    // Every outcome delivered (on PostgreSQL one statement), one of them for an attempt the
+    // row is not at (its lease ran out and it was taken again): that one changes nothing.
+    deliveries::settle(
+        &mut conn,
+        &[delivered("delivered", 1), delivered("late", 2)],
+    )
+    .expect("the outcomes are stored");
+    // Delivered and retried together (a transaction).
+    deliveries::settle(
+        &mut conn,
+        &[
+            delivered("also-delivered", 1),
+            Settled {
+                id: id_of("retried"),
+                attempt: 1,
+                outcome: Settle::Retry {
+                    status: Some(503),
+                    error: "the downstream answered 503".to_owned(),
+                    after: std::time::Duration::from_secs(30),
+                },
+            },
+        ],
+    )
+    .expect("the outcomes are stored");
+
+    for name in ["delivered", "also-delivered"] {
+        let row = row_of(&mut conn, name);
+        assert_eq!(
+            (row.state.as_str(), row.last_status),
+            ("delivered", Some(200)),
+            "{name}"
+        );
+        assert!(row.delivered_at.is_some(), "{name}");
+    }
+    let late = row_of(&mut conn, "late");
+    assert_eq!((late.state.as_str(), late.attempts), ("pending", 1));
+    assert!(late.delivered_at.is_none());
+    let retried = row_of(&mut conn, "retried");
+    assert_eq!(retried.state, "pending");
+    assert_eq!(retried.last_status, Some(503));
+    assert_eq!(
+        retried.last_error.as_deref(),
+        Some("the downstream answered 503")
+    );
+    let due = retried.next_attempt_at.expect("a pending row is due");
+    assert!(
+        due > db::now() + chrono::Duration::seconds(20),
+        "due after the backoff: {due:?}"
+    );
+
+    // The outcomes' commits did not wait for the disk; the connection's next transaction (a
+    // claim, maybe) does again.
+    assert_eq!(waits_for_disk(&mut conn), before);
+    assert!(
+        before == "on" || before == "2",
+        "every connection opens waiting for the disk: {before}"
+    );
+}
