@@ -3,9 +3,9 @@
 //! record outcomes in batches.
 //!
 //! One task takes rows; each taken row is a task of its own (pace → hand-off → outcome); one
-//! more task commits the outcomes: whatever has ended while the last batch was being written
-//! goes in the next, in one transaction, so the batches grow with the load and a lone outcome
-//! waits for nothing. The taker sleeps until a claim commits, an attempt starts or ends, a
+//! more task commits the outcomes in batches: the first outcome waits up to [`GATHER_FOR`] for
+//! others (not one of an ordered lane, whose next row waits for it), and whatever ended while
+//! the last batch was being written goes in the next, in one transaction. The taker sleeps until a claim commits, an attempt starts or ends, a
 //! batch of outcomes commits (an ordered lane's next row may be taken), a retry of its own
 //! comes due, or the poll (rows queued or released by other instances).
 
@@ -28,6 +28,15 @@ use crate::retry;
 /// instance, or released by one (an ordered lane's head delivered there), are picked up within
 /// this.
 const POLL_EVERY: Duration = Duration::from_millis(250);
+
+/// How long the first outcome of a batch waits for others to be recorded with it, unless an
+/// ordered lane's is among them (its next row waits for it). Each batch is a statement and a
+/// commit; recording outcomes the moment they end made batches of a few rows under load. An
+/// outcome recorded later holds nothing back: a lane's room counts attempts, not records.
+const GATHER_FOR: Duration = Duration::from_millis(20);
+
+/// A batch of outcomes stops gathering at this many.
+const GATHER_AT_MOST: usize = 1024;
 
 /// How often the outbox gauges are recounted.
 const GAUGES_EVERY: Duration = Duration::from_secs(5);
@@ -291,8 +300,8 @@ pub async fn run(outbox: Outbox, wake: Wake) {
     tracing::info!("forward dispatcher stopped");
 }
 
-/// Commits outcomes in batches: whatever ended while the last batch was written goes in the
-/// next. Ends once the dispatcher stops and no taken row is left unsettled.
+/// Commits outcomes in batches ([`gather`]), whatever ended while the last batch was written
+/// going in the next. Ends once the dispatcher stops and no taken row is left unsettled.
 async fn record(runner: Rc<Runner>, outcomes: Rc<Outcomes>, wake: Wake) {
     let outbox = runner.outbox.clone();
     loop {
@@ -301,7 +310,7 @@ async fn record(runner: Rc<Runner>, outcomes: Rc<Outcomes>, wake: Wake) {
             // counted unsettled, and leased to this process.
             start_handed(&runner, &outcomes, &wake);
         }
-        let batch: Vec<(usize, Settled)> = outcomes.ended.take();
+        let mut batch: Vec<(usize, Settled)> = outcomes.ended.take();
         if batch.is_empty() {
             let left: usize = outbox.lanes.iter().map(|lane| lane.unsettled()).sum();
             if wake.stopping() && left == 0 {
@@ -315,6 +324,7 @@ async fn record(runner: Rc<Runner>, outcomes: Rc<Outcomes>, wake: Wake) {
             }
             continue;
         }
+        gather(&runner.outbox, &outcomes, &wake, &mut batch).await;
         let rows: Vec<Settled> = batch.iter().map(|(_, s)| s.clone()).collect();
         if outbox.settle(rows).await {
             for (_, settled) in &batch {
@@ -333,6 +343,34 @@ async fn record(runner: Rc<Runner>, outcomes: Rc<Outcomes>, wake: Wake) {
             outbox.lanes[lane].settled(n);
         }
         wake.poke();
+    }
+}
+
+/// Adds to `batch` the outcomes that end within [`GATHER_FOR`] of now, unless one of an
+/// ordered lane is (or comes) in it, the dispatcher is stopping, or it reaches
+/// [`GATHER_AT_MOST`].
+async fn gather(
+    outbox: &Outbox,
+    outcomes: &Outcomes,
+    wake: &Wake,
+    batch: &mut Vec<(usize, Settled)>,
+) {
+    let urgent = |batch: &[(usize, Settled)]| {
+        wake.stopping()
+            || batch.len() >= GATHER_AT_MOST
+            || batch
+                .iter()
+                .any(|(lane, _)| outbox.lanes[*lane].target.config.ordered)
+    };
+    let until = Instant::now() + GATHER_FOR;
+    while !urgent(batch) {
+        tokio::select! {
+            _ = outcomes.ready.notified() => batch.extend(outcomes.ended.take()),
+            _ = tokio::time::sleep_until(until) => {
+                batch.extend(outcomes.ended.take());
+                return;
+            }
+        }
     }
 }
 
