@@ -2,8 +2,9 @@
 //!
 //! A pass deletes events received longer ago than their source's window, in batches of
 //! [`BATCH_SIZE`] rows, each its own short statement, until a batch comes back short; so a
-//! delivery never waits behind one long delete, and a pass can stop between batches. Whatever a
-//! handler hung off an event (`REFERENCES events (id) ON DELETE CASCADE`) goes with it. On
+//! delivery never waits behind one long delete, and a pass can stop between batches. An event's
+//! forward outbox rows go with it (`db::events::purge_batch`), and so does whatever a handler
+//! hung off it (`REFERENCES events (id) ON DELETE CASCADE`). On
 //! PostgreSQL only one instance purges at a time: a pass starts by taking a session advisory
 //! lock with `pg_try_advisory_lock`, and an instance that cannot take it skips its turn. On
 //! SQLite each batch is a write of its own, with a pause between batches for the writers

@@ -5,8 +5,9 @@
 //! [`enqueue_many`] in its transaction on SQLite), taken under a lease by the dispatcher, lane
 //! by lane ([`take_due`]), settled in batches after the attempts ([`settle`]), and shown and
 //! re-queued by the admin API and the console ([`of_event`], [`requeue`], [`redeliver`],
-//! [`requeue_dead`], [`counts`], [`pending_by_target`]). Rows go with their event
-//! (`ON DELETE CASCADE`).
+//! [`requeue_dead`], [`counts`], [`pending_by_target`]). Rows go with their event: deleted by
+//! the purge's transaction on PostgreSQL ([`remove_of_events_pg`]), by `ON DELETE CASCADE` on
+//! SQLite.
 //!
 //! A lane is one (source, target): each row carries its event's `source` and `received_at`,
 //! copied in by the claim, so a lane's due rows and an ordered lane's head each come from one
@@ -179,6 +180,23 @@ pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResu
     .map(|_| ())
 }
 
+/// Deletes the outbox rows of the events in rows `event_rows`, on PostgreSQL, in the
+/// transaction of the retention purge that deleted those events, after it. There `deliveries`
+/// has no foreign key to `events` (its check cost every forwarding claim a lookup and a lock per
+/// row): a row queued for one of those events before the purge took its lock is seen by this
+/// statement, and none can be queued after (a claim inserts its rows with its event, and
+/// [`enqueue_many`] reads the event `FOR KEY SHARE`). On SQLite the foreign key's
+/// `ON DELETE CASCADE` does this.
+pub(super) fn remove_of_events_pg(
+    conn: &mut diesel::PgConnection,
+    event_rows: &[i64],
+) -> QueryResult<()> {
+    diesel::sql_query("DELETE FROM deliveries WHERE event_row = ANY($1)")
+        .bind::<Array<BigInt>, _>(event_rows)
+        .execute(conn)
+        .map(|_| ())
+}
+
 /// [`enqueue_many`] on PostgreSQL: each (event row, target) bound a column at a time, as
 /// arrays, so the text is fixed and stays prepared.
 struct EnqueuePg<'a> {
@@ -198,7 +216,12 @@ impl QueryFragment<Pg> for EnqueuePg<'_> {
         out.push_bind_param::<Array<BigInt>, _>(&self.events)?;
         out.push_sql(", ");
         out.push_bind_param::<Array<Text>, _>(&self.targets)?;
-        out.push_sql(") AS v (event_row, target) JOIN events e ON e.id = v.event_row");
+        // FOR KEY SHARE: a purge deleting the event waits for this insert, or this insert finds
+        // the event gone and queues nothing (no foreign key does it for us, see
+        // `remove_of_events_pg`).
+        out.push_sql(
+            ") AS v (event_row, target) JOIN events e ON e.id = v.event_row FOR KEY SHARE OF e",
+        );
         Ok(())
     }
 }

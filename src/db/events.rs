@@ -733,9 +733,11 @@ pub fn export_page(
     })
 }
 
-/// A row of a purge batch's `RETURNING source` (either store).
+/// A row of a purge batch's `RETURNING id, source` (either store).
 #[derive(diesel::QueryableByName)]
 struct Removed {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
     #[diesel(sql_type = Text)]
     source: String,
 }
@@ -797,8 +799,10 @@ where
 }
 
 /// Deletes up to `limit` events received before `cutoff`, of `source` (or of every source but
-/// `named`); returns the source of each row removed. Batches by `ctid` on PostgreSQL and by
-/// `rowid` on SQLite.
+/// `named`), and their outbox rows; returns the source of each event removed. Batches by `ctid`
+/// on PostgreSQL, where the outbox rows go in a second statement of the same transaction
+/// ([`deliveries::remove_of_events_pg`](super::deliveries::remove_of_events_pg)), and by
+/// `rowid` on SQLite, where its foreign key's cascade takes them.
 pub fn purge_batch(
     conn: &mut AnyConnection,
     source: Option<&str>,
@@ -807,19 +811,31 @@ pub fn purge_batch(
     limit: i64,
 ) -> QueryResult<Vec<String>> {
     let filter = purge_filter(conn, source);
-    let sql = match conn {
-        AnyConnection::Postgres(_) => format!(
-            "DELETE FROM events WHERE ctid = ANY(ARRAY(\
-                SELECT ctid FROM events WHERE {filter} LIMIT {limit})) \
-             RETURNING source"
-        ),
-        AnyConnection::Sqlite(_) => format!(
-            "DELETE FROM events WHERE rowid IN (\
-                SELECT rowid FROM events WHERE {filter} LIMIT {limit}) \
-             RETURNING source"
-        ),
+    let removed: Vec<Removed> = match conn {
+        AnyConnection::Postgres(_) => {
+            let sql = format!(
+                "DELETE FROM events WHERE ctid = ANY(ARRAY(\
+                    SELECT ctid FROM events WHERE {filter} LIMIT {limit})) \
+                 RETURNING id, source"
+            );
+            write_transaction(conn, |conn| {
+                let removed: Vec<Removed> = purge_statement(conn, &sql, source, named, cutoff)?;
+                if let AnyConnection::Postgres(c) = conn {
+                    let rows: Vec<i64> = removed.iter().map(|r| r.id).collect();
+                    super::deliveries::remove_of_events_pg(c, &rows)?;
+                }
+                Ok::<_, DieselError>(removed)
+            })?
+        }
+        AnyConnection::Sqlite(_) => {
+            let sql = format!(
+                "DELETE FROM events WHERE rowid IN (\
+                    SELECT rowid FROM events WHERE {filter} LIMIT {limit}) \
+                 RETURNING id, source"
+            );
+            purge_statement(conn, &sql, source, named, cutoff)?
+        }
     };
-    let removed: Vec<Removed> = purge_statement(conn, &sql, source, named, cutoff)?;
     Ok(removed.into_iter().map(|r| r.source).collect())
 }
 

@@ -322,3 +322,57 @@ fn outcomes_apply_at_their_attempt_and_the_connection_waits_for_the_disk_again_a
         "every connection opens waiting for the disk: {before}"
     );
 }
+
+#[test]
+fn a_purge_takes_its_events_outbox_rows_and_no_others_and_nothing_is_queued_for_a_purged_event() {
+    let (db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let old = db::now() - chrono::Duration::days(10);
+    let recent = db::now();
+    let (two, one) = (to(&["t1", "t2"]), to(&["t1"]));
+    let stored = events::claim_and_queue(
+        &mut conn,
+        &[
+            (row("old-1", None, old, &headers), &two[..]),
+            (row("old-2", None, old, &headers), &one[..]),
+            (row("recent", None, recent, &headers), &two[..]),
+        ],
+    )
+    .expect("the batch is stored")
+    .claimed;
+    assert_eq!(db.count("deliveries"), 5);
+
+    let cutoff = db::now() - chrono::Duration::days(1);
+    let removed =
+        events::purge_batch(&mut conn, Some("held"), &[], cutoff, 100).expect("the purge runs");
+    assert_eq!(removed, ["held", "held"]);
+    assert_eq!(db.count("events"), 1);
+    assert_eq!(
+        db.count("deliveries"),
+        2,
+        "only the recent event's two rows are left"
+    );
+    let recent_row = stored
+        .iter()
+        .find(|c| c.event_id == "recent")
+        .expect("claimed")
+        .row;
+    assert_eq!(targets(&mut conn, &stored[2]), ["t1", "t2"]);
+    assert_eq!(
+        db.count(&format!("deliveries WHERE event_row = {recent_row}")),
+        2
+    );
+
+    // A redeliver's queueing of a purged event queues nothing.
+    let purged_row = stored[0].row;
+    deliveries::enqueue_many(&mut conn, &[(purged_row, "t3"), (recent_row, "t3")])
+        .expect("the rows queue");
+    assert_eq!(
+        db.count(&format!("deliveries WHERE event_row = {purged_row}")),
+        0
+    );
+    assert_eq!(
+        db.count(&format!("deliveries WHERE event_row = {recent_row}")),
+        3
+    );
+}
