@@ -183,9 +183,10 @@ pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResu
 /// Deletes the outbox rows of the events in rows `event_rows`, on PostgreSQL, in the
 /// transaction of the retention purge that deleted those events, after it. There `deliveries`
 /// has no foreign key to `events` (its check cost every forwarding claim a lookup and a lock per
-/// row): a row queued for one of those events before the purge took its lock is seen by this
-/// statement, and none can be queued after (a claim inserts its rows with its event, and
-/// [`enqueue_many`] reads the event `FOR KEY SHARE`). On SQLite the foreign key's
+/// row). None is left behind: every outbox row is inserted in the transaction that inserts its
+/// event (a claim's statement, or [`enqueue_many`] in the claim's transaction), so a purge,
+/// which sees committed events only, finds each event's rows committed with it; the admin
+/// API's redeliver and requeue only update rows that exist. On SQLite the foreign key's
 /// `ON DELETE CASCADE` does this.
 pub(super) fn remove_of_events_pg(
     conn: &mut diesel::PgConnection,
@@ -216,12 +217,7 @@ impl QueryFragment<Pg> for EnqueuePg<'_> {
         out.push_bind_param::<Array<BigInt>, _>(&self.events)?;
         out.push_sql(", ");
         out.push_bind_param::<Array<Text>, _>(&self.targets)?;
-        // FOR KEY SHARE: a purge deleting the event waits for this insert, or this insert finds
-        // the event gone and queues nothing (no foreign key does it for us, see
-        // `remove_of_events_pg`).
-        out.push_sql(
-            ") AS v (event_row, target) JOIN events e ON e.id = v.event_row FOR KEY SHARE OF e",
-        );
+        out.push_sql(") AS v (event_row, target) JOIN events e ON e.id = v.event_row");
         Ok(())
     }
 }

@@ -324,7 +324,7 @@ fn outcomes_apply_at_their_attempt_and_the_connection_waits_for_the_disk_again_a
 }
 
 #[test]
-fn a_purge_takes_its_events_outbox_rows_and_no_others_and_nothing_is_queued_for_a_purged_event() {
+fn a_purge_takes_its_events_outbox_rows_and_no_others_and_a_purged_event_queues_nothing() {
     let (db, mut conn) = migrated();
     let headers = serde_json::json!({});
     let old = db::now() - chrono::Duration::days(10);
@@ -363,7 +363,7 @@ fn a_purge_takes_its_events_outbox_rows_and_no_others_and_nothing_is_queued_for_
         2
     );
 
-    // A redeliver's queueing of a purged event queues nothing.
+    // Queueing for an event row that is no longer stored queues nothing.
     let purged_row = stored[0].row;
     deliveries::enqueue_many(&mut conn, &[(purged_row, "t3"), (recent_row, "t3")])
         .expect("the rows queue");
