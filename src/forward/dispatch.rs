@@ -5,9 +5,10 @@
 //! One task takes rows; each taken row is a task of its own (pace → hand-off → outcome); one
 //! more task commits the outcomes in batches: the first outcome waits up to [`GATHER_FOR`] for
 //! others (not one of an ordered lane, whose next row waits for it), and whatever ended while
-//! the last batch was being written goes in the next, in one transaction. The taker sleeps until a claim commits, an attempt starts or ends, a
-//! batch of outcomes commits (an ordered lane's next row may be taken), a retry of its own
-//! comes due, or the poll (rows queued or released by other instances).
+//! the last batch was being written goes in the next, in one transaction. The taker sleeps
+//! until a claim commits, an attempt starts or ends, a batch of outcomes commits (an ordered
+//! lane's next row may be taken), a retry of its own comes due, or the poll (rows queued or
+//! released by other instances).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
