@@ -760,13 +760,15 @@ impl diesel::query_builder::QueryId for SettleDeliveredPg {
 
 impl RunQueryDsl<diesel::PgConnection> for SettleDeliveredPg {}
 
-/// One outcome of [`settle`].
+/// One outcome of [`settle`]. Its row is found by primary key; the state is tested as neither
+/// delivered nor dead, as in [`SettleDeliveredPg`], so no partial index on pending rows (with
+/// the entries of every row delivered since the last vacuum) can be picked for it instead.
 fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -> QueryResult<()> {
     on_backend!(conn, c => {
     let row = deliveries::table
         .find(settled.id)
         .filter(deliveries::attempts.eq(settled.attempt))
-        .filter(deliveries::state.eq("pending"));
+        .filter(deliveries::state.ne_all(["delivered", "dead"]));
     match &settled.outcome {
         Settle::Delivered { status } => diesel::update(row)
             .set((
