@@ -356,15 +356,16 @@ async fn gather(
     wake: &Wake,
     batch: &mut Vec<(usize, Settled)>,
 ) {
-    let urgent = |batch: &[(usize, Settled)]| {
-        wake.stopping()
-            || batch.len() >= GATHER_AT_MOST
-            || batch
-                .iter()
-                .any(|(lane, _)| outbox.lanes[*lane].target.config.ordered)
+    let ordered = |outcomes: &[(usize, Settled)]| {
+        outcomes
+            .iter()
+            .any(|(lane, _)| outbox.lanes[*lane].target.config.ordered)
     };
+    // Only the outcomes added since are looked at again, not the whole batch each time.
+    let mut urgent = ordered(batch);
     let until = Instant::now() + GATHER_FOR;
-    while !urgent(batch) {
+    while !urgent && !wake.stopping() && batch.len() < GATHER_AT_MOST {
+        let before = batch.len();
         tokio::select! {
             _ = outcomes.ready.notified() => batch.extend(outcomes.ended.take()),
             _ = tokio::time::sleep_until(until) => {
@@ -372,6 +373,7 @@ async fn gather(
                 return;
             }
         }
+        urgent = ordered(&batch[before..]);
     }
 }
 
