@@ -125,10 +125,11 @@ pub struct AppState {
 impl AppState {
     /// The state for `config`'s server, over `pool`, with its claim writers started.
     pub fn new(config: &Config, sources: HashMap<String, Arc<Source>>, pool: DbPool) -> AppState {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let writers = config
             .database
             .store
-            .claim_writers(config.database.pool_size);
+            .claim_writers(config.database.pool_size, cores);
         let forward = forward::Wake::default();
         AppState {
             claims: Batcher::start(pool.clone(), writers, forward.clone()),

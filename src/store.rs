@@ -47,12 +47,17 @@ impl Store {
     }
 
     /// How many threads write batched claims (the inbox's `Batcher`) with a pool of
-    /// `pool_size`. On PostgreSQL a writer per four connections: enough to keep batches flowing
-    /// while one is in the database, with the rest of the pool free for the other work. SQLite
-    /// has one writer at a time, so one.
-    pub fn claim_writers(&self, pool_size: u32) -> usize {
+    /// `pool_size` on a machine of `cores`. On PostgreSQL a writer per four connections, and no
+    /// more than one per two cores: a second writer keeps batches flowing while the first
+    /// waits for its commit, but each writer that runs at once makes every batch smaller, and a
+    /// batch's statement costs hookbox and PostgreSQL much the same CPU whether it carries two
+    /// claims or twenty. Where the cores are what runs out, fewer and larger batches claim
+    /// more: on two cores one writer took 7-13 % more deliveries a second than two and 30-40 %
+    /// more than four, with 15-40 % less CPU per event (BENCHMARKS.md, "One claim writer per
+    /// two cores"). SQLite has one writer at a time, so one.
+    pub fn claim_writers(&self, pool_size: u32, cores: usize) -> usize {
         match self {
-            Store::Postgres(_) => (pool_size as usize / 4).clamp(1, 8),
+            Store::Postgres(_) => (pool_size as usize / 4).min(cores / 2).clamp(1, 8),
             Store::SqliteFile(_) | Store::SqliteMemory => 1,
         }
     }
@@ -92,6 +97,30 @@ impl std::fmt::Debug for DatabaseConfig {
 #[cfg(test)]
 mod tests {
     use super::Store;
+
+    #[test]
+    fn claim_writers_follow_the_pool_and_the_cores() {
+        let pg = Store::Postgres("postgres://h/db".to_owned());
+        // (pool_size, cores, writers)
+        for (pool, cores, writers) in [
+            (16, 2, 1),
+            (16, 1, 1),
+            (2, 8, 1),
+            (8, 8, 2),
+            (16, 8, 4),
+            (16, 6, 3),
+            (64, 64, 8),
+        ] {
+            assert_eq!(
+                pg.claim_writers(pool, cores),
+                writers,
+                "pool_size {pool} on {cores} cores"
+            );
+        }
+        for sqlite in [Store::SqliteMemory, Store::SqliteFile("h.db".to_owned())] {
+            assert_eq!(sqlite.claim_writers(16, 8), 1);
+        }
+    }
 
     #[test]
     fn database_urls_name_their_store() {
