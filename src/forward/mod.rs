@@ -24,7 +24,7 @@ pub mod transport;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::web;
 use diesel::QueryResult;
@@ -39,6 +39,9 @@ use lane::Lane;
 /// How long a take or a batch of outcomes waits for its turn to write on SQLite (where claims
 /// and the dispatcher take turns; see `db::WriteTurns`) before it gives up until the next look.
 const TURN_WAIT: Duration = Duration::from_secs(5);
+
+/// While the outbox cannot be read, at most one WARN about it per this long.
+const OUTAGE_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// One of a source's downstreams, ready to send to.
 pub struct Target {
@@ -141,6 +144,8 @@ pub struct Outbox {
     orphans_warned: Arc<Mutex<HashSet<(String, String)>>>,
     /// Rows claims handed straight over (see [`Handover`]), with their lanes, not yet started.
     handed: Arc<Mutex<Vec<(usize, Due)>>>,
+    /// The takes failing in a row, for the log.
+    unread: Arc<Mutex<Outage>>,
 }
 
 impl Outbox {
@@ -172,6 +177,7 @@ impl Outbox {
             index: Arc::new(index),
             orphans_warned: Arc::default(),
             handed: Arc::default(),
+            unread: Arc::default(),
         })
     }
 
@@ -189,22 +195,47 @@ impl Outbox {
             .copied()
     }
 
-    /// Takes the rows `wants` asks for; none when the outbox cannot be read (logged).
+    /// Takes the rows `wants` asks for; none when the outbox cannot be read. The dispatcher
+    /// tries again at every look (at least every 250 ms), so a failure that lasts (the database
+    /// down or unreachable) is logged as one outage ([`Outage`]): a WARN when it starts, at
+    /// most one a minute while it lasts, each failure at DEBUG, and an INFO when a take works
+    /// again.
     async fn take(&self, wants: Vec<Want>) -> Vec<Due> {
         let pool = self.pool.clone();
         let due =
             web::block(move || in_turn(&pool, |conn| deliveries::take_due(conn, &wants))).await;
-        match due {
-            Ok(Ok(due)) => due,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot read the outbox");
-                Vec::new()
+        let failure = match due {
+            Ok(Ok(due)) => {
+                let ended = self.outage().ended(Instant::now());
+                if let Some(ended) = ended {
+                    tracing::info!(
+                        failed_tries = ended.failed,
+                        lasted = %humantime::format_duration(round_to_seconds(ended.lasted)),
+                        "the outbox can be read again; forwarding goes on"
+                    );
+                }
+                return due;
             }
-            Err(_) => {
-                tracing::error!("reading the outbox panicked");
-                Vec::new()
-            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "reading the outbox panicked".to_owned(),
+        };
+        tracing::debug!(error = %failure, "cannot read the outbox");
+        let warn = self.outage().failed(Instant::now());
+        if let Some(warn) = warn {
+            tracing::warn!(
+                error = %failure,
+                failing_for = %humantime::format_duration(round_to_seconds(warn.lasted)),
+                failed_tries = warn.failed,
+                "cannot read the outbox; nothing is forwarded until it can be (rows stay queued \
+                 and are sent then). Retried at every look; at most one such warning a minute, \
+                 RUST_LOG=debug shows each"
+            );
         }
+        Vec::new()
+    }
+
+    fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {
+        self.unread.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records a batch of outcomes in one transaction; whether it was stored (a failure is
@@ -284,6 +315,61 @@ impl Outbox {
             }
         }
     }
+}
+
+/// A run of failures of a step the dispatcher retries on its own (the take), as the log tells
+/// it: the first failure and then at most one per [`OUTAGE_WARN_EVERY`] are worth a WARN, and
+/// the first success after any failure ends the run.
+#[derive(Debug, Default)]
+struct Outage {
+    /// When the first failure of the run was.
+    since: Option<Instant>,
+    /// Failures in the run so far.
+    failed: u64,
+    /// When the last WARN was worth making.
+    warned_at: Option<Instant>,
+}
+
+/// What an [`Outage`] says to log: the failures so far and how long since the first.
+#[derive(Debug, PartialEq, Eq)]
+struct OutageReport {
+    failed: u64,
+    lasted: Duration,
+}
+
+impl Outage {
+    /// A failure at `now`: a report when a WARN is due.
+    fn failed(&mut self, now: Instant) -> Option<OutageReport> {
+        let since = *self.since.get_or_insert(now);
+        self.failed += 1;
+        if self
+            .warned_at
+            .is_some_and(|at| now.saturating_duration_since(at) < OUTAGE_WARN_EVERY)
+        {
+            return None;
+        }
+        self.warned_at = Some(now);
+        Some(OutageReport {
+            failed: self.failed,
+            lasted: now.saturating_duration_since(since),
+        })
+    }
+
+    /// A success at `now`: a report of the run it ends, if there was one.
+    fn ended(&mut self, now: Instant) -> Option<OutageReport> {
+        let since = self.since.take()?;
+        let failed = std::mem::take(&mut self.failed);
+        self.warned_at = None;
+        Some(OutageReport {
+            failed,
+            lasted: now.saturating_duration_since(since),
+        })
+    }
+}
+
+/// `d` to the whole second, for a log line (`3s`, not `3s 2ms 41us`).
+fn round_to_seconds(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs())
 }
 
 /// What a claim uses to hand its outbox rows straight to this process's dispatcher.
@@ -391,5 +477,41 @@ impl Dispatcher {
     /// `wake` says stop.
     pub fn start(outbox: Outbox, wake: Wake) {
         actix_web::rt::spawn(dispatch::run(outbox, wake));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outage_warns_as_it_starts_then_once_a_minute_and_reports_its_end_once() {
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let report = |failed: u64, secs: u64| {
+            Some(OutageReport {
+                failed,
+                lasted: Duration::from_secs(secs),
+            })
+        };
+        let mut outage = Outage::default();
+        assert_eq!(outage.ended(at(0)), None, "no failure, so nothing ends");
+        assert_eq!(outage.failed(at(0)), report(1, 0));
+        for s in 1..60 {
+            assert_eq!(
+                outage.failed(at(s)),
+                None,
+                "quiet within the minute ({s} s)"
+            );
+        }
+        assert_eq!(outage.failed(at(60)), report(61, 60));
+        assert_eq!(outage.failed(at(61)), None);
+        assert_eq!(outage.ended(at(90)), report(62, 90));
+        assert_eq!(outage.ended(at(91)), None, "an outage ends once");
+        assert_eq!(
+            outage.failed(at(92)),
+            report(1, 0),
+            "the next outage warns at once, counted afresh"
+        );
     }
 }

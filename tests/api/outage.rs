@@ -83,3 +83,61 @@ async fn while_the_database_is_unreachable_deliveries_get_503_and_the_server_rec
     );
     assert_eq!(again.body, stored.body);
 }
+
+/// The dispatcher retries its take at every look (at least every 250 ms); an outage of the
+/// database is one WARN, not four lines a second, and its end is said once.
+#[actix_web::test]
+async fn an_outbox_that_cannot_be_read_is_warned_about_once_and_its_end_is_logged() {
+    if skip_on_sqlite(
+        "an_outbox_that_cannot_be_read_is_warned_about_once_and_its_end_is_logged",
+        "an embedded store cannot become unreachable",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let proxy = Proxy::start(host_port(&db.url));
+    let proxied_url = proxy.url_for(&db.url, &host_port(&db.url));
+    // A target nobody listens on: nothing is queued, so only the takes touch the outbox.
+    let config = config_text(
+        &proxied_url,
+        &crate::forward::forward_extra("http://127.0.0.1:1/hook", "2s", 3),
+    );
+    let server = Process::serve_with_env(&config, &[("RUST_LOG", "info,hookbox=debug")]);
+    let lines = |level: &str, text: &str| {
+        server
+            .log()
+            .lines()
+            .filter(|line| line.contains(level) && line.contains(text))
+            .count()
+    };
+
+    proxy.cut();
+    crate::forward::poll_until("three takes failed", Duration::from_secs(60), || {
+        lines("DEBUG", "cannot read the outbox") >= 3
+    })
+    .await;
+    proxy.restore();
+    crate::forward::poll_until(
+        "the end of the outage is logged",
+        Duration::from_secs(60),
+        || lines(" INFO", "the outbox can be read again") == 1,
+    )
+    .await;
+    let log = server.log();
+    assert_eq!(
+        lines(" WARN", "cannot read the outbox"),
+        1,
+        "one warning for the whole outage:\n{log}"
+    );
+    let ended = log
+        .lines()
+        .find(|line| line.contains("the outbox can be read again"))
+        .expect("found above");
+    let failed: u64 = ended
+        .split("failed_tries=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the end says how many tries failed: {ended}"));
+    assert!(failed >= 3, "{ended}");
+}
