@@ -216,8 +216,12 @@ impl Outbox {
                 }
                 return due;
             }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "reading the outbox panicked".to_owned(),
+            Ok(Err(e)) => e,
+            Err(_) => {
+                // A bug of hookbox's own, not an outage.
+                tracing::error!("reading the outbox panicked");
+                return Vec::new();
+            }
         };
         tracing::debug!(error = %failure, "cannot read the outbox");
         let warn = self.outage().failed(Instant::now());
