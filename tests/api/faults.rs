@@ -159,11 +159,10 @@ async fn connection_lost_mid_transaction(loss: Loss) {
     ))
     .execute(&mut db.connect())
     .expect("set the database's idle timeout");
-    let upstream = host_port(&db.url);
-    let proxy = Proxy::start(upstream.clone());
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
     let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"3s\"");
     let direct = parse_config(&text);
-    let proxied = parse_config(&text.replace(&db.url, &proxy.url_for(&db.url, &upstream)));
+    let proxied = parse_config(&text.replace(&db.url, &proxied_url));
     let handler = Counting::new(Duration::from_millis(400));
     let entered = handler.entered.clone();
     let behind_proxy = serve_in_process(proxied, Handlers::default().with("stripe", handler));
@@ -321,10 +320,9 @@ async fn a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_rec
     // The built-in handler's claims go through the batch writer, not a transaction per
     // delivery: a stall must not hold them past the request timeout either.
     let db = TestDb::create();
-    let upstream = host_port(&db.url);
-    let proxy = Proxy::start(upstream.clone());
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
     let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"3s\"");
-    let config = parse_config(&text.replace(&db.url, &proxy.url_for(&db.url, &upstream)));
+    let config = parse_config(&text.replace(&db.url, &proxied_url));
     let address = serve_in_process(config, Handlers::default());
     count_side_effects_with_a_trigger(&db.url);
     let provider = Provider::new(&parse_config(&text));

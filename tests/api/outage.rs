@@ -16,12 +16,7 @@ async fn while_the_database_is_unreachable_deliveries_get_503_and_the_server_rec
         return;
     }
     let db = TestDb::create();
-    let proxy = Proxy::start(host_port(&db.url));
-    let proxied_url = {
-        let direct = host_port(&db.url);
-        db.url
-            .replacen(&direct, &format!("127.0.0.1:{}", proxy.port), 1)
-    };
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
     let config = parse_config(&config_text(&proxied_url, ""));
     let app = TestApp::spawn_on(db, config, Handlers::default()).await;
 
@@ -95,8 +90,7 @@ async fn an_outbox_that_cannot_be_read_is_warned_about_once_and_its_end_is_logge
         return;
     }
     let db = TestDb::create();
-    let proxy = Proxy::start(host_port(&db.url));
-    let proxied_url = proxy.url_for(&db.url, &host_port(&db.url));
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
     // A target nobody listens on: nothing is queued, so only the takes touch the outbox.
     let config = config_text(
         &proxied_url,

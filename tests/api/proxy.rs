@@ -58,6 +58,14 @@ impl Proxy {
         }
     }
 
+    /// A proxy in front of the server of `db_url` (a postgres URL), and that URL through it.
+    pub fn in_front_of(db_url: &str) -> (Proxy, String) {
+        let upstream = crate::helpers::host_port(db_url);
+        let proxy = Proxy::start(upstream.clone());
+        let url = proxy.url_for(db_url, &upstream);
+        (proxy, url)
+    }
+
     /// `url` (a postgres URL naming `upstream`) rewritten to go through this proxy.
     pub fn url_for(&self, url: &str, upstream: &str) -> String {
         url.replacen(upstream, &format!("127.0.0.1:{}", self.port), 1)
