@@ -57,7 +57,7 @@ impl Application {
         let state = web::Data::new(AppState::new(&config, sources, pool));
         // Bound before anything else starts, so a taken port fails the start cleanly.
         let (server, address) = bind(&config, state.clone())?;
-        log_store(&config);
+        log_store(&config, state.claims.writers());
         log_sources(&config);
 
         let outbox = Outbox::new(
@@ -206,13 +206,15 @@ fn bind(config: &Config, state: web::Data<AppState>) -> anyhow::Result<(Server, 
     Ok((server.run(), address))
 }
 
-/// Logs which store holds the events.
-fn log_store(config: &Config) {
+/// Logs which store holds the events (and, on PostgreSQL, how many threads batch the claims:
+/// `claim_writers`, from the pool and the cores).
+fn log_store(config: &Config, claim_writers: usize) {
     let database = config.database.display_url();
     match &config.database.store {
         db::Store::Postgres(_) => tracing::info!(
             database = %database,
             pool_size = config.database.pool_size,
+            claim_writers,
             "database ready: PostgreSQL"
         ),
         db::Store::SqliteMemory => tracing::info!(

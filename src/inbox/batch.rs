@@ -76,6 +76,7 @@ impl Drop for Closer {
 pub struct Batcher {
     queue: Arc<Queue>,
     _closer: Arc<Closer>,
+    writers: usize,
 }
 
 impl Batcher {
@@ -86,7 +87,8 @@ impl Batcher {
             wake,
             ..Queue::default()
         });
-        for n in 0..writers.max(1) {
+        let writers = writers.max(1);
+        for n in 0..writers {
             let (queue, pool) = (queue.clone(), pool.clone());
             std::thread::Builder::new()
                 .name(format!("hookbox-claims-{n}"))
@@ -96,7 +98,13 @@ impl Batcher {
         Batcher {
             _closer: Arc::new(Closer(queue.clone())),
             queue,
+            writers,
         }
+    }
+
+    /// How many writer threads claim from the queue.
+    pub fn writers(&self) -> usize {
+        self.writers
     }
 
     /// From now on, a batch hands the outbox rows that `handover` has room for straight to this

@@ -203,4 +203,12 @@ async fn every_answer_carries_a_request_id_of_its_own() {
             "{source} in {log}"
         );
     }
+    if !store_is_sqlite() {
+        // pool_size = 4: one claim writer, whatever the cores.
+        assert!(
+            log.lines()
+                .any(|l| l.contains("database ready: PostgreSQL") && l.contains("claim_writers=1")),
+            "{log}"
+        );
+    }
 }
