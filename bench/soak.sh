@@ -48,6 +48,9 @@ purge_interval = "1m"
 [sources.stripe]
 scheme = "stripe"
 secrets = ["$secret"]
+# A source's own window: without it a Stripe source keeps events for Stripe's redelivery
+# horizon (3 days) whatever [retention].window says, and the purge would find nothing to remove.
+retention = "5m"
 TOML
 
 start_server
