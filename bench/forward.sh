@@ -27,6 +27,7 @@
 #
 #   bench/forward.sh                      # PostgreSQL at 127.0.0.1:5432, user postgres; SQLite
 #   SECONDS_EACH=1 bench/forward.sh       # a smoke (CI runs this)
+#   ROUNDS=3 bench/forward.sh             # every step three times, order alternating; medians
 #   STORES=sqlite bench/forward.sh        # one store only
 #   BUS=0 bench/forward.sh                # without the NATS and RabbitMQ rows
 #   CONCURRENCY_EACH=16 bench/forward.sh  # every target at the default concurrency (64 here)
@@ -34,6 +35,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_EACH="${SECONDS_EACH:-10}"
+# How many times each store's steps run; with more than one, the ratios are each round's own
+# and their median (single steps on two shared cores move by 20-30 % from one to the next).
+ROUNDS="${ROUNDS:-1}"
 CONNECTIONS="${CONNECTIONS:-32}"
 # Each forward target's `concurrency`. The sink answers at once and takes any number at a time;
 # with the two cores busy, a round trip to it takes several milliseconds, and the default of 16
@@ -329,27 +333,61 @@ fresh() {
     --seconds "$((SECONDS_EACH < 2 ? SECONDS_EACH : 2))" >/dev/null
 }
 
+# The median of the numbers given (the lower middle one of an even count).
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+# One round of a store's steps, in the order given (plain one two half held), each on an empty
+# store; appends this round's ratios to the arrays store_run reads.
+round() {
+  local store=$1 step_name plain_rps="" held_rps="" one_rps="" two_rps="" one_cost="" two_cost=""
+  shift
+  for step_name in "$@"; do
+    fresh "$store"
+    case $step_name in
+      plain) step plain 0; row "$store" plain; plain_rps=$rps ;;
+      one)
+        step one 1; row "$store" one; one_rps=$rps; one_shares+=("$(ratio "$during" "$rows")")
+        one_cost=$(echo "($elapsed + ${drain#>}) / $requests" | bc -l)
+        # The next half-rate step is paced at half of this.
+        half=$(printf "%.0f" "$(echo "$one_rps / 2" | bc -l)") ;;
+      two)
+        step two 2; row "$store" two; two_rps=$rps; two_shares+=("$(ratio "$during" "$rows")")
+        two_cost=$(echo "($elapsed + ${drain#>}) / $requests" | bc -l) ;;
+      half)
+        step one 1 --rate "$half"; row "$store" "one @ 1/2"
+        half_sink_p99s+=("$sink_p99"); half_hist_p99s+=("${hist_p99#>}") ;;
+      held) step held 0; row "$store" held; held_rps=$rps ;;
+    esac
+  done
+  one_ratios+=("$(ratio "$one_rps" "$plain_rps")")
+  held_ratios+=("$(ratio "$held_rps" "$plain_rps")")
+  two_ratios+=("$(ratio "$two_cost" "$one_cost")")
+  two_fresh+=("$(ratio "$one_rps" "$two_rps")")
+}
+
+# Every step of a store, ROUNDS times, then the ratios: each round's own (its steps are
+# minutes apart at most) and, over several rounds, their median. Rounds alternate the order of
+# the steps, so a machine that speeds up or slows down through the run favours neither side.
 store_run() {
-  local store=$1 plain_rps held_rps one_rps one_share one_cost two_rps two_share two_cost half half_sink_p99 half_hist_p99
-  fresh "$store"
-  step plain 0; row "$store" plain; plain_rps=$rps
-  fresh "$store"
-  step one 1; row "$store" one; one_rps=$rps; one_share=$(ratio "$during" "$rows")
-  one_cost=$(echo "($elapsed + ${drain#>}) / $requests" | bc -l)
-  fresh "$store"
-  step two 2; row "$store" two; two_rps=$rps; two_share=$(ratio "$during" "$rows")
-  two_cost=$(echo "($elapsed + ${drain#>}) / $requests" | bc -l)
-  half=$(printf "%.0f" "$(echo "$one_rps / 2" | bc -l)")
-  fresh "$store"
-  step one 1 --rate "$half"; row "$store" "one @ 1/2"
-  half_sink_p99=$sink_p99 half_hist_p99=$hist_p99
-  fresh "$store"
-  step held 0; row "$store" held; held_rps=$rps
+  local store=$1 r one_shares=() two_shares=() half_sink_p99s=() half_hist_p99s=() one_ratios=() \
+    held_ratios=() two_ratios=() two_fresh=() half=""
+  for r in $(seq 1 "$ROUNDS"); do
+    if [ $((r % 2)) = 1 ]; then
+      round "$store" plain one two half held
+    else
+      # The half-rate step still follows the full-speed one it takes its rate from.
+      round "$store" held two one half plain
+    fi
+  done
   echo
-  echo "$store: forwarding source's fresh deliveries/s / non-forwarding's: $(ratio "$one_rps" "$plain_rps") (target >= 0.8); with the dispatcher idle (held): $(ratio "$held_rps" "$plain_rps")"
-  echo "$store: rows forwarded while ingesting / rows queued: $one_share with one target, $two_share with two (target >= 0.9)"
-  echo "$store: lag p99 at half the forwarding source's max ingest ($half/s): ${half_sink_p99} ms at the sink (sent -> delivered), ${half_hist_p99} ms by hookbox_forward_lag_seconds (target <= 1000 ms)"
-  echo "$store: two targets / one, per event (ingest + drain): $(ratio "$two_cost" "$one_cost") (target <= 1.3); fresh deliveries/s one / two: $(ratio "$one_rps" "$two_rps")"
+  if [ "$ROUNDS" -gt 1 ]; then
+    echo "$store: per round, in order: forwarding / non-forwarding ${one_ratios[*]}; held / non-forwarding ${held_ratios[*]}; two targets / one ${two_ratios[*]}"
+    echo "$store: medians of $ROUNDS rounds:"
+  fi
+  echo "$store: forwarding source's fresh deliveries/s / non-forwarding's: $(median "${one_ratios[@]}") (target >= 0.8); with the dispatcher idle (held): $(median "${held_ratios[@]}")"
+  echo "$store: rows forwarded while ingesting / rows queued: $(median "${one_shares[@]}") with one target, $(median "${two_shares[@]}") with two (target >= 0.9)"
+  echo "$store: lag p99 at half the forwarding source's max ingest: $(median "${half_sink_p99s[@]}") ms at the sink (sent -> delivered), $(median "${half_hist_p99s[@]}") ms by hookbox_forward_lag_seconds (target <= 1000 ms)"
+  echo "$store: two targets / one, per event (ingest + drain): $(median "${two_ratios[@]}") (target <= 1.3); fresh deliveries/s one / two: $(median "${two_fresh[@]}")"
   echo
 }
 
