@@ -16,7 +16,7 @@
 //! The dispatcher's statements on PostgreSQL ([`take_due`]'s two takes and [`settle`]'s
 //! UPDATE of the delivered), and [`enqueue_many`]'s INSERT, bind each column as an array (`unnest`), so their text does not
 //! depend on how many lanes or rows there are: each is prepared once per connection and kept
-//! (see `pg::prepared_statement!`).
+//! (see `db::prepared_statement!`).
 
 use std::time::Duration;
 
@@ -25,9 +25,10 @@ use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, QueryFragment};
 use diesel::sql_types::{Array, BigInt, Bytea, Double, Integer, Nullable, SmallInt, Text, Untyped};
+use diesel::sqlite::Sqlite;
 use serde::Serialize;
 
-use super::pg::prepared_statement;
+use super::prepared_statement;
 use super::{now, on_backend, write_transaction, AnyConnection};
 
 /// A delivery taken for an attempt: its lease runs, so no other dispatcher takes it meanwhile.
@@ -168,17 +169,91 @@ pub fn enqueue_many(conn: &mut AnyConnection, rows: &[(i64, &str)]) -> QueryResu
             }
             .execute(c)
         }
-        AnyConnection::Sqlite(c) => diesel::sql_query(
-            "INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
-             SELECT e.id, json_extract(v.value, '$[1]'), e.source, e.received_at, ?2 \
-             FROM json_each(?1) AS v JOIN events e ON e.id = json_extract(v.value, '$[0]')",
-        )
-        .bind::<Text, _>(serde_json::to_string(rows).expect("numbers and strings serialize"))
-        .bind::<super::sqlite::Instant, _>(queued_at)
+        AnyConnection::Sqlite(c) => EnqueueSqlite {
+            rows: serde_json::to_string(rows).expect("numbers and strings serialize"),
+            queued_at,
+        }
         .execute(c),
     }
     .map(|_| ())
 }
+
+/// [`enqueue_many`] on SQLite: the rows as one JSON array of [event row, target].
+struct EnqueueSqlite {
+    rows: String,
+    queued_at: DateTime<Utc>,
+}
+
+impl QueryFragment<Sqlite> for EnqueueSqlite {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_sql(
+            "INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
+             SELECT e.id, json_extract(v.value, '$[1]'), e.source, e.received_at, ",
+        );
+        out.push_bind_param::<super::sqlite::Instant, _>(&self.queued_at)?;
+        out.push_sql(" FROM json_each(");
+        out.push_bind_param::<Text, _>(&self.rows)?;
+        out.push_sql(") AS v JOIN events e ON e.id = json_extract(v.value, '$[0]')");
+        Ok(())
+    }
+}
+
+/// [`queue_leased_sqlite`]'s INSERT: the rows as one JSON array of [event row, target], all
+/// leased until `until`.
+struct QueueLeasedSqlite {
+    rows: String,
+    queued_at: DateTime<Utc>,
+    until: DateTime<Utc>,
+}
+
+impl QueryFragment<Sqlite> for QueueLeasedSqlite {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_sql(
+            "INSERT INTO deliveries \
+                 (event_row, target, source, received_at, queued_at, attempts, next_attempt_at) \
+             SELECT e.id, json_extract(v.value, '$[1]'), e.source, e.received_at, ",
+        );
+        out.push_bind_param::<super::sqlite::Instant, _>(&self.queued_at)?;
+        out.push_sql(", 1, ");
+        out.push_bind_param::<super::sqlite::Instant, _>(&self.until)?;
+        out.push_sql(" FROM json_each(");
+        out.push_bind_param::<Text, _>(&self.rows)?;
+        out.push_sql(
+            ") AS v JOIN events e ON e.id = json_extract(v.value, '$[0]') \
+             RETURNING id, event_row, target",
+        );
+        Ok(())
+    }
+}
+
+/// [`settle_delivered_sqlite`]'s UPDATE: the rows as one JSON array of [id, attempt, status].
+struct SettleDeliveredSqlite {
+    rows: String,
+    at: DateTime<Utc>,
+}
+
+impl QueryFragment<Sqlite> for SettleDeliveredSqlite {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_sql(
+            "UPDATE deliveries SET state = 'delivered', last_status = json_extract(v.value, '$[2]'), \
+                 last_error = NULL, delivered_at = ",
+        );
+        out.push_bind_param::<super::sqlite::Instant, _>(&self.at)?;
+        out.push_sql(" FROM json_each(");
+        out.push_bind_param::<Text, _>(&self.rows)?;
+        out.push_sql(
+            ") AS v \
+             WHERE deliveries.id = json_extract(v.value, '$[0]') \
+               AND deliveries.attempts = json_extract(v.value, '$[1]') \
+               AND deliveries.state = 'pending'",
+        );
+        Ok(())
+    }
+}
+
+prepared_statement!(sqlite: EnqueueSqlite);
+prepared_statement!(sqlite: QueueLeasedSqlite => Untyped);
+prepared_statement!(sqlite: SettleDeliveredSqlite);
 
 /// Deletes the outbox rows of the events in rows `event_rows`, on PostgreSQL, in the
 /// transaction of the retention purge that deleted those events, after it. There `deliveries`
@@ -342,30 +417,59 @@ impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for QueueClaimedPg<'_>
     }
 }
 
-/// Queues one row leased (see [`ToQueue::leased_until`]) on SQLite, in the claim's
-/// transaction, and returns its id.
+/// Queues rows leased (see [`ToQueue::leased_until`]) on SQLite, in the claim's transaction:
+/// each (event row, target, leased until), its event's source and received time copied from
+/// `events` as [`enqueue_many`] does. One INSERT per distinct lease end (one per target's
+/// lease, as a batch's leases start together), not one per row: a row inserted on its own cost
+/// about as much as the claim of its event. Returns each row's id, in the order given.
 pub(super) fn queue_leased_sqlite(
     conn: &mut diesel::SqliteConnection,
-    event_row: i64,
-    source: &str,
-    received_at: DateTime<Utc>,
-    target: &str,
-    leased_until: DateTime<Utc>,
+    rows: &[(i64, &str, DateTime<Utc>)],
     queued_at: DateTime<Utc>,
-) -> QueryResult<i64> {
-    use super::sqlite_schema::deliveries;
-    diesel::insert_into(deliveries::table)
-        .values((
-            deliveries::event_row.eq(event_row),
-            deliveries::target.eq(target),
-            deliveries::source.eq(source),
-            deliveries::received_at.eq(received_at),
-            deliveries::queued_at.eq(queued_at),
-            deliveries::attempts.eq(1),
-            deliveries::next_attempt_at.eq(leased_until),
-        ))
-        .returning(deliveries::id)
-        .get_result(conn)
+) -> QueryResult<Vec<i64>> {
+    #[derive(QueryableByName)]
+    struct Inserted {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+        #[diesel(sql_type = BigInt)]
+        event_row: i64,
+        #[diesel(sql_type = Text)]
+        target: String,
+    }
+    let mut by_end: std::collections::BTreeMap<DateTime<Utc>, Vec<(i64, &str)>> =
+        std::collections::BTreeMap::new();
+    for &(event_row, target, until) in rows {
+        by_end.entry(until).or_default().push((event_row, target));
+    }
+    let mut ids: std::collections::HashMap<(i64, String), i64> =
+        std::collections::HashMap::with_capacity(rows.len());
+    for (until, group) in by_end {
+        // RETURNING gives rows in no promised order: each is matched by (event row, target),
+        // which is unique.
+        let inserted: Vec<Inserted> = QueueLeasedSqlite {
+            rows: serde_json::to_string(&group).expect("numbers and strings serialize"),
+            queued_at,
+            until,
+        }
+        .load(conn)?;
+        ids.extend(
+            inserted
+                .into_iter()
+                .map(|row| ((row.event_row, row.target), row.id)),
+        );
+    }
+    rows.iter()
+        .map(|&(event_row, target, _)| {
+            ids.get(&(event_row, target.to_owned()))
+                .copied()
+                .ok_or_else(|| {
+                    diesel::result::Error::DeserializationError(
+                        format!("no outbox row came back for event row {event_row} and {target}")
+                            .into(),
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Takes the due rows each lane of `wants` asks for, and leases each for its lane's `lease`:
@@ -650,8 +754,8 @@ fn settle_in_transaction(
     })
 }
 
-/// The delivered outcomes of [`settle`] on SQLite, in one statement (diesel prepares its
-/// query builder's UPDATE anew for every row).
+/// The delivered outcomes of [`settle`] on SQLite, in one statement, prepared once per
+/// connection (diesel prepares its query builder's UPDATE anew for every row).
 fn settle_delivered_sqlite(
     conn: &mut diesel::SqliteConnection,
     delivered: &[&Settled],
@@ -670,16 +774,10 @@ fn settle_delivered_sqlite(
             (s.id, s.attempt, status)
         })
         .collect();
-    diesel::sql_query(
-        "UPDATE deliveries SET state = 'delivered', last_status = json_extract(v.value, '$[2]'), \
-             last_error = NULL, delivered_at = ?1 \
-         FROM json_each(?2) AS v \
-         WHERE deliveries.id = json_extract(v.value, '$[0]') \
-           AND deliveries.attempts = json_extract(v.value, '$[1]') \
-           AND deliveries.state = 'pending'",
-    )
-    .bind::<super::sqlite::Instant, _>(now)
-    .bind::<Text, _>(serde_json::to_string(&rows).expect("numbers serialize"))
+    SettleDeliveredSqlite {
+        rows: serde_json::to_string(&rows).expect("numbers serialize"),
+        at: now,
+    }
     .execute(conn)
     .map(|_| ())
 }

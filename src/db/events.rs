@@ -182,38 +182,40 @@ pub fn claim_and_queue(
         }
         AnyConnection::Sqlite(_) => write_transaction(conn, |conn| {
             let claimed = claim(conn, &events)?;
-            let queues: std::collections::HashMap<(&str, &str), (&NewEvent<'_>, &[ToQueue<'_>])> =
-                rows.iter()
-                    .map(|(row, queue)| ((row.source, row.event_id), (row, *queue)))
-                    .collect();
+            let queues: std::collections::HashMap<(&str, &str), &[ToQueue<'_>]> = rows
+                .iter()
+                .map(|(row, queue)| ((row.source, row.event_id), *queue))
+                .collect();
             let queued_at = now();
             let mut outbox: Vec<(i64, &str)> = Vec::new();
-            let mut leased = Vec::new();
+            let mut to_lease: Vec<(i64, &str, DateTime<Utc>)> = Vec::new();
             for claimed in &claimed {
                 let key = (claimed.source.as_str(), claimed.event_id.as_str());
-                let Some((event, queue)) = queues.get(&key) else {
+                let Some(queue) = queues.get(&key) else {
                     continue;
                 };
                 for to in queue.iter() {
-                    match (to.leased_until, &mut *conn) {
-                        (Some(until), AnyConnection::Sqlite(c)) => leased.push(Leased {
-                            id: super::deliveries::queue_leased_sqlite(
-                                c,
-                                claimed.row,
-                                event.source,
-                                event.received_at,
-                                to.target,
-                                until,
-                                queued_at,
-                            )?,
-                            event_row: claimed.row,
-                            target: to.target.to_owned(),
-                            queued_at,
-                        }),
-                        _ => outbox.push((claimed.row, to.target)),
+                    match to.leased_until {
+                        Some(until) => to_lease.push((claimed.row, to.target, until)),
+                        None => outbox.push((claimed.row, to.target)),
                     }
                 }
             }
+            let leased = match &mut *conn {
+                AnyConnection::Sqlite(c) if !to_lease.is_empty() => {
+                    super::deliveries::queue_leased_sqlite(c, &to_lease, queued_at)?
+                        .into_iter()
+                        .zip(&to_lease)
+                        .map(|(id, &(event_row, target, _))| Leased {
+                            id,
+                            event_row,
+                            target: target.to_owned(),
+                            queued_at,
+                        })
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
             super::deliveries::enqueue_many(conn, &outbox)?;
             Ok(ClaimedAndQueued { claimed, leased })
         }),
@@ -361,8 +363,8 @@ impl QueryFragment<Pg> for ClaimAndQueuePg<'_> {
     }
 }
 
-super::pg::prepared_statement!(ClaimPg<'_> => (BigInt, Text, Text));
-super::pg::prepared_statement!(ClaimAndQueuePg<'_> => ClaimedRowTypesPg);
+super::prepared_statement!(ClaimPg<'_> => (BigInt, Text, Text));
+super::prepared_statement!(ClaimAndQueuePg<'_> => ClaimedRowTypesPg);
 
 /// The SQL types of a [`ClaimedRowPg`].
 type ClaimedRowTypesPg = (BigInt, Text, Text, Nullable<BigInt>, Nullable<Text>);
@@ -906,7 +908,7 @@ impl QueryFragment<Pg> for AddReplaysPg<'_> {
     }
 }
 
-super::pg::prepared_statement!(AddReplaysPg<'_>);
+super::prepared_statement!(AddReplaysPg<'_>);
 
 /// Whether the store takes a write as a claim makes one: an event claimed and answered with
 /// the claim's own statements, then rolled back, so `/readyz` says not ready when hookbox's role lost `INSERT` or `UPDATE`, or

@@ -14,6 +14,39 @@ pub mod pg_schema;
 pub mod sqlite;
 pub mod sqlite_schema;
 
+/// Makes each of the given statements (a `QueryFragment` of fixed text, written as `Name<'_>`
+/// or `Name`, `Name` alone on SQLite, with `=> SqlType` if it returns rows; `sqlite:` first for one of SQLite's, else
+/// PostgreSQL's) one that diesel prepares once per connection and keeps: its query id is its
+/// type, so the statement cache finds it without building its SQL again. `sql_query`'s
+/// statements are never kept: each is parsed (and on PostgreSQL planned) again every time it
+/// runs.
+macro_rules! prepared_statement {
+    (sqlite: $query:ident $(=> $sql_type:ty)?) => {
+        $crate::db::prepared_statement!(@impl [$query] [$query] [diesel::SqliteConnection] $($sql_type)?);
+    };
+    ($query:ident<'_> $(=> $sql_type:ty)?) => {
+        $crate::db::prepared_statement!(@impl [$query<'_>] [$query<'static>] [diesel::PgConnection] $($sql_type)?);
+    };
+    ($query:ident $(=> $sql_type:ty)?) => {
+        $crate::db::prepared_statement!(@impl [$query] [$query] [diesel::PgConnection] $($sql_type)?);
+    };
+    (@impl [$query:ty] [$id:ty] [$conn:ty] $($sql_type:ty)?) => {
+        impl diesel::query_builder::QueryId for $query {
+            type QueryId = $id;
+            const HAS_STATIC_QUERY_ID: bool = true;
+        }
+
+        $(
+            impl diesel::query_builder::Query for $query {
+                type SqlType = $sql_type;
+            }
+        )?
+
+        impl diesel::RunQueryDsl<$conn> for $query {}
+    };
+}
+pub(crate) use prepared_statement;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};

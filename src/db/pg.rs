@@ -98,32 +98,3 @@ pub fn is_lock_timeout(error: &DieselError) -> bool {
     matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
         if info.message().contains("lock timeout"))
 }
-
-/// Makes each of the given statements (a `QueryFragment<Pg>` of fixed text, written as
-/// `Name<'_>` or `Name`, with `=> SqlType` if it returns rows) one that diesel prepares once
-/// per connection and keeps: its query id is its type, so the statement cache finds it without
-/// building its SQL again. `sql_query`'s statements are never kept: each is parsed and planned
-/// again every time it runs.
-macro_rules! prepared_statement {
-    ($query:ident<'_> $(=> $sql_type:ty)?) => {
-        $crate::db::pg::prepared_statement!(@impl [$query<'_>] [$query<'static>] $($sql_type)?);
-    };
-    ($query:ident $(=> $sql_type:ty)?) => {
-        $crate::db::pg::prepared_statement!(@impl [$query] [$query] $($sql_type)?);
-    };
-    (@impl [$query:ty] [$id:ty] $($sql_type:ty)?) => {
-        impl diesel::query_builder::QueryId for $query {
-            type QueryId = $id;
-            const HAS_STATIC_QUERY_ID: bool = true;
-        }
-
-        $(
-            impl diesel::query_builder::Query for $query {
-                type SqlType = $sql_type;
-            }
-        )?
-
-        impl diesel::RunQueryDsl<diesel::PgConnection> for $query {}
-    };
-}
-pub(crate) use prepared_statement;

@@ -194,6 +194,70 @@ fn a_row_queued_leased_is_attempt_one_due_when_its_lease_ends_and_comes_back_wit
     assert_eq!(db.count("deliveries"), 2);
 }
 
+#[test]
+fn rows_leased_to_several_targets_with_different_leases_come_back_each_with_its_own_id() {
+    let (db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let at = db::now();
+    let (short, long) = (
+        at + chrono::Duration::seconds(25),
+        at + chrono::Duration::seconds(65),
+    );
+    let leased = [
+        ToQueue {
+            target: "a",
+            leased_until: Some(short),
+        },
+        ToQueue {
+            target: "b",
+            leased_until: Some(long),
+        },
+        ToQueue::target("c"),
+    ];
+    let batch: Vec<_> = ["p", "q", "r", "s"]
+        .iter()
+        .map(|id| (row(id, None, at, &headers), &leased[..]))
+        .collect();
+    let stored = events::claim_and_queue(&mut conn, &batch).expect("the batch is stored");
+    assert_eq!(ids(&stored.claimed), ["p", "q", "r", "s"]);
+    assert_eq!(stored.leased.len(), 8, "{:?}", stored.leased);
+    for claimed in &stored.claimed {
+        let rows = deliveries::of_event(&mut conn, claimed.row).expect("the deliveries read");
+        assert_eq!(rows.len(), 3, "{}: {rows:?}", claimed.event_id);
+        for (target, until) in [("a", short), ("b", long)] {
+            let handed: Vec<_> = stored
+                .leased
+                .iter()
+                .filter(|l| l.event_row == claimed.row && l.target == target)
+                .collect();
+            assert_eq!(handed.len(), 1, "{} {target}", claimed.event_id);
+            let row = rows
+                .iter()
+                .find(|d| d.target == target)
+                .expect("the leased row is queued");
+            assert_eq!(row.id, handed[0].id, "{} {target}", claimed.event_id);
+            assert_eq!(row.attempts, 1);
+            let due = row.next_attempt_at.expect("a pending row is due some time");
+            assert!(
+                (due - until).num_milliseconds().abs() <= 1,
+                "{} {target}: leased until {due:?}, not {until:?}",
+                claimed.event_id
+            );
+        }
+        let queued = rows.iter().find(|d| d.target == "c").expect("c is queued");
+        assert_eq!(queued.attempts, 0);
+    }
+    assert_eq!(db.count("deliveries"), 12);
+    assert_eq!(
+        db.count(
+            "deliveries d JOIN events e ON e.id = d.event_row \
+             WHERE d.source = e.source AND d.received_at = e.received_at"
+        ),
+        12,
+        "each row carries its event's source and received time"
+    );
+}
+
 /// A setting of the connection, as text: whether its commits wait for the disk.
 #[derive(diesel::QueryableByName)]
 struct Setting {
