@@ -421,12 +421,13 @@ impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for QueueClaimedPg<'_>
 /// each (event row, target, leased until), its event's source and received time copied from
 /// `events` as [`enqueue_many`] does. One INSERT per distinct lease end (one per target's
 /// lease, as a batch's leases start together), not one per row: a row inserted on its own cost
-/// about as much as the claim of its event. Returns each row's id, in the order given.
+/// about as much as the claim of its event. Returns the rows, in no particular order (each
+/// names its event row and target).
 pub(super) fn queue_leased_sqlite(
     conn: &mut diesel::SqliteConnection,
     rows: &[(i64, &str, DateTime<Utc>)],
     queued_at: DateTime<Utc>,
-) -> QueryResult<Vec<i64>> {
+) -> QueryResult<Vec<Leased>> {
     #[derive(QueryableByName)]
     struct Inserted {
         #[diesel(sql_type = BigInt)]
@@ -441,35 +442,22 @@ pub(super) fn queue_leased_sqlite(
     for &(event_row, target, until) in rows {
         by_end.entry(until).or_default().push((event_row, target));
     }
-    let mut ids: std::collections::HashMap<(i64, String), i64> =
-        std::collections::HashMap::with_capacity(rows.len());
+    let mut leased = Vec::with_capacity(rows.len());
     for (until, group) in by_end {
-        // RETURNING gives rows in no promised order: each is matched by (event row, target),
-        // which is unique.
         let inserted: Vec<Inserted> = QueueLeasedSqlite {
             rows: serde_json::to_string(&group).expect("numbers and strings serialize"),
             queued_at,
             until,
         }
         .load(conn)?;
-        ids.extend(
-            inserted
-                .into_iter()
-                .map(|row| ((row.event_row, row.target), row.id)),
-        );
+        leased.extend(inserted.into_iter().map(|row| Leased {
+            id: row.id,
+            event_row: row.event_row,
+            target: row.target,
+            queued_at,
+        }));
     }
-    rows.iter()
-        .map(|&(event_row, target, _)| {
-            ids.get(&(event_row, target.to_owned()))
-                .copied()
-                .ok_or_else(|| {
-                    diesel::result::Error::DeserializationError(
-                        format!("no outbox row came back for event row {event_row} and {target}")
-                            .into(),
-                    )
-                })
-        })
-        .collect()
+    Ok(leased)
 }
 
 /// Takes the due rows each lane of `wants` asks for, and leases each for its lane's `lease`:

@@ -204,15 +204,6 @@ pub fn claim_and_queue(
             let leased = match &mut *conn {
                 AnyConnection::Sqlite(c) if !to_lease.is_empty() => {
                     super::deliveries::queue_leased_sqlite(c, &to_lease, queued_at)?
-                        .into_iter()
-                        .zip(&to_lease)
-                        .map(|(id, &(event_row, target, _))| Leased {
-                            id,
-                            event_row,
-                            target: target.to_owned(),
-                            queued_at,
-                        })
-                        .collect()
                 }
                 _ => Vec::new(),
             };

@@ -14,10 +14,10 @@ pub mod pg_schema;
 pub mod sqlite;
 pub mod sqlite_schema;
 
-/// Makes each of the given statements (a `QueryFragment` of fixed text, written as `Name<'_>`
-/// or `Name`, `Name` alone on SQLite, with `=> SqlType` if it returns rows; `sqlite:` first for one of SQLite's, else
-/// PostgreSQL's) one that diesel prepares once per connection and keeps: its query id is its
-/// type, so the statement cache finds it without building its SQL again. `sql_query`'s
+/// Makes each of the given statements (a `QueryFragment` of fixed text) one that diesel
+/// prepares once per connection and keeps: its query id is its type, so the statement cache
+/// finds it without building its SQL again. Written `Name<'_>` or `Name` for PostgreSQL's,
+/// `sqlite: Name` for SQLite's, with `=> SqlType` after if it returns rows. `sql_query`'s
 /// statements are never kept: each is parsed (and on PostgreSQL planned) again every time it
 /// runs.
 macro_rules! prepared_statement {
