@@ -538,11 +538,7 @@ struct PrivateNats {
 
 impl PrivateNats {
     fn start() -> PrivateNats {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("a free port")
-            .local_addr()
-            .expect("its address")
-            .port();
+        let port = child_port();
         let mut server = PrivateNats {
             child: None,
             port,

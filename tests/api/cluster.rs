@@ -10,6 +10,8 @@ use std::process::{Command, Output};
 
 use diesel::prelude::*;
 
+use crate::helpers::child_port;
+
 pub struct Cluster {
     dir: PathBuf,
     bin: PathBuf,
@@ -41,13 +43,6 @@ fn bin_dir() -> Option<PathBuf> {
         .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 fn id_of(user: &str, flag: &str) -> Option<u32> {
     let out = Command::new("id").args([flag, user]).output().ok()?;
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
@@ -72,8 +67,11 @@ impl Cluster {
         } else {
             None
         };
-        let dir =
-            std::env::temp_dir().join(format!("hookbox-pg-{}-{}", std::process::id(), free_port()));
+        let dir = std::env::temp_dir().join(format!(
+            "hookbox-pg-{}-{}",
+            std::process::id(),
+            child_port()
+        ));
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         if let Some(user) = &user {
@@ -86,7 +84,7 @@ impl Cluster {
         let cluster = Cluster {
             dir,
             bin,
-            port: free_port(),
+            port: child_port(),
             user,
         };
         let data = cluster.data();

@@ -37,6 +37,29 @@ pub fn skip_on_sqlite(test: &str, why: &str) -> bool {
     store_is_sqlite()
 }
 
+/// A port on 127.0.0.1 to hand to a process the test starts (a PostgreSQL cluster,
+/// chromedriver, a nats-server), or to name where nothing listens: free when this returns.
+///
+/// Not from `bind(":0")`: the kernel takes those from its ephemeral range (32768 and up here),
+/// where any outgoing connection of the run may be given the same port between the moment the
+/// test lets go of it and the moment its process binds it. These come from 20000-32767, below
+/// that range, which only explicit binds use; each call in this process starts past the last.
+pub fn child_port() -> u16 {
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_768;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Apart from another test binary's run, and from the benchmark scripts' own ports.
+    let start = std::process::id().wrapping_mul(7_919) % COUNT;
+    for _ in 0..COUNT {
+        let port = FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % COUNT;
+        let port = u16::try_from(port).expect("below 32768");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 in {FIRST}-{}", FIRST + COUNT - 1)
+}
+
 /// A connection to the test database at `url`, of either store.
 pub fn connect_url(url: &str) -> AnyConnection {
     match Store::parse(url).expect("a test database URL") {

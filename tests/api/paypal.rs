@@ -246,10 +246,7 @@ async fn a_failing_certificate_server_gives_503_and_stores_nothing_then_recovers
 
     // A certificate host that is down (nothing listens) is the same.
     let (_, nothing) = event("PAYMENT.CAPTURE.COMPLETED");
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        listener.local_addr().expect("its address").port()
-    };
+    let closed = child_port();
     let down_app = spawn(&format!("http://127.0.0.1:{closed}")).await;
     let down_url = format!("http://127.0.0.1:{closed}/certs/CERT-down");
     let answer = down_app

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{json, Value};
 
+use crate::helpers::child_port;
+
 /// How the W3C protocol names an element reference in JSON.
 const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
 
@@ -20,13 +22,6 @@ fn on_path(program: &str) -> Option<PathBuf> {
             .map(|dir| dir.join(program))
             .find(|candidate| candidate.is_file())
     })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free local port")
-        .port()
 }
 
 /// Where the browser tests leave their screenshots (a CI artifact).
@@ -50,7 +45,7 @@ impl Chromedriver {
         let binary = on_path("chromedriver").unwrap_or_else(|| {
             panic!("chromedriver is not installed; the console's browser tests need it and Chromium: run `{INSTALL}` (.ci/run does)")
         });
-        let port = free_port();
+        let port = child_port();
         let child = Command::new(binary)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
