@@ -22,7 +22,10 @@
 # Lag: at the sink, from the moment the load generator built the request (the event id carries
 # it, `--stamp-ids`) to the delivery's first arrival, an upper bound of commit -> delivered; and,
 # where hookbox exports it, `hookbox_forward_lag_seconds` (commit -> delivered) over the step,
-# p50/p99 interpolated within its buckets. Ratios are to the floor measured in the same run;
+# p50/p99 interpolated within its buckets. Under each row: the CPU per event of hookbox,
+# PostgreSQL and the sink, the share of the cores idle while the load generator ran, and on
+# PostgreSQL the commits per event (idle cores and few commits per event: the step waited on
+# the claims' disk syncs, not on the CPU). Ratios are to the floor measured in the same run;
 # nothing is asserted on time.
 #
 #   bench/forward.sh                      # PostgreSQL at 127.0.0.1:5432, user postgres; SQLite
@@ -183,13 +186,37 @@ cpu_ticks() {
     echo "$comm $(( ${12} + ${13} ))"
   done | awk '$1 == "hookbox" || $1 == "postgres" || $1 == "sink" { t[$1] += $2 } END { for (k in t) print k, t[k] }' | sort
 }
-# After a step: sets cpu_line, the CPU per event by process since cpu_before (row prints it).
+# The machine's idle (with I/O wait) and total clock ticks so far, from /proc/stat.
+machine_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $5 + $6, t }' /proc/stat; }
+# Transactions committed so far in the run's PostgreSQL database (nothing on SQLite).
+commits() {
+  [ "$store" = postgres ] || return 0
+  psql "$db_url" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+}
+# Around the load generator's run: ingest_start before it, ingest_end after, which sets
+# ingest_line: the share of the cores left idle while it ran, and on PostgreSQL the commits per
+# event (about one over the claims per batch). Idle cores mean a step waited on something other
+# than the CPU, most often a claim's commit waiting for the disk.
+ingest_start() { ticks_before=$(machine_ticks); commits_before=$(commits); }
+ingest_end() {
+  local after n=$1
+  after=$(machine_ticks)
+  ingest_line=$(printf '%s %s\n' "$ticks_before" "$after" |
+    awk '{ d = $4 - $2; printf "cores %.0f%% idle while ingesting", (d > 0 ? 100 * ($3 - $1) / d : 0) }')
+  if [ -n "$commits_before" ]; then
+    ingest_line="$ingest_line, $(echo "$commits_before $(commits) $n" |
+      awk '{ printf "%.3f commits per event", ($3 > 0 ? ($2 - $1) / $3 : 0) }')"
+  fi
+}
+# After a step: sets cpu_line, the CPU per event by process since cpu_before, and what
+# ingest_end found (row prints it).
 cpu_report() {
   local hz
   hz=$(getconf CLK_TCK)
   cpu_line=$(join <(echo "$cpu_before") <(cpu_ticks) | awk -v n="$requests" -v hz="$hz" '
     { printf "%s%s %.0f", sep, $1, ($3 - $2) * 1000000 / hz / (n > 0 ? n : 1); sep = ", " }
     END { if (NR) printf " us of CPU per event" }')
+  cpu_line="$cpu_line; $ingest_line"
 }
 
 # One step: fresh deliveries to source $1 (forwarding to $2 targets per event; 0: none), with
@@ -202,9 +229,11 @@ step() {
   curl -fs "$sink_url/reset" >/dev/null
   before=$(lag_buckets "$source")
   cpu_before=$(cpu_ticks)
+  ingest_start
   out=$("$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --source "$source" \
     --connections "$CONNECTIONS" --seconds "$SECONDS_EACH" --stamp-ids "$@")
   end=$(now)
+  ingest_end "$(echo "$out" | field requests)"
   during=$(curl -fs "$sink_url/stats" | field distinct)
   rps=$(echo "$out" | field rps)
   requests=$(echo "$out" | field requests)
@@ -253,9 +282,11 @@ bus_step() {
   base=$(delivered "$source")
   before=$(lag_buckets "$source")
   cpu_before=$(cpu_ticks)
+  ingest_start
   out=$("$loadgen" --to "http://127.0.0.1:$port" --secret "$secret" --source "$source" \
     --connections "$CONNECTIONS" --seconds "$SECONDS_EACH" "$@")
   end=$(now)
+  ingest_end "$(echo "$out" | field requests)"
   during=$(($(delivered "$source") - base))
   rps=$(echo "$out" | field rps)
   requests=$(echo "$out" | field requests)
