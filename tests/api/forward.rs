@@ -371,8 +371,10 @@ async fn a_slow_downstream_does_not_slow_the_providers_answers() {
         slowest = slowest.max(sent.elapsed());
         assert_eq!(answer.status, 200);
     }
+    // An answer that waited for the downstream would take its 3 s; the margin below that is
+    // for a busy machine, not a speed requirement.
     assert!(
-        slowest < Duration::from_millis(1000),
+        slowest < Duration::from_millis(2500),
         "slowest provider answer {slowest:?} with a 3 s downstream"
     );
 }
