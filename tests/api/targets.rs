@@ -355,8 +355,10 @@ async fn pending_deliveries_are_counted_per_target() {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let metrics = app.get("/metrics", None).await.text();
+        // The total is the targets' counts added up.
         if metrics.contains("hookbox_forward_pending{source=\"stripe\",target=\"slow\"} 2")
             && metrics.contains("hookbox_forward_pending{source=\"stripe\",target=\"fast\"} 0")
+            && metrics.contains("hookbox_forward_outbox{state=\"pending\"} 2")
         {
             break;
         }
