@@ -158,10 +158,26 @@ async fn answer(
         now: unix_now(),
     };
     // A provider that fetches a certificate to check the signature waits within the deadline.
+    // The 503 line says so; the fetch's own warning (logged once per fetch, however many
+    // deliveries wait for it) has the URL and the reason.
     let received = tokio::time::timeout_at(deadline, source.provider.receive(&inbound))
         .await
-        .map_err(|_| ApiError::Unavailable)?
-        .map_err(|refusal| refused_by(source.provider.as_ref(), refusal))?;
+        .map_err(|_| {
+            Failed::because(
+                ApiError::Unavailable,
+                "the certificate the signature check needs was not fetched within the request timeout",
+            )
+        })?
+        .map_err(|refusal| {
+            let error = refused_by(source.provider.as_ref(), refusal);
+            match refusal {
+                Refusal::Unavailable => Failed::because(
+                    error,
+                    "the certificate the signature check needs could not be fetched; the warning \"certificate fetch failed\" says why",
+                ),
+                _ => Failed::from(error),
+            }
+        })?;
     let incoming = match received {
         Received::Event(incoming) => incoming,
         Received::Batch(items) => return batch(state, &source, request, items, deadline).await,

@@ -86,11 +86,22 @@ fn event(kind: &str) -> (String, String) {
 /// `body` signed at `at` for the `paypal` source by `send`'s and `replay`'s signing code, with
 /// `key` and naming `cert_url`.
 fn signed(app: &TestApp, key: &TestKey, cert_url: &str, body: &str, at: i64) -> Delivery {
+    signed_for(&app.config, key, cert_url, body, at)
+}
+
+/// [`signed`], for the `paypal` source of `config`.
+fn signed_for(
+    config: &hookbox::config::Config,
+    key: &TestKey,
+    cert_url: &str,
+    body: &str,
+    at: i64,
+) -> Delivery {
     let signing = Signing {
         key_pem: Some(Secret::new(key.key_pem.clone())),
         cert_url: Some(cert_url.to_owned()),
     };
-    let signer = Signer::from_config(&app.config, &signing).expect("the test config signs");
+    let signer = Signer::from_config(config, &signing).expect("the test config signs");
     let verifier = signer
         .for_source("paypal")
         .expect("the paypal source signs");
@@ -322,4 +333,48 @@ async fn send_and_replay_sign_as_paypal_with_key_and_cert_url_and_name_a_missing
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--key"), "{stderr}");
     assert!(!stderr.contains("PRIVATE KEY"), "{stderr}");
+}
+
+#[actix_web::test]
+async fn a_certificate_that_cannot_be_fetched_is_named_in_the_503_line_and_its_warning() {
+    let key = TestKey::new();
+    // Nothing listens there.
+    let base = format!("http://127.0.0.1:{}", child_port());
+    let db = TestDb::create();
+    let text = config_text(&db.url, &source(&base));
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    let cert_url = format!("{base}/certs/CERT-unreachable");
+    let (_, body) = event("PAYMENT.CAPTURE.COMPLETED");
+
+    let answer = send(
+        &process.address,
+        &signed_for(&config, &key, &cert_url, &body, unix_now()),
+    )
+    .await;
+    assert_eq!(answer.status, 503, "{}", answer.text());
+    assert_eq!(answer.code().as_deref(), Some("unavailable"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (warning, failure) = loop {
+        let log = process.log();
+        let line = |wanted: &str| log.lines().find(|l| l.contains(wanted)).map(str::to_owned);
+        if let (Some(warning), Some(failure)) = (
+            line("certificate fetch failed"),
+            line("delivery failed; nothing was stored"),
+        ) {
+            break (warning, failure);
+        }
+        assert!(std::time::Instant::now() < deadline, "{log}");
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The warning has the URL and what went wrong; the delivery's line points at it.
+    assert!(
+        warning.contains("WARN") && warning.contains(&cert_url),
+        "{warning}"
+    );
+    assert!(warning.contains("request failed"), "{warning}");
+    assert!(
+        failure.contains("status=503") && failure.contains("could not be fetched"),
+        "{failure}"
+    );
 }
