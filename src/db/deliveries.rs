@@ -5,9 +5,9 @@
 //! [`enqueue_many`] in its transaction on SQLite), taken under a lease by the dispatcher, lane
 //! by lane ([`take_due`]), settled in batches after the attempts ([`settle`]), and shown and
 //! re-queued by the admin API and the console ([`of_event`], [`requeue`], [`redeliver`],
-//! [`requeue_dead`], [`counts`], [`dead`], [`pending_by_target`]). Rows go with their event: deleted by
-//! the purge's transaction on PostgreSQL ([`remove_of_events_pg`]), by `ON DELETE CASCADE` on
-//! SQLite.
+//! [`requeue_dead`]), and counted ([`counts`], [`dead`], [`pending_by_target`]). Rows go with
+//! their event: deleted by the purge's transaction on PostgreSQL ([`remove_of_events_pg`]), by
+//! `ON DELETE CASCADE` on SQLite.
 //!
 //! A lane is one (source, target): each row carries its event's `source` and `received_at`,
 //! copied in by the claim, so a lane's due rows and an ordered lane's head each come from one

@@ -67,11 +67,8 @@ impl Cluster {
         } else {
             None
         };
-        let dir = std::env::temp_dir().join(format!(
-            "hookbox-pg-{}-{}",
-            std::process::id(),
-            child_port()
-        ));
+        let port = child_port();
+        let dir = std::env::temp_dir().join(format!("hookbox-pg-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         if let Some(user) = &user {
@@ -84,7 +81,7 @@ impl Cluster {
         let cluster = Cluster {
             dir,
             bin,
-            port: child_port(),
+            port,
             user,
         };
         let data = cluster.data();
