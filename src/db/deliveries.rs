@@ -14,9 +14,10 @@
 //! index.
 //!
 //! The dispatcher's statements on PostgreSQL ([`take_due`]'s two takes and [`settle`]'s
-//! UPDATE of the delivered), and [`enqueue_many`]'s INSERT, bind each column as an array (`unnest`), so their text does not
-//! depend on how many lanes or rows there are: each is prepared once per connection and kept
-//! (see `db::prepared_statement!`).
+//! UPDATE of the delivered), and [`enqueue_many`]'s INSERT, bind each column as an array
+//! (`unnest`), so their text does not depend on how many lanes or rows there are. On SQLite the
+//! outbox's three statements bind their rows as one JSON array. Either way each is prepared
+//! once per connection and kept (see `db::prepared_statement!`).
 
 use std::time::Duration;
 
