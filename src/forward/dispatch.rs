@@ -45,8 +45,13 @@ const GAUGES_EVERY: Duration = Duration::from_secs(5);
 /// The first retry waits about this long; each further one about twice the last.
 const BACKOFF_BASE: Duration = Duration::from_secs(1);
 
-/// No retry waits longer than this, whatever the backoff or `Retry-After` says.
+/// No backoff waits longer than this.
 const BACKOFF_CAP: Duration = Duration::from_secs(3600);
+
+/// A `Retry-After` is honoured up to this: a retry never comes sooner than the downstream asked,
+/// unless it asked for more than a week (a value that large is a mistake, and would leave the
+/// row pending past any retention window).
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What one thread's attempts go through: each lane's transport (built on this thread).
 pub struct Runner {
@@ -86,7 +91,14 @@ impl Runner {
             return Vec::new();
         }
         let wants: Vec<_> = reserved.iter().map(|(_, _, want)| want.clone()).collect();
-        let due = self.outbox.take(wants).await;
+        let Some(due) = self.outbox.take(wants).await else {
+            // The outbox could not be read: the lanes' backlogs stand, so claims keep queuing
+            // rows the normal way until a take has read it.
+            for (i, reserved, _) in &reserved {
+                self.outbox.lanes[*i].give_back(*reserved);
+            }
+            return Vec::new();
+        };
         let mut by_lane: Vec<(usize, Due)> = Vec::with_capacity(due.len());
         for due in due {
             match self.outbox.lane_of(&due.source, &due.target) {
@@ -205,8 +217,8 @@ fn settle_of(handoff: Handoff, attempt: i32, max_attempts: u32) -> Settle {
             status,
             error,
             after: backoff(attempt)
-                .max(retry_after.unwrap_or_default())
-                .min(BACKOFF_CAP),
+                .min(BACKOFF_CAP)
+                .max(retry_after.unwrap_or_default().min(RETRY_AFTER_CAP)),
         },
     }
 }
@@ -258,12 +270,23 @@ pub async fn run(outbox: Outbox, wake: Wake) {
     let runner = Rc::new(Runner::new(&outbox));
     let outcomes = Rc::new(Outcomes::default());
     actix_web::rt::spawn(record(runner.clone(), outcomes.clone(), wake.clone()));
-    let mut gauges_at = Instant::now();
+    // The gauges are counted at once, then every GAUGES_EVERY: a backlog left from before this
+    // process started shows from the start.
+    let mut gauges_at: Option<Instant> = None;
     // The first look is at every lane: rows may be waiting from before this process started.
     let mut look = true;
+    let mut next_poll = Instant::now() + POLL_EVERY;
     while !wake.stopping() {
         start_handed(&runner, &outcomes, &wake);
         if wake.take_look() {
+            look = true;
+        }
+        // The poll: rows queued or released by other instances, leases run out, retries come
+        // due. It comes every POLL_EVERY however often something else wakes the dispatcher:
+        // under load a wake-up comes every few milliseconds, and a poll that waited for a
+        // quiet moment would leave those rows until the load stopped.
+        if Instant::now() >= next_poll {
+            next_poll = Instant::now() + POLL_EVERY;
             look = true;
         }
         if look {
@@ -274,12 +297,12 @@ pub async fn run(outbox: Outbox, wake: Wake) {
         for (lane, due) in runner.take().await {
             spawn_attempt(&runner, &outcomes, &wake, lane, due);
         }
-        if gauges_at.elapsed() >= GAUGES_EVERY {
-            gauges_at = Instant::now();
+        if gauges_at.is_none_or(|at| at.elapsed() >= GAUGES_EVERY) {
+            gauges_at = Some(Instant::now());
             outbox.refresh_gauges().await;
         }
-        let mut wait_until = Instant::now() + POLL_EVERY;
         look = false;
+        let mut wait_until = next_poll;
         if let Some(retry) = outcomes.next_retry.get() {
             // A retry of this process's coming due is a look at every lane, as a poll is.
             if retry <= Instant::now() {
@@ -291,8 +314,7 @@ pub async fn run(outbox: Outbox, wake: Wake) {
         }
         tokio::select! {
             _ = wake.notified() => {}
-            // The poll: rows queued or released by other instances, leases run out.
-            _ = tokio::time::sleep_until(wait_until) => look = true,
+            _ = tokio::time::sleep_until(wait_until) => {}
         }
     }
     // Attempts under way finish and their outcomes are recorded by `record`, which also starts
@@ -429,7 +451,17 @@ mod tests {
         else {
             panic!("a 503 is retried");
         };
-        assert_eq!(after, BACKOFF_CAP);
+        assert_eq!(after, Duration::from_secs(86_400), "a day is honoured");
+        let Settle::Retry { after, .. } =
+            settle_of(failed(Some(Duration::from_secs(365 * 86_400))), 1, 12)
+        else {
+            panic!("a 503 is retried");
+        };
+        assert_eq!(after, RETRY_AFTER_CAP);
+        let Settle::Retry { after, .. } = settle_of(failed(None), 40, 50) else {
+            panic!("a 503 is retried");
+        };
+        assert!(after <= BACKOFF_CAP, "{after:?}");
     }
 
     #[test]

@@ -135,12 +135,17 @@ impl Lane {
     /// A take that brought fewer than it asked for found every due row of the lane: until the
     /// dispatcher looks again, nothing is left for a take, and claims may hand rows over.
     pub fn taken(&self, reserved: usize, taken: usize) {
-        let unused = reserved.saturating_sub(taken);
-        self.waiting.fetch_sub(unused, Ordering::SeqCst);
-        self.unsettled.fetch_sub(unused, Ordering::SeqCst);
+        self.give_back(reserved.saturating_sub(taken));
         if taken < reserved && self.hands_over() {
             self.backlog.store(false, Ordering::SeqCst);
         }
+    }
+
+    /// Gives back `n` rows of reserved room: a take that could not read the outbox, which says
+    /// nothing of what is due there.
+    pub fn give_back(&self, n: usize) {
+        self.waiting.fetch_sub(n, Ordering::SeqCst);
+        self.unsettled.fetch_sub(n, Ordering::SeqCst);
     }
 
     /// Whether claims may hand this lane's rows straight over: neither `ordered` (its order is

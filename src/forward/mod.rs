@@ -195,12 +195,12 @@ impl Outbox {
             .copied()
     }
 
-    /// Takes the rows `wants` asks for; none when the outbox cannot be read. The dispatcher
+    /// Takes the rows `wants` asks for; `None` when the outbox cannot be read. The dispatcher
     /// tries again at every look (at least every 250 ms), so a failure that lasts (the database
     /// down or unreachable) is logged as one outage ([`Outage`]): a WARN when it starts, at
     /// most one a minute while it lasts, each failure at DEBUG, and an INFO when a take works
     /// again.
-    async fn take(&self, wants: Vec<Want>) -> Vec<Due> {
+    async fn take(&self, wants: Vec<Want>) -> Option<Vec<Due>> {
         let pool = self.pool.clone();
         let due =
             web::block(move || in_turn(&pool, |conn| deliveries::take_due(conn, &wants))).await;
@@ -214,13 +214,13 @@ impl Outbox {
                         "the outbox can be read again; forwarding goes on"
                     );
                 }
-                return due;
+                return Some(due);
             }
             Ok(Err(e)) => e,
             Err(_) => {
                 // A bug of hookbox's own, not an outage.
                 tracing::error!("reading the outbox panicked");
-                return Vec::new();
+                return None;
             }
         };
         tracing::debug!(error = %failure, "cannot read the outbox");
@@ -235,7 +235,7 @@ impl Outbox {
                  RUST_LOG=debug shows each"
             );
         }
-        Vec::new()
+        None
     }
 
     fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {

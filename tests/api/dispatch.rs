@@ -246,3 +246,49 @@ async fn after_a_sigkill_with_hundreds_pending_on_two_targets_every_pair_arrives
         assert_eq!(r.header("webhook-id"), key);
     }
 }
+
+#[actix_web::test]
+async fn retries_come_due_while_other_events_keep_arriving() {
+    // Ten events refused once each, then a steady stream of others. The dispatcher is woken
+    // every few milliseconds by the stream (claims handing rows over, outcomes recorded); the
+    // retries, due 0.5-1 s after each refusal and not all at once, must still be found then,
+    // not once the stream stops.
+    let failing = ids(10);
+    let keys: Vec<String> = failing.iter().map(|id| format!("stripe:{id}")).collect();
+    let downstream = Downstream::start(move |key, earlier| {
+        if keys.iter().any(|k| k == key) && earlier == 0 {
+            (503, Duration::ZERO)
+        } else {
+            (200, Duration::ZERO)
+        }
+    });
+    let app = TestApp::spawn_with(&target("app", &downstream.url, ""), Handlers::default()).await;
+    send_all(&app.address, &app.config, &failing, 10).await;
+
+    let streaming = std::rc::Rc::new(std::cell::Cell::new(true));
+    let stream = actix_web::rt::spawn({
+        let (address, config, streaming) =
+            (app.address.clone(), app.config.clone(), streaming.clone());
+        async move {
+            let mut sent = 0;
+            while streaming.get() {
+                send_all(&address, &config, &ids(2), 2).await;
+                sent += 2;
+            }
+            sent
+        }
+    });
+    poll_until(
+        "the refused events were retried and delivered while the stream went on",
+        Duration::from_secs(6),
+        || all_delivered(&downstream, &failing, None),
+    )
+    .await;
+    streaming.set(false);
+    let sent = stream.await.expect("the stream ran");
+    assert!(sent >= 20, "the stream sent {sent} events meanwhile");
+    for id in &failing {
+        let attempts = downstream.for_key(&format!("stripe:{id}"));
+        assert_eq!(attempts.len(), 2, "{id}: refused once, then delivered");
+    }
+}
