@@ -761,7 +761,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// `since=` and the console's filters: an RFC 3339 time (`2026-12-02T09:00:00Z`), a date and
 /// time without a zone, taken as UTC (`2026-12-02 09:00`, `2026-12-02T09:00:00`), a date alone,
 /// meaning its midnight UTC (`2026-12-02`), or a humantime duration meaning that long before
-/// `now` (`1h`, `2d`).
+/// `now` (`1h`, `2d`). A time before 1970 reads as 1970: nothing is stored earlier.
 ///
 /// # Errors
 /// A one-line reason naming the accepted forms.
@@ -772,7 +772,7 @@ pub fn parse_time_or_ago(
     use chrono::{NaiveDate, NaiveDateTime};
     let text = text.trim();
     if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(time.with_timezone(&chrono::Utc));
+        return Ok(no_earlier_than_1970(time.with_timezone(&chrono::Utc)));
     }
     let naive = [
         "%Y-%m-%dT%H:%M:%S%.f",
@@ -788,7 +788,7 @@ pub fn parse_time_or_ago(
             .and_then(|day| day.and_hms_opt(0, 0, 0))
     });
     if let Some(naive) = naive {
-        return Ok(naive.and_utc());
+        return Ok(no_earlier_than_1970(naive.and_utc()));
     }
     let ago = humantime::parse_duration(text).map_err(|_| {
         format!(
@@ -799,7 +799,15 @@ pub fn parse_time_or_ago(
     chrono::Duration::from_std(ago)
         .ok()
         .and_then(|ago| now.checked_sub_signed(ago))
+        .map(no_earlier_than_1970)
         .ok_or_else(|| format!("{text:?} is too far in the past"))
+}
+
+/// A bound on stored times: nothing is stored before 1970, so an earlier bound selects the same
+/// rows as 1970 does, and a store need not hold it (PostgreSQL's timestamps start in 4713 BC;
+/// chrono reads years far before that).
+fn no_earlier_than_1970(time: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+    time.max(chrono::DateTime::UNIX_EPOCH)
 }
 
 impl RawConfig {
@@ -1010,6 +1018,10 @@ mod tests {
         assert_eq!(at("2026-12-02 09:30:15.5"), "2026-12-02T09:30:15.500+00:00");
         assert_eq!(at(" 2026-12-02 "), "2026-12-02T00:00:00+00:00");
         assert_eq!(at("36h"), "2026-12-02T00:00:00+00:00");
+        // Earlier than PostgreSQL's timestamps go: the same rows as 1970.
+        for early in ["-5000-01-01", "10000y", "1969-12-31"] {
+            assert_eq!(at(early), "1970-01-01T00:00:00+00:00", "{early}");
+        }
         for bad in ["yesterday", "2026-13-02", "2026-12-02 25:00", ""] {
             let error = parse_time_or_ago(bad, now).expect_err(bad);
             assert!(error.contains("RFC 3339"), "{error}");

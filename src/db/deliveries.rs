@@ -31,6 +31,7 @@ use serde::Serialize;
 
 use super::prepared_statement;
 use super::{now, on_backend, write_transaction, AnyConnection};
+use crate::ids::storable;
 
 /// A delivery taken for an attempt: its lease runs, so no other dispatcher takes it meanwhile.
 #[derive(Debug, Clone, QueryableByName)]
@@ -1058,12 +1059,15 @@ fn requeue_rows(conn: &mut AnyConnection, ids: &[i64], states: &[&str]) -> Query
 /// Queues a new attempt series for the delivered or dead deliveries of the event stored in row
 /// `event_row` (only the one to `target`, if given): each is pending again, due now, with a
 /// fresh count of attempts, and goes out with the same key. Pending ones are left as they are.
-/// Returns how many were re-queued.
+/// Returns how many were re-queued (none for a target name no store can hold).
 pub fn redeliver(
     conn: &mut AnyConnection,
     event_row: i64,
     target: Option<&str>,
 ) -> QueryResult<usize> {
+    if target.is_some_and(|t| !storable(t)) {
+        return Ok(0);
+    }
     write_transaction(conn, |conn| {
         let ids: Vec<i64> = on_backend!(conn, c => {
             let mut select = deliveries::table
@@ -1080,13 +1084,17 @@ pub fn redeliver(
 }
 
 /// Re-queues every dead delivery that matches: of events of `source`, to targets named
-/// `target`, queued at or after `since` (each only if given). Returns how many.
+/// `target`, queued at or after `since` (each only if given). Returns how many (none for a
+/// source or target name no store can hold).
 pub fn requeue_dead(
     conn: &mut AnyConnection,
     source: Option<&str>,
     target: Option<&str>,
     since: Option<DateTime<Utc>>,
 ) -> QueryResult<usize> {
+    if [source, target].into_iter().flatten().any(|v| !storable(v)) {
+        return Ok(0);
+    }
     write_transaction(conn, |conn| {
         let ids: Vec<i64> = on_backend!(conn, c => {
             let mut select = deliveries::table

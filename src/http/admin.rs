@@ -30,6 +30,12 @@ fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
     parse_time_or_ago(text, Utc::now()).map_err(|e| ApiError::InvalidQuery(format!("since: {e}")))
 }
 
+/// A query value as a filter: an empty one (`?source=&since=`, as the routes are written) is
+/// the same as none.
+fn given(value: Option<String>) -> Option<String> {
+    value.filter(|v| !v.trim().is_empty())
+}
+
 /// `GET /admin/events?source=&since=&limit=`: newest first.
 pub async fn list_events(
     state: web::Data<AppState>,
@@ -37,7 +43,8 @@ pub async fn list_events(
     _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
-    let since = query.since.as_deref().map(parse_since).transpose()?;
+    let source = given(query.source);
+    let since = given(query.since).as_deref().map(parse_since).transpose()?;
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::InvalidQuery(format!(
@@ -45,7 +52,7 @@ pub async fn list_events(
         )));
     }
     let rows = with_db(&state, "admin query", move |conn| {
-        db::events::recent(conn, query.source.as_deref(), since, limit)
+        db::events::recent(conn, source.as_deref(), since, limit)
     })
     .await?;
     let events: Vec<_> = rows
@@ -146,7 +153,7 @@ pub async fn redeliver_event(
     _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
-    let target = query.into_inner().target;
+    let target = given(query.into_inner().target);
     let requeued = redeliver(&state, source, event_id, target, "the admin API")
         .await?
         .ok_or(ApiError::NotFound)?;
@@ -200,16 +207,18 @@ pub async fn requeue_dead(
     _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
-    let since = query.since.as_deref().map(parse_since).transpose()?;
-    let (source, target) = (query.source.clone(), query.target.clone());
+    let (source, target, since_text) =
+        (given(query.source), given(query.target), given(query.since));
+    let since = since_text.as_deref().map(parse_since).transpose()?;
+    let (logged_source, logged_target) = (source.clone(), target.clone());
     let requeued = with_db(&state, "bulk requeue", move |conn| {
         deliveries::requeue_dead(conn, source.as_deref(), target.as_deref(), since)
     })
     .await?;
     tracing::info!(
-        source = query.source.as_deref().unwrap_or("*"),
-        target = query.target.as_deref().unwrap_or("*"),
-        since = query.since.as_deref().unwrap_or("-"),
+        source = logged_source.as_deref().unwrap_or("*"),
+        target = logged_target.as_deref().unwrap_or("*"),
+        since = since_text.as_deref().unwrap_or("-"),
         requeued,
         "dead deliveries re-queued by the admin API"
     );
@@ -219,13 +228,16 @@ pub async fn requeue_dead(
     Ok(HttpResponse::Accepted().json(serde_json::json!({ "requeued": requeued })))
 }
 
-/// `POST /admin/deliveries/{id}/requeue`: a dead delivery becomes pending again, due now.
+/// `POST /admin/deliveries/{id}/requeue`: a dead delivery becomes pending again, due now. An
+/// id that is not a delivery's number is a delivery that does not exist: 404, after the token
+/// is checked like on every admin route.
 pub async fn requeue_delivery(
     state: web::Data<AppState>,
-    path: web::Path<i64>,
+    path: web::Path<String>,
     _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
-    match requeue(&state, path.into_inner(), "the admin API").await? {
+    let id: i64 = path.into_inner().parse().map_err(|_| ApiError::NotFound)?;
+    match requeue(&state, id, "the admin API").await? {
         None => Err(ApiError::NotFound),
         Some(Err(state)) => Err(ApiError::NotDead(state)),
         Some(Ok(delivery)) => Ok(HttpResponse::Ok().json(delivery)),

@@ -57,32 +57,40 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             // GET handshake existed.
             .default_service(web::to(not_found)),
     )
-    .route("/healthz", web::get().to(ops::healthz))
-    .route("/readyz", web::get().to(ops::readyz))
-    .route("/metrics", web::get().to(ops::metrics))
-    .route("/admin/events", web::get().to(admin::list_events))
-    .route(
+    .service(only("/healthz", web::get().to(ops::healthz)))
+    .service(only("/readyz", web::get().to(ops::readyz)))
+    .service(only("/metrics", web::get().to(ops::metrics)))
+    .service(only("/admin/events", web::get().to(admin::list_events)))
+    .service(only(
         "/admin/events/{source}/{event_id}",
         web::get().to(admin::get_event),
-    )
-    .route(
+    ))
+    .service(only(
         "/admin/events/{source}/{event_id}/deliveries",
         web::get().to(admin::event_deliveries),
-    )
-    .route(
+    ))
+    .service(only(
         "/admin/events/{source}/{event_id}/redeliver",
         web::post().to(admin::redeliver_event),
-    )
-    .route(
+    ))
+    .service(only(
         "/admin/deliveries/requeue",
         web::post().to(admin::requeue_dead),
-    )
-    .route(
+    ))
+    .service(only(
         "/admin/deliveries/{id}/requeue",
         web::post().to(admin::requeue_delivery),
-    )
+    ))
     .configure(console::routes)
     .default_service(web::to(not_found));
+}
+
+/// `path` answered by `route` alone: any other method there is answered as an unknown route is
+/// (404 `not_found`, JSON), not with actix's bare 405.
+fn only(path: &str, route: actix_web::Route) -> actix_web::Resource {
+    web::resource(path)
+        .route(route)
+        .default_service(web::to(not_found))
 }
 
 /// The answer to a path or method no route takes: 404 `not_found`.

@@ -469,3 +469,72 @@ async fn a_burst_of_concurrent_deliveries_queues_one_row_per_event_and_target_in
     assert_eq!(app.db.count("deliveries"), 45);
     assert_eq!(app.db.count("deliveries WHERE state = 'delivered'"), 45);
 }
+
+#[actix_web::test]
+async fn odd_admin_requests_get_their_contract_answers_and_never_a_5xx() {
+    let sink = Downstream::start(always(410));
+    let app = TestApp::spawn_with(&target("a", &sink.url, None), Handlers::default()).await;
+    let id = send_event(&app, "charge.refunded").await;
+    settled(&app, &[id.as_str()], "dead").await;
+
+    // A delivery id that is not a number is a delivery that does not exist, after the token
+    // is checked as on every admin route.
+    for path in [
+        "/admin/deliveries/abc/requeue",
+        "/admin/deliveries/99999999999999999999/requeue",
+    ] {
+        let (status, body) = admin_post(&app, path).await;
+        assert_eq!(
+            (status, &body["error"]),
+            (404, &serde_json::json!("not_found")),
+            "{path}"
+        );
+        let unauthorised = awc::Client::new()
+            .post(format!("{}{path}", app.address))
+            .insert_header(("Authorization", "Bearer nope"))
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(unauthorised.status().as_u16(), 401, "{path}");
+    }
+    // A method the route does not take: 404 `not_found`, as JSON.
+    let answer = app
+        .get("/admin/deliveries/requeue", Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!((answer.status, answer.error().as_str()), (404, "not_found"));
+
+    // Values no store can hold, and a time before any store's: nothing matches, no 503.
+    let none = serde_json::json!({"requeued": 0});
+    for path in [
+        "/admin/deliveries/requeue?source=%00".to_owned(),
+        "/admin/deliveries/requeue?target=a%00".to_owned(),
+        format!("/admin/events/stripe/{id}/redeliver?target=%00"),
+    ] {
+        assert_eq!(admin_post(&app, &path).await, (202, none.clone()), "{path}");
+    }
+    for since in ["-5000-01-01", "10000y"] {
+        let answer = app
+            .get(&format!("/admin/events?since={since}"), Some(ADMIN_TOKEN))
+            .await;
+        assert_eq!(answer.status, 200, "{since}: {}", answer.text());
+        assert!(
+            answer.text().contains(&id),
+            "{since}: every event is since then"
+        );
+    }
+
+    // Empty values, as the route is written (`?source=&target=&since=`), are no filter.
+    assert_eq!(
+        admin_post(&app, "/admin/deliveries/requeue?source=&target=&since=").await,
+        (202, serde_json::json!({"requeued": 1}))
+    );
+    settled(&app, &[id.as_str()], "dead").await;
+    assert_eq!(
+        admin_post(
+            &app,
+            &format!("/admin/events/stripe/{id}/redeliver?target=")
+        )
+        .await,
+        (202, serde_json::json!({"requeued": 1}))
+    );
+}
