@@ -201,30 +201,33 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
             return Queued::Unknown;
         }
     };
-    let received_at = db::now();
+    // Each job its own time, in the order the jobs reached the queue (see `received_times`).
+    let times = super::received_times(batch.len());
 
     // Each job's answer, from its handler; a handler that fails fails its own job only.
-    let mut ready: Vec<(Job, Response)> = Vec::with_capacity(batch.len());
-    for job in batch {
+    let mut ready: Vec<(Job, Response, DateTime<Utc>)> = Vec::with_capacity(batch.len());
+    for (job, received_at) in batch.into_iter().zip(times) {
         match run_handler(
             job.handler.as_ref(),
             &mut conn,
             &event(&job.delivery, 0, received_at),
         ) {
-            Ok(response) => ready.push((job, response)),
+            Ok(response) => ready.push((job, response, received_at)),
             Err(e) => {
                 let _ = job.reply.send(Err(e));
             }
         }
     }
     // Grouped by (source, event id), in key order: the first of each group is the one whose
-    // row is inserted.
+    // row is inserted, with its received time.
     let mut groups: BTreeMap<(String, String), Vec<(Job, Response)>> = BTreeMap::new();
-    for (job, response) in ready {
+    let mut received: HashMap<(String, String), DateTime<Utc>> = HashMap::new();
+    for (job, response, received_at) in ready {
         let key = (
             job.delivery.source.as_str().to_owned(),
             job.delivery.event_id.as_str().to_owned(),
         );
+        received.entry(key.clone()).or_insert(received_at);
         groups.entry(key).or_default().push((job, response));
     }
     if groups.is_empty() {
@@ -245,7 +248,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         // (which takes turns of its own).
         let _turn = conn.write_turn(deadline).ok().flatten();
         let handover = queue.handover.get();
-        conn.waiting_until(deadline, |c| insert(c, &groups, received_at, handover))
+        conn.waiting_until(deadline, |c| insert(c, &groups, &received, handover))
     };
     let (inserted, handed, queued) = match inserted {
         Ok(stored) => stored,
@@ -268,7 +271,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         if inserted.contains(&key) {
             let mut jobs = jobs.into_iter();
             let (leader, response) = jobs.next().expect("a group has a job");
-            let stored = StoredResponse::new(response, received_at);
+            let stored = StoredResponse::new(response, received[&key]);
             for (job, _) in jobs {
                 let outcome = if job.delivery.fingerprint == leader.delivery.fingerprint {
                     Outcome::Replay(stored.clone())
@@ -310,7 +313,7 @@ type Stored = (BTreeSet<(String, String)>, Vec<(Reserved, Due)>, Queued);
 fn insert(
     conn: &mut AnyConnection,
     groups: &Groups,
-    received_at: DateTime<Utc>,
+    received: &HashMap<(String, String), DateTime<Utc>>,
     handover: Option<&Handover>,
 ) -> Result<Stored, DieselError> {
     let now = db::now();
@@ -353,12 +356,12 @@ fn insert(
         Queued::Lanes(lanes.into_iter().collect())
     };
     let rows: Vec<_> = groups
-        .values()
+        .iter()
         .zip(&queues)
-        .map(|(jobs, queue)| {
+        .map(|((key, jobs), queue)| {
             let (job, response) = &jobs[0];
             (
-                new_event(&job.delivery, received_at, Some(answer(response))),
+                new_event(&job.delivery, received[key], Some(answer(response))),
                 &queue[..],
             )
         })

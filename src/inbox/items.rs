@@ -104,7 +104,8 @@ fn claim_in_transaction(
     items: &[Delivery],
     handler: &dyn Handler,
 ) -> Result<BatchOutcome, Abort> {
-    let received_at = db::now();
+    // Each item its own time, in the delivery's order (see `received_times`).
+    let received_at = super::received_times(items.len());
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by(|a, b| items[*a].event_id.as_str().cmp(items[*b].event_id.as_str()));
     let mut slots: Vec<Option<Slot>> = (0..items.len()).map(|_| None).collect();
@@ -124,7 +125,7 @@ fn claim_in_transaction(
     }
     let rows: Vec<_> = unique
         .iter()
-        .map(|index| new_event(&items[*index], received_at, None))
+        .map(|index| new_event(&items[*index], received_at[*index], None))
         .collect();
     let claimed = events::claim(conn, &rows)?;
     for index in unique {
@@ -150,12 +151,12 @@ fn claim_in_transaction(
             Slot::Claimed(row) => {
                 claimed_any = true;
                 let item = &items[index];
-                let response = run_handler(handler, conn, &event(item, *row, received_at))?;
+                let response = run_handler(handler, conn, &event(item, *row, received_at[index]))?;
                 events::set_answer(conn, *row, &answer(&response))?;
                 if !item.forward.is_empty() {
                     deliveries::enqueue(conn, *row, &item.forward)?;
                 }
-                answers[index] = Some(StoredResponse::new(response, received_at));
+                answers[index] = Some(StoredResponse::new(response, received_at[index]));
             }
             Slot::Stored(stored) => answers[index] = Some(stored.clone()),
             Slot::SameAs(_) => {}

@@ -264,14 +264,42 @@ fn answer(response: &Response) -> Answer<'_> {
     }
 }
 
+/// The times `n` deliveries were received, in the order given: now to the microsecond (the
+/// stores keep microseconds, and a time stored must read back as the same time), each strictly
+/// later than the one before and than every time this process gave out before. So within a
+/// process no two events share a received time, and an ordered target gets them in the order
+/// they reached the claim, also when one batch claims several at once (a batch inserts its rows
+/// in key order, to take their locks in one order, so their row ids do not follow arrival).
+fn received_times(n: usize) -> Vec<DateTime<Utc>> {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static LAST: AtomicI64 = AtomicI64::new(i64::MIN);
+    let count = i64::try_from(n).unwrap_or(i64::MAX);
+    let mut last = LAST.load(Ordering::SeqCst);
+    let first = loop {
+        let first = Utc::now().timestamp_micros().max(last.saturating_add(1));
+        let end = first.saturating_add(count - 1);
+        match LAST.compare_exchange(last, end, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => break first,
+            Err(now_last) => last = now_last,
+        }
+    };
+    (0..count)
+        .map(|i| DateTime::from_timestamp_micros(first + i).expect("now is a representable time"))
+        .collect()
+}
+
+/// The time one delivery was received (see [`received_times`]).
+fn received_time() -> DateTime<Utc> {
+    received_times(1)[0]
+}
+
 /// The claim and a precomputed response in one INSERT.
 fn claim_in_one_statement(
     conn: &mut AnyConnection,
     delivery: &Delivery,
     handler: &dyn Handler,
 ) -> Result<Option<Outcome>, ClaimError> {
-    // The database keeps microseconds; the stored time and the one in the answer must agree.
-    let received_at = db::now();
+    let received_at = received_time();
     let response = run_handler(handler, conn, &event(delivery, 0, received_at))?;
     let row = new_event(delivery, received_at, Some(answer(&response)));
     if events::claim(conn, &[row])?.is_empty() {
@@ -289,7 +317,7 @@ fn claim_in_transaction(
     delivery: &Delivery,
     handler: &dyn Handler,
 ) -> Result<Option<Outcome>, ClaimError> {
-    let received_at = db::now();
+    let received_at = received_time();
     let row = new_event(delivery, received_at, None);
     let Some(claimed) = events::claim(conn, &[row])?.pop() else {
         return stored(conn, delivery);

@@ -292,3 +292,51 @@ async fn retries_come_due_while_other_events_keep_arriving() {
         assert_eq!(attempts.len(), 2, "{id}: refused once, then delivered");
     }
 }
+
+#[actix_web::test]
+async fn an_ordered_target_gets_events_that_arrive_together_in_the_order_they_were_received() {
+    // Twenty at a time: claims that wait together are stored by one batch, in one statement.
+    // Each still gets its own received time, in the order it reached the claim, and the
+    // ordered target gets them in that order.
+    let ids = ids(60);
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let app = TestApp::spawn_with(
+        &target("ledger", &downstream.url, "ordered = true"),
+        Handlers::default(),
+    )
+    .await;
+    send_all(&app.address, &app.config, &ids, 20).await;
+    poll_until(
+        "every event reached the sink",
+        Duration::from_secs(60),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+
+    let mut received_at = Vec::new();
+    for id in &ids {
+        let answer = app
+            .get(&format!("/admin/events/stripe/{id}"), Some(ADMIN_TOKEN))
+            .await;
+        let event: serde_json::Value = serde_json::from_slice(&answer.body).expect("JSON");
+        let at = event["received_at"]
+            .as_str()
+            .expect("a received time")
+            .to_owned();
+        received_at.push((at, format!("stripe:{id}")));
+    }
+    received_at.sort();
+    assert!(
+        received_at.windows(2).all(|pair| pair[0].0 < pair[1].0),
+        "no two events share a received time: {received_at:?}"
+    );
+    let expected: Vec<String> = received_at.into_iter().map(|(_, key)| key).collect();
+    let mut arrivals = downstream.received();
+    arrivals.sort_by_key(|r| r.at);
+    let order: Vec<String> = arrivals
+        .iter()
+        .map(|r| r.header("idempotency-key").to_owned())
+        .collect();
+    assert_eq!(order, expected, "the sink's order is the received order");
+    assert_eq!(downstream.most_in_flight(), 1, "one at a time");
+}

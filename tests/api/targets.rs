@@ -430,11 +430,12 @@ async fn a_burst_of_concurrent_deliveries_queues_one_row_per_event_and_target_in
         45,
         "one row per (event, matching target), none more"
     );
-    // Claims the writer took together share their received time; claims one by one each have
-    // their own.
+    // The outbox rows a batch queues share their queued time (one statement, one transaction);
+    // claims one by one each queue their own.
     assert!(
         app.db.count(
-            "(SELECT received_at FROM events GROUP BY received_at HAVING count(*) > 1) shared"
+            "(SELECT queued_at FROM deliveries GROUP BY queued_at \
+              HAVING count(DISTINCT event_row) > 1) shared"
         ) > 0,
         "no two events were claimed in one batch"
     );
