@@ -37,6 +37,8 @@ struct Shared {
     /// Requests being answered now, whatever their key, and the most there ever were.
     answering: AtomicUsize,
     most_answering: AtomicUsize,
+    /// A `Retry-After` value sent with every 429 and 5xx answer, if set.
+    retry_after: Mutex<Option<String>>,
 }
 
 pub struct Downstream {
@@ -95,7 +97,14 @@ async fn receive(
         status,
     });
     shared.answering.fetch_sub(1, Ordering::SeqCst);
-    HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status")).finish()
+    let mut answer =
+        HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status"));
+    if status == 429 || status >= 500 {
+        if let Some(value) = shared.retry_after.lock().expect("lock").clone() {
+            answer.insert_header(("Retry-After", value));
+        }
+    }
+    answer.finish()
 }
 
 impl Downstream {
@@ -133,6 +142,11 @@ impl Downstream {
         behaviour: impl Fn(&str, usize) -> (u16, Duration) + Send + Sync + 'static,
     ) {
         *self.behaviour.lock().expect("lock") = Arc::new(behaviour);
+    }
+
+    /// Sends `Retry-After: value` with every 429 and 5xx answer from now on.
+    pub fn retry_after(&self, value: &str) {
+        *self.shared.retry_after.lock().expect("lock") = Some(value.to_owned());
     }
 
     pub fn received(&self) -> Vec<Received> {

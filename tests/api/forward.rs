@@ -195,6 +195,78 @@ async fn a_failing_downstream_is_retried_with_growing_gaps_and_the_same_key() {
 }
 
 #[actix_web::test]
+async fn a_429_waits_for_its_retry_after_another_4xx_is_not_retried_and_no_answer_is_retried() {
+    // Three targets of one source: a downstream that answers 429 (Retry-After: 2) once, one
+    // that answers 400, and a port where nothing listens.
+    let limited =
+        Downstream::start(|_, earlier| (if earlier == 0 { 429 } else { 200 }, Duration::ZERO));
+    limited.retry_after("2");
+    let refusing = Downstream::start(always(400));
+    let targets: String = [("limited", limited.url.as_str()), ("refusing", refusing.url.as_str()), ("gone", "http://127.0.0.1:1/")]
+        .iter()
+        .map(|(name, url)| {
+            format!(
+                "\n[[sources.stripe.forward]]\nname = \"{name}\"\nurl = \"{url}\"\nsecret = \"{FORWARD_SECRET}\"\ntimeout = \"2s\"\nmax_attempts = 12\n"
+            )
+        })
+        .collect();
+    let app = TestApp::spawn_with(&targets, Handlers::default()).await;
+    let id = unique_id("evt");
+    app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
+        .await;
+    let key = format!("stripe:{id}");
+    poll_until(
+        "the 429 is followed by a delivered attempt",
+        Duration::from_secs(20),
+        || limited.for_key(&key).iter().any(|r| r.status == 200),
+    )
+    .await;
+    let attempts = limited.for_key(&key);
+    assert_eq!(attempts.len(), 2, "429, then 200");
+    let gap = attempts[1].at - attempts[0].at;
+    assert!(
+        gap >= Duration::from_secs(2),
+        "retried {gap:?} after a Retry-After of 2 s (the backoff alone is 0.5-1 s)"
+    );
+
+    let state_of = |listed: &serde_json::Value, target: &str| {
+        listed
+            .as_array()
+            .expect("a list")
+            .iter()
+            .find(|d| d["target"] == target)
+            .cloned()
+            .expect("a delivery to each target")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = deliveries(&app, &id).await;
+        let gone = state_of(&listed, "gone");
+        if gone["attempts"].as_i64().unwrap_or(0) >= 2 {
+            assert_eq!(
+                gone["state"], "pending",
+                "a connection refused is retried: {gone}"
+            );
+            assert!(gone["last_status"].is_null(), "{gone}");
+            assert!(
+                gone["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("cannot reach")),
+                "{gone}"
+            );
+            let refused = state_of(&listed, "refusing");
+            assert_eq!(refused["state"], "dead", "{refused}");
+            assert_eq!(refused["attempts"], 1, "a 400 is not retried: {refused}");
+            assert_eq!(refused["last_status"], 400);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{listed}");
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(refusing.for_key(&key).len(), 1);
+}
+
+#[actix_web::test]
 async fn a_410_stops_the_delivery_at_once() {
     let downstream = Downstream::start(always(410));
     let app = forwarding_app(&downstream, "5s", 12).await;
