@@ -148,23 +148,30 @@ fn assert_in_order(downstream: &Downstream, ids: &[String]) {
     assert_eq!(downstream.most_in_flight(), 1, "one at a time");
 }
 
-#[actix_web::test]
-async fn an_ordered_target_gets_events_in_received_order_and_a_retry_holds_back_the_rest() {
-    let ids = ids(100);
-    let downstream = sink_failing_twice(format!("stripe:{}", ids[9]));
+/// A server whose one target, at `downstream`, is ordered; `ids` sent to it `at_once` at a
+/// time, and every one of them delivered.
+async fn ordered_and_delivered(downstream: &Downstream, ids: &[String], at_once: usize) -> TestApp {
     let app = TestApp::spawn_with(
         &target("ledger", &downstream.url, "ordered = true"),
         Handlers::default(),
     )
     .await;
-    // One at a time, so each is received after the one before.
-    send_all(&app.address, &app.config, &ids, 1).await;
+    send_all(&app.address, &app.config, ids, at_once).await;
     poll_until(
         "every event reached the sink",
         Duration::from_secs(60),
-        || all_delivered(&downstream, &ids, None),
+        || all_delivered(downstream, ids, None),
     )
     .await;
+    app
+}
+
+#[actix_web::test]
+async fn an_ordered_target_gets_events_in_received_order_and_a_retry_holds_back_the_rest() {
+    let ids = ids(100);
+    let downstream = sink_failing_twice(format!("stripe:{}", ids[9]));
+    // One at a time, so each is received after the one before.
+    let _app = ordered_and_delivered(&downstream, &ids, 1).await;
     assert_in_order(&downstream, &ids);
 }
 
@@ -300,18 +307,7 @@ async fn an_ordered_target_gets_events_that_arrive_together_in_the_order_they_we
     // ordered target gets them in that order.
     let ids = ids(60);
     let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
-    let app = TestApp::spawn_with(
-        &target("ledger", &downstream.url, "ordered = true"),
-        Handlers::default(),
-    )
-    .await;
-    send_all(&app.address, &app.config, &ids, 20).await;
-    poll_until(
-        "every event reached the sink",
-        Duration::from_secs(60),
-        || all_delivered(&downstream, &ids, None),
-    )
-    .await;
+    let app = ordered_and_delivered(&downstream, &ids, 20).await;
 
     let mut received_at = Vec::new();
     for id in &ids {
