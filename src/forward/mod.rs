@@ -22,7 +22,7 @@ mod pace;
 pub mod transport;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -95,9 +95,52 @@ pub struct Wake {
     stop: Arc<AtomicBool>,
     /// Rows were queued the normal way: the next take looks at every lane.
     look: Arc<AtomicBool>,
+    /// Attempts ended so far, and how many of them have had their outcome written (or failed
+    /// to be): see [`Wake::outcomes_written`].
+    ended: Arc<AtomicU64>,
+    written: Arc<AtomicU64>,
+    written_notify: Arc<tokio::sync::Notify>,
 }
 
+/// The longest an admin requeue or redeliver waits for outcomes to be written first.
+const WRITTEN_WAIT: Duration = Duration::from_secs(2);
+
 impl Wake {
+    /// Waits until the outcome of every attempt that had ended when it was called is written,
+    /// for at most [`WRITTEN_WAIT`]. An outcome is written up to some 20 ms after its attempt
+    /// ends (outcomes are written in batches); a redeliver or requeue made in between, say the
+    /// moment a downstream saw an event, would find the row still pending and leave it. So
+    /// they wait for this first.
+    pub async fn outcomes_written(&self) {
+        let ended = self.ended.load(Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + WRITTEN_WAIT;
+        loop {
+            let notified = self.written_notify.notified();
+            if self.written.load(Ordering::SeqCst) >= ended {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// An attempt ended; its outcome is to be written.
+    fn attempt_ended(&self) {
+        self.ended.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many attempts have ended so far.
+    fn ended_so_far(&self) -> u64 {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// The outcomes of the first `upto` attempts that ended have been written (or failed to be).
+    fn written(&self, upto: u64) {
+        self.written.fetch_max(upto, Ordering::SeqCst);
+        self.written_notify.notify_waiters();
+    }
+
     /// A claim (or a requeue) committed outbox rows: look at every lane now rather than at
     /// the next poll. Call it after the commit, never before: a look before the commit finds
     /// nothing.

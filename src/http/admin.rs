@@ -171,6 +171,8 @@ pub(super) async fn redeliver(
 ) -> Result<Option<usize>, ApiError> {
     let (logged_source, logged_id, logged_target) =
         (source.clone(), event_id.clone(), target.clone());
+    // An attempt that just ended is delivered or dead once its outcome is written.
+    state.forward.outcomes_written().await;
     let requeued = with_db(state, "redeliver", move |conn| {
         db::events::row_of(conn, &source, &event_id)?
             .map(|row| deliveries::redeliver(conn, row, target.as_deref()))
@@ -211,6 +213,8 @@ pub async fn requeue_dead(
         (given(query.source), given(query.target), given(query.since));
     let since = since_text.as_deref().map(parse_since).transpose()?;
     let (logged_source, logged_target) = (source.clone(), target.clone());
+    // An attempt that just ended is dead once its outcome is written.
+    state.forward.outcomes_written().await;
     let requeued = with_db(&state, "bulk requeue", move |conn| {
         deliveries::requeue_dead(conn, source.as_deref(), target.as_deref(), since)
     })
@@ -251,6 +255,8 @@ pub(super) async fn requeue(
     id: i64,
     by: &'static str,
 ) -> Result<Option<Result<DeliveryView, String>>, ApiError> {
+    // An attempt that just ended is dead once its outcome is written.
+    state.forward.outcomes_written().await;
     let result = with_db(state, "requeue", move |conn| deliveries::requeue(conn, id)).await?;
     if let Some(Ok(_)) = &result {
         tracing::info!(delivery = id, "dead delivery re-queued by {by}");

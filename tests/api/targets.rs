@@ -539,3 +539,55 @@ async fn odd_admin_requests_get_their_contract_answers_and_never_a_5xx() {
         (202, serde_json::json!({"requeued": 1}))
     );
 }
+
+#[actix_web::test]
+async fn a_redeliver_or_requeue_the_moment_the_downstream_saw_the_event_takes_it() {
+    // The outcome of an attempt is written up to some 20 ms after the downstream answered;
+    // asked in between, the admin API waits for it rather than finding the row still pending.
+    let ok = Downstream::start(always(200));
+    let gone = Downstream::start(always(410));
+    let app = TestApp::spawn_with(
+        &format!(
+            "{}{}",
+            target("ok", &ok.url, None),
+            target("gone", &gone.url, None)
+        ),
+        Handlers::default(),
+    )
+    .await;
+    let seen = |sink: &Downstream, key: &str, n: usize| sink.for_key(key).len() >= n;
+    for _ in 0..5 {
+        // Only this event's dead row: those of the rounds before are dead again by now.
+        let since = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let id = send_event(&app, "charge.refunded").await;
+        let key = format!("stripe:{id}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !(seen(&ok, &key, 1) && seen(&gone, &key, 1)) {
+            assert!(std::time::Instant::now() < deadline, "never forwarded");
+            actix_web::rt::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(
+            admin_post(
+                &app,
+                &format!("/admin/events/stripe/{id}/redeliver?target=ok")
+            )
+            .await,
+            (202, serde_json::json!({"requeued": 1})),
+            "redelivered the moment the downstream saw it"
+        );
+        assert_eq!(
+            admin_post(
+                &app,
+                &format!("/admin/deliveries/requeue?source=stripe&target=gone&since={since}")
+            )
+            .await,
+            (202, serde_json::json!({"requeued": 1})),
+            "re-queued the moment the 410 came back"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !(seen(&ok, &key, 2) && seen(&gone, &key, 2)) {
+            assert!(std::time::Instant::now() < deadline, "never sent again");
+            actix_web::rt::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
