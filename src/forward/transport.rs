@@ -61,18 +61,20 @@ pub fn idempotency_key(due: &Due) -> String {
     format!("{}:{}", due.source, due.event_id)
 }
 
-/// The `X-Hookbox-*` values every transport carries (as headers, where it has them).
+/// The `X-Hookbox-*` values every transport carries (as headers, where it has them), all of
+/// them on every attempt: an event without a type (a scheme that carries none) has an empty
+/// `X-Hookbox-Event-Type`.
 pub fn hookbox_headers(due: &Due) -> Vec<(&'static str, String)> {
-    let mut headers = vec![
+    vec![
         ("X-Hookbox-Source", due.source.clone()),
         ("X-Hookbox-Target", due.target.clone()),
         ("X-Hookbox-Event-Id", due.event_id.clone()),
+        (
+            "X-Hookbox-Event-Type",
+            due.event_type.clone().unwrap_or_default(),
+        ),
         ("X-Hookbox-Attempt", due.attempt.to_string()),
-    ];
-    if let Some(event_type) = &due.event_type {
-        headers.push(("X-Hookbox-Event-Type", event_type.clone()));
-    }
-    headers
+    ]
 }
 
 /// Builds each target's transport, sharing what targets can share: one HTTP client, whose
@@ -109,5 +111,40 @@ impl Transports {
             Link::Nats(nats) => Rc::new(nats.clone()),
             Link::Amqp(amqp) => Rc::new(amqp.clone()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_hookbox_header_is_there_also_for_an_event_without_a_type() {
+        let due = Due {
+            id: 1,
+            attempt: 2,
+            source: "acme".to_owned(),
+            target: "default".to_owned(),
+            event_id: "e-1".to_owned(),
+            event_type: None,
+            payload: Vec::new(),
+            content_type: None,
+            queued_at_micros: 0,
+        };
+        let headers = hookbox_headers(&due);
+        let names: Vec<&str> = headers.iter().map(|(name, _)| *name).collect();
+        assert_eq!(
+            names,
+            [
+                "X-Hookbox-Source",
+                "X-Hookbox-Target",
+                "X-Hookbox-Event-Id",
+                "X-Hookbox-Event-Type",
+                "X-Hookbox-Attempt"
+            ]
+        );
+        assert_eq!(headers[3].1, "");
+        assert_eq!(headers[4].1, "2");
+        assert_eq!(idempotency_key(&due), "acme:e-1");
     }
 }
