@@ -128,6 +128,7 @@ impl Runner {
             // Fewer rows wait for a turn now: the lane may take more.
             started.poke();
         }
+        started.attempt_started(due.id);
         let outcome = attempt(&self.outbox, lane, &*transport, &due).await;
         lane.finished(slot);
         Settled {
@@ -247,7 +248,6 @@ fn spawn_attempt(runner: &Rc<Runner>, outcomes: &Rc<Outcomes>, wake: &Wake, lane
     actix_web::rt::spawn(async move {
         let settled = runner.attempt(lane, due, &wake).await;
         outcomes.ended.borrow_mut().push((lane, settled));
-        wake.attempt_ended();
         outcomes.ready.notify_one();
     });
 }
@@ -349,12 +349,9 @@ async fn record(runner: Rc<Runner>, outcomes: Rc<Outcomes>, wake: Wake) {
             continue;
         }
         gather(&runner.outbox, &outcomes, &wake, &mut batch).await;
-        // Every attempt that has ended is in this batch: they end on this thread, and are
-        // pushed to `ended` before they are counted.
-        let upto = wake.ended_so_far();
         let rows: Vec<Settled> = batch.iter().map(|(_, s)| s.clone()).collect();
         let stored = outbox.settle(rows).await;
-        wake.written(upto);
+        wake.written(batch.iter().map(|(_, s)| s.id));
         if stored {
             for (_, settled) in &batch {
                 if let Settle::Retry { after, .. } = &settled.outcome {

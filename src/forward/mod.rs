@@ -21,8 +21,8 @@ mod nats;
 mod pace;
 pub mod transport;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -95,28 +95,46 @@ pub struct Wake {
     stop: Arc<AtomicBool>,
     /// Rows were queued the normal way: the next take looks at every lane.
     look: Arc<AtomicBool>,
-    /// Attempts ended so far, and how many of them have had their outcome written (or failed
-    /// to be): see [`Wake::outcomes_written`].
-    ended: Arc<AtomicU64>,
-    written: Arc<AtomicU64>,
+    /// Attempts started, and those whose outcome is not yet written: see
+    /// [`Wake::outcomes_written`].
+    unwritten: Arc<Mutex<Unwritten>>,
     written_notify: Arc<tokio::sync::Notify>,
+}
+
+/// Attempts started in this process whose outcome is not yet written (or failed to be).
+#[derive(Default)]
+struct Unwritten {
+    /// Attempts started so far; each is numbered by this count as it starts.
+    started: u64,
+    /// The number of each such attempt, by its row (a row has one attempt under way at most).
+    by_row: HashMap<i64, u64>,
+    /// The same numbers, in order.
+    numbers: BTreeSet<u64>,
 }
 
 /// The longest an admin requeue or redeliver waits for outcomes to be written first.
 const WRITTEN_WAIT: Duration = Duration::from_secs(2);
 
 impl Wake {
-    /// Waits until the outcome of every attempt that had ended when it was called is written,
-    /// for at most [`WRITTEN_WAIT`]. An outcome is written up to some 20 ms after its attempt
-    /// ends (outcomes are written in batches); a redeliver or requeue made in between, say the
-    /// moment a downstream saw an event, would find the row still pending and leave it. So
-    /// they wait for this first.
+    /// Waits until the outcome of every attempt that had started when it was called is written,
+    /// for at most [`WRITTEN_WAIT`]. An outcome is written some milliseconds after the
+    /// downstream answered (the answer is read, and outcomes are written in batches, up to
+    /// 20 ms apart); a redeliver or requeue made in between, say the moment a downstream
+    /// answered, would find the row still pending and leave it. So they wait for this first.
     pub async fn outcomes_written(&self) {
-        let ended = self.ended.load(Ordering::SeqCst);
+        let started = self.unwritten().started;
         let deadline = tokio::time::Instant::now() + WRITTEN_WAIT;
         loop {
             let notified = self.written_notify.notified();
-            if self.written.load(Ordering::SeqCst) >= ended {
+            tokio::pin!(notified);
+            // Registered before the look, so a write in between still wakes it.
+            notified.as_mut().enable();
+            if self
+                .unwritten()
+                .numbers
+                .first()
+                .is_none_or(|oldest| *oldest > started)
+            {
                 return;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -125,19 +143,32 @@ impl Wake {
         }
     }
 
-    /// An attempt ended; its outcome is to be written.
-    fn attempt_ended(&self) {
-        self.ended.fetch_add(1, Ordering::SeqCst);
+    fn unwritten(&self) -> std::sync::MutexGuard<'_, Unwritten> {
+        self.unwritten.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// How many attempts have ended so far.
-    fn ended_so_far(&self) -> u64 {
-        self.ended.load(Ordering::SeqCst)
+    /// An attempt of row `id` starts (its request is about to be sent).
+    fn attempt_started(&self, id: i64) {
+        let mut unwritten = self.unwritten();
+        unwritten.started += 1;
+        let number = unwritten.started;
+        if let Some(earlier) = unwritten.by_row.insert(id, number) {
+            // Not while the row's last outcome is unwritten; were it so, the newer counts.
+            unwritten.numbers.remove(&earlier);
+        }
+        unwritten.numbers.insert(number);
     }
 
-    /// The outcomes of the first `upto` attempts that ended have been written (or failed to be).
-    fn written(&self, upto: u64) {
-        self.written.fetch_max(upto, Ordering::SeqCst);
+    /// The outcomes of the attempts of these rows have been written (or failed to be).
+    fn written(&self, ids: impl IntoIterator<Item = i64>) {
+        {
+            let mut unwritten = self.unwritten();
+            for id in ids {
+                if let Some(number) = unwritten.by_row.remove(&id) {
+                    unwritten.numbers.remove(&number);
+                }
+            }
+        }
         self.written_notify.notify_waiters();
     }
 

@@ -168,6 +168,11 @@ impl Downstream {
             .any(|r| r.status == 200 && r.header("x-hookbox-attempt") == "1")
     }
 
+    /// The requests (of any key) it is answering now.
+    pub fn answering(&self) -> usize {
+        self.shared.answering.load(Ordering::SeqCst)
+    }
+
     /// The most requests (of any key) it was ever answering at once.
     pub fn most_in_flight(&self) -> usize {
         self.shared.most_answering.load(Ordering::SeqCst)
