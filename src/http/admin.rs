@@ -22,7 +22,7 @@ const MAX_LIMIT: i64 = 1000;
 pub struct ListQuery {
     source: Option<String>,
     since: Option<String>,
-    limit: Option<i64>,
+    limit: Option<String>,
 }
 
 /// Parses `since`: an RFC 3339 time, or a duration meaning that long ago.
@@ -45,7 +45,10 @@ pub async fn list_events(
     let query = query.into_inner();
     let source = given(query.source);
     let since = given(query.since).as_deref().map(parse_since).transpose()?;
-    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+    let limit = match given(query.limit) {
+        None => DEFAULT_LIMIT,
+        Some(text) => text.trim().parse().unwrap_or(0),
+    };
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::InvalidQuery(format!(
             "limit must be between 1 and {MAX_LIMIT}"

@@ -131,6 +131,18 @@ async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
         .await
         .json();
     assert_eq!(since_hour["events"].as_array().expect("events").len(), 4);
+    // Empty values, as the route is written (`?source=&since=&limit=`), are no filter.
+    let unfiltered = app
+        .get("/admin/events?source=&since=&limit=", Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!(unfiltered.status, 200, "{}", unfiltered.text());
+    assert_eq!(
+        unfiltered.json()["events"]
+            .as_array()
+            .expect("events")
+            .len(),
+        4
+    );
     for query in ["since=yesterday-ish", "limit=lots", "limit=0", "limit=1001"] {
         let bad = app
             .get(&format!("/admin/events?{query}"), Some(ADMIN_TOKEN))
