@@ -317,7 +317,10 @@ fn insert(
     handover: Option<&Handover>,
 ) -> Result<Stored, DieselError> {
     let now = db::now();
-    let mut reserved: HashMap<(&str, &str, &str), Reserved> = HashMap::new();
+    let mut reserved = Rooms {
+        handover,
+        rooms: HashMap::new(),
+    };
     let queues: Vec<Vec<ToQueue<'_>>> = groups
         .values()
         .map(|jobs| {
@@ -331,7 +334,9 @@ fn insert(
                         Some(room) => {
                             let lease = chrono::Duration::from_std(room.lease)
                                 .unwrap_or(chrono::Duration::hours(1));
-                            reserved.insert((source, delivery.event_id.as_str(), target), room);
+                            reserved
+                                .rooms
+                                .insert((source, delivery.event_id.as_str(), target), room);
                             ToQueue {
                                 target,
                                 leased_until: Some(now + lease),
@@ -366,17 +371,8 @@ fn insert(
             )
         })
         .collect();
-    let stored = match events::claim_and_queue(conn, &rows) {
-        Ok(stored) => stored,
-        Err(e) => {
-            if let Some(handover) = handover {
-                reserved
-                    .into_values()
-                    .for_each(|room| handover.unreserve(room));
-            }
-            return Err(e);
-        }
-    };
+    // On an error the rooms are given back as `reserved` is dropped.
+    let stored = events::claim_and_queue(conn, &rows)?;
     let events_by_row: HashMap<i64, (&str, &str)> = stored
         .claimed
         .iter()
@@ -394,23 +390,44 @@ fn insert(
         let Some(target) = delivery.forward.iter().find(|t| **t == leased.target) else {
             continue;
         };
-        let Some(room) = reserved.remove(&(source, event_id, target.as_str())) else {
+        let key = (
+            delivery.source.as_str(),
+            delivery.event_id.as_str(),
+            target.as_str(),
+        );
+        let Some(room) = reserved.rooms.remove(&key) else {
             continue;
         };
         handed.push((room, due(delivery, leased)));
     }
-    if let Some(handover) = handover {
-        // Rows of events another delivery had stored: nothing was queued for them.
-        reserved
-            .into_values()
-            .for_each(|room| handover.unreserve(room));
-    }
+    // The rooms left, of events another delivery had stored (nothing was queued for them),
+    // are given back as `reserved` is dropped.
+    drop(reserved);
     let keys = stored
         .claimed
         .into_iter()
         .map(|claimed| (claimed.source, claimed.event_id))
         .collect();
     Ok((keys, handed, queued))
+}
+
+/// The room reserved in lanes for rows a batch may hand over, by (source, event id, target).
+/// What is left when it is dropped is given back: rows that were not stored, and every one if
+/// the batch fails or panics on the way (a reservation never handed back would shrink its
+/// lane's window for good).
+struct Rooms<'a> {
+    handover: Option<&'a Handover>,
+    rooms: HashMap<(&'a str, &'a str, &'a str), Reserved>,
+}
+
+impl Drop for Rooms<'_> {
+    fn drop(&mut self) {
+        if let Some(handover) = self.handover {
+            for (_, room) in self.rooms.drain() {
+                handover.unreserve(room);
+            }
+        }
+    }
 }
 
 /// The first attempt of a row queued leased, as the dispatcher would have taken it.
