@@ -43,6 +43,9 @@ struct Job {
     delivery: Delivery,
     handler: Arc<dyn Handler>,
     reply: Reply,
+    /// When it reached the queue (see `received_times`): strictly later than every job
+    /// queued before it in this process, so jobs stored by one batch keep their order.
+    received_at: DateTime<Utc>,
 }
 
 #[derive(Default)]
@@ -122,10 +125,12 @@ impl Batcher {
         let (reply, answer) = tokio::sync::oneshot::channel();
         {
             let mut jobs = self.queue.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            // Stamped under the queue's lock: the queue's order is the received times' order.
             jobs.push_back(Job {
                 delivery,
                 handler,
                 reply,
+                received_at: super::received_time(),
             });
         }
         self.queue.ready.notify_one();
@@ -201,18 +206,15 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
             return Queued::Unknown;
         }
     };
-    // Each job its own time, in the order the jobs reached the queue (see `received_times`).
-    let times = super::received_times(batch.len());
-
     // Each job's answer, from its handler; a handler that fails fails its own job only.
-    let mut ready: Vec<(Job, Response, DateTime<Utc>)> = Vec::with_capacity(batch.len());
-    for (job, received_at) in batch.into_iter().zip(times) {
+    let mut ready: Vec<(Job, Response)> = Vec::with_capacity(batch.len());
+    for job in batch {
         match run_handler(
             job.handler.as_ref(),
             &mut conn,
-            &event(&job.delivery, 0, received_at),
+            &event(&job.delivery, 0, job.received_at),
         ) {
-            Ok(response) => ready.push((job, response, received_at)),
+            Ok(response) => ready.push((job, response)),
             Err(e) => {
                 let _ = job.reply.send(Err(e));
             }
@@ -221,13 +223,11 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
     // Grouped by (source, event id), in key order: the first of each group is the one whose
     // row is inserted, with its received time.
     let mut groups: BTreeMap<(String, String), Vec<(Job, Response)>> = BTreeMap::new();
-    let mut received: HashMap<(String, String), DateTime<Utc>> = HashMap::new();
-    for (job, response, received_at) in ready {
+    for (job, response) in ready {
         let key = (
             job.delivery.source.as_str().to_owned(),
             job.delivery.event_id.as_str().to_owned(),
         );
-        received.entry(key.clone()).or_insert(received_at);
         groups.entry(key).or_default().push((job, response));
     }
     if groups.is_empty() {
@@ -248,7 +248,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         // (which takes turns of its own).
         let _turn = conn.write_turn(deadline).ok().flatten();
         let handover = queue.handover.get();
-        conn.waiting_until(deadline, |c| insert(c, &groups, &received, handover))
+        conn.waiting_until(deadline, |c| insert(c, &groups, handover))
     };
     let (inserted, handed, queued) = match inserted {
         Ok(stored) => stored,
@@ -271,7 +271,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         if inserted.contains(&key) {
             let mut jobs = jobs.into_iter();
             let (leader, response) = jobs.next().expect("a group has a job");
-            let stored = StoredResponse::new(response, received[&key]);
+            let stored = StoredResponse::new(response, leader.received_at);
             for (job, _) in jobs {
                 let outcome = if job.delivery.fingerprint == leader.delivery.fingerprint {
                     Outcome::Replay(stored.clone())
@@ -313,7 +313,6 @@ type Stored = (BTreeSet<(String, String)>, Vec<(Reserved, Due)>, Queued);
 fn insert(
     conn: &mut AnyConnection,
     groups: &Groups,
-    received: &HashMap<(String, String), DateTime<Utc>>,
     handover: Option<&Handover>,
 ) -> Result<Stored, DieselError> {
     let now = db::now();
@@ -361,12 +360,12 @@ fn insert(
         Queued::Lanes(lanes.into_iter().collect())
     };
     let rows: Vec<_> = groups
-        .iter()
+        .values()
         .zip(&queues)
-        .map(|((key, jobs), queue)| {
+        .map(|(jobs, queue)| {
             let (job, response) = &jobs[0];
             (
-                new_event(&job.delivery, received[key], Some(answer(response))),
+                new_event(&job.delivery, job.received_at, Some(answer(response))),
                 &queue[..],
             )
         })
