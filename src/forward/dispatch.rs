@@ -276,6 +276,7 @@ pub async fn run(outbox: Outbox, wake: Wake) {
     let mut gauges_at: Option<Instant> = None;
     // The first look is at every lane: rows may be waiting from before this process started.
     let mut look = true;
+    let mut poll = false;
     let mut next_poll = Instant::now() + POLL_EVERY;
     while !wake.stopping() {
         start_handed(&runner, &outcomes, &wake);
@@ -288,11 +289,14 @@ pub async fn run(outbox: Outbox, wake: Wake) {
         // quiet moment would leave those rows until the load stopped.
         if Instant::now() >= next_poll {
             next_poll = Instant::now() + POLL_EVERY;
-            look = true;
+            poll = true;
         }
-        if look {
-            for lane in outbox.lanes.iter() {
+        for lane in outbox.lanes.iter() {
+            if look {
                 lane.look_again();
+            }
+            if poll {
+                lane.poll();
             }
         }
         for (lane, due) in runner.take().await {
@@ -303,12 +307,13 @@ pub async fn run(outbox: Outbox, wake: Wake) {
             outbox.refresh_gauges().await;
         }
         look = false;
+        poll = false;
         let mut wait_until = next_poll;
         if let Some(retry) = outcomes.next_retry.get() {
-            // A retry of this process's coming due is a look at every lane, as a poll is.
+            // A retry of this process's coming due is a poll.
             if retry <= Instant::now() {
                 outcomes.next_retry.set(None);
-                look = true;
+                poll = true;
                 continue;
             }
             wait_until = wait_until.min(retry);

@@ -50,6 +50,12 @@ pub struct Lane {
     /// a claim may hand its rows straight over ([`Lane::reserve_handover`]) and the dispatcher
     /// does not ask the outbox for this lane.
     backlog: AtomicBool,
+    /// Set by the dispatcher's poll (and by a retry of its own coming due): rows of this lane
+    /// may have come due in the outbox with no claim here queuing them (retries, leases run
+    /// out, rows of other instances). The next take asks for them, as for a backlog; unlike a
+    /// backlog it does not stop claims from handing rows over meanwhile (such rows are late
+    /// already, and a lane under load would otherwise go the long way after every poll).
+    polled: AtomicBool,
 }
 
 impl Lane {
@@ -67,6 +73,7 @@ impl Lane {
             unsettled: AtomicUsize::new(0),
             reserving: Mutex::new(()),
             backlog: AtomicBool::new(true),
+            polled: AtomicBool::new(false),
         }
     }
 
@@ -136,8 +143,11 @@ impl Lane {
     /// dispatcher looks again, nothing is left for a take, and claims may hand rows over.
     pub fn taken(&self, reserved: usize, taken: usize) {
         self.give_back(reserved.saturating_sub(taken));
-        if taken < reserved && self.hands_over() {
-            self.backlog.store(false, Ordering::SeqCst);
+        if taken < reserved {
+            self.polled.store(false, Ordering::SeqCst);
+            if self.hands_over() {
+                self.backlog.store(false, Ordering::SeqCst);
+            }
         }
     }
 
@@ -160,9 +170,15 @@ impl Lane {
         self.backlog.store(true, Ordering::SeqCst);
     }
 
+    /// Rows of this lane may have come due in the outbox without a claim here queuing them:
+    /// the next take asks for them, while claims go on handing rows over.
+    pub fn poll(&self) {
+        self.polled.store(true, Ordering::SeqCst);
+    }
+
     /// Whether a take should ask for this lane's rows: they may be due in the outbox.
     pub fn worth_a_take(&self) -> bool {
-        self.backlog.load(Ordering::SeqCst)
+        self.backlog.load(Ordering::SeqCst) || self.polled.load(Ordering::SeqCst)
     }
 
     /// Reserves room for one row a claim inserts already leased to this process and hands
@@ -286,6 +302,27 @@ mod tests {
         lane.look_again();
         lane.unreserve_handover();
         assert!(!lane.reserve_handover(), "rows were queued the normal way");
+    }
+
+    #[test]
+    fn a_poll_asks_for_a_take_and_claims_go_on_handing_over() {
+        let lane = lane("concurrency = 2");
+        let want = lane.reserve().expect("room");
+        lane.taken(usize::try_from(want.limit).expect("a count"), 0);
+        assert!(!lane.worth_a_take(), "the outbox had nothing for it");
+        lane.poll();
+        assert!(lane.worth_a_take(), "a poll looks again");
+        assert!(lane.reserve_handover(), "and claims still hand rows over");
+        lane.unreserve_handover();
+        let want = lane.reserve().expect("room");
+        let reserved = usize::try_from(want.limit).expect("a count");
+        lane.taken(reserved, reserved);
+        assert!(lane.worth_a_take(), "a full take may have left rows behind");
+        // As if they had been sent and their outcomes written.
+        lane.give_back(reserved);
+        let want = lane.reserve().expect("room");
+        lane.taken(usize::try_from(want.limit).expect("a count"), 1);
+        assert!(!lane.worth_a_take(), "a short take found every due row");
     }
 
     #[test]
