@@ -209,8 +209,7 @@ impl Lane {
 
     /// Gives back a handover reservation whose row was not queued (its claim did not store it).
     pub fn unreserve_handover(&self) {
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-        self.unsettled.fetch_sub(1, Ordering::SeqCst);
+        self.give_back(1);
     }
 
     /// Waits for a slot, then for the row's turn under `rate` (holding the slot, so the
