@@ -62,6 +62,7 @@ impl Application {
 
         let outbox = Outbox::new(
             state.pool.clone(),
+            config.database.store.clone(),
             state.metrics.clone(),
             state.forward_targets(),
         );

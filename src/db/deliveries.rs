@@ -42,6 +42,9 @@ pub struct Due {
     /// Which attempt this is, from 1.
     #[diesel(sql_type = Integer)]
     pub attempt: i32,
+    /// Which attempt series (0 until a requeue or redeliver starts another).
+    #[diesel(sql_type = Integer)]
+    pub series: i32,
     /// The event's source.
     #[diesel(sql_type = Text)]
     pub source: String,
@@ -98,9 +101,11 @@ pub enum Settle {
 pub struct Settled {
     /// The outbox row.
     pub id: i64,
-    /// The attempt that ended: a row taken again since (its lease ran out, or it was
-    /// re-queued) is not overwritten by this older outcome.
+    /// The attempt that ended, and its series: a row taken again since (its lease ran out,
+    /// or it was re-queued, which starts a new series and counts its attempts from 1 again) is
+    /// not overwritten by this older outcome.
     pub attempt: i32,
+    pub series: i32,
     /// How it ended.
     pub outcome: Settle,
 }
@@ -201,23 +206,26 @@ impl QueryFragment<Sqlite> for EnqueueSqlite {
 }
 
 /// [`queue_leased_sqlite`]'s INSERT: the rows as one JSON array of [event row, target], all
-/// leased until `until`.
+/// under `lease`.
 struct QueueLeasedSqlite {
     rows: String,
     queued_at: DateTime<Utc>,
-    until: DateTime<Utc>,
+    lease: Lease,
 }
 
 impl QueryFragment<Sqlite> for QueueLeasedSqlite {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
         out.push_sql(
             "INSERT INTO deliveries \
-                 (event_row, target, source, received_at, queued_at, attempts, next_attempt_at) \
+                 (event_row, target, source, received_at, queued_at, attempts, next_attempt_at, \
+                  leased_by) \
              SELECT e.id, json_extract(v.value, '$[1]'), e.source, e.received_at, ",
         );
         out.push_bind_param::<super::sqlite::Instant, _>(&self.queued_at)?;
         out.push_sql(", 1, ");
-        out.push_bind_param::<super::sqlite::Instant, _>(&self.until)?;
+        out.push_bind_param::<super::sqlite::Instant, _>(&self.lease.until)?;
+        out.push_sql(", ");
+        out.push_bind_param::<BigInt, _>(&self.lease.by)?;
         out.push_sql(" FROM json_each(");
         out.push_bind_param::<Text, _>(&self.rows)?;
         out.push_sql(
@@ -228,7 +236,8 @@ impl QueryFragment<Sqlite> for QueueLeasedSqlite {
     }
 }
 
-/// [`settle_delivered_sqlite`]'s UPDATE: the rows as one JSON array of [id, attempt, status].
+/// [`settle_delivered_sqlite`]'s UPDATE: the rows as one JSON array of [id, attempt, status,
+/// series].
 struct SettleDeliveredSqlite {
     rows: String,
     at: DateTime<Utc>,
@@ -247,6 +256,7 @@ impl QueryFragment<Sqlite> for SettleDeliveredSqlite {
             ") AS v \
              WHERE deliveries.id = json_extract(v.value, '$[0]') \
                AND deliveries.attempts = json_extract(v.value, '$[1]') \
+               AND deliveries.series = json_extract(v.value, '$[3]') \
                AND deliveries.state = 'pending'",
         );
         Ok(())
@@ -323,6 +333,7 @@ pub(super) struct QueueClaimedPg<'a> {
     event_ids: Vec<&'a str>,
     targets: Vec<&'a str>,
     leased_until: Vec<Option<DateTime<Utc>>>,
+    leased_by: Vec<Option<i64>>,
     queued_at: DateTime<Utc>,
 }
 
@@ -331,9 +342,19 @@ pub(super) struct QueueClaimedPg<'a> {
 pub struct ToQueue<'a> {
     /// The target's name within the source.
     pub target: &'a str,
-    /// For a row handed straight to this process's dispatcher (`forward::Handover`): when its
-    /// lease ends. It goes in as attempt 1, leased until then, so no take finds it meanwhile.
-    pub leased_until: Option<DateTime<Utc>>,
+    /// For a row handed straight to this process's dispatcher (`forward::Handover`): its
+    /// lease. It goes in as attempt 1, leased until then, so no take finds it meanwhile.
+    pub lease: Option<Lease>,
+}
+
+/// A row's lease to one instance's dispatcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Lease {
+    /// When it runs out: any instance may take the row then.
+    pub until: DateTime<Utc>,
+    /// The instance that holds it (see `db::instances`): should that one die, another takes
+    /// the row back at once.
+    pub by: i64,
 }
 
 impl<'a> ToQueue<'a> {
@@ -341,12 +362,12 @@ impl<'a> ToQueue<'a> {
     pub fn target(target: &'a str) -> ToQueue<'a> {
         ToQueue {
             target,
-            leased_until: None,
+            lease: None,
         }
     }
 }
 
-/// A row a claim queued leased (see [`ToQueue::leased_until`]), to be handed over.
+/// A row a claim queued leased (see [`ToQueue::lease`]), to be handed over.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leased {
     /// The outbox row.
@@ -367,13 +388,15 @@ impl<'a> QueueClaimedPg<'a> {
             event_ids: Vec::new(),
             targets: Vec::new(),
             leased_until: Vec::new(),
+            leased_by: Vec::new(),
             queued_at: now(),
         };
         for (source, event_id, row) in rows {
             queue.sources.push(source);
             queue.event_ids.push(event_id);
             queue.targets.push(row.target);
-            queue.leased_until.push(row.leased_until);
+            queue.leased_until.push(row.lease.map(|l| l.until));
+            queue.leased_by.push(row.lease.map(|l| l.by));
         }
         queue
     }
@@ -391,14 +414,15 @@ impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for QueueClaimedPg<'_>
     ) -> QueryResult<()> {
         out.push_sql(
             "queued AS (INSERT INTO deliveries \
-             (event_row, target, source, received_at, queued_at, attempts, next_attempt_at) \
+             (event_row, target, source, received_at, queued_at, attempts, next_attempt_at, \
+              leased_by) \
              SELECT c.id, q.target, c.source, c.received_at, ",
         );
         out.push_bind_param::<super::pg::Instant, _>(&self.queued_at)?;
         // A leased row is attempt 1, due when its lease ends; any other is due now.
         out.push_sql(
             ", CASE WHEN q.leased_until IS NULL THEN 0 ELSE 1 END, \
-             COALESCE(q.leased_until, now()) FROM unnest(",
+             COALESCE(q.leased_until, now()), q.leased_by FROM unnest(",
         );
         out.push_bind_param::<Array<Text>, _>(&self.sources)?;
         out.push_sql(", ");
@@ -407,10 +431,12 @@ impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for QueueClaimedPg<'_>
         out.push_bind_param::<Array<Text>, _>(&self.targets)?;
         out.push_sql(", ");
         out.push_bind_param::<Array<Nullable<super::pg::Instant>>, _>(&self.leased_until)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<BigInt>>, _>(&self.leased_by)?;
         // In the order given, so an event's targets get their ids in the order named, as
         // `of_event` lists them.
         out.push_sql(
-            ") WITH ORDINALITY AS q (source, event_id, target, leased_until, n) \
+            ") WITH ORDINALITY AS q (source, event_id, target, leased_until, leased_by, n) \
              JOIN claimed c ON c.source = q.source AND c.event_id = q.event_id \
              ORDER BY q.n \
              RETURNING id, event_row, target, attempts)",
@@ -421,13 +447,13 @@ impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for QueueClaimedPg<'_>
 
 /// Queues rows leased (see [`ToQueue::leased_until`]) on SQLite, in the claim's transaction:
 /// each (event row, target, leased until), its event's source and received time copied from
-/// `events` as [`enqueue_many`] does. One INSERT per distinct lease end (one per target's
+/// `events` as [`enqueue_many`] does. One INSERT per distinct lease (one per target's
 /// lease, as a batch's leases start together), not one per row: a row inserted on its own cost
 /// about as much as the claim of its event. Returns the rows, in no particular order (each
 /// names its event row and target).
 pub(super) fn queue_leased_sqlite(
     conn: &mut diesel::SqliteConnection,
-    rows: &[(i64, &str, DateTime<Utc>)],
+    rows: &[(i64, &str, Lease)],
     queued_at: DateTime<Utc>,
 ) -> QueryResult<Vec<Leased>> {
     #[derive(QueryableByName)]
@@ -439,17 +465,17 @@ pub(super) fn queue_leased_sqlite(
         #[diesel(sql_type = Text)]
         target: String,
     }
-    let mut by_end: std::collections::BTreeMap<DateTime<Utc>, Vec<(i64, &str)>> =
+    let mut by_lease: std::collections::BTreeMap<Lease, Vec<(i64, &str)>> =
         std::collections::BTreeMap::new();
-    for &(event_row, target, until) in rows {
-        by_end.entry(until).or_default().push((event_row, target));
+    for &(event_row, target, lease) in rows {
+        by_lease.entry(lease).or_default().push((event_row, target));
     }
     let mut leased = Vec::with_capacity(rows.len());
-    for (until, group) in by_end {
+    for (lease, group) in by_lease {
         let inserted: Vec<Inserted> = QueueLeasedSqlite {
             rows: serde_json::to_string(&group).expect("numbers and strings serialize"),
             queued_at,
-            until,
+            lease,
         }
         .load(conn)?;
         leased.extend(inserted.into_iter().map(|row| Leased {
@@ -464,20 +490,26 @@ pub(super) fn queue_leased_sqlite(
 
 /// Takes the due rows each lane of `wants` asks for, and leases each for its lane's `lease`:
 /// its `next_attempt_at` moves past the attempt's end, so no other dispatcher takes it
-/// meanwhile. An ordered lane gives at most its head, and nothing while its head is leased or
-/// waiting for a retry.
-pub fn take_due(conn: &mut AnyConnection, wants: &[Want]) -> QueryResult<Vec<Due>> {
+/// meanwhile (`leased_until` says so until the outcome). An ordered lane gives at most its
+/// head, and nothing while its head is leased or waiting for a retry, or another of its rows
+/// is leased.
+///
+/// `holder` is the instance taking them (`db::instances`): each row names it until its
+/// outcome, so should it die, another instance takes the row back without waiting for the
+/// lease.
+pub fn take_due(conn: &mut AnyConnection, wants: &[Want], holder: i64) -> QueryResult<Vec<Due>> {
     if wants.is_empty() {
         return Ok(Vec::new());
     }
     match conn {
-        AnyConnection::Postgres(c) => take_due_pg(c, wants),
-        AnyConnection::Sqlite(c) => take_due_sqlite(c, wants),
+        AnyConnection::Postgres(c) => take_due_pg(c, wants, holder),
+        AnyConnection::Sqlite(c) => take_due_sqlite(c, wants, holder),
     }
 }
 
 /// The columns of a [`Due`], over `deliveries d` joined with `events e`, on PostgreSQL.
-const DUE_COLUMNS_PG: &str = "d.id, d.attempts AS attempt, e.source, d.target, e.event_id, \
+const DUE_COLUMNS_PG: &str =
+    "d.id, d.attempts AS attempt, d.series, e.source, d.target, e.event_id, \
      e.event_type, e.payload, e.headers ->> 'content-type' AS content_type, \
      (extract(epoch FROM d.queued_at) * 1000000)::bigint AS queued_at_micros";
 
@@ -487,14 +519,18 @@ const DUE_COLUMNS_PG: &str = "d.id, d.attempts AS attempt, e.source, d.target, e
 /// row twice. An ordered lane's head is found without locking and then locked with SKIP LOCKED
 /// and checked again: a head another dispatcher holds, or has leased or settled meanwhile,
 /// yields nothing rather than the row behind it.
-fn take_due_pg(conn: &mut diesel::PgConnection, wants: &[Want]) -> QueryResult<Vec<Due>> {
+fn take_due_pg(
+    conn: &mut diesel::PgConnection,
+    wants: &[Want],
+    holder: i64,
+) -> QueryResult<Vec<Due>> {
     let mut due = Vec::new();
     for ordered in [false, true] {
         let lanes: Vec<&Want> = wants.iter().filter(|w| w.ordered == ordered).collect();
         if lanes.is_empty() {
             continue;
         }
-        let lanes = LanesPg::of(&lanes);
+        let lanes = LanesPg::of(&lanes, holder);
         let taken: Vec<Due> = if ordered {
             TakeHeadsPg(lanes).load(conn)?
         } else {
@@ -513,15 +549,17 @@ struct LanesPg<'a> {
     targets: Vec<&'a str>,
     limits: Vec<i64>,
     leases: Vec<f64>,
+    holder: i64,
 }
 
 impl<'a> LanesPg<'a> {
-    fn of(lanes: &[&'a Want]) -> Self {
+    fn of(lanes: &[&'a Want], holder: i64) -> Self {
         LanesPg {
             sources: lanes.iter().map(|w| w.source.as_str()).collect(),
             targets: lanes.iter().map(|w| w.target.as_str()).collect(),
             limits: lanes.iter().map(|w| w.limit).collect(),
             leases: lanes.iter().map(|w| w.lease.as_secs_f64()).collect(),
+            holder,
         }
     }
 
@@ -531,9 +569,12 @@ impl<'a> LanesPg<'a> {
         out.push_sql(
             "UPDATE deliveries d \
              SET attempts = d.attempts + 1, \
-                 next_attempt_at = now() + make_interval(secs => picked.lease) \
-             FROM (SELECT p.id, w.lease FROM unnest(",
+                 next_attempt_at = now() + make_interval(secs => picked.lease), \
+                 leased_until = now() + make_interval(secs => picked.lease), \
+                 leased_by = ",
         );
+        out.push_bind_param::<BigInt, _>(&self.holder)?;
+        out.push_sql(" FROM (SELECT p.id, w.lease FROM unnest(");
         out.push_bind_param::<Array<Text>, _>(&self.sources)?;
         out.push_sql(", ");
         out.push_bind_param::<Array<Text>, _>(&self.targets)?;
@@ -569,8 +610,11 @@ impl QueryFragment<Pg> for TakeDuePg<'_> {
     }
 }
 
-/// [`take_due_pg`]'s take of ordered lanes: each lane's head, if it is due and no other
-/// dispatcher holds it.
+/// [`take_due_pg`]'s take of ordered lanes: each lane's head, if it is due, no other
+/// dispatcher holds it, and no other row of the lane is leased (`leased_until` still ahead):
+/// an older event redelivered while a later one is being sent waits for that attempt to end,
+/// whichever instance sends it. A leased row's `next_attempt_at` is its lease's end too, so
+/// the look walks only the lane's rows not yet due, in `deliveries_lane_due_idx`.
 struct TakeHeadsPg<'a>(LanesPg<'a>);
 
 impl QueryFragment<Pg> for TakeHeadsPg<'_> {
@@ -582,6 +626,10 @@ impl QueryFragment<Pg> for TakeHeadsPg<'_> {
                            WHERE h.state = 'pending' AND h.source = w.source AND h.target = w.target \
                            ORDER BY h.received_at, h.event_row LIMIT 1) \
                AND x.state = 'pending' AND x.next_attempt_at <= now() \
+               AND NOT EXISTS (SELECT 1 FROM deliveries l \
+                               WHERE l.state = 'pending' AND l.source = w.source \
+                                 AND l.target = w.target AND l.next_attempt_at > now() \
+                                 AND l.leased_until > now()) \
              FOR UPDATE SKIP LOCKED",
         )
     }
@@ -595,7 +643,11 @@ prepared_statement!(TakeHeadsPg<'_> => Untyped);
 /// processes on the same file) out until the leases are written, so a lane's head is the
 /// head for as long as it is looked at. A look without the lock comes first: SQLite has one
 /// writer, and a dispatcher that finds nothing due should not have held it from the claims.
-fn take_due_sqlite(conn: &mut diesel::SqliteConnection, wants: &[Want]) -> QueryResult<Vec<Due>> {
+fn take_due_sqlite(
+    conn: &mut diesel::SqliteConnection,
+    wants: &[Want],
+    holder: i64,
+) -> QueryResult<Vec<Due>> {
     let now = now();
     let mut any = false;
     for want in wants {
@@ -617,11 +669,13 @@ fn take_due_sqlite(conn: &mut diesel::SqliteConnection, wants: &[Want]) -> Query
             let lease_end =
                 now + chrono::Duration::from_std(want.lease).unwrap_or(chrono::Duration::hours(1));
             diesel::sql_query(
-                "UPDATE deliveries SET attempts = attempts + 1, next_attempt_at = ?1 \
+                "UPDATE deliveries SET attempts = attempts + 1, next_attempt_at = ?1, \
+                     leased_until = ?1, leased_by = ?3 \
                  WHERE id IN (SELECT value FROM json_each(?2))",
             )
             .bind::<super::sqlite::Instant, _>(lease_end)
             .bind::<Text, _>(serde_json::to_string(&ids).expect("numbers serialize"))
+            .bind::<BigInt, _>(holder)
             .execute(conn)?;
             taken.extend(ids);
         }
@@ -629,7 +683,7 @@ fn take_due_sqlite(conn: &mut diesel::SqliteConnection, wants: &[Want]) -> Query
             return Ok(Vec::new());
         }
         diesel::sql_query(
-            "SELECT d.id, d.attempts AS attempt, e.source, d.target, e.event_id, e.event_type, \
+            "SELECT d.id, d.attempts AS attempt, d.series, e.source, d.target, e.event_id, e.event_type, \
                     e.payload, json_extract(e.headers, '$.\"content-type\"') AS content_type, \
                     CAST(round((julianday(d.queued_at) - 2440587.5) * 86400000000.0) AS INTEGER) \
                         AS queued_at_micros \
@@ -661,7 +715,10 @@ fn due_in_lane_sqlite(
              WHERE x.id = (SELECT h.id FROM deliveries h \
                            WHERE h.state = 'pending' AND h.source = ?1 AND h.target = ?2 \
                            ORDER BY h.received_at, h.event_row LIMIT 1) \
-               AND x.next_attempt_at <= ?3",
+               AND x.next_attempt_at <= ?3 \
+               AND NOT EXISTS (SELECT 1 FROM deliveries l \
+                               WHERE l.state = 'pending' AND l.source = ?1 AND l.target = ?2 \
+                                 AND l.next_attempt_at > ?3 AND l.leased_until > ?3)",
         )
         .bind::<Text, _>(&want.source)
         .bind::<Text, _>(&want.target)
@@ -754,14 +811,14 @@ fn settle_delivered_sqlite(
     if delivered.is_empty() {
         return Ok(());
     }
-    let rows: Vec<(i64, i32, Option<i16>)> = delivered
+    let rows: Vec<(i64, i32, Option<i16>, i32)> = delivered
         .iter()
         .map(|s| {
             let status = match s.outcome {
                 Settle::Delivered { status } => status_column(status),
                 _ => None,
             };
-            (s.id, s.attempt, status)
+            (s.id, s.attempt, status, s.series)
         })
         .collect();
     SettleDeliveredSqlite {
@@ -784,6 +841,7 @@ fn settle_delivered_pg(
     SettleDeliveredPg {
         ids: delivered.iter().map(|s| s.id).collect(),
         attempts: delivered.iter().map(|s| s.attempt).collect(),
+        series: delivered.iter().map(|s| s.series).collect(),
         statuses: delivered
             .iter()
             .map(|s| match s.outcome {
@@ -798,8 +856,8 @@ fn settle_delivered_pg(
 }
 
 /// [`settle_delivered_pg`]'s UPDATE: each row (`ids`, at the attempt in `attempts`) delivered
-/// at `at` with its status, if it is still pending at that attempt (neither delivered nor
-/// dead). The rows are bound a column at a time, as arrays.
+/// at `at` with its status, if it is still pending at that attempt of that series (neither
+/// delivered nor dead). The rows are bound a column at a time, as arrays.
 ///
 /// Unlike the other statements here it is planned on every call, and its test of the state
 /// is written so that no partial index on pending rows can serve it. Each row delivered leaves
@@ -810,6 +868,7 @@ fn settle_delivered_pg(
 struct SettleDeliveredPg {
     ids: Vec<i64>,
     attempts: Vec<i32>,
+    series: Vec<i32>,
     statuses: Vec<Option<i16>>,
     at: DateTime<Utc>,
 }
@@ -832,9 +891,11 @@ impl QueryFragment<Pg> for SettleDeliveredPg {
         out.push_bind_param::<Array<Integer>, _>(&self.attempts)?;
         out.push_sql(", ");
         out.push_bind_param::<Array<Nullable<SmallInt>>, _>(&self.statuses)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Integer>, _>(&self.series)?;
         out.push_sql(
-            ") AS v (id, attempt, status), asynchronous \
-             WHERE d.id = v.id AND d.attempts = v.attempt \
+            ") AS v (id, attempt, status, series), asynchronous \
+             WHERE d.id = v.id AND d.attempts = v.attempt AND d.series = v.series \
                AND d.state NOT IN ('delivered', 'dead')",
         );
         Ok(())
@@ -856,6 +917,7 @@ fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -
     let row = deliveries::table
         .find(settled.id)
         .filter(deliveries::attempts.eq(settled.attempt))
+        .filter(deliveries::series.eq(settled.series))
         .filter(deliveries::state.ne_all(["delivered", "dead"]));
     match &settled.outcome {
         Settle::Delivered { status } => diesel::update(row)
@@ -878,6 +940,8 @@ fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -
                     deliveries::last_status.eq(status_column(*status)),
                     deliveries::last_error.eq(error),
                     deliveries::next_attempt_at.eq(due),
+                    deliveries::leased_until.eq(None::<DateTime<Utc>>),
+                    deliveries::leased_by.eq(None::<i64>),
                 ))
                 .execute(c)
         }
@@ -974,7 +1038,10 @@ pub fn requeue(
                         .set((
                             deliveries::state.eq("pending"),
                             deliveries::attempts.eq(0),
+                            deliveries::series.eq(deliveries::series + 1),
                             deliveries::next_attempt_at.eq(now),
+                            deliveries::leased_until.eq(None::<DateTime<Utc>>),
+                            deliveries::leased_by.eq(None::<i64>),
                             deliveries::queued_at.eq(now),
                         ))
                         .filter(deliveries::state.eq("dead"))
@@ -987,6 +1054,25 @@ pub fn requeue(
             }
         })
     })
+}
+
+/// Takes back the rows the instance `holder` leased (by a take, or a claim that handed them
+/// over) and had no outcome for: `db::instances` found it dead. Each is due now, as if its
+/// lease had run out; its attempt may have reached the downstream, so it goes again with the
+/// same key (at least once). Returns how many.
+pub(super) fn release_leased_by(conn: &mut AnyConnection, holder: i64) -> QueryResult<usize> {
+    let now = now();
+    on_backend!(conn, c => diesel::update(
+        deliveries::table
+            .filter(deliveries::state.eq("pending"))
+            .filter(deliveries::leased_by.eq(holder)),
+    )
+    .set((
+        deliveries::next_attempt_at.eq(now),
+        deliveries::leased_until.eq(None::<DateTime<Utc>>),
+        deliveries::leased_by.eq(None::<i64>),
+    ))
+    .execute(c))
 }
 
 /// Pending and dead rows, for the console's overview.
@@ -1047,7 +1133,10 @@ fn requeue_rows(conn: &mut AnyConnection, ids: &[i64], states: &[&str]) -> Query
         .set((
             deliveries::state.eq("pending"),
             deliveries::attempts.eq(0),
+            deliveries::series.eq(deliveries::series + 1),
             deliveries::next_attempt_at.eq(now),
+            deliveries::leased_until.eq(None::<DateTime<Utc>>),
+            deliveries::leased_by.eq(None::<i64>),
             deliveries::queued_at.eq(now),
             deliveries::delivered_at.eq(None::<DateTime<Utc>>),
         ))

@@ -30,7 +30,7 @@ use diesel::query_builder::{AstPass, QueryFragment};
 use diesel::result::Error as DieselError;
 use diesel::sql_types::{Array, BigInt, Bytea, Jsonb, Nullable, SmallInt, Text};
 
-use super::deliveries::{Leased, ToQueue};
+use super::deliveries::{Lease, Leased, ToQueue};
 use super::{now, on_backend, sqlite, write_transaction, AnyConnection, Conn};
 use crate::ids::storable;
 
@@ -188,15 +188,15 @@ pub fn claim_and_queue(
                 .collect();
             let queued_at = now();
             let mut outbox: Vec<(i64, &str)> = Vec::new();
-            let mut to_lease: Vec<(i64, &str, DateTime<Utc>)> = Vec::new();
+            let mut to_lease: Vec<(i64, &str, Lease)> = Vec::new();
             for claimed in &claimed {
                 let key = (claimed.source.as_str(), claimed.event_id.as_str());
                 let Some(queue) = queues.get(&key) else {
                     continue;
                 };
                 for to in queue.iter() {
-                    match to.leased_until {
-                        Some(until) => to_lease.push((claimed.row, to.target, until)),
+                    match to.lease {
+                        Some(lease) => to_lease.push((claimed.row, to.target, lease)),
                         None => outbox.push((claimed.row, to.target)),
                     }
                 }

@@ -9,6 +9,7 @@
 
 pub mod deliveries;
 pub mod events;
+pub mod instances;
 pub mod pg;
 pub mod pg_schema;
 pub mod sqlite;
@@ -75,7 +76,7 @@ pub enum AnyConnection {
 }
 
 /// Runs `$body` with `$conn` (an `&mut AnyConnection`) opened up as the backend's own
-/// connection, named `$c`, and that backend's `events` and `deliveries` tables and `Instant`
+/// connection, named `$c`, and that backend's `events`, `deliveries` and `instances` tables and `Instant`
 /// SQL type in scope. The body is written once and compiled for each backend.
 #[macro_export]
 #[doc(hidden)]
@@ -86,14 +87,14 @@ macro_rules! on_backend {
                 #[allow(unused_imports)]
                 use $crate::db::pg::Instant;
                 #[allow(unused_imports)]
-                use $crate::db::pg_schema::{deliveries, events};
+                use $crate::db::pg_schema::{deliveries, events, instances};
                 $body
             }
             $crate::db::AnyConnection::Sqlite($c) => {
                 #[allow(unused_imports)]
                 use $crate::db::sqlite::Instant;
                 #[allow(unused_imports)]
-                use $crate::db::sqlite_schema::{deliveries, events};
+                use $crate::db::sqlite_schema::{deliveries, events, instances};
                 $body
             }
         }

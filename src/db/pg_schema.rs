@@ -15,6 +15,18 @@ diesel::table! {
         source -> Text,
         received_at -> Timestamptz,
         queued_at -> Timestamptz,
+        series -> Int4,
+        leased_until -> Nullable<Timestamptz>,
+        leased_by -> Nullable<Int8>,
+    }
+}
+
+diesel::table! {
+    instances (id) {
+        id -> Int8,
+        host -> Text,
+        pid -> Int8,
+        started_at -> Timestamptz,
     }
 }
 
@@ -38,4 +50,4 @@ diesel::table! {
 
 diesel::joinable!(deliveries -> events (event_row));
 
-diesel::allow_tables_to_appear_in_same_query!(deliveries, events,);
+diesel::allow_tables_to_appear_in_same_query!(deliveries, events, instances,);

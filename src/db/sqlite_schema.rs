@@ -16,6 +16,18 @@ diesel::table! {
         source -> Text,
         received_at -> TimestamptzSqlite,
         queued_at -> TimestamptzSqlite,
+        series -> Integer,
+        leased_until -> Nullable<TimestamptzSqlite>,
+        leased_by -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    instances (id) {
+        id -> BigInt,
+        host -> Text,
+        pid -> BigInt,
+        started_at -> TimestamptzSqlite,
     }
 }
 
@@ -39,4 +51,4 @@ diesel::table! {
 
 diesel::joinable!(deliveries -> events (event_row));
 
-diesel::allow_tables_to_appear_in_same_query!(deliveries, events,);
+diesel::allow_tables_to_appear_in_same_query!(deliveries, events, instances,);

@@ -39,6 +39,9 @@ const GATHER_FOR: Duration = Duration::from_millis(20);
 /// A batch of outcomes stops gathering at this many.
 const GATHER_AT_MOST: usize = 1024;
 
+/// How often this instance looks for instances that died, whose leased rows it takes back.
+const INSTANCES_EVERY: Duration = Duration::from_secs(2);
+
 /// How often the outbox gauges are recounted.
 const GAUGES_EVERY: Duration = Duration::from_secs(5);
 
@@ -134,6 +137,7 @@ impl Runner {
         Settled {
             id: due.id,
             attempt: due.attempt,
+            series: due.series,
             outcome,
         }
     }
@@ -274,6 +278,10 @@ pub async fn run(outbox: Outbox, wake: Wake) {
     // The gauges are counted at once, then every GAUGES_EVERY: a backlog left from before this
     // process started shows from the start.
     let mut gauges_at: Option<Instant> = None;
+    // This instance registers, and takes back the rows of instances that died, at once, then
+    // every INSTANCES_EVERY (see `db::instances`).
+    let registration = outbox.registration();
+    let mut instances_at: Option<Instant> = None;
     // The first look is at every lane: rows may be waiting from before this process started.
     let mut look = true;
     let mut poll = false;
@@ -282,6 +290,12 @@ pub async fn run(outbox: Outbox, wake: Wake) {
         start_handed(&runner, &outcomes, &wake);
         if wake.take_look() {
             look = true;
+        }
+        if instances_at.is_none_or(|at| at.elapsed() >= INSTANCES_EVERY) {
+            instances_at = Some(Instant::now());
+            if outbox.look_after_instances(&registration).await {
+                look = true;
+            }
         }
         // The poll: rows queued or released by other instances, leases run out, retries come
         // due. It comes every POLL_EVERY however often something else wakes the dispatcher:

@@ -22,7 +22,7 @@ mod pace;
 pub mod transport;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,8 @@ use actix_web::web;
 use diesel::QueryResult;
 
 use crate::config::{ForwardConfig, Transport};
-use crate::db::{self, deliveries, AnyConnection, DbPool};
+use crate::db::instances::{self, Registration};
+use crate::db::{self, deliveries, AnyConnection, DbPool, Store};
 use crate::metrics::Metrics;
 use crate::providers::Standard;
 use deliveries::{Due, Settled, Want};
@@ -220,6 +221,10 @@ pub struct Outbox {
     handed: Arc<Mutex<Vec<(usize, Due)>>>,
     /// The takes failing in a row, for the log.
     unread: Arc<Mutex<Outage>>,
+    /// Where the outbox is, for this instance's registration (`db::instances`).
+    store: Store,
+    /// This instance's number: every row it leases names it.
+    holder: Arc<AtomicI64>,
 }
 
 impl Outbox {
@@ -227,6 +232,7 @@ impl Outbox {
     /// forwards.
     pub fn new(
         pool: DbPool,
+        store: Store,
         metrics: Arc<Metrics>,
         targets: HashMap<(String, String), Arc<Target>>,
     ) -> Option<Outbox> {
@@ -252,7 +258,57 @@ impl Outbox {
             orphans_warned: Arc::default(),
             handed: Arc::default(),
             unread: Arc::default(),
+            store,
+            holder: Arc::new(AtomicI64::new(instances::new_number())),
         })
+    }
+
+    /// This instance's number, which its leases name.
+    fn holder(&self) -> i64 {
+        self.holder.load(Ordering::SeqCst)
+    }
+
+    /// This instance's registration (`db::instances`), not yet made.
+    fn registration(&self) -> Arc<Mutex<Registration>> {
+        Arc::new(Mutex::new(Registration::new(
+            self.store.clone(),
+            self.holder.clone(),
+        )))
+    }
+
+    /// Keeps this instance registered, and takes back at once the rows leased by instances
+    /// that died (see `db::instances`); whether any came back. A failure is left to the next
+    /// look: meanwhile such rows wait for their leases to run out, as they would anyway.
+    async fn look_after_instances(&self, registration: &Arc<Mutex<Registration>>) -> bool {
+        let (pool, registration) = (self.pool.clone(), registration.clone());
+        let looked = web::block(move || {
+            let mut registration = registration.lock().unwrap_or_else(|e| e.into_inner());
+            let mut taken_back = Vec::new();
+            in_turn(&pool, |conn| {
+                taken_back = registration.look(conn).map_err(|e| {
+                    tracing::debug!(error = %e, "cannot look after this instance's registration");
+                    diesel::result::Error::RollbackTransaction
+                })?;
+                Ok(())
+            })
+            .map(|()| taken_back)
+        })
+        .await;
+        let Ok(Ok(taken_back)) = looked else {
+            return false;
+        };
+        for dead in taken_back.iter().filter(|dead| dead.rows > 0) {
+            tracing::info!(
+                instance = dead.id,
+                host = %dead.host,
+                pid = dead.pid,
+                deliveries = dead.rows,
+                "an instance sharing this database has stopped; its deliveries under way are \
+                 due again now (they go with the same key, so one that reached the downstream \
+                 before it stopped may arrive twice)"
+            );
+        }
+        taken_back.iter().any(|dead| dead.rows > 0)
     }
 
     /// One pass: takes what is due now (as much as each target's limits allow), sends it,
@@ -276,8 +332,10 @@ impl Outbox {
     /// again.
     async fn take(&self, wants: Vec<Want>) -> Option<Vec<Due>> {
         let pool = self.pool.clone();
+        let holder = self.holder();
         let due =
-            web::block(move || in_turn(&pool, |conn| deliveries::take_due(conn, &wants))).await;
+            web::block(move || in_turn(&pool, |conn| deliveries::take_due(conn, &wants, holder)))
+                .await;
         let failure = match due {
             Ok(Ok(due)) => {
                 let ended = self.outage().ended(Instant::now());
@@ -471,6 +529,8 @@ pub struct Reserved {
     lane: usize,
     /// How long the row is leased when inserted.
     pub lease: Duration,
+    /// To whom: this instance's number.
+    pub holder: i64,
 }
 
 impl Handover {
@@ -490,6 +550,7 @@ impl Handover {
         lane_of.reserve_handover().then(|| Reserved {
             lane,
             lease: lane_of.lease(),
+            holder: self.outbox.holder(),
         })
     }
 

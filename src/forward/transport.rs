@@ -123,6 +123,7 @@ mod tests {
         let due = Due {
             id: 1,
             attempt: 2,
+            series: 0,
             source: "acme".to_owned(),
             target: "default".to_owned(),
             event_id: "e-1".to_owned(),

@@ -29,7 +29,7 @@ use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use super::{
     answer, claim, event, new_event, run_handler, ClaimError, Delivery, Outcome, StoredResponse,
 };
-use crate::db::deliveries::{Due, Leased, ToQueue};
+use crate::db::deliveries::{Due, Lease, Leased, ToQueue};
 use crate::db::{self, events, AnyConnection, DbPool};
 use crate::forward::{Handover, Reserved, Wake};
 use crate::handlers::{Handler, Response};
@@ -331,14 +331,18 @@ fn insert(
                 .map(
                     |target| match handover.and_then(|h| h.reserve(source, target)) {
                         Some(room) => {
-                            let lease = chrono::Duration::from_std(room.lease)
-                                .unwrap_or(chrono::Duration::hours(1));
+                            let lease = Lease {
+                                until: now
+                                    + chrono::Duration::from_std(room.lease)
+                                        .unwrap_or(chrono::Duration::hours(1)),
+                                by: room.holder,
+                            };
                             reserved
                                 .rooms
                                 .insert((source, delivery.event_id.as_str(), target), room);
                             ToQueue {
                                 target,
-                                leased_until: Some(now + lease),
+                                lease: Some(lease),
                             }
                         }
                         None => ToQueue::target(target),
@@ -349,7 +353,7 @@ fn insert(
         .collect();
     let mut lanes: BTreeSet<(String, String)> = BTreeSet::new();
     for (jobs, queue) in groups.values().zip(&queues) {
-        for to in queue.iter().filter(|to| to.leased_until.is_none()) {
+        for to in queue.iter().filter(|to| to.lease.is_none()) {
             let source = jobs[0].0.delivery.source.as_str();
             lanes.insert((source.to_owned(), to.target.to_owned()));
         }
@@ -434,6 +438,7 @@ fn due(delivery: &Delivery, leased: Leased) -> Due {
     Due {
         id: leased.id,
         attempt: 1,
+        series: 0,
         source: delivery.source.as_str().to_owned(),
         target: leased.target,
         event_id: delivery.event_id.as_str().to_owned(),

@@ -3,7 +3,7 @@
 //! if and only if it is stored, whatever made a row not come back.
 
 use chrono::{DateTime, Utc};
-use hookbox::db::deliveries::ToQueue;
+use hookbox::db::deliveries::{Lease, ToQueue};
 use hookbox::db::events::{self, Answer, Claimed, NewEvent};
 use hookbox::db::{self, deliveries, AnyConnection};
 
@@ -153,7 +153,7 @@ fn a_row_queued_leased_is_attempt_one_due_when_its_lease_ends_and_comes_back_wit
     let leased = [
         ToQueue {
             target: "fast",
-            leased_until: Some(until),
+            lease: Some(Lease { until, by: 7 }),
         },
         ToQueue::target("slow"),
     ];
@@ -206,11 +206,14 @@ fn rows_leased_to_several_targets_with_different_leases_come_back_each_with_its_
     let leased = [
         ToQueue {
             target: "a",
-            leased_until: Some(short),
+            lease: Some(Lease {
+                until: short,
+                by: 7,
+            }),
         },
         ToQueue {
             target: "b",
-            leased_until: Some(long),
+            lease: Some(Lease { until: long, by: 7 }),
         },
         ToQueue::target("c"),
     ];
@@ -289,7 +292,10 @@ fn outcomes_apply_at_their_attempt_and_the_connection_waits_for_the_disk_again_a
     let at = db::now();
     let leased = [ToQueue {
         target: "t",
-        leased_until: Some(at + chrono::Duration::seconds(60)),
+        lease: Some(Lease {
+            until: at + chrono::Duration::seconds(60),
+            by: 7,
+        }),
     }];
     let names = ["delivered", "late", "also-delivered", "retried"];
     let rows: Vec<_> = names
@@ -325,6 +331,7 @@ fn outcomes_apply_at_their_attempt_and_the_connection_waits_for_the_disk_again_a
     let delivered = |name: &str, attempt| Settled {
         id: id_of(name),
         attempt,
+        series: 0,
         outcome: Settle::Delivered { status: Some(200) },
     };
 
@@ -343,6 +350,7 @@ fn outcomes_apply_at_their_attempt_and_the_connection_waits_for_the_disk_again_a
             Settled {
                 id: id_of("retried"),
                 attempt: 1,
+                series: 0,
                 outcome: Settle::Retry {
                     status: Some(503),
                     error: "the downstream answered 503".to_owned(),
@@ -384,6 +392,175 @@ fn outcomes_apply_at_their_attempt_and_the_connection_waits_for_the_disk_again_a
     assert!(
         before == "on" || before == "2",
         "every connection opens waiting for the disk: {before}"
+    );
+}
+
+/// The lane `held`/`t`, as the dispatcher asks for it.
+fn lane_t(ordered: bool) -> deliveries::Want {
+    deliveries::Want {
+        source: "held".to_owned(),
+        target: "t".to_owned(),
+        limit: 10,
+        ordered,
+        lease: std::time::Duration::from_secs(60),
+    }
+}
+
+fn delivered(due: &deliveries::Due) -> deliveries::Settled {
+    deliveries::Settled {
+        id: due.id,
+        attempt: due.attempt,
+        series: due.series,
+        outcome: deliveries::Settle::Delivered { status: Some(200) },
+    }
+}
+
+#[test]
+fn an_outcome_of_an_attempt_series_a_requeue_replaced_changes_nothing() {
+    let (_db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let t = to(&["t"]);
+    let stored =
+        events::claim_and_queue(&mut conn, &[(row("e", None, db::now(), &headers), &t[..])])
+            .expect("the event is stored")
+            .claimed;
+    let first = deliveries::take_due(&mut conn, &[lane_t(false)], 7).expect("the take runs");
+    assert_eq!(first.len(), 1);
+    assert_eq!((first[0].attempt, first[0].series), (1, 0));
+    // Its lease runs out, another instance takes it, it goes dead there and is re-queued: a new
+    // series, whose first attempt is attempt 1 again.
+    deliveries::settle(
+        &mut conn,
+        &[deliveries::Settled {
+            outcome: deliveries::Settle::Dead {
+                status: Some(400),
+                error: "the downstream answered 400".to_owned(),
+            },
+            ..delivered(&first[0])
+        }],
+    )
+    .expect("the outcome is stored");
+    assert!(deliveries::requeue(&mut conn, first[0].id)
+        .expect("the requeue runs")
+        .is_some_and(|r| r.is_ok()));
+    let second = deliveries::take_due(&mut conn, &[lane_t(false)], 7).expect("the take runs");
+    assert_eq!(second.len(), 1);
+    assert_eq!((second[0].attempt, second[0].series), (1, 1));
+
+    // The first attempt's outcome, come late, names attempt 1 of the old series: nothing.
+    deliveries::settle(&mut conn, &[delivered(&first[0])]).expect("the outcome is stored");
+    let row = deliveries::of_event(&mut conn, stored[0].row)
+        .expect("reads")
+        .remove(0);
+    assert_eq!((row.state.as_str(), row.attempts), ("pending", 1));
+    // A late retry neither.
+    deliveries::settle(
+        &mut conn,
+        &[deliveries::Settled {
+            outcome: deliveries::Settle::Retry {
+                status: Some(503),
+                error: "late".to_owned(),
+                after: std::time::Duration::from_secs(30),
+            },
+            ..delivered(&first[0])
+        }],
+    )
+    .expect("the outcome is stored");
+    let row = deliveries::of_event(&mut conn, stored[0].row)
+        .expect("reads")
+        .remove(0);
+    assert_eq!(
+        (row.state.as_str(), row.last_status),
+        ("pending", Some(400))
+    );
+
+    // The new series' own outcome applies.
+    deliveries::settle(&mut conn, &[delivered(&second[0])]).expect("the outcome is stored");
+    let row = deliveries::of_event(&mut conn, stored[0].row)
+        .expect("reads")
+        .remove(0);
+    assert_eq!(
+        (row.state.as_str(), row.last_status),
+        ("delivered", Some(200))
+    );
+}
+
+#[test]
+fn an_ordered_lane_gives_nothing_while_any_of_its_rows_is_leased_even_one_behind_its_head() {
+    let (_db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let t = to(&["t"]);
+    let at = db::now();
+    let stored = events::claim_and_queue(
+        &mut conn,
+        &[
+            (row("first", None, at, &headers), &t[..]),
+            (
+                row(
+                    "second",
+                    None,
+                    at + chrono::Duration::milliseconds(1),
+                    &headers,
+                ),
+                &t[..],
+            ),
+        ],
+    )
+    .expect("the events are stored")
+    .claimed;
+    let ordered = [lane_t(true)];
+    let head = deliveries::take_due(&mut conn, &ordered, 7).expect("the take runs");
+    assert_eq!(
+        head.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(),
+        ["first"]
+    );
+    assert!(deliveries::take_due(&mut conn, &ordered, 7)
+        .expect("the take runs")
+        .is_empty());
+    deliveries::settle(&mut conn, &[delivered(&head[0])]).expect("the outcome is stored");
+    let next = deliveries::take_due(&mut conn, &ordered, 7).expect("the take runs");
+    assert_eq!(
+        next.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(),
+        ["second"]
+    );
+
+    // "first" is redelivered while "second" is being sent (by this instance or another): it is
+    // the lane's head again, due now, and still waits until "second"'s attempt has ended.
+    let first_row = stored
+        .iter()
+        .find(|c| c.event_id == "first")
+        .expect("stored")
+        .row;
+    assert_eq!(
+        deliveries::redeliver(&mut conn, first_row, None).expect("runs"),
+        1
+    );
+    assert!(
+        deliveries::take_due(&mut conn, &ordered, 7)
+            .expect("the take runs")
+            .is_empty(),
+        "two attempts of an ordered lane at once"
+    );
+    // A failed attempt ends the lease too: then the head goes.
+    deliveries::settle(
+        &mut conn,
+        &[deliveries::Settled {
+            outcome: deliveries::Settle::Retry {
+                status: Some(503),
+                error: "the downstream answered 503".to_owned(),
+                after: std::time::Duration::from_secs(30),
+            },
+            ..delivered(&next[0])
+        }],
+    )
+    .expect("the outcome is stored");
+    let again = deliveries::take_due(&mut conn, &ordered, 7).expect("the take runs");
+    assert_eq!(
+        again
+            .iter()
+            .map(|d| (d.event_id.as_str(), d.attempt, d.series))
+            .collect::<Vec<_>>(),
+        [("first", 1, 1)]
     );
 }
 

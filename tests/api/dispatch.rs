@@ -255,6 +255,47 @@ async fn after_a_sigkill_with_hundreds_pending_on_two_targets_every_pair_arrives
 }
 
 #[actix_web::test]
+async fn a_restart_after_a_sigkill_sends_the_killed_instances_deliveries_without_waiting_out_their_leases(
+) {
+    // A 60 s timeout leases each attempt for 125 s; the sink holds every request for a while,
+    // so the killed process dies with attempts leased to it and unanswered.
+    let downstream = Downstream::start(|_, _| (200, Duration::from_secs(3)));
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &target("app", &downstream.url, "timeout = \"60s\""),
+    );
+    let config = parse_config(&text);
+    let mut first = Process::serve(&text);
+    let ids = ids(60);
+    send_all(&first.address, &config, &ids, 30).await;
+    poll_until("attempts are under way", Duration::from_secs(30), || {
+        downstream.received().len() >= 5
+    })
+    .await;
+    first.child.kill().expect("SIGKILL");
+    let _ = first.child.wait();
+    let leased = db.count("deliveries WHERE state = 'pending' AND leased_by IS NOT NULL");
+    assert!(leased > 0, "no delivery was leased to the killed process");
+
+    downstream.behave(|_, _| (200, Duration::ZERO));
+    let _second = Process::serve(&text);
+    // Well within the leases' 125 s: the new process finds the old one's lock gone.
+    poll_until(
+        "every event reached the sink",
+        Duration::from_secs(30),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+    poll_until(
+        "the dead instance is forgotten",
+        Duration::from_secs(10),
+        || db.count("instances") == 1,
+    )
+    .await;
+}
+
+#[actix_web::test]
 async fn retries_come_due_while_other_events_keep_arriving() {
     // Ten events refused once each, then a steady stream of others. The dispatcher is woken
     // every few milliseconds by the stream (claims handing rows over, outcomes recorded); the

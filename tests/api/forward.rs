@@ -329,6 +329,7 @@ async fn a_dispatcher_pass_sends_what_is_due_and_then_nothing() {
     let target = Target::new(config).expect("a target");
     let outbox = Outbox::new(
         hookbox::db::pool(&forwarding.database, Duration::from_secs(3)).expect("a pool"),
+        forwarding.database.store.clone(),
         Arc::new(Metrics::new(forwarding.sources.iter().map(|s| &s.name))),
         HashMap::from([(
             ("stripe".to_owned(), "default".to_owned()),

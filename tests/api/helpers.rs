@@ -197,6 +197,15 @@ impl Drop for TestDb {
                 path.push(suffix);
                 let _ = std::fs::remove_file(path);
             }
+            // The lock files of the dispatchers that ran on it (`<file>-hookbox-<id>.lock`).
+            let locks = format!("{}-hookbox-", file.display());
+            if let Some(Ok(entries)) = file.parent().map(std::fs::read_dir) {
+                for entry in entries.flatten() {
+                    if entry.path().display().to_string().starts_with(&locks) {
+                        let _ = std::fs::remove_file(entry.path());
+                    }
+                }
+            }
             return;
         }
         let _ = diesel::sql_query(format!(

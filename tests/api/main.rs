@@ -25,6 +25,7 @@ mod handler_failures;
 mod helpers;
 mod hostile;
 mod in_flight;
+mod instances;
 mod intake;
 mod logging;
 mod ops;

@@ -1,0 +1,293 @@
+//! The owner of the `instances` table: the dispatchers running on one store, and how one finds
+//! out that another has died.
+//!
+//! A dispatcher registers as it starts ([`Registration::look`]): it takes a lock that it
+//! holds for as long as its process lives, then inserts its row. On PostgreSQL the lock is a
+//! session advisory lock, `(INSTANCE_LOCK_CLASS, id)`, on a connection of its own outside the
+//! pool; on an SQLite file it is an exclusive `flock` of a file beside the database,
+//! `<path>-hookbox-<id>.lock`. Either goes when the process ends, however it ends. Every row
+//! the dispatcher leases names it (`deliveries.leased_by`).
+//!
+//! At every look (at the start, then every few seconds) a dispatcher tries the lock of each
+//! other instance in the table. One whose lock it gets has died: the rows it had leased and
+//! not settled are due again at once ([`super::deliveries`]'s `release_leased_by`), and its
+//! row is deleted. Without this they would wait for their leases to run out (twice the
+//! target's timeout and 5 s: 25 s at the default), which is still what happens where there is
+//! no lock to try (an in-memory SQLite store lives and dies with its one process anyway).
+//!
+//! Rows leased by an instance whose lock is held are left alone. Should a live instance lose
+//! its lock (its lock connection broke, PostgreSQL restarted), another may take its rows back
+//! while it is still sending them: they are sent again with their one key, at least once as
+//! always, and the instance takes its lock again at its next look.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel::sql_types::{Bool, Integer};
+
+use super::{now, on_backend, write_transaction, AnyConnection, Store};
+
+/// The first key of every instance's advisory lock on PostgreSQL ("hkbx"); the second is the
+/// instance's number. Any number will do, as long as every hookbox uses the same one.
+const INSTANCE_LOCK_CLASS: i32 = 0x686b_6278;
+
+/// How long the lock connection waits on a lock (it never should: every try is a try).
+const LOCK_CONNECTION_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// This instance's number: what its leases name. Random, so instances need not agree on
+/// anything; should the number be taken, registering picks another.
+pub fn new_number() -> i64 {
+    i64::from(rand::random_range(1..i32::MAX))
+}
+
+/// An instance found dead, whose rows were taken back.
+#[derive(Debug)]
+pub struct TakenBack {
+    /// Its number.
+    pub id: i64,
+    /// Where it ran, as it said when it registered.
+    pub host: String,
+    pub pid: i64,
+    /// Its leased rows, now due.
+    pub rows: usize,
+}
+
+/// This instance's place in `instances`, and the lock that says it is alive.
+pub struct Registration {
+    store: Store,
+    /// This instance's number, shared with whatever leases rows in its name.
+    id: Arc<AtomicI64>,
+    lock: Option<Lock>,
+    /// Whether its row is known to be in the table.
+    listed: bool,
+}
+
+enum Lock {
+    /// A connection of its own that holds the session advisory lock.
+    Postgres(AnyConnection),
+    /// The lock file, locked.
+    File(File, String),
+}
+
+#[derive(QueryableByName)]
+struct Locked {
+    #[diesel(sql_type = Bool)]
+    locked: bool,
+}
+
+impl Registration {
+    /// The registration of the instance numbered by `id` on `store`; nothing is locked or
+    /// written until the first [`look`](Self::look).
+    pub fn new(store: Store, id: Arc<AtomicI64>) -> Registration {
+        Registration {
+            store,
+            id,
+            lock: None,
+            listed: false,
+        }
+    }
+
+    fn id(&self) -> i64 {
+        self.id.load(Ordering::SeqCst)
+    }
+
+    /// Keeps this instance registered (takes its lock and inserts its row, again if either
+    /// was lost), then takes back the rows of every other instance that died. `conn` is a
+    /// pooled connection in this process's turn to write (SQLite's statements run on it;
+    /// PostgreSQL's on the lock's own connection). Returns the instances taken back from.
+    pub fn look(&mut self, conn: &mut AnyConnection) -> anyhow::Result<Vec<TakenBack>> {
+        if matches!(self.store, Store::SqliteMemory) {
+            return Ok(Vec::new());
+        }
+        self.keep()?;
+        let (id, lock) = (self.id(), self.lock.as_mut().expect("kept"));
+        let conn = match lock {
+            Lock::Postgres(own) => own,
+            Lock::File(..) => conn,
+        };
+        // Listed again if another instance took this one for dead (it lost its lock a while).
+        if !self.listed || !is_listed(conn, id)? {
+            list(conn, id)?;
+            self.listed = true;
+        }
+        let mut taken_back = Vec::new();
+        for (other, host, pid) in others(conn, id)? {
+            if let Some(rows) = take_back_if_dead(&self.store, conn, other)? {
+                taken_back.push(TakenBack {
+                    id: other,
+                    host,
+                    pid,
+                    rows,
+                });
+            }
+        }
+        Ok(taken_back)
+    }
+
+    /// Holds this instance's lock: checks the one it holds, or takes one (on a new number if
+    /// another instance holds this one's).
+    fn keep(&mut self) -> anyhow::Result<()> {
+        if let Some(Lock::Postgres(conn)) = &mut self.lock {
+            if diesel::sql_query("SELECT 1").execute(conn).is_err() {
+                tracing::warn!(
+                    instance = self.id(),
+                    "the connection that holds this instance's lock broke; taking it again \
+                     (meanwhile another instance may have taken this one's leased deliveries \
+                     back and sent them again, with the same key)"
+                );
+                self.lock = None;
+                self.listed = false;
+            }
+        }
+        if self.lock.is_some() {
+            return Ok(());
+        }
+        for _ in 0..8 {
+            let id = self.id();
+            if let Some(lock) = try_lock(&self.store, id)? {
+                self.lock = Some(lock);
+                tracing::info!(instance = id, "forward dispatcher registered");
+                return Ok(());
+            }
+            self.id.store(new_number(), Ordering::SeqCst);
+        }
+        anyhow::bail!("no free instance number after 8 tries")
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(Lock::File(file, path)) = self.lock.take() {
+            // Removed while still locked, so no other instance takes an emptied file for a
+            // dead instance's before this one's row is gone; the row goes at another's look.
+            let _ = std::fs::remove_file(&path);
+            drop(file);
+        }
+    }
+}
+
+/// The lock file of instance `id` of the SQLite file at `path`.
+fn lock_path(path: &str, id: i64) -> String {
+    format!("{path}-hookbox-{id}.lock")
+}
+
+/// Takes instance `id`'s lock for as long as it is held; `None` when another holds it.
+fn try_lock(store: &Store, id: i64) -> anyhow::Result<Option<Lock>> {
+    match store {
+        Store::Postgres(url) => {
+            let mut conn =
+                AnyConnection::Postgres(super::pg::connect(url, LOCK_CONNECTION_LOCK_TIMEOUT)?);
+            let locked: Locked = diesel::sql_query("SELECT pg_try_advisory_lock($1, $2) AS locked")
+                .bind::<Integer, _>(INSTANCE_LOCK_CLASS)
+                .bind::<Integer, _>(second_key(id))
+                .get_result(&mut conn)?;
+            Ok(locked.locked.then_some(Lock::Postgres(conn)))
+        }
+        Store::SqliteFile(path) => {
+            let path = lock_path(path, id);
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)?;
+            match file.try_lock() {
+                Ok(()) => Ok(Some(Lock::File(file, path))),
+                Err(TryLockError::WouldBlock) => Ok(None),
+                Err(TryLockError::Error(e)) => Err(e.into()),
+            }
+        }
+        Store::SqliteMemory => Ok(None),
+    }
+}
+
+/// The second key of instance `id`'s advisory lock (numbers are drawn below `i32::MAX`).
+fn second_key(id: i64) -> i32 {
+    i32::try_from(id).unwrap_or_default()
+}
+
+/// Inserts this instance's row, unless it is there.
+fn list(conn: &mut AnyConnection, id: i64) -> QueryResult<()> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let pid = i64::from(std::process::id());
+    let started_at = now();
+    on_backend!(conn, c => diesel::insert_into(instances::table)
+        .values((
+            instances::id.eq(id),
+            instances::host.eq(&host),
+            instances::pid.eq(pid),
+            instances::started_at.eq(started_at),
+        ))
+        .on_conflict_do_nothing()
+        .execute(c))?;
+    Ok(())
+}
+
+/// The other instances in the table, the earliest registered first.
+fn others(conn: &mut AnyConnection, id: i64) -> QueryResult<Vec<(i64, String, i64)>> {
+    on_backend!(conn, c => instances::table
+        .filter(instances::id.ne(id))
+        .order(instances::started_at)
+        .select((instances::id, instances::host, instances::pid))
+        .load(c))
+}
+
+fn is_listed(conn: &mut AnyConnection, id: i64) -> QueryResult<bool> {
+    let n: i64 = on_backend!(conn, c => instances::table
+        .filter(instances::id.eq(id))
+        .count()
+        .get_result(c))?;
+    Ok(n > 0)
+}
+
+/// Whether instance `id` is dead; if so, takes its leased rows back and deletes its row, and
+/// returns how many rows. On PostgreSQL its lock is tried for the transaction that does so
+/// (so it cannot come back to life under the same number meanwhile); on SQLite its lock file
+/// is held locked until the rows are back, then removed.
+fn take_back_if_dead(
+    store: &Store,
+    conn: &mut AnyConnection,
+    id: i64,
+) -> anyhow::Result<Option<usize>> {
+    let forget = |conn: &mut AnyConnection| -> QueryResult<usize> {
+        let rows = super::deliveries::release_leased_by(conn, id)?;
+        on_backend!(conn, c => diesel::delete(instances::table.find(id)).execute(c))?;
+        Ok(rows)
+    };
+    match store {
+        Store::Postgres(_) => Ok(write_transaction(conn, |conn| {
+            let locked: Locked =
+                diesel::sql_query("SELECT pg_try_advisory_xact_lock($1, $2) AS locked")
+                    .bind::<Integer, _>(INSTANCE_LOCK_CLASS)
+                    .bind::<Integer, _>(second_key(id))
+                    .get_result(conn)?;
+            if !locked.locked {
+                return Ok(None);
+            }
+            forget(conn).map(Some)
+        })?),
+        Store::SqliteFile(path) => {
+            let path = lock_path(path, id);
+            let held = match OpenOptions::new().write(true).open(&path) {
+                Ok(file) => match file.try_lock() {
+                    Ok(()) => Some(file),
+                    Err(TryLockError::WouldBlock) => return Ok(None),
+                    Err(TryLockError::Error(e)) => return Err(e.into()),
+                },
+                // No file: it never took its lock, or its rows were taken back before.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e.into()),
+            };
+            let rows = write_transaction(conn, forget)?;
+            if held.is_some() {
+                let _ = std::fs::remove_file(&path);
+            }
+            Ok(Some(rows))
+        }
+        Store::SqliteMemory => Ok(None),
+    }
+}

@@ -1,0 +1,111 @@
+//! Instances sharing one store (`db::instances`): each registered one is alive while it holds
+//! its lock, and the rows one leased are taken back the moment another finds it dead, not when
+//! their leases run out. Against the store itself; the SIGKILL of a real process is in
+//! `dispatch.rs`.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookbox::db::deliveries::{Lease, ToQueue};
+use hookbox::db::events::{self, Answer, NewEvent};
+use hookbox::db::instances::Registration;
+use hookbox::db::{self, deliveries, AnyConnection, Store};
+
+use crate::helpers::*;
+
+fn event<'a>(event_id: &'a str, headers: &'a serde_json::Value) -> NewEvent<'a> {
+    NewEvent {
+        source: "held",
+        event_id,
+        event_type: Some("test.event"),
+        fingerprint: event_id.as_bytes(),
+        received_at: db::now(),
+        payload: event_id.as_bytes(),
+        headers,
+        dedupe_key: None,
+        answer: Some(Answer {
+            status: 200,
+            content_type: "application/json",
+            body: b"{}",
+        }),
+    }
+}
+
+/// Ids of the rows of lane `held`/`t` due now, as a take would find them.
+fn due_now(conn: &mut AnyConnection) -> Vec<String> {
+    let want = deliveries::Want {
+        source: "held".to_owned(),
+        target: "t".to_owned(),
+        limit: 100,
+        ordered: false,
+        lease: Duration::from_secs(60),
+    };
+    let mut ids: Vec<String> = deliveries::take_due(conn, &[want], 3)
+        .expect("the take runs")
+        .into_iter()
+        .map(|d| d.event_id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives() {
+    let db = TestDb::create();
+    let store = Store::parse(&db.url).expect("a store");
+    let mut conn = db.connect();
+    db::migrate(&mut conn, |_| Ok(())).expect("the migrations apply");
+
+    let first_id = Arc::new(AtomicI64::new(1001));
+    let mut first = Registration::new(store.clone(), first_id.clone());
+    assert!(first.look(&mut conn).expect("it registers").is_empty());
+    let first_number = first_id.load(std::sync::atomic::Ordering::SeqCst);
+
+    // Two rows handed over to the first instance, leased for an hour; one queued for a take.
+    let headers = serde_json::json!({});
+    let lease = Lease {
+        until: db::now() + chrono::Duration::hours(1),
+        by: first_number,
+    };
+    let leased = [ToQueue {
+        target: "t",
+        lease: Some(lease),
+    }];
+    let queued = [ToQueue::target("t")];
+    events::claim_and_queue(
+        &mut conn,
+        &[
+            (event("a", &headers), &leased[..]),
+            (event("b", &headers), &leased[..]),
+            (event("c", &headers), &queued[..]),
+        ],
+    )
+    .expect("the events are stored");
+    assert_eq!(due_now(&mut conn), ["c"], "only the row not leased is due");
+
+    // A second instance looks while the first lives: nothing is taken back.
+    let mut second = Registration::new(store, Arc::new(AtomicI64::new(2002)));
+    assert!(second.look(&mut conn).expect("it registers").is_empty());
+    assert_eq!(db.count("instances"), 2);
+    assert!(due_now(&mut conn).is_empty());
+
+    // The first goes (its lock with it), with its two rows leased for another hour.
+    drop(first);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let taken_back = loop {
+        let taken_back = second.look(&mut conn).expect("it looks");
+        if !taken_back.is_empty() || std::time::Instant::now() > deadline {
+            break taken_back;
+        }
+        // PostgreSQL lets go of a closed session's locks as its backend exits.
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(taken_back.len(), 1, "{taken_back:?}");
+    assert_eq!((taken_back[0].id, taken_back[0].rows), (first_number, 2));
+    assert_eq!(taken_back[0].pid, i64::from(std::process::id()));
+    assert_eq!(db.count("instances"), 1, "the dead instance's row is gone");
+    assert_eq!(due_now(&mut conn), ["a", "b"], "due now, not in an hour");
+    // Taken back once: a later look finds nobody else.
+    assert!(second.look(&mut conn).expect("it looks").is_empty());
+}
