@@ -278,10 +278,7 @@ pub async fn run(outbox: Outbox, wake: Wake) {
     // The gauges are counted at once, then every GAUGES_EVERY: a backlog left from before this
     // process started shows from the start.
     let mut gauges_at: Option<Instant> = None;
-    // This instance registers, and takes back the rows of instances that died, at once, then
-    // every INSTANCES_EVERY (see `db::instances`).
-    let registration = outbox.registration();
-    let mut instances_at: Option<Instant> = None;
+    actix_web::rt::spawn(look_after_instances(outbox.clone(), wake.clone()));
     // The first look is at every lane: rows may be waiting from before this process started.
     let mut look = true;
     let mut poll = false;
@@ -290,12 +287,6 @@ pub async fn run(outbox: Outbox, wake: Wake) {
         start_handed(&runner, &outcomes, &wake);
         if wake.take_look() {
             look = true;
-        }
-        if instances_at.is_none_or(|at| at.elapsed() >= INSTANCES_EVERY) {
-            instances_at = Some(Instant::now());
-            if outbox.look_after_instances(&registration).await {
-                look = true;
-            }
         }
         // The poll: rows queued or released by other instances, leases run out, retries come
         // due. It comes every POLL_EVERY however often something else wakes the dispatcher:
@@ -341,6 +332,21 @@ pub async fn run(outbox: Outbox, wake: Wake) {
     // rows still being handed over.
     outcomes.ready.notify_one();
     tracing::info!("forward dispatcher stopped");
+}
+
+/// Registers this instance, and takes back the rows of instances that died, at once and then
+/// every [`INSTANCES_EVERY`] for as long as the process runs (see `db::instances`); rows taken
+/// back are looked for at once. It outlives a stopping dispatcher on purpose: attempts still
+/// under way then are this instance's, and its lock says so until the process ends. A task of
+/// its own: a database that hangs holds up this look, not the dispatcher's takes.
+async fn look_after_instances(outbox: Outbox, wake: Wake) {
+    let registration = outbox.registration();
+    loop {
+        if outbox.look_after_instances(&registration).await {
+            wake.queued();
+        }
+        tokio::time::sleep(INSTANCES_EVERY).await;
+    }
 }
 
 /// Commits outcomes in batches ([`gather`]), whatever ended while the last batch was written
