@@ -207,6 +207,68 @@ async fn an_ordered_target_gets_events_in_received_order_across_two_processes() 
 }
 
 #[actix_web::test]
+async fn an_older_event_redelivered_while_another_process_sends_a_later_one_waits_for_it() {
+    let ids = ids(2);
+    let (older, later) = (ids[0].clone(), ids[1].clone());
+    let later_key = format!("stripe:{later}");
+    // The later event's first attempt is held at the sink for a while.
+    let downstream = Downstream::start(move |key, earlier| {
+        let held = key == later_key && earlier == 0;
+        (200, Duration::from_millis(if held { 1500 } else { 0 }))
+    });
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &target("ledger", &downstream.url, "ordered = true"),
+    );
+    let config = parse_config(&text);
+    let one = Process::serve(&text);
+    let two = Process::serve(&text);
+    send_all(&one.address, &config, std::slice::from_ref(&older), 1).await;
+    poll_until(
+        "the older event is delivered",
+        Duration::from_secs(30),
+        || db.count("deliveries WHERE state = 'delivered'") == 1,
+    )
+    .await;
+    send_all(&two.address, &config, std::slice::from_ref(&later), 1).await;
+    poll_until(
+        "the later event's attempt is under way",
+        Duration::from_secs(30),
+        || downstream.answering() == 1,
+    )
+    .await;
+
+    // The older event is the lane's head again, due now; whichever process is not sending the
+    // later one must still wait for that attempt to end.
+    let redeliver = awc::Client::new()
+        .post(format!(
+            "{}/admin/events/stripe/{older}/redeliver",
+            one.address
+        ))
+        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+        .send()
+        .await
+        .expect("the admin API answers");
+    assert_eq!(redeliver.status().as_u16(), 202);
+    let older_key = format!("stripe:{older}");
+    poll_until(
+        "the older event arrived again",
+        Duration::from_secs(30),
+        || downstream.for_key(&older_key).len() == 2,
+    )
+    .await;
+    assert_eq!(
+        downstream.most_in_flight(),
+        1,
+        "an ordered target had two requests in flight at once"
+    );
+    let later_attempt = &downstream.for_key(&format!("stripe:{later}"))[0];
+    let again = &downstream.for_key(&older_key)[1];
+    assert!(again.at >= later_attempt.at + Duration::from_millis(1500));
+}
+
+#[actix_web::test]
 async fn after_a_sigkill_with_hundreds_pending_on_two_targets_every_pair_arrives_with_its_key() {
     // A slow sink, so most rows are still waiting when the process dies.
     let downstream = Downstream::start(|_, _| (200, Duration::from_secs(2)));
