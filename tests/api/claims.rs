@@ -415,6 +415,18 @@ fn delivered(due: &deliveries::Due) -> deliveries::Settled {
     }
 }
 
+/// `due`'s attempt failed with a 503: retried in 30 s.
+fn retried(due: &deliveries::Due) -> deliveries::Settled {
+    deliveries::Settled {
+        outcome: deliveries::Settle::Retry {
+            status: Some(503),
+            error: "the downstream answered 503".to_owned(),
+            after: std::time::Duration::from_secs(30),
+        },
+        ..delivered(due)
+    }
+}
+
 #[test]
 fn an_outcome_of_an_attempt_series_a_requeue_replaced_changes_nothing() {
     let (_db, mut conn) = migrated();
@@ -447,41 +459,27 @@ fn an_outcome_of_an_attempt_series_a_requeue_replaced_changes_nothing() {
     assert_eq!(second.len(), 1);
     assert_eq!((second[0].attempt, second[0].series), (1, 1));
 
-    // The first attempt's outcome, come late, names attempt 1 of the old series: nothing.
-    deliveries::settle(&mut conn, &[delivered(&first[0])]).expect("the outcome is stored");
-    let row = deliveries::of_event(&mut conn, stored[0].row)
-        .expect("reads")
-        .remove(0);
-    assert_eq!((row.state.as_str(), row.attempts), ("pending", 1));
-    // A late retry neither.
-    deliveries::settle(
-        &mut conn,
-        &[deliveries::Settled {
-            outcome: deliveries::Settle::Retry {
-                status: Some(503),
-                error: "late".to_owned(),
-                after: std::time::Duration::from_secs(30),
-            },
-            ..delivered(&first[0])
-        }],
-    )
-    .expect("the outcome is stored");
-    let row = deliveries::of_event(&mut conn, stored[0].row)
-        .expect("reads")
-        .remove(0);
+    // The first attempt's outcome, come late, names attempt 1 of the old series: nothing, and
+    // a late retry neither. The new series' own outcome applies.
+    let event_row = stored[0].row;
+    let mut after = |outcome: deliveries::Settled| {
+        deliveries::settle(&mut conn, &[outcome]).expect("the outcome is stored");
+        let d = deliveries::of_event(&mut conn, event_row)
+            .expect("reads")
+            .remove(0);
+        (d.state, d.attempts, d.last_status)
+    };
     assert_eq!(
-        (row.state.as_str(), row.last_status),
-        ("pending", Some(400))
+        after(delivered(&first[0])),
+        ("pending".to_owned(), 1, Some(400))
     );
-
-    // The new series' own outcome applies.
-    deliveries::settle(&mut conn, &[delivered(&second[0])]).expect("the outcome is stored");
-    let row = deliveries::of_event(&mut conn, stored[0].row)
-        .expect("reads")
-        .remove(0);
     assert_eq!(
-        (row.state.as_str(), row.last_status),
-        ("delivered", Some(200))
+        after(retried(&first[0])),
+        ("pending".to_owned(), 1, Some(400))
+    );
+    assert_eq!(
+        after(delivered(&second[0])),
+        ("delivered".to_owned(), 1, Some(200))
     );
 }
 
@@ -542,18 +540,7 @@ fn an_ordered_lane_gives_nothing_while_any_of_its_rows_is_leased_even_one_behind
         "two attempts of an ordered lane at once"
     );
     // A failed attempt ends the lease too: then the head goes.
-    deliveries::settle(
-        &mut conn,
-        &[deliveries::Settled {
-            outcome: deliveries::Settle::Retry {
-                status: Some(503),
-                error: "the downstream answered 503".to_owned(),
-                after: std::time::Duration::from_secs(30),
-            },
-            ..delivered(&next[0])
-        }],
-    )
-    .expect("the outcome is stored");
+    deliveries::settle(&mut conn, &[retried(&next[0])]).expect("the outcome is stored");
     let again = deliveries::take_due(&mut conn, &ordered, 7).expect("the take runs");
     assert_eq!(
         again

@@ -175,18 +175,25 @@ async fn an_ordered_target_gets_events_in_received_order_and_a_retry_holds_back_
     assert_in_order(&downstream, &ids);
 }
 
-#[actix_web::test]
-async fn an_ordered_target_gets_events_in_received_order_across_two_processes() {
-    let ids = ids(100);
-    let downstream = sink_failing_twice(format!("stripe:{}", ids[9]));
+/// A database and two processes sharing it, with one ordered target at `downstream`.
+fn two_processes_ordered(
+    downstream: &Downstream,
+) -> (TestDb, hookbox::config::Config, Process, Process) {
     let db = TestDb::create();
     let text = config_text(
         &db.url,
         &target("ledger", &downstream.url, "ordered = true"),
     );
     let config = parse_config(&text);
-    let one = Process::serve(&text);
-    let two = Process::serve(&text);
+    let (one, two) = (Process::serve(&text), Process::serve(&text));
+    (db, config, one, two)
+}
+
+#[actix_web::test]
+async fn an_ordered_target_gets_events_in_received_order_across_two_processes() {
+    let ids = ids(100);
+    let downstream = sink_failing_twice(format!("stripe:{}", ids[9]));
+    let (_db, config, one, two) = two_processes_ordered(&downstream);
     for (i, id) in ids.iter().enumerate() {
         let address = if i % 2 == 0 {
             &one.address
@@ -216,14 +223,7 @@ async fn an_older_event_redelivered_while_another_process_sends_a_later_one_wait
         let held = key == later_key && earlier == 0;
         (200, Duration::from_millis(if held { 1500 } else { 0 }))
     });
-    let db = TestDb::create();
-    let text = config_text(
-        &db.url,
-        &target("ledger", &downstream.url, "ordered = true"),
-    );
-    let config = parse_config(&text);
-    let one = Process::serve(&text);
-    let two = Process::serve(&text);
+    let (db, config, one, two) = two_processes_ordered(&downstream);
     send_all(&one.address, &config, std::slice::from_ref(&older), 1).await;
     poll_until(
         "the older event is delivered",
@@ -241,16 +241,12 @@ async fn an_older_event_redelivered_while_another_process_sends_a_later_one_wait
 
     // The older event is the lane's head again, due now; whichever process is not sending the
     // later one must still wait for that attempt to end.
-    let redeliver = awc::Client::new()
-        .post(format!(
-            "{}/admin/events/stripe/{older}/redeliver",
-            one.address
-        ))
-        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
-        .send()
-        .await
-        .expect("the admin API answers");
-    assert_eq!(redeliver.status().as_u16(), 202);
+    let (status, _) = admin_post(
+        &one.address,
+        &format!("/admin/events/stripe/{older}/redeliver"),
+    )
+    .await;
+    assert_eq!(status, 202);
     let older_key = format!("stripe:{older}");
     poll_until(
         "the older event arrived again",

@@ -571,6 +571,20 @@ pub fn with_server_keys(text: &str, keys: &str) -> String {
     text.replacen("[server]\n", &format!("[server]\n{keys}\n"), 1)
 }
 
+/// `POST {address}{path}` to the admin API with the test token: the status, and the body as
+/// JSON (null if it is not).
+pub async fn admin_post(address: &str, path: &str) -> (u16, serde_json::Value) {
+    let mut response = awc::Client::new()
+        .post(format!("{address}{path}"))
+        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+        .send()
+        .await
+        .expect("the admin API answers");
+    let body = response.body().await.expect("a body");
+    let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    (response.status().as_u16(), json)
+}
+
 /// `GET {address}{path}`, with a bearer token if given.
 pub async fn get(address: &str, path: &str, token: Option<&str>) -> Answer {
     let mut request = client().get(format!("{address}{path}"));

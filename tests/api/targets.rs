@@ -163,15 +163,7 @@ async fn the_single_table_form_is_one_target_named_default() {
 
 /// An admin POST; its status and JSON body.
 async fn admin_post(app: &TestApp, path: &str) -> (u16, serde_json::Value) {
-    let mut response = awc::Client::new()
-        .post(format!("{}{path}", app.address))
-        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
-        .send()
-        .await
-        .expect("the admin API answers");
-    let body = response.body().await.expect("a body");
-    let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-    (response.status().as_u16(), json)
+    crate::helpers::admin_post(&app.address, path).await
 }
 
 /// The state of each of the event's deliveries, by target.
