@@ -1059,15 +1059,24 @@ pub fn requeue(
 /// Takes back the rows the instance `holder` leased (by a take, or a claim that handed them
 /// over) and had no outcome for: `db::instances` found it dead. Each is due now, as if its
 /// lease had run out; its attempt may have reached the downstream, so it goes again with the
-/// same key (at least once). Returns how many.
+/// same key (at least once).
+///
+/// The attempt is numbered again: most such rows were leased and never sent (a claim's handed
+/// rows wait for a slot), and a downstream's first request should not say attempt 2, nor a
+/// crash use up one of `max_attempts`. One that was sent arrives twice with one number. The
+/// series moves on, so an outcome of the taken-back attempt that still comes (its instance was
+/// alive after all, and had lost its lock's connection) changes nothing. Returns how many.
 pub(super) fn release_leased_by(conn: &mut AnyConnection, holder: i64) -> QueryResult<usize> {
     let now = now();
     on_backend!(conn, c => diesel::update(
         deliveries::table
             .filter(deliveries::state.eq("pending"))
-            .filter(deliveries::leased_by.eq(holder)),
+            .filter(deliveries::leased_by.eq(holder))
+            .filter(deliveries::attempts.gt(0)),
     )
     .set((
+        deliveries::attempts.eq(deliveries::attempts - 1),
+        deliveries::series.eq(deliveries::series + 1),
         deliveries::next_attempt_at.eq(now),
         deliveries::leased_until.eq(None::<DateTime<Utc>>),
         deliveries::leased_by.eq(None::<i64>),

@@ -1,8 +1,9 @@
 -- What `attempts` and `next_attempt_at` alone could not tell apart.
 --
 -- `series` counts the attempt series of a row: a requeue or redeliver starts a new one (and
--- resets `attempts`), so an outcome names (id, series, attempt) and one that comes back late,
--- from a series since replaced, changes nothing.
+-- resets `attempts`), and so does taking a dead instance's row back (which numbers its attempt
+-- again), so an outcome names (id, series, attempt) and one that comes back late, from a
+-- series since replaced, changes nothing.
 --
 -- `leased_until` is set when a dispatcher takes the row for an attempt: the end of its lease,
 -- as `next_attempt_at` is then; a failed attempt's outcome clears it, so a row waiting out a
@@ -20,7 +21,7 @@ ALTER TABLE deliveries
     ADD COLUMN leased_until TIMESTAMPTZ,
     ADD COLUMN leased_by BIGINT;
 
-COMMENT ON COLUMN deliveries.series IS 'attempt series: 0 when queued, one more at each requeue or redeliver; an outcome applies only to the series it was sent in';
+COMMENT ON COLUMN deliveries.series IS 'attempt series: 0 when queued, one more at each requeue, redeliver or take-back from a dead instance; an outcome applies only to the series it was sent in';
 COMMENT ON COLUMN deliveries.leased_until IS 'the end of the lease of the attempt a take started (read while the row is pending); NULL while the row waits for its next attempt, and on rows a claim handed over';
 COMMENT ON COLUMN deliveries.leased_by IS 'the instance (instances.id) whose attempt this pending row waits for; NULL while it waits for its next attempt';
 
