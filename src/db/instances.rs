@@ -9,17 +9,20 @@
 //! the dispatcher leases names it (`deliveries.leased_by`).
 //!
 //! At every look (at the start, then every few seconds) a dispatcher tries the lock of each
-//! other instance in the table. One whose lock it gets has died: the rows it had leased and
-//! not settled are due again at once ([`super::deliveries`]'s `release_leased_by`), and its
-//! row is deleted. Without this they would wait for their leases to run out (twice the
+//! other instance in the table. One whose lock it gets at two looks in a row has died: the
+//! rows it had leased and not settled are due again at once ([`super::deliveries`]'s
+//! `release_leased_by`), and its row is deleted. (Two looks, because a live instance whose
+//! lock connection broke takes its lock again at its own next look: one free lock alone would
+//! have its attempts under way sent a second time at once.) Without this they would wait for their leases to run out (twice the
 //! target's timeout and 5 s: 25 s at the default), which is still what happens where there is
 //! no lock to try (an in-memory SQLite store lives and dies with its one process anyway).
 //!
 //! Rows leased by an instance whose lock is held are left alone. Should a live instance lose
-//! its lock (its lock connection broke, PostgreSQL restarted), another may take its rows back
-//! while it is still sending them: they are sent again with their one key, at least once as
-//! always, and the instance takes its lock again at its next look.
+//! its lock for longer than a look (its lock connection broke and cannot be made again),
+//! another may take its rows back while it is still sending them: they are sent again with
+//! their one key, at least once as always.
 
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -63,6 +66,8 @@ pub struct Registration {
     lock: Option<Lock>,
     /// Whether its row is known to be in the table.
     listed: bool,
+    /// The other instances whose lock was free at the last look.
+    free: HashSet<i64>,
 }
 
 enum Lock {
@@ -87,6 +92,7 @@ impl Registration {
             id,
             lock: None,
             listed: false,
+            free: HashSet::new(),
         }
     }
 
@@ -114,16 +120,23 @@ impl Registration {
             self.listed = true;
         }
         let mut taken_back = Vec::new();
+        let mut free = HashSet::new();
         for (other, host, pid) in others(conn, id)? {
-            if let Some(rows) = take_back_if_dead(&self.store, conn, other)? {
-                taken_back.push(TakenBack {
+            let confirm = self.free.contains(&other);
+            match look_at(&self.store, conn, other, confirm)? {
+                Found::Alive => {}
+                Found::Free => {
+                    free.insert(other);
+                }
+                Found::TakenBack(rows) => taken_back.push(TakenBack {
                     id: other,
                     host,
                     pid,
                     rows,
-                });
+                }),
             }
         }
+        self.free = free;
         Ok(taken_back)
     }
 
@@ -244,15 +257,28 @@ fn is_listed(conn: &mut AnyConnection, id: i64) -> QueryResult<bool> {
     Ok(n > 0)
 }
 
-/// Whether instance `id` is dead; if so, takes its leased rows back and deletes its row, and
-/// returns how many rows. On PostgreSQL its lock is tried for the transaction that does so
-/// (so it cannot come back to life under the same number meanwhile); on SQLite its lock file
-/// is held locked until the rows are back, then removed.
-fn take_back_if_dead(
+/// What a look found of another instance.
+enum Found {
+    /// Its lock is held: it lives.
+    Alive,
+    /// Its lock is free, seen for the first time: it may be dead, or alive and about to take
+    /// its lock again (its lock connection broke). Taken back at the next look if still free.
+    Free,
+    /// Its lock was free at the last look and still is: its leased rows (this many) are due
+    /// again and its row is gone.
+    TakenBack(usize),
+}
+
+/// Tries instance `id`'s lock; if it is free and `confirm` (it was free at the last look
+/// too), takes its leased rows back and deletes its row. On PostgreSQL its lock is held for
+/// the transaction that does so (so it cannot come back to life under the same number
+/// meanwhile); on SQLite its lock file is held locked until the rows are back, then removed.
+fn look_at(
     store: &Store,
     conn: &mut AnyConnection,
     id: i64,
-) -> anyhow::Result<Option<usize>> {
+    confirm: bool,
+) -> anyhow::Result<Found> {
     let forget = |conn: &mut AnyConnection| -> QueryResult<usize> {
         let rows = super::deliveries::release_leased_by(conn, id)?;
         on_backend!(conn, c => diesel::delete(instances::table.find(id)).execute(c))?;
@@ -265,29 +291,33 @@ fn take_back_if_dead(
                     .bind::<Integer, _>(INSTANCE_LOCK_CLASS)
                     .bind::<Integer, _>(second_key(id))
                     .get_result(conn)?;
-            if !locked.locked {
-                return Ok(None);
-            }
-            forget(conn).map(Some)
+            Ok::<_, diesel::result::Error>(match (locked.locked, confirm) {
+                (false, _) => Found::Alive,
+                (true, false) => Found::Free,
+                (true, true) => Found::TakenBack(forget(conn)?),
+            })
         })?),
         Store::SqliteFile(path) => {
             let path = lock_path(path, id);
             let held = match OpenOptions::new().write(true).open(&path) {
                 Ok(file) => match file.try_lock() {
                     Ok(()) => Some(file),
-                    Err(TryLockError::WouldBlock) => return Ok(None),
+                    Err(TryLockError::WouldBlock) => return Ok(Found::Alive),
                     Err(TryLockError::Error(e)) => return Err(e.into()),
                 },
                 // No file: it never took its lock, or its rows were taken back before.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => return Err(e.into()),
             };
+            if !confirm {
+                return Ok(Found::Free);
+            }
             let rows = write_transaction(conn, forget)?;
             if held.is_some() {
                 let _ = std::fs::remove_file(&path);
             }
-            Ok(Some(rows))
+            Ok(Found::TakenBack(rows))
         }
-        Store::SqliteMemory => Ok(None),
+        Store::SqliteMemory => Ok(Found::Alive),
     }
 }

@@ -119,3 +119,69 @@ fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives(
     // Taken back once: a later look finds nobody else.
     assert!(second.look(&mut conn).expect("it looks").is_empty());
 }
+
+#[test]
+fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
+    if skip_on_sqlite(
+        "a_live_instance_whose_lock_connection_broke_keeps_its_rows",
+        "a file lock cannot be lost by a live process",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let store = Store::parse(&db.url).expect("a store");
+    let mut conn = db.connect();
+    db::migrate(&mut conn, |_| Ok(())).expect("the migrations apply");
+    let first_id = Arc::new(AtomicI64::new(3003));
+    let mut first = Registration::new(store.clone(), first_id.clone());
+    assert!(first.look(&mut conn).expect("it registers").is_empty());
+    let first_number = first_id.load(std::sync::atomic::Ordering::SeqCst);
+    let headers = serde_json::json!({});
+    let leased = [ToQueue {
+        target: "t",
+        lease: Some(Lease {
+            until: db::now() + chrono::Duration::hours(1),
+            by: first_number,
+        }),
+    }];
+    events::claim_and_queue(&mut conn, &[(event("a", &headers), &leased[..])])
+        .expect("the event is stored");
+    let mut second = Registration::new(store, Arc::new(AtomicI64::new(4004)));
+    assert!(second.look(&mut conn).expect("it registers").is_empty());
+
+    // The first instance's lock connection is cut (as a PostgreSQL restart would): its lock
+    // is free until its own next look takes it again.
+    let cut = db.count(&format!(
+        "(SELECT pg_terminate_backend(pid) AS done FROM pg_locks \
+          WHERE locktype = 'advisory' AND classid = 1751868024 AND objid = {first_number} \
+            AND granted) AS cut WHERE cut.done"
+    ));
+    assert_eq!(cut, 1, "one lock connection was cut");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while db.count(&format!(
+        "pg_locks WHERE locktype = 'advisory' AND objid = {first_number}"
+    )) > 0
+    {
+        assert!(std::time::Instant::now() < deadline, "the lock never went");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The second instance finds it free once: not yet taken for dead.
+    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(due_now(&mut conn).is_empty());
+    // The first takes its lock again, under its own number; the second then finds it alive.
+    assert!(first
+        .look(&mut conn)
+        .expect("it registers again")
+        .is_empty());
+    assert_eq!(
+        first_id.load(std::sync::atomic::Ordering::SeqCst),
+        first_number
+    );
+    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(
+        due_now(&mut conn).is_empty(),
+        "the live instance's row stays leased"
+    );
+    assert_eq!(db.count("instances"), 2);
+}
