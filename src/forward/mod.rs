@@ -122,7 +122,10 @@ impl Wake {
     /// downstream answered (the answer is read, and outcomes are written in batches, up to
     /// 20 ms apart); a redeliver or requeue made in between, say the moment a downstream
     /// answered, would find the row still pending and leave it. So they wait for this first.
-    pub async fn outcomes_written(&self) {
+    /// `rows`: only the attempts of these rows (a redeliver of one event, a requeue of one
+    /// delivery), so that an attempt of another event to a slow downstream does not hold the
+    /// call up; `None`: every attempt (a bulk requeue, which may touch any row).
+    pub async fn outcomes_written(&self, rows: Option<&[i64]>) {
         let started = self.unwritten().started;
         let deadline = tokio::time::Instant::now() + WRITTEN_WAIT;
         loop {
@@ -130,12 +133,22 @@ impl Wake {
             tokio::pin!(notified);
             // Registered before the look, so a write in between still wakes it.
             notified.as_mut().enable();
-            if self
-                .unwritten()
-                .numbers
-                .first()
-                .is_none_or(|oldest| *oldest > started)
-            {
+            let waiting = {
+                let unwritten = self.unwritten();
+                match rows {
+                    None => unwritten
+                        .numbers
+                        .first()
+                        .is_some_and(|oldest| *oldest <= started),
+                    Some(rows) => rows.iter().any(|row| {
+                        unwritten
+                            .by_row
+                            .get(row)
+                            .is_some_and(|number| *number <= started)
+                    }),
+                }
+            };
+            if !waiting {
                 return;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {

@@ -174,12 +174,25 @@ pub(super) async fn redeliver(
 ) -> Result<Option<usize>, ApiError> {
     let (logged_source, logged_id, logged_target) =
         (source.clone(), event_id.clone(), target.clone());
-    // An attempt that just ended is delivered or dead once its outcome is written.
-    state.forward.outcomes_written().await;
+    let found = with_db(state, "redeliver", move |conn| {
+        let Some(row) = db::events::row_of(conn, &source, &event_id)? else {
+            return Ok(None);
+        };
+        let rows: Vec<i64> = deliveries::of_event(conn, row)?
+            .iter()
+            .map(|d| d.id)
+            .collect();
+        Ok(Some((row, rows)))
+    })
+    .await?;
+    let Some((row, rows)) = found else {
+        return Ok(None);
+    };
+    // An attempt of the event that just ended is delivered or dead once its outcome is
+    // written; an attempt of another event is not waited for.
+    state.forward.outcomes_written(Some(&rows)).await;
     let requeued = with_db(state, "redeliver", move |conn| {
-        db::events::row_of(conn, &source, &event_id)?
-            .map(|row| deliveries::redeliver(conn, row, target.as_deref()))
-            .transpose()
+        deliveries::redeliver(conn, row, target.as_deref()).map(Some)
     })
     .await?;
     if let Some(n) = requeued.filter(|n| *n > 0) {
@@ -217,7 +230,7 @@ pub async fn requeue_dead(
     let since = since_text.as_deref().map(parse_since).transpose()?;
     let (logged_source, logged_target) = (source.clone(), target.clone());
     // An attempt that just ended is dead once its outcome is written.
-    state.forward.outcomes_written().await;
+    state.forward.outcomes_written(None).await;
     let requeued = with_db(&state, "bulk requeue", move |conn| {
         deliveries::requeue_dead(conn, source.as_deref(), target.as_deref(), since)
     })
@@ -259,7 +272,7 @@ pub(super) async fn requeue(
     by: &'static str,
 ) -> Result<Option<Result<DeliveryView, String>>, ApiError> {
     // An attempt that just ended is dead once its outcome is written.
-    state.forward.outcomes_written().await;
+    state.forward.outcomes_written(Some(&[id])).await;
     let result = with_db(state, "requeue", move |conn| deliveries::requeue(conn, id)).await?;
     if let Some(Ok(_)) = &result {
         tracing::info!(delivery = id, "dead delivery re-queued by {by}");
