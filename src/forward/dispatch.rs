@@ -339,11 +339,31 @@ pub async fn run(outbox: Outbox, wake: Wake) {
 /// back are looked for at once. It outlives a stopping dispatcher on purpose: attempts still
 /// under way then are this instance's, and its lock says so until the process ends. A task of
 /// its own: a database that hangs holds up this look, not the dispatcher's takes.
+/// A look that fails is a WARN the first time in a row, and each after it a DEBUG.
 async fn look_after_instances(outbox: Outbox, wake: Wake) {
     let registration = outbox.registration();
+    let mut failing = false;
     loop {
-        if outbox.look_after_instances(&registration).await {
-            wake.queued();
+        match outbox.look_after_instances(&registration).await {
+            Ok(took_back) => {
+                failing = false;
+                if took_back {
+                    wake.queued();
+                }
+            }
+            Err(error) if failing => {
+                tracing::debug!(%error, "cannot look after this instance's registration")
+            }
+            Err(error) => {
+                failing = true;
+                tracing::warn!(
+                    %error,
+                    "cannot register this instance or look for instances that died; tried \
+                     again every 2 s. Meanwhile, should an instance die, its deliveries under \
+                     way wait for their leases to run out (twice the target's timeout and 5 s) \
+                     instead of being taken back at once"
+                );
+            }
         }
         tokio::time::sleep(INSTANCES_EVERY).await;
     }

@@ -290,27 +290,26 @@ impl Outbox {
     }
 
     /// Keeps this instance registered, and takes back at once the rows leased by instances
-    /// that died (see `db::instances`); whether any came back. A failure is left to the next
-    /// look: meanwhile such rows wait for their leases to run out, as they would anyway.
-    async fn look_after_instances(&self, registration: &Arc<Mutex<Registration>>) -> bool {
+    /// that died (see `db::instances`); whether any came back, or why the look failed. A
+    /// failure is left to the next look: meanwhile such rows wait for their leases to run out,
+    /// as they would anyway.
+    async fn look_after_instances(
+        &self,
+        registration: &Arc<Mutex<Registration>>,
+    ) -> Result<bool, String> {
         let (pool, registration) = (self.pool.clone(), registration.clone());
         let looked = web::block(move || {
             let mut registration = registration.lock().unwrap_or_else(|e| e.into_inner());
-            let mut taken_back = Vec::new();
-            in_turn(&pool, |conn| {
-                taken_back = registration.look(conn).map_err(|e| {
-                    tracing::debug!(error = %e, "cannot look after this instance's registration");
-                    diesel::result::Error::RollbackTransaction
-                })?;
+            let mut looked = Err(String::new());
+            let turn = in_turn(&pool, |conn| {
+                looked = registration.look(conn).map_err(|e| format!("{e:#}"));
                 Ok(())
-            })
-            .map(|()| taken_back)
+            });
+            turn.map_err(|e| format!("{e:#}")).and(looked)
         })
-        .await;
-        let Ok(Ok(taken_back)) = looked else {
-            return false;
-        };
-        for dead in taken_back.iter().filter(|dead| dead.rows > 0) {
+        .await
+        .unwrap_or_else(|_| Err("the look panicked".to_owned()))?;
+        for dead in looked.iter().filter(|dead| dead.rows > 0) {
             tracing::info!(
                 instance = dead.id,
                 host = %dead.host,
@@ -321,7 +320,7 @@ impl Outbox {
                  before it stopped may arrive twice)"
             );
         }
-        taken_back.iter().any(|dead| dead.rows > 0)
+        Ok(looked.iter().any(|dead| dead.rows > 0))
     }
 
     /// One pass: takes what is due now (as much as each target's limits allow), sends it,
