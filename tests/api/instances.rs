@@ -51,17 +51,23 @@ fn due_now(conn: &mut AnyConnection) -> Vec<(String, i32, i32)> {
     ids
 }
 
-#[test]
-fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives() {
+/// A migrated test database, its store, a connection, and a first instance registered on it
+/// (asking for number `number`), with the number it got.
+fn registered(number: i64) -> (TestDb, Store, AnyConnection, Registration, i64) {
     let db = TestDb::create();
     let store = Store::parse(&db.url).expect("a store");
     let mut conn = db.connect();
     db::migrate(&mut conn, |_| Ok(())).expect("the migrations apply");
-
-    let first_id = Arc::new(AtomicI64::new(1001));
-    let mut first = Registration::new(store.clone(), first_id.clone());
+    let id = Arc::new(AtomicI64::new(number));
+    let mut first = Registration::new(store.clone(), id.clone());
     assert!(first.look(&mut conn).expect("it registers").is_empty());
-    let first_number = first_id.load(std::sync::atomic::Ordering::SeqCst);
+    let number = id.load(std::sync::atomic::Ordering::SeqCst);
+    (db, store, conn, first, number)
+}
+
+#[test]
+fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives() {
+    let (db, store, mut conn, first, first_number) = registered(1001);
 
     // Two rows handed over to the first instance, leased for an hour; one queued for a take.
     let headers = serde_json::json!({});
@@ -128,14 +134,7 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
     ) {
         return;
     }
-    let db = TestDb::create();
-    let store = Store::parse(&db.url).expect("a store");
-    let mut conn = db.connect();
-    db::migrate(&mut conn, |_| Ok(())).expect("the migrations apply");
-    let first_id = Arc::new(AtomicI64::new(3003));
-    let mut first = Registration::new(store.clone(), first_id.clone());
-    assert!(first.look(&mut conn).expect("it registers").is_empty());
-    let first_number = first_id.load(std::sync::atomic::Ordering::SeqCst);
+    let (db, store, mut conn, mut first, first_number) = registered(3003);
     let headers = serde_json::json!({});
     let leased = [ToQueue {
         target: "t",
@@ -174,8 +173,11 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
         .expect("it registers again")
         .is_empty());
     assert_eq!(
-        first_id.load(std::sync::atomic::Ordering::SeqCst),
-        first_number
+        db.count(&format!(
+            "pg_locks WHERE locktype = 'advisory' AND objid = {first_number} AND granted"
+        )),
+        1,
+        "its lock is held again, under its own number"
     );
     assert!(second.look(&mut conn).expect("it looks").is_empty());
     assert!(second.look(&mut conn).expect("it looks").is_empty());
