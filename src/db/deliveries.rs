@@ -42,7 +42,8 @@ pub struct Due {
     /// Which attempt this is, from 1.
     #[diesel(sql_type = Integer)]
     pub attempt: i32,
-    /// Which attempt series (0 until a requeue or redeliver starts another).
+    /// Which attempt series (0 until a requeue, a redeliver or a take-back from a dead
+    /// instance starts another).
     #[diesel(sql_type = Integer)]
     pub series: i32,
     /// The event's source.
@@ -102,8 +103,8 @@ pub struct Settled {
     /// The outbox row.
     pub id: i64,
     /// The attempt that ended, and its series: a row taken again since (its lease ran out,
-    /// or it was re-queued, which starts a new series and counts its attempts from 1 again) is
-    /// not overwritten by this older outcome.
+    /// or it was re-queued or taken back from an instance found dead, either of which starts
+    /// a new series and counts its attempts anew) is not overwritten by this older outcome.
     pub attempt: i32,
     pub series: i32,
     /// How it ended.
