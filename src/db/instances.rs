@@ -148,8 +148,9 @@ impl Registration {
                 tracing::warn!(
                     instance = self.id(),
                     "the connection that holds this instance's lock broke; taking it again \
-                     (meanwhile another instance may have taken this one's leased deliveries \
-                     back and sent them again, with the same key)"
+                     (should that fail for longer than two of another instance's looks, 2 s \
+                     apart, it takes this one's deliveries under way back and sends them again, \
+                     with the same key)"
                 );
                 self.lock = None;
                 self.listed = false;
