@@ -147,15 +147,21 @@ async fn a_stored_event_is_forwarded_once_signed_with_its_key_and_a_redelivery_q
     assert_eq!(app.db.count("deliveries"), 1);
 }
 
+/// Sends one new stripe event to `app`; returns its id and its `Idempotency-Key`.
+async fn send_one(app: &TestApp) -> (String, String) {
+    let id = unique_id("evt");
+    app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
+        .await;
+    let key = format!("stripe:{id}");
+    (id, key)
+}
+
 #[actix_web::test]
 async fn a_failing_downstream_is_retried_with_growing_gaps_and_the_same_key() {
     let downstream =
         Downstream::start(|_, earlier| (if earlier < 3 { 503 } else { 200 }, Duration::ZERO));
     let app = forwarding_app(&downstream, "5s", 12).await;
-    let id = unique_id("evt");
-    app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
-        .await;
-    let key = format!("stripe:{id}");
+    let (id, key) = send_one(&app).await;
     poll_until(
         "the fourth attempt succeeds",
         Duration::from_secs(20),
@@ -211,10 +217,7 @@ async fn a_429_waits_for_its_retry_after_another_4xx_is_not_retried_and_no_answe
         })
         .collect();
     let app = TestApp::spawn_with(&targets, Handlers::default()).await;
-    let id = unique_id("evt");
-    app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
-        .await;
-    let key = format!("stripe:{id}");
+    let (id, key) = send_one(&app).await;
     poll_until(
         "the 429 is followed by a delivered attempt",
         Duration::from_secs(20),
@@ -270,10 +273,7 @@ async fn a_429_waits_for_its_retry_after_another_4xx_is_not_retried_and_no_answe
 async fn a_410_stops_the_delivery_at_once() {
     let downstream = Downstream::start(always(410));
     let app = forwarding_app(&downstream, "5s", 12).await;
-    let id = unique_id("evt");
-    app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
-        .await;
-    let key = format!("stripe:{id}");
+    let (id, key) = send_one(&app).await;
     poll_until("the 410 arrives", Duration::from_secs(5), || {
         !downstream.for_key(&key).is_empty()
     })

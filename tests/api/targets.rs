@@ -20,6 +20,11 @@ pub fn target(name: &str, url: &str, events: Option<&str>) -> String {
     )
 }
 
+/// A server whose `stripe` source forwards to these `[[sources.stripe.forward]]` tables.
+async fn spawn_targets(tables: &[String]) -> TestApp {
+    TestApp::spawn_with(&tables.concat(), Handlers::default()).await
+}
+
 /// Sends one stripe event of type `kind`; returns its id.
 pub async fn send_event(app: &TestApp, kind: &str) -> String {
     let id = unique_id("evt");
@@ -81,22 +86,18 @@ fn keys(downstream: &Downstream) -> Vec<String> {
 async fn two_targets_each_get_exactly_the_events_their_patterns_match() {
     let billing = Downstream::start(always(200));
     let audit = Downstream::start(always(204));
-    let app = TestApp::spawn_with(
-        &format!(
-            "{}{}",
-            target(
-                "billing",
-                &billing.url,
-                Some(r#"["payment_intent.*", "charge.refunded"]"#)
-            ),
-            target(
-                "audit",
-                &audit.url,
-                Some(r#"["*.created", "payment_intent.succeeded"]"#)
-            ),
+    let app = spawn_targets(&[
+        target(
+            "billing",
+            &billing.url,
+            Some(r#"["payment_intent.*", "charge.refunded"]"#),
         ),
-        Handlers::default(),
-    )
+        target(
+            "audit",
+            &audit.url,
+            Some(r#"["*.created", "payment_intent.succeeded"]"#),
+        ),
+    ])
     .await;
     let both = send_event(&app, "payment_intent.succeeded").await;
     let billing_only = send_event(&app, "charge.refunded").await;
@@ -190,11 +191,7 @@ async fn an_event_is_redelivered_to_each_target_or_to_one_with_the_same_key() {
         Downstream::start(always(200)),
         Downstream::start(always(200)),
     );
-    let app = TestApp::spawn_with(
-        &format!("{}{}", target("a", &a.url, None), target("b", &b.url, None)),
-        Handlers::default(),
-    )
-    .await;
+    let app = spawn_targets(&[target("a", &a.url, None), target("b", &b.url, None)]).await;
     let id = send_event(&app, "payment_intent.succeeded").await;
     let key = format!("stripe:{id}");
     settled(&app, &[&id], "delivered").await;
@@ -243,11 +240,7 @@ async fn dead_deliveries_are_requeued_in_bulk_by_source_and_target() {
         Downstream::start(always(200)),
         Downstream::start(always(410)),
     );
-    let app = TestApp::spawn_with(
-        &format!("{}{}", target("a", &a.url, None), target("b", &b.url, None)),
-        Handlers::default(),
-    )
-    .await;
+    let app = spawn_targets(&[target("a", &a.url, None), target("b", &b.url, None)]).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
         ids.push(send_event(&app, "charge.refunded").await);
@@ -332,14 +325,10 @@ async fn dead_deliveries_are_requeued_in_bulk_by_source_and_target() {
 async fn pending_deliveries_are_counted_per_target() {
     let fast = Downstream::start(always(200));
     let slow = Downstream::start(|_, _| (200, Duration::from_secs(30)));
-    let app = TestApp::spawn_with(
-        &format!(
-            "{}{}",
-            target("fast", &fast.url, None),
-            target("slow", &slow.url, None).replace("timeout = \"5s\"", "timeout = \"60s\"")
-        ),
-        Handlers::default(),
-    )
+    let app = spawn_targets(&[
+        target("fast", &fast.url, None),
+        target("slow", &slow.url, None).replace("timeout = \"5s\"", "timeout = \"60s\""),
+    ])
     .await;
     let first = send_event(&app, "a").await;
     let second = send_event(&app, "b").await;
@@ -369,14 +358,10 @@ async fn a_burst_of_concurrent_deliveries_queues_one_row_per_event_and_target_in
     // each delivered three times at once, lands many of them in the same transactions.
     let all = Downstream::start(always(200));
     let refunds = Downstream::start(always(200));
-    let app = TestApp::spawn_with(
-        &format!(
-            "{}{}",
-            target("all", &all.url, None),
-            target("refunds", &refunds.url, Some(r#"["charge.refunded"]"#)),
-        ),
-        Handlers::default(),
-    )
+    let app = spawn_targets(&[
+        target("all", &all.url, None),
+        target("refunds", &refunds.url, Some(r#"["charge.refunded"]"#)),
+    ])
     .await;
     let events: Vec<(String, &str)> = (0..30)
         .map(|n| {
@@ -466,7 +451,7 @@ async fn a_burst_of_concurrent_deliveries_queues_one_row_per_event_and_target_in
 #[actix_web::test]
 async fn odd_admin_requests_get_their_contract_answers_and_never_a_5xx() {
     let sink = Downstream::start(always(410));
-    let app = TestApp::spawn_with(&target("a", &sink.url, None), Handlers::default()).await;
+    let app = spawn_targets(&[target("a", &sink.url, None)]).await;
     let id = send_event(&app, "charge.refunded").await;
     settled(&app, &[id.as_str()], "dead").await;
 
@@ -539,15 +524,7 @@ async fn a_redeliver_or_requeue_the_moment_the_downstream_answers_takes_the_even
     // still under way, the admin API waits for it rather than finding the row still pending.
     let ok = Downstream::start(always(200));
     let gone = Downstream::start(|_, _| (410, Duration::from_millis(200)));
-    let app = TestApp::spawn_with(
-        &format!(
-            "{}{}",
-            target("ok", &ok.url, None),
-            target("gone", &gone.url, None)
-        ),
-        Handlers::default(),
-    )
-    .await;
+    let app = spawn_targets(&[target("ok", &ok.url, None), target("gone", &gone.url, None)]).await;
     let seen = |sink: &Downstream, key: &str, n: usize| sink.for_key(key).len() >= n;
     for _ in 0..3 {
         // Only this event's dead row: those of the rounds before are dead again by now.
@@ -598,7 +575,7 @@ async fn a_redeliver_does_not_wait_for_another_events_attempt() {
             (200, Duration::from_millis(if slow { 1500 } else { 0 }))
         }
     });
-    let app = TestApp::spawn_with(&target("app", &downstream.url, None), Handlers::default()).await;
+    let app = spawn_targets(&[target("app", &downstream.url, None)]).await;
     let done = send_event(&app, "charge.refunded").await;
     settled(&app, &[&done], "delivered").await;
     slow_now.store(true, std::sync::atomic::Ordering::SeqCst);
