@@ -95,6 +95,12 @@ pub enum Settle {
         /// What went wrong, in a sentence.
         error: String,
     },
+    /// Never sent: given back, due again after `after`, its attempt not counted (a paced
+    /// target's schedule was booked by other instances beyond what the row could wait).
+    Untried {
+        /// How long until it is due.
+        after: Duration,
+    },
 }
 
 /// One attempt's outcome, for [`settle`]: the row, which attempt it was, and how it ended.
@@ -940,6 +946,18 @@ fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -
                 .set((
                     deliveries::last_status.eq(status_column(*status)),
                     deliveries::last_error.eq(error),
+                    deliveries::next_attempt_at.eq(due),
+                    deliveries::leased_until.eq(None::<DateTime<Utc>>),
+                    deliveries::leased_by.eq(None::<i64>),
+                ))
+                .execute(c)
+        }
+        Settle::Untried { after } => {
+            let due =
+                now + chrono::Duration::from_std(*after).unwrap_or(chrono::Duration::hours(24));
+            diesel::update(row)
+                .set((
+                    deliveries::attempts.eq(deliveries::attempts - 1),
                     deliveries::next_attempt_at.eq(due),
                     deliveries::leased_until.eq(None::<DateTime<Utc>>),
                     deliveries::leased_by.eq(None::<i64>),

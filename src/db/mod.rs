@@ -10,6 +10,7 @@
 pub mod deliveries;
 pub mod events;
 pub mod instances;
+pub mod paces;
 pub mod pg;
 pub mod pg_schema;
 pub mod sqlite;
@@ -76,8 +77,8 @@ pub enum AnyConnection {
 }
 
 /// Runs `$body` with `$conn` (an `&mut AnyConnection`) opened up as the backend's own
-/// connection, named `$c`, and that backend's `events`, `deliveries` and `instances` tables and `Instant`
-/// SQL type in scope. The body is written once and compiled for each backend.
+/// connection, named `$c`, and that backend's `events`, `deliveries`, `instances` and `paces`
+/// tables and `Instant` SQL type in scope. The body is written once and compiled for each backend.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! on_backend {
@@ -87,14 +88,14 @@ macro_rules! on_backend {
                 #[allow(unused_imports)]
                 use $crate::db::pg::Instant;
                 #[allow(unused_imports)]
-                use $crate::db::pg_schema::{deliveries, events, instances};
+                use $crate::db::pg_schema::{deliveries, events, instances, paces};
                 $body
             }
             $crate::db::AnyConnection::Sqlite($c) => {
                 #[allow(unused_imports)]
                 use $crate::db::sqlite::Instant;
                 #[allow(unused_imports)]
-                use $crate::db::sqlite_schema::{deliveries, events, instances};
+                use $crate::db::sqlite_schema::{deliveries, events, instances, paces};
                 $body
             }
         }

@@ -48,6 +48,14 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    paces (source, target) {
+        source -> Text,
+        target -> Text,
+        next_start -> Int8,
+    }
+}
+
 diesel::joinable!(deliveries -> events (event_row));
 
-diesel::allow_tables_to_appear_in_same_query!(deliveries, events, instances,);
+diesel::allow_tables_to_appear_in_same_query!(deliveries, events, instances, paces,);

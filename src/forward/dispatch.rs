@@ -126,8 +126,22 @@ impl Runner {
     pub async fn attempt(&self, lane: usize, due: Due, started: &Wake) -> Settled {
         let transport = self.transports[lane].clone();
         let lane = &self.outbox.lanes[lane];
-        let slot = lane.start().await;
-        if lane.paced() {
+        let booking = |want| self.outbox.book(lane, want);
+        let slot = match lane.start(booking).await {
+            Ok(slot) => slot,
+            Err(after) => {
+                // Other instances booked the target's schedule beyond what this row may wait
+                // for: it goes back, due when there is room, not counted as an attempt.
+                started.poke();
+                return Settled {
+                    id: due.id,
+                    attempt: due.attempt,
+                    series: due.series,
+                    outcome: Settle::Untried { after },
+                };
+            }
+        };
+        if lane.pace().is_some() {
             // Fewer rows wait for a turn now: the lane may take more.
             started.poke();
         }
@@ -188,6 +202,8 @@ async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &
             tracing::error!(error = %error, "forward gave up; the delivery is dead-lettered");
             ForwardResult::Dead
         }
+        // Never the judgement of an answer (`settle_of` makes none): nothing was sent.
+        Settle::Untried { .. } => return outcome,
     };
     outbox
         .metrics
@@ -399,7 +415,7 @@ async fn record(runner: Rc<Runner>, outcomes: Rc<Outcomes>, wake: Wake) {
         wake.written(batch.iter().map(|(_, s)| s.id));
         if stored {
             for (_, settled) in &batch {
-                if let Settle::Retry { after, .. } = &settled.outcome {
+                if let Settle::Retry { after, .. } | Settle::Untried { after } = &settled.outcome {
                     let due = Instant::now() + *after;
                     let next = outcomes.next_retry.get().map_or(due, |n| n.min(due));
                     outcomes.next_retry.set(Some(next));

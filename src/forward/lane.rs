@@ -11,15 +11,17 @@
 //! [`super::Outbox::pass`]) shares these counts: a take reserves room first and gives back what
 //! it did not fill, so two runners never overfill a lane.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use super::pace::Pace;
+use super::pace::{Pace, Turn};
 use super::Target;
 use crate::db::deliveries::Want;
+use crate::db::paces::Booked;
 
 /// A lease lasts the longest a taken row may wait for a slot and its turn under `rate`, the
 /// attempt's timeout, and this, so a slow but live attempt is settled before another
@@ -214,19 +216,31 @@ impl Lane {
 
     /// Waits for a slot, then for the row's turn under `rate` (holding the slot, so the
     /// attempt starts the moment its turn comes), and counts it in flight. The slot is the
-    /// attempt's until the permit is dropped, after [`Lane::finished`].
-    pub async fn start(&self) -> SemaphorePermit<'_> {
+    /// attempt's until the permit is dropped, after [`Lane::finished`]. `book` books starts in
+    /// the store's schedule of a paced lane (see [`Pace::start`]). `Err(after)`: the schedule
+    /// is booked by other instances beyond what the row may wait; give it back, due in `after`.
+    pub async fn start<F, B>(&self, book: B) -> Result<SemaphorePermit<'_>, Duration>
+    where
+        B: FnOnce(u32) -> F,
+        F: Future<Output = Result<Booked, String>>,
+    {
         let slot = self
             .slots
             .acquire()
             .await
             .expect("a lane's semaphore is never closed");
         if let Some(pace) = &self.pace {
-            pace.start().await;
+            if let Turn::Later(after) = pace
+                .start(&self.source, &self.target.config.name, book)
+                .await
+            {
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                return Err(after);
+            }
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.waiting.fetch_sub(1, Ordering::SeqCst);
-        slot
+        Ok(slot)
     }
 
     /// An attempt ended (its outcome is not yet committed); its slot goes with `slot`.
@@ -245,9 +259,9 @@ impl Lane {
         self.unsettled.load(Ordering::SeqCst)
     }
 
-    /// Whether attempts are paced.
-    pub fn paced(&self) -> bool {
-        self.pace.is_some()
+    /// Its pace, if it has a `rate`.
+    pub fn pace(&self) -> Option<&Pace> {
+        self.pace.as_ref()
     }
 }
 
@@ -269,6 +283,11 @@ mod tests {
         )
     }
 
+    /// The booking of a lane without `rate`, which never books.
+    async fn unpaced(_: u32) -> Result<Booked, String> {
+        unreachable!("a lane without a rate books nothing")
+    }
+
     #[tokio::test]
     async fn a_busy_lane_takes_in_batches_of_at_least_half_its_slots() {
         let lane = lane("concurrency = 4");
@@ -278,7 +297,11 @@ mod tests {
         assert!(lane.reserve().is_none(), "the window is full");
         let mut slots = Vec::new();
         for _ in 0..4 {
-            slots.push(lane.start().await);
+            slots.push(
+                lane.start(unpaced)
+                    .await
+                    .expect("an unpaced lane always starts"),
+            );
         }
         // One attempt ends: one row of room is not worth a take.
         lane.finished(slots.pop().expect("a slot"));

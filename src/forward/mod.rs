@@ -31,7 +31,7 @@ use diesel::QueryResult;
 
 use crate::config::{ForwardConfig, Transport};
 use crate::db::instances::{self, Registration};
-use crate::db::{self, deliveries, AnyConnection, DbPool, Store};
+use crate::db::{self, deliveries, paces, AnyConnection, DbPool, Store};
 use crate::metrics::Metrics;
 use crate::providers::Standard;
 use deliveries::{Due, Settled, Want};
@@ -380,6 +380,30 @@ impl Outbox {
             );
         }
         None
+    }
+
+    /// Books up to `want` starts of `lane`'s target in the store's schedule (`db::paces`),
+    /// for its pace; a failure says why, and the pace goes on alone (see `pace.rs`).
+    fn book(
+        &self,
+        lane: &Lane,
+        want: u32,
+    ) -> impl std::future::Future<Output = Result<paces::Booked, String>> + 'static {
+        let pool = self.pool.clone();
+        let (source, target) = (lane.source.clone(), lane.target.config.name.clone());
+        let (interval, reach) = lane.pace().map_or((Duration::ZERO, Duration::ZERO), |p| {
+            (p.interval(), p.reach())
+        });
+        async move {
+            web::block(move || {
+                in_turn(&pool, |conn| {
+                    paces::book(conn, &source, &target, want, interval, reach)
+                })
+            })
+            .await
+            .map_err(|_| "booking panicked".to_owned())?
+            .map_err(|e| e.to_string())
+        }
     }
 
     fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {

@@ -1,18 +1,35 @@
 //! `rate = "N/s"` or `"N/m"`: a target's attempts spread evenly, at most N started in any
-//! sliding window of a second (or a minute).
+//! sliding window of a second (or a minute), across every instance sharing the store.
 //!
-//! A token bucket of depth one (GCRA with no burst): an attempt may start once `per / N` has
-//! passed since the one before it started. The gap is measured from the moment each attempt
-//! actually started, not from when it was scheduled, so a dispatcher that falls behind (a busy
-//! machine) never makes up for lost time by starting several at once. Waiters go in turn
-//! (tokio's mutex is fair), each holding the gate while it waits for its moment.
+//! The schedule is the store's (`db::paces`): an attempt ready to start books its moment there,
+//! one `per / N` after the last start any instance booked, and starts then. A process books for
+//! every attempt of the target waiting for its turn at once (one statement for a batch), and
+//! keeps what it booked in order; waiters go in turn (tokio's mutex is fair), each holding the
+//! gate while it waits for its moment. Its own starts are never closer than an interval (a
+//! start waits for the later of its moment and an interval after the last), and a moment
+//! missed by a whole interval (a busy machine) is dropped and another booked, so a dispatcher
+//! that falls behind never makes up for lost time by starting several at once. Across
+//! instances, starts fall in distinct intervals of the schedule: any window of the rate's
+//! length holds N of them, N + 1 at most where one started late at its edge.
+//!
+//! A booking reaches at most [`Pace::reach`] ahead: a row waits for its turn under its lease,
+//! which allows that long. When other instances have booked the schedule beyond it, the row
+//! is given back, due when the schedule has room again ([`Turn::Later`]).
+//!
+//! Should the store not answer a booking, the attempt is paced by this process alone (as if it
+//! were the only instance) until it does, with one WARN: forwarding goes on, and another
+//! instance may start as many meanwhile.
 
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::config::Rate;
+use crate::db::paces::Booked;
 
 /// How far ahead a paced target's rows are taken: as many as may start within this, so rows
 /// wait in memory under their lease for a bounded time.
@@ -22,8 +39,34 @@ pub const HORIZON: Duration = Duration::from_secs(1);
 pub struct Pace {
     /// The least time between two starts: the window over N.
     interval: Duration,
-    /// When the next attempt may start (`None`: at once).
-    next: Mutex<Option<Instant>>,
+    /// What this process booked and has not started, in order, and when it last started one.
+    booked: Mutex<Booking>,
+    /// Attempts in [`Pace::start`] (those waiting for the gate included): how many to book.
+    waiting: AtomicUsize,
+    /// Whether the last booking failed (so the next failure is not logged again).
+    unbooked: AtomicBool,
+}
+
+#[derive(Default)]
+struct Booking {
+    moments: VecDeque<Instant>,
+    /// When this process last started an attempt, for pacing alone while bookings fail.
+    last: Option<Instant>,
+    /// When the last booking failed, if it did: the store is asked again after a while.
+    failed_at: Option<Instant>,
+}
+
+/// After a booking failed, how long this process paces alone before it asks the store again.
+const RETRY_STORE_AFTER: Duration = Duration::from_secs(5);
+
+/// What an attempt is to do, once [`Pace::start`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Start now.
+    Now,
+    /// The target's schedule is booked (by other instances) beyond what the row may wait
+    /// under its lease: give it back, due in this long.
+    Later(Duration),
 }
 
 impl Pace {
@@ -31,17 +74,116 @@ impl Pace {
     pub fn new(rate: Rate) -> Pace {
         Pace {
             interval: rate.per / rate.count.max(1),
-            next: Mutex::new(None),
+            booked: Mutex::new(Booking::default()),
+            waiting: AtomicUsize::new(0),
+            unbooked: AtomicBool::new(false),
         }
     }
 
-    /// Waits for this attempt's turn; returns as it starts.
-    pub async fn start(&self) {
-        let mut next = self.next.lock().await;
-        if let Some(at) = *next {
-            tokio::time::sleep_until(at).await;
+    /// The least time between two starts.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The furthest ahead a booking reaches: a row taken waits at most this for its turn, and
+    /// as long again for the gate (the attempts ahead of it waiting for theirs).
+    pub fn reach(&self) -> Duration {
+        HORIZON.max(self.interval)
+    }
+
+    /// Waits for this attempt's turn; returns as it starts, or says to give the row back.
+    /// `book(want)` books up to `want` starts in the store's schedule (`db::paces::book`, with
+    /// this pace's interval and reach); it is called at most once.
+    pub async fn start<F, B>(&self, source: &str, target: &str, book: B) -> Turn
+    where
+        B: FnOnce(u32) -> F,
+        F: Future<Output = Result<Booked, String>>,
+    {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut booked = self.booked.lock().await;
+        let turn = self.turn(&mut booked, source, target, book).await;
+        if turn == Turn::Now {
+            booked.last = Some(Instant::now());
         }
-        *next = Some(Instant::now() + self.interval);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        turn
+    }
+
+    async fn turn<F, B>(&self, booked: &mut Booking, source: &str, target: &str, book: B) -> Turn
+    where
+        B: FnOnce(u32) -> F,
+        F: Future<Output = Result<Booked, String>>,
+    {
+        if let Some(at) = self.next_booked(booked) {
+            tokio::time::sleep_until(at).await;
+            return Turn::Now;
+        }
+        let asked = Instant::now();
+        let store_out = booked
+            .failed_at
+            .is_some_and(|failed| asked < failed + RETRY_STORE_AFTER);
+        if !store_out {
+            let want = u32::try_from(self.waiting.load(Ordering::SeqCst)).unwrap_or(u32::MAX);
+            match book(want.max(1)).await {
+                Ok(got) => {
+                    booked.failed_at = None;
+                    if self.unbooked.swap(false, Ordering::SeqCst) {
+                        tracing::info!(
+                            source,
+                            target,
+                            "booking this target's starts in the store again: its rate holds \
+                             across instances once more"
+                        );
+                    }
+                    if got.count == 0 {
+                        // Due when the schedule has room again within reach of a take then.
+                        let after = got.first_in.saturating_sub(self.reach());
+                        return Turn::Later(after.max(self.interval));
+                    }
+                    // From the moment the schedule's read answered: a hair late, never early.
+                    let first = Instant::from_std(got.as_of) + got.first_in;
+                    booked
+                        .moments
+                        .extend((0..got.count).map(|i| first + self.interval * i));
+                }
+                Err(e) => {
+                    booked.failed_at = Some(asked);
+                    if !self.unbooked.swap(true, Ordering::SeqCst) {
+                        tracing::warn!(
+                            source, target, error = %e,
+                            "cannot book this target's starts in the store; pacing this \
+                             process alone until it can (meanwhile each instance may start up \
+                             to N per window)"
+                        );
+                    }
+                }
+            }
+        }
+        // Booked just now, so not yet missed; or, without the store, after this process's last.
+        let at = self.next_booked(booked).unwrap_or_else(|| {
+            booked
+                .last
+                .map_or(asked, |last| (last + self.interval).max(asked))
+        });
+        tokio::time::sleep_until(at).await;
+        Turn::Now
+    }
+
+    /// When to start on the next moment booked that is still this process's to use: the
+    /// moment itself, or an interval after this process's last start if that is later (so its
+    /// own starts are never closer than an interval). A moment that would be started a whole
+    /// interval late is dropped (another instance's may be within an interval of it).
+    fn next_booked(&self, booked: &mut Booking) -> Option<Instant> {
+        let now = Instant::now();
+        while let Some(moment) = booked.moments.pop_front() {
+            let at = booked
+                .last
+                .map_or(moment, |last| moment.max(last + self.interval));
+            if at.max(now) < moment + self.interval {
+                return Some(at);
+            }
+        }
+        None
     }
 
     /// How many taken rows may wait for their turn at once: those that can start within
@@ -51,9 +193,10 @@ impl Pace {
         usize::try_from(per_horizon).unwrap_or(usize::MAX).max(1)
     }
 
-    /// The longest a row taken within [`Pace::queue`] waits for its turn.
+    /// The longest a row taken within [`Pace::queue`] waits for its turn: for the gate (the
+    /// rows ahead of it, each booked within reach), then for its own moment.
     pub fn longest_wait(&self) -> Duration {
-        HORIZON.max(self.interval) + self.interval
+        2 * self.reach() + self.interval
     }
 }
 
@@ -61,32 +204,136 @@ impl Pace {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn starts_are_spread_a_window_over_n_apart_even_when_asked_at_once() {
-        let pace = Pace::new("200/s".parse().expect("a rate"));
-        let begin = Instant::now();
-        let starts = futures_util::future::join_all((0..21).map(|_| async {
-            pace.start().await;
-            Instant::now() - begin
-        }))
-        .await;
-        let mut starts = starts;
+    /// A schedule in memory, shared as the store's would be: free from `next`.
+    struct Schedule {
+        next: std::sync::Mutex<Instant>,
+        interval: Duration,
+        reach: Duration,
+    }
+
+    impl Schedule {
+        fn new(pace: &Pace) -> Schedule {
+            Schedule {
+                next: std::sync::Mutex::new(Instant::now()),
+                interval: pace.interval(),
+                reach: pace.reach(),
+            }
+        }
+
+        async fn book(&self, want: u32) -> Result<Booked, String> {
+            let mut next = self.next.lock().unwrap();
+            let now = Instant::now();
+            let first = (*next).max(now);
+            if first > now + self.reach {
+                return Ok(Booked {
+                    count: 0,
+                    first_in: first - now,
+                    as_of: now.into_std(),
+                });
+            }
+            let fits = ((now + self.reach - first).as_nanos() / self.interval.as_nanos()) + 1;
+            let count = want.min(u32::try_from(fits).unwrap());
+            *next = first + self.interval * count;
+            Ok(Booked {
+                count,
+                first_in: first - now,
+                as_of: now.into_std(),
+            })
+        }
+    }
+
+    /// The gaps between sorted starts.
+    fn assert_spread(starts: &mut [Duration], least: Duration) {
         starts.sort();
         for pair in starts.windows(2) {
             // Read just after each start, so a hair later than the gate did.
-            assert!(
-                pair[1] - pair[0] >= Duration::from_micros(4900),
-                "{starts:?}"
-            );
+            assert!(pair[1] - pair[0] >= least, "{starts:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn starts_are_spread_a_window_over_n_apart_even_when_asked_at_once() {
+        let pace = Pace::new("200/s".parse().expect("a rate"));
+        let schedule = Schedule::new(&pace);
+        let begin = Instant::now();
+        let mut starts = futures_util::future::join_all((0..21).map(|_| async {
+            let turn = pace.start("s", "t", |want| schedule.book(want)).await;
+            assert_eq!(turn, Turn::Now);
+            Instant::now() - begin
+        }))
+        .await;
+        assert_spread(&mut starts, Duration::from_micros(4900));
         assert!(starts[20] >= Duration::from_millis(100), "{starts:?}");
         assert_eq!(pace.queue(), 200);
+    }
+
+    #[tokio::test]
+    async fn two_processes_booking_one_schedule_keep_one_pace_between_them() {
+        // Two processes' paces, one store's schedule: together, 100/s.
+        let (one, two) = (
+            Pace::new("100/s".parse().expect("a rate")),
+            Pace::new("100/s".parse().expect("a rate")),
+        );
+        let schedule = Schedule::new(&one);
+        let begin = Instant::now();
+        let mut starts = futures_util::future::join_all((0..30).map(|i| {
+            let (pace, schedule) = (if i % 2 == 0 { &one } else { &two }, &schedule);
+            async move {
+                let turn = pace.start("s", "t", |want| schedule.book(want)).await;
+                assert_eq!(turn, Turn::Now);
+                Instant::now() - begin
+            }
+        }))
+        .await;
+        starts.sort();
+        // Each process's own starts are an interval apart; between the two, each start has an
+        // interval of the schedule to itself, so any 100 ms holds ten, or eleven where one
+        // started late at its edge.
+        for (i, start) in starts.iter().enumerate() {
+            let in_window = starts[i..]
+                .iter()
+                .take_while(|at| **at - *start < Duration::from_millis(100))
+                .count();
+            assert!(in_window <= 11, "{in_window} from start {i}: {starts:?}");
+        }
+        assert!(starts[29] >= Duration::from_millis(285), "{starts:?}");
+    }
+
+    #[tokio::test]
+    async fn a_schedule_booked_beyond_reach_gives_the_row_back_for_when_it_has_room() {
+        let pace = Pace::new("10/s".parse().expect("a rate"));
+        let turn = pace
+            .start("s", "t", |_| async {
+                Ok(Booked {
+                    count: 0,
+                    first_in: Duration::from_millis(3000),
+                    as_of: std::time::Instant::now(),
+                })
+            })
+            .await;
+        assert_eq!(turn, Turn::Later(Duration::from_millis(2000)));
+    }
+
+    #[tokio::test]
+    async fn without_the_store_this_process_paces_alone() {
+        let pace = Pace::new("100/s".parse().expect("a rate"));
+        let begin = Instant::now();
+        let mut starts = futures_util::future::join_all((0..5).map(|_| async {
+            let turn = pace
+                .start("s", "t", |_| async { Err("no store".to_owned()) })
+                .await;
+            assert_eq!(turn, Turn::Now);
+            Instant::now() - begin
+        }))
+        .await;
+        assert_spread(&mut starts, Duration::from_micros(9900));
     }
 
     #[test]
     fn a_slow_rate_queues_one_row_and_waits_up_to_its_interval() {
         let pace = Pace::new("2/m".parse().expect("a rate"));
         assert_eq!(pace.queue(), 1);
-        assert!(pace.longest_wait() >= Duration::from_secs(30));
+        assert_eq!(pace.reach(), Duration::from_secs(30));
+        assert!(pace.longest_wait() >= Duration::from_secs(90));
     }
 }

@@ -484,6 +484,44 @@ fn an_outcome_of_an_attempt_series_a_requeue_replaced_changes_nothing() {
 }
 
 #[test]
+fn a_row_given_back_untried_is_due_later_as_the_same_attempt_of_the_same_series() {
+    let (_db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let t = to(&["t"]);
+    events::claim_and_queue(&mut conn, &[(row("e", None, db::now(), &headers), &t[..])])
+        .expect("the event is stored");
+    let taken = deliveries::take_due(&mut conn, &[lane_t(false)], 7).expect("the take runs");
+    assert_eq!(taken[0].attempt, 1);
+    // Its paced target's schedule was booked beyond what it could wait for: back, for 400 ms.
+    deliveries::settle(
+        &mut conn,
+        &[deliveries::Settled {
+            outcome: deliveries::Settle::Untried {
+                after: std::time::Duration::from_millis(400),
+            },
+            ..delivered(&taken[0])
+        }],
+    )
+    .expect("the outcome is stored");
+    assert!(
+        deliveries::take_due(&mut conn, &[lane_t(false)], 7)
+            .expect("the take runs")
+            .is_empty(),
+        "not due until then"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(450));
+    let again = deliveries::take_due(&mut conn, &[lane_t(false)], 7).expect("the take runs");
+    assert_eq!(
+        again
+            .iter()
+            .map(|d| (d.attempt, d.series))
+            .collect::<Vec<_>>(),
+        [(1, 0)],
+        "its first attempt again, in the same series"
+    );
+}
+
+#[test]
 fn an_ordered_lane_gives_nothing_while_any_of_its_rows_is_leased_even_one_behind_its_head() {
     let (_db, mut conn) = migrated();
     let headers = serde_json::json!({});

@@ -95,6 +95,12 @@ async fn a_target_with_rate_twenty_per_second_gets_a_hundred_events_over_five_se
     )
     .await;
 
+    assert_twenty_a_second(&downstream);
+}
+
+/// Asserts the sink got 100 attempts, one each, at 20 a second: over at least 4.5 s, and no
+/// one-second window starting more than 21.
+fn assert_twenty_a_second(downstream: &Downstream) {
     let mut starts: Vec<_> = downstream.received().iter().map(|r| r.at).collect();
     starts.sort();
     assert_eq!(starts.len(), 100, "one attempt each");
@@ -113,6 +119,42 @@ async fn a_target_with_rate_twenty_per_second_gets_a_hundred_events_over_five_se
             "{in_window} attempts started in the second from attempt {i}"
         );
     }
+}
+
+#[actix_web::test]
+async fn a_rate_of_twenty_per_second_holds_across_two_processes_sharing_the_database() {
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &target("paced", &downstream.url, "rate = \"20/s\""),
+    );
+    let config = parse_config(&text);
+    let (one, two) = (Process::serve(&text), Process::serve(&text));
+    let ids = ids(100);
+    // Half the events to each process, so each has rows of its own to send.
+    let (first, second) = ids.split_at(50);
+    futures_util::future::join(
+        send_all(&one.address, &config, first, 25),
+        send_all(&two.address, &config, second, 25),
+    )
+    .await;
+    poll_until(
+        "every event reached the sink",
+        Duration::from_secs(60),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+    assert_twenty_a_second(&downstream);
+    poll_until("every outcome is written", Duration::from_secs(10), || {
+        db.count("deliveries WHERE state = 'delivered'") == 100
+    })
+    .await;
+    assert_eq!(
+        db.count("deliveries WHERE attempts = 1"),
+        100,
+        "each delivered at its first attempt: a row given back for later is not counted"
+    );
 }
 
 /// A sink that answers 200 after a few milliseconds, except the first two attempts of

@@ -31,6 +31,7 @@ mod logging;
 mod ops;
 mod outage;
 mod own_provider;
+mod paces;
 mod payment_providers;
 mod paypal;
 mod provider;

@@ -1,0 +1,195 @@
+//! The owner of the `paces` table: one schedule per paced forward target (`rate`), shared by
+//! every instance on the store, so that a target's rate holds across all of them and not per
+//! process.
+//!
+//! A target's row holds `next_start`, the moment from which its next attempt may start
+//! (microseconds since the Unix epoch). An instance with attempts waiting for their turn books
+//! starts for them ([`book`]): in one transaction it locks the row, takes as many starts as it
+//! wants from there on, one `interval` apart, and moves `next_start` past them. It then starts
+//! each attempt at its moment. Starts booked by different instances never fall within an
+//! interval of each other, so no window of the rate's length holds more than N of them (N + 1,
+//! counting a start at each edge of a closed window).
+//!
+//! A booking never takes a start further ahead than `within` (what a row may wait for its turn
+//! under its lease): when other instances have booked the schedule beyond that, it takes none
+//! and says when there will be room again, and the caller gives its rows back for then.
+//!
+//! On PostgreSQL the moments are on the database server's clock, read in the same statement, so
+//! instances whose hosts' clocks differ still book one schedule; the caller turns "this long
+//! from the read" into its own clock, from the moment the read's answer arrived. On SQLite every process sharing the file
+//! runs on one host, and the moments are that host's.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text};
+
+use super::{now, on_backend, write_transaction, AnyConnection};
+
+/// A schedule further ahead than any booking could have taken it (more than `within` and an
+/// interval past the moment it was made) by more than this is a clock that went back, or a
+/// row left by another config: it starts again from now, rather than holding the target up.
+const CLOCK_SLACK: Duration = Duration::from_secs(60);
+
+/// What [`book`] got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Booked {
+    /// How many starts, one interval apart, the first of them [`Booked::first_in`] from now.
+    /// None when the schedule is booked beyond `within`.
+    pub count: u32,
+    /// How long from [`Booked::as_of`] the first start booked is; when none was, how long
+    /// until the first free one.
+    pub first_in: Duration,
+    /// When the schedule was read, on this process's clock: the moment `first_in` counts from
+    /// (the answer to the statement that read it, before the rest of the transaction).
+    pub as_of: std::time::Instant,
+}
+
+#[derive(QueryableByName)]
+struct Schedule {
+    #[diesel(sql_type = BigInt)]
+    next_start: i64,
+    #[diesel(sql_type = BigInt)]
+    now: i64,
+}
+
+/// Books up to `want` starts of `source`'s target `target`, `interval` apart, none later than
+/// `within` from now, after every start booked before (by any instance).
+pub fn book(
+    conn: &mut AnyConnection,
+    source: &str,
+    target: &str,
+    want: u32,
+    interval: Duration,
+    within: Duration,
+) -> QueryResult<Booked> {
+    write_transaction(conn, |conn| {
+        // Inserted the first time, locked (and read) every time: one booking at a time per
+        // target, however many instances book.
+        let schedule: Schedule = match conn {
+            AnyConnection::Postgres(c) => diesel::sql_query(
+                "INSERT INTO paces (source, target, next_start) VALUES ($1, $2, 0) \
+                 ON CONFLICT (source, target) DO UPDATE SET next_start = paces.next_start \
+                 RETURNING next_start, \
+                 (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now",
+            )
+            .bind::<Text, _>(source)
+            .bind::<Text, _>(target)
+            .get_result(c)?,
+            // The clock read as the statement goes, and the moment taken as it answers: at
+            // most a round trip on this host apart.
+            AnyConnection::Sqlite(c) => diesel::sql_query(
+                "INSERT INTO paces (source, target, next_start) VALUES (?, ?, 0) \
+                 ON CONFLICT (source, target) DO UPDATE SET next_start = paces.next_start \
+                 RETURNING next_start, ? AS now",
+            )
+            .bind::<Text, _>(source)
+            .bind::<Text, _>(target)
+            .bind::<BigInt, _>(now().timestamp_micros())
+            .get_result(c)?,
+        };
+        let as_of = std::time::Instant::now();
+        let (first, count, next) = plan(
+            schedule.next_start,
+            schedule.now,
+            want,
+            micros(interval),
+            micros(within),
+        );
+        if count > 0 {
+            on_backend!(conn, c => diesel::update(paces::table.find((source, target)))
+                .set(paces::next_start.eq(next))
+                .execute(c))?;
+        }
+        Ok(Booked {
+            count,
+            first_in: Duration::from_micros(u64::try_from(first - schedule.now).unwrap_or(0)),
+            as_of,
+        })
+    })
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1)
+}
+
+/// A booking on a schedule free from `next` at `now`: the first start, how many, and where
+/// the schedule is free from after them (all in microseconds).
+fn plan(next: i64, now: i64, want: u32, interval: i64, within: i64) -> (i64, u32, i64) {
+    let furthest = now
+        .saturating_add(within)
+        .saturating_add(interval)
+        .saturating_add(micros(CLOCK_SLACK));
+    let next = if next > furthest { now } else { next };
+    let first = next.max(now);
+    let room = now.saturating_add(within) - first;
+    if room < 0 {
+        return (first, 0, next);
+    }
+    let fits = u32::try_from(room / interval + 1).unwrap_or(u32::MAX);
+    let count = want.min(fits);
+    (
+        first,
+        count,
+        first.saturating_add(interval.saturating_mul(i64::from(count))),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan;
+
+    const MS: i64 = 1000;
+
+    #[test]
+    fn a_free_schedule_books_from_now_and_moves_past_what_it_booked() {
+        // 20/s: 50 ms apart, within a second.
+        assert_eq!(
+            plan(0, 10_000 * MS, 4, 50 * MS, 1000 * MS),
+            (10_000 * MS, 4, 10_200 * MS)
+        );
+    }
+
+    #[test]
+    fn a_booking_comes_after_the_starts_booked_before_it() {
+        assert_eq!(
+            plan(10_300 * MS, 10_000 * MS, 2, 50 * MS, 1000 * MS),
+            (10_300 * MS, 2, 10_400 * MS)
+        );
+    }
+
+    #[test]
+    fn a_booking_takes_only_the_starts_within_its_reach() {
+        // Free from 800 ms ahead: 800, 850, ..., 1000 ms are within a second.
+        assert_eq!(
+            plan(10_800 * MS, 10_000 * MS, 16, 50 * MS, 1000 * MS),
+            (10_800 * MS, 5, 11_050 * MS)
+        );
+    }
+
+    #[test]
+    fn a_schedule_booked_beyond_reach_books_nothing_and_says_when_it_frees() {
+        let (first, count, next) = plan(11_500 * MS, 10_000 * MS, 3, 50 * MS, 1000 * MS);
+        assert_eq!((first, count, next), (11_500 * MS, 0, 11_500 * MS));
+    }
+
+    #[test]
+    fn a_schedule_no_booking_could_have_made_starts_again_from_now() {
+        // Ten minutes ahead, where bookings reach 1.05 s: the clock went back.
+        assert_eq!(
+            plan(610_000 * MS, 10_000 * MS, 1, 50 * MS, 1000 * MS),
+            (10_000 * MS, 1, 10_050 * MS)
+        );
+    }
+
+    #[test]
+    fn a_slow_rate_books_one_start_an_interval_ahead() {
+        // 2/m: 30 s apart, within 30 s.
+        let s = 1_000_000;
+        assert_eq!(plan(0, 100 * s, 3, 30 * s, 30 * s), (100 * s, 2, 160 * s));
+        assert_eq!(
+            plan(160 * s, 100 * s, 1, 30 * s, 30 * s),
+            (160 * s, 0, 160 * s)
+        );
+    }
+}

@@ -1,0 +1,101 @@
+//! The schedule a paced target's instances share (`db::paces::book`), against the store itself:
+//! bookings come one after another, never overlap, and never reach past what the booker asked.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+use hookbox::db::paces::{self, Booked};
+use hookbox::db::{self, AnyConnection};
+
+use crate::helpers::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A migrated test database and a connection to it.
+fn migrated() -> (TestDb, AnyConnection) {
+    let db = TestDb::create();
+    let mut conn = db.connect();
+    db::migrate(&mut conn, |_| Ok(())).expect("the migrations apply");
+    (db, conn)
+}
+
+/// Books `want` starts of the target `t`, `interval` apart, within `reach`.
+fn book(conn: &mut AnyConnection, want: u32, interval: Duration, reach: Duration) -> Booked {
+    paces::book(conn, "s", "t", want, interval, reach).expect("a booking")
+}
+
+/// The target's `next_start`, in microseconds.
+fn next_start(conn: &mut AnyConnection) -> i64 {
+    #[derive(QueryableByName)]
+    struct Next {
+        #[diesel(sql_type = BigInt)]
+        next_start: i64,
+    }
+    let next: Next = match conn {
+        AnyConnection::Postgres(c) => {
+            diesel::sql_query("SELECT next_start FROM paces").get_result(c)
+        }
+        AnyConnection::Sqlite(c) => diesel::sql_query("SELECT next_start FROM paces").get_result(c),
+    }
+    .expect("the schedule reads");
+    next.next_start
+}
+
+#[test]
+fn bookings_of_two_connections_follow_one_another_up_to_their_reach() {
+    let (db, mut one) = migrated();
+    let mut two = db.connect();
+    let (interval, reach) = (50 * MS, 1000 * MS);
+
+    let first = book(&mut one, 4, interval, reach);
+    assert_eq!(first.count, 4);
+    assert_eq!(first.first_in, Duration::ZERO, "a free schedule starts now");
+
+    let second = book(&mut two, 4, interval, reach);
+    assert_eq!(second.count, 4, "{second:?}");
+    assert!(
+        second.first_in > 150 * MS && second.first_in <= 200 * MS,
+        "after the first booking's four starts: {second:?}"
+    );
+
+    // Free from 400 ms ahead: only the starts up to a second ahead are booked.
+    let third = book(&mut one, 20, interval, reach);
+    assert!((13..=14).contains(&third.count), "{third:?}");
+
+    let full = book(&mut two, 1, interval, reach);
+    assert_eq!(full.count, 0, "booked beyond reach: {full:?}");
+    assert!(
+        full.first_in > reach,
+        "says when the schedule has room: {full:?}"
+    );
+}
+
+#[test]
+fn concurrent_bookings_never_take_the_same_start() {
+    let (db, mut conn) = migrated();
+    let (interval, reach) = (Duration::from_secs(1), Duration::from_secs(3600));
+    book(&mut conn, 1, interval, reach);
+    let from = next_start(&mut conn);
+    // Four connections book 25 starts each, one at a time, all at once: the schedule was
+    // booked from its first start on, so every start follows the last, a second apart.
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let url = db.url.clone();
+            std::thread::spawn(move || {
+                let mut conn = connect_url(&url);
+                for _ in 0..25 {
+                    assert_eq!(book(&mut conn, 1, interval, reach).count, 1);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a booking thread");
+    }
+    assert_eq!(
+        next_start(&mut conn) - from,
+        100 * 1_000_000,
+        "a hundred starts, none booked twice"
+    );
+}
