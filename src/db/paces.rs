@@ -14,6 +14,10 @@
 //! under its lease): when other instances have booked the schedule beyond that, it takes none
 //! and says when there will be room again, and the caller gives its rows back for then.
 //!
+//! On PostgreSQL a booking's commit does not wait for the disk (the row is locked until the
+//! commit, and every booking of the target waits for it): a booking lost to a crash of the
+//! database's machine only lets a few starts after it come early, once.
+//!
 //! On PostgreSQL the moments are on the database server's clock, read in the same statement, so
 //! instances whose hosts' clocks differ still book one schedule; the caller turns "this long
 //! from the read" into its own clock, from the moment the read's answer arrived. On SQLite every process sharing the file
@@ -67,15 +71,18 @@ pub fn book(
         // Inserted the first time, locked (and read) every time: one booking at a time per
         // target, however many instances book.
         let schedule: Schedule = match conn {
-            AnyConnection::Postgres(c) => diesel::sql_query(
-                "INSERT INTO paces (source, target, next_start) VALUES ($1, $2, 0) \
-                 ON CONFLICT (source, target) DO UPDATE SET next_start = paces.next_start \
-                 RETURNING next_start, \
-                 (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now",
-            )
-            .bind::<Text, _>(source)
-            .bind::<Text, _>(target)
-            .get_result(c)?,
+            AnyConnection::Postgres(c) => {
+                super::pg::commit_without_waiting(c)?;
+                diesel::sql_query(
+                    "INSERT INTO paces (source, target, next_start) VALUES ($1, $2, 0) \
+                     ON CONFLICT (source, target) DO UPDATE SET next_start = paces.next_start \
+                     RETURNING next_start, \
+                     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now",
+                )
+                .bind::<Text, _>(source)
+                .bind::<Text, _>(target)
+                .get_result(c)?
+            }
             // The clock read as the statement goes, and the moment taken as it answers: at
             // most a round trip on this host apart.
             AnyConnection::Sqlite(c) => diesel::sql_query(
