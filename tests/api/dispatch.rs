@@ -124,13 +124,7 @@ fn assert_twenty_a_second(downstream: &Downstream) {
 #[actix_web::test]
 async fn a_rate_of_twenty_per_second_holds_across_two_processes_sharing_the_database() {
     let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
-    let db = TestDb::create();
-    let text = config_text(
-        &db.url,
-        &target("paced", &downstream.url, "rate = \"20/s\""),
-    );
-    let config = parse_config(&text);
-    let (one, two) = (Process::serve(&text), Process::serve(&text));
+    let (db, config, one, two) = two_processes(&downstream, "rate = \"20/s\"");
     let ids = ids(100);
     // Half the events to each process, so each has rows of its own to send.
     let (first, second) = ids.split_at(50);
@@ -217,15 +211,14 @@ async fn an_ordered_target_gets_events_in_received_order_and_a_retry_holds_back_
     assert_in_order(&downstream, &ids);
 }
 
-/// A database and two processes sharing it, with one ordered target at `downstream`.
-fn two_processes_ordered(
+/// A database and two processes sharing it, with one target at `downstream` (its `extra`
+/// keys given).
+fn two_processes(
     downstream: &Downstream,
+    extra: &str,
 ) -> (TestDb, hookbox::config::Config, Process, Process) {
     let db = TestDb::create();
-    let text = config_text(
-        &db.url,
-        &target("ledger", &downstream.url, "ordered = true"),
-    );
+    let text = config_text(&db.url, &target("ledger", &downstream.url, extra));
     let config = parse_config(&text);
     let (one, two) = (Process::serve(&text), Process::serve(&text));
     (db, config, one, two)
@@ -235,7 +228,7 @@ fn two_processes_ordered(
 async fn an_ordered_target_gets_events_in_received_order_across_two_processes() {
     let ids = ids(100);
     let downstream = sink_failing_twice(format!("stripe:{}", ids[9]));
-    let (_db, config, one, two) = two_processes_ordered(&downstream);
+    let (_db, config, one, two) = two_processes(&downstream, "ordered = true");
     for (i, id) in ids.iter().enumerate() {
         let address = if i % 2 == 0 {
             &one.address
@@ -265,7 +258,7 @@ async fn an_older_event_redelivered_while_another_process_sends_a_later_one_wait
         let held = key == later_key && earlier == 0;
         (200, Duration::from_millis(if held { 1500 } else { 0 }))
     });
-    let (db, config, one, two) = two_processes_ordered(&downstream);
+    let (db, config, one, two) = two_processes(&downstream, "ordered = true");
     send_all(&one.address, &config, std::slice::from_ref(&older), 1).await;
     poll_until(
         "the older event is delivered",
