@@ -211,6 +211,18 @@ pub struct Rate {
     pub per: Duration,
 }
 
+impl std::fmt::Display for Rate {
+    /// As written in the config: `N/s` or `N/m`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unit = if self.per >= Duration::from_secs(60) {
+            "m"
+        } else {
+            "s"
+        };
+        write!(f, "{}/{unit}", self.count)
+    }
+}
+
 impl std::str::FromStr for Rate {
     type Err = String;
 
@@ -1282,6 +1294,12 @@ mod tests {
         );
         assert_eq!((billing.concurrency, billing.ordered), (8, true));
         assert_eq!((audit.concurrency, audit.ordered), (16, false));
+        // As the startup log shows them: as written.
+        let shown = |t: &ForwardConfig| t.rate.map(|r| r.to_string());
+        assert_eq!(
+            (shown(billing), shown(audit)),
+            (Some("50/s".into()), Some("30/m".into()))
+        );
         assert!(billing.wants(Some("payment_intent.succeeded")));
         assert!(billing.wants(Some("charge.refunded")));
         assert!(!billing.wants(Some("charge.refunded.extra")));

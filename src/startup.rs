@@ -253,8 +253,17 @@ fn log_sources(config: &Config) {
                 source = %source.name,
                 target = %target.name,
                 url = %target.shown_url(),
+                events = %if target.events.is_empty() {
+                    "all".to_owned()
+                } else {
+                    target.events.join(",")
+                },
                 timeout = %humantime::format_duration(target.timeout),
                 max_attempts = target.max_attempts,
+                concurrency = target.concurrency,
+                // The rate is the target's, shared by every instance on the database.
+                rate = %target.rate.map_or("none".to_owned(), |r| r.to_string()),
+                ordered = target.ordered,
                 "forwarding {} events",
                 source.name
             );

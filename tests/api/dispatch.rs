@@ -140,6 +140,15 @@ async fn a_rate_of_twenty_per_second_holds_across_two_processes_sharing_the_data
     )
     .await;
     assert_twenty_a_second(&downstream);
+    // Each process says at startup what it does with the source's events.
+    let log = one.log();
+    assert!(
+        log.lines().any(|l| l.contains("forwarding stripe events")
+            && l.contains("target=ledger")
+            && l.contains("events=all")
+            && l.contains("concurrency=16 rate=20/s ordered=false")),
+        "{log}"
+    );
     poll_until("every outcome is written", Duration::from_secs(10), || {
         db.count("deliveries WHERE state = 'delivered'") == 100
     })
