@@ -25,6 +25,7 @@
 
 use std::time::Duration;
 
+use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 
@@ -34,6 +35,12 @@ use super::{now, on_backend, write_transaction, AnyConnection};
 /// interval past the moment it was made) by more than this is a clock that went back, or a
 /// row left by another config: it starts again from now, rather than holding the target up.
 const CLOCK_SLACK: Duration = Duration::from_secs(60);
+
+/// How long a booking waits for the target's row on PostgreSQL, where another booking holds
+/// it for a round trip or two: longer means that one's instance stopped mid-booking (the server
+/// ends such a transaction after `idle_in_transaction_session_timeout`), and the booking fails,
+/// so its instance paces alone meanwhile rather than holding its attempts up.
+const LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// What [`book`] got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +79,12 @@ pub fn book(
         // target, however many instances book.
         let schedule: Schedule = match conn {
             AnyConnection::Postgres(c) => {
-                super::pg::commit_without_waiting(c)?;
+                // One round trip: the commit does not wait for the disk, and the lock is
+                // waited for briefly (see `LOCK_WAIT`).
+                c.batch_execute(&format!(
+                    "SET LOCAL synchronous_commit = off; SET LOCAL lock_timeout = {}",
+                    LOCK_WAIT.as_millis()
+                ))?;
                 diesel::sql_query(
                     "INSERT INTO paces (source, target, next_start) VALUES ($1, $2, 0) \
                      ON CONFLICT (source, target) DO UPDATE SET next_start = paces.next_start \

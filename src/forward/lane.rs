@@ -221,7 +221,7 @@ impl Lane {
     /// is booked by other instances beyond what the row may wait; give it back, due in `after`.
     pub async fn start<F, B>(&self, book: B) -> Result<SemaphorePermit<'_>, Duration>
     where
-        B: FnOnce(u32) -> F,
+        B: FnMut(u32) -> F,
         F: Future<Output = Result<Booked, String>>,
     {
         let slot = self

@@ -7,17 +7,19 @@
 //! keeps what it booked in order; waiters go in turn (tokio's mutex is fair), each holding the
 //! gate while it waits for its moment. Its own starts are never closer than an interval (a
 //! start waits for the later of its moment and an interval after the last), and a moment
-//! missed by a whole interval (a busy machine) is dropped and another booked, so a dispatcher
-//! that falls behind never makes up for lost time by starting several at once. Across
-//! instances, starts fall in distinct intervals of the schedule: any window of the rate's
-//! length holds N of them, N + 1 at most where one started late at its edge.
+//! missed by a whole interval (a busy machine, before or while it waits) is dropped and
+//! another booked, so a dispatcher that falls behind never makes up for lost time by starting
+//! several at once. Across instances, starts fall in distinct intervals of the schedule: any
+//! window of the rate's length holds N of them, N + 1 at most where one started late at its
+//! edge.
 //!
 //! A booking reaches at most [`Pace::reach`] ahead: a row waits for its turn under its lease,
 //! which allows that long. When other instances have booked the schedule beyond it, the row
 //! is given back, due when the schedule has room again ([`Turn::Later`]).
 //!
-//! Should the store not answer a booking, the attempt is paced by this process alone (as if it
-//! were the only instance) until it does, with one WARN: forwarding goes on, and another
+//! Should the store not answer a booking (or the target's row stay locked past
+//! `db::paces`' short lock wait), this process paces alone (as if it were the only instance)
+//! for [`RETRY_STORE_AFTER`], then asks again, with one WARN: forwarding goes on, and another
 //! instance may start as many meanwhile.
 
 use std::collections::VecDeque;
@@ -54,6 +56,14 @@ struct Booking {
     last: Option<Instant>,
     /// When the last booking failed, if it did: the store is asked again after a while.
     failed_at: Option<Instant>,
+}
+
+/// When an attempt may start: from `at`, and before `until` (after which the moment is
+/// another's to take).
+#[derive(Debug, Clone, Copy)]
+struct Moment {
+    at: Instant,
+    until: Instant,
 }
 
 /// After a booking failed, how long this process paces alone before it asks the store again.
@@ -93,15 +103,29 @@ impl Pace {
 
     /// Waits for this attempt's turn; returns as it starts, or says to give the row back.
     /// `book(want)` books up to `want` starts in the store's schedule (`db::paces::book`, with
-    /// this pace's interval and reach); it is called at most once.
-    pub async fn start<F, B>(&self, source: &str, target: &str, book: B) -> Turn
+    /// this pace's interval and reach).
+    pub async fn start<F, B>(&self, source: &str, target: &str, mut book: B) -> Turn
     where
-        B: FnOnce(u32) -> F,
+        B: FnMut(u32) -> F,
         F: Future<Output = Result<Booked, String>>,
     {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let mut booked = self.booked.lock().await;
-        let turn = self.turn(&mut booked, source, target, book).await;
+        let turn = loop {
+            let turn = match self.next_booked(&mut booked) {
+                Some(moment) => moment,
+                None => match self.book(&mut booked, source, target, &mut book).await {
+                    Ok(moment) => moment,
+                    Err(later) => break Turn::Later(later),
+                },
+            };
+            tokio::time::sleep_until(turn.at).await;
+            // Woken too late (the machine was busy, or the process stopped a while): the
+            // moment is not this process's any more, as another instance's may be near.
+            if Instant::now() < turn.until {
+                break Turn::Now;
+            }
+        };
         if turn == Turn::Now {
             booked.last = Some(Instant::now());
         }
@@ -109,15 +133,20 @@ impl Pace {
         turn
     }
 
-    async fn turn<F, B>(&self, booked: &mut Booking, source: &str, target: &str, book: B) -> Turn
+    /// Books moments for the attempts waiting, and gives the first; without the store (its
+    /// booking failed a moment ago), a moment an interval after this process's last start.
+    /// `Err(after)`: the schedule is booked beyond reach, give the row back for `after`.
+    async fn book<F, B>(
+        &self,
+        booked: &mut Booking,
+        source: &str,
+        target: &str,
+        book: &mut B,
+    ) -> Result<Moment, Duration>
     where
-        B: FnOnce(u32) -> F,
+        B: FnMut(u32) -> F,
         F: Future<Output = Result<Booked, String>>,
     {
-        if let Some(at) = self.next_booked(booked) {
-            tokio::time::sleep_until(at).await;
-            return Turn::Now;
-        }
         let asked = Instant::now();
         let store_out = booked
             .failed_at
@@ -138,16 +167,21 @@ impl Pace {
                     if got.count == 0 {
                         // Due when the schedule has room again within reach of a take then.
                         let after = got.first_in.saturating_sub(self.reach());
-                        return Turn::Later(after.max(self.interval));
+                        return Err(after.max(self.interval));
                     }
                     // From the moment the schedule's read answered: a hair late, never early.
                     let first = Instant::from_std(got.as_of) + got.first_in;
                     booked
                         .moments
                         .extend((0..got.count).map(|i| first + self.interval * i));
+                    if let Some(moment) = self.next_booked(booked) {
+                        return Ok(moment);
+                    }
                 }
                 Err(e) => {
-                    booked.failed_at = Some(asked);
+                    // Counted from the failure, which may have taken a while (a lock waited
+                    // for), so this process paces alone for a while before it asks again.
+                    booked.failed_at = Some(Instant::now());
                     if !self.unbooked.swap(true, Ordering::SeqCst) {
                         tracing::warn!(
                             source, target, error = %e,
@@ -159,28 +193,29 @@ impl Pace {
                 }
             }
         }
-        // Booked just now, so not yet missed; or, without the store, after this process's last.
-        let at = self.next_booked(booked).unwrap_or_else(|| {
-            booked
-                .last
-                .map_or(asked, |last| (last + self.interval).max(asked))
-        });
-        tokio::time::sleep_until(at).await;
-        Turn::Now
+        let now = Instant::now();
+        let at = booked
+            .last
+            .map_or(now, |last| (last + self.interval).max(now));
+        Ok(Moment {
+            at,
+            until: at + self.interval,
+        })
     }
 
     /// When to start on the next moment booked that is still this process's to use: the
     /// moment itself, or an interval after this process's last start if that is later (so its
     /// own starts are never closer than an interval). A moment that would be started a whole
     /// interval late is dropped (another instance's may be within an interval of it).
-    fn next_booked(&self, booked: &mut Booking) -> Option<Instant> {
+    fn next_booked(&self, booked: &mut Booking) -> Option<Moment> {
         let now = Instant::now();
         while let Some(moment) = booked.moments.pop_front() {
             let at = booked
                 .last
                 .map_or(moment, |last| moment.max(last + self.interval));
-            if at.max(now) < moment + self.interval {
-                return Some(at);
+            let until = moment + self.interval;
+            if at.max(now) < until {
+                return Some(Moment { at, until });
             }
         }
         None
@@ -297,6 +332,38 @@ mod tests {
             assert!(in_window <= 11, "{in_window} from start {i}: {starts:?}");
         }
         assert!(starts[29] >= Duration::from_millis(285), "{starts:?}");
+    }
+
+    #[tokio::test]
+    async fn a_moment_woken_for_a_whole_interval_late_is_given_up_and_another_booked() {
+        let pace = Pace::new("20/s".parse().expect("a rate"));
+        let schedule = Schedule::new(&pace);
+        let begin = Instant::now();
+        *schedule.next.lock().unwrap() = begin + Duration::from_millis(100);
+        let bookings = std::sync::atomic::AtomicU32::new(0);
+        let book = |want| {
+            bookings.fetch_add(1, Ordering::SeqCst);
+            schedule.book(want)
+        };
+        // The thread is held (as a busy machine or a stopped process would) from 20 ms to
+        // 220 ms: the pace wakes 70 ms after its moment's interval ended.
+        let held = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let (turn, ()) = tokio::join!(pace.start("s", "t", book), held);
+        assert_eq!(turn, Turn::Now);
+        assert_eq!(
+            bookings.load(Ordering::SeqCst),
+            2,
+            "the late moment was booked again"
+        );
+        let started = Instant::now() - begin;
+        assert!(started >= Duration::from_millis(220), "{started:?}");
+        assert!(
+            *schedule.next.lock().unwrap() >= begin + Duration::from_millis(270),
+            "the second booking's moment is now, not the one missed"
+        );
     }
 
     #[tokio::test]

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use diesel::connection::SimpleConnection;
+use hookbox::db::AnyConnection;
 use hookbox::Handlers;
 
 use crate::downstream::Downstream;
@@ -158,6 +160,61 @@ async fn a_rate_of_twenty_per_second_holds_across_two_processes_sharing_the_data
         100,
         "each delivered at its first attempt: a row given back for later is not counted"
     );
+}
+
+#[actix_web::test]
+async fn a_paced_target_whose_schedule_is_held_goes_on_paced_by_its_process_alone() {
+    if skip_on_sqlite(
+        "a_paced_target_whose_schedule_is_held_goes_on_paced_by_its_process_alone",
+        "no row lock: SQLite's writers take turns for the whole file",
+    ) {
+        return;
+    }
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let db = TestDb::create();
+    // The default wait for a lock (the tests' own is 3 s), which a booking does not wait out.
+    let text = config_text(
+        &db.url,
+        &target("ledger", &downstream.url, "rate = \"20/s\""),
+    )
+    .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"10s\"");
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    // Another session holds the target's schedule locked (as an instance stopped in the middle
+    // of a booking would, until the server ends its transaction).
+    let mut holder = db.connect();
+    let AnyConnection::Postgres(pg) = &mut holder else {
+        unreachable!("PostgreSQL, as skip_on_sqlite let through")
+    };
+    pg.batch_execute(
+        "INSERT INTO paces (source, target, next_start) VALUES ('stripe', 'ledger', 0); \
+         BEGIN; SELECT next_start FROM paces FOR UPDATE",
+    )
+    .expect("the schedule is held");
+
+    let ids = ids(20);
+    send_all(&process.address, &config, &ids, 20).await;
+    // Each booking gives up after half a second and the process paces alone for 5 s: the 20
+    // go out in about a second. (Waiting out the lock at every booking took 10 s each.)
+    poll_until(
+        "every event reached the sink",
+        Duration::from_secs(8),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+    let mut starts: Vec<_> = downstream.received().iter().map(|r| r.at).collect();
+    starts.sort();
+    assert!(
+        starts[19] - starts[0] >= Duration::from_millis(850),
+        "paced alone, still 20/s, not in a burst: {starts:?}"
+    );
+    let log = process.log();
+    assert!(
+        log.contains("cannot book this target's starts in the store"),
+        "{log}"
+    );
+    pg.batch_execute("ROLLBACK")
+        .expect("the schedule is let go");
 }
 
 /// A sink that answers 200 after a few milliseconds, except the first two attempts of
