@@ -7,11 +7,13 @@
 //! keeps what it booked in order; waiters go in turn (tokio's mutex is fair), each holding the
 //! gate while it waits for its moment. Its own starts are never closer than an interval (a
 //! start waits for the later of its moment and an interval after the last), and a moment
-//! missed by a whole interval (a busy machine, before or while it waits) is dropped and
+//! missed by half an interval (a busy machine, before or while it waits) is dropped and
 //! another booked, so a dispatcher that falls behind never makes up for lost time by starting
-//! several at once. Across instances, starts fall in distinct intervals of the schedule: any
-//! window of the rate's length holds N of them, N + 1 at most where one started late at its
-//! edge.
+//! several at once. Across instances, each start falls in the first half of an interval of the
+//! schedule of its own: any window of the rate's length holds N of them, N + 1 at most where
+//! one started late at its edge, and two starts are never closer than half an interval (so
+//! what the downstream sees stays within N + 1 unless the network shifts an arrival by that
+//! much).
 //!
 //! A booking reaches at most [`Pace::reach`] ahead: a row waits for its turn under its lease,
 //! which allows that long. When other instances have booked the schedule beyond it, the row
@@ -205,15 +207,16 @@ impl Pace {
 
     /// When to start on the next moment booked that is still this process's to use: the
     /// moment itself, or an interval after this process's last start if that is later (so its
-    /// own starts are never closer than an interval). A moment that would be started a whole
-    /// interval late is dropped (another instance's may be within an interval of it).
+    /// own starts are never closer than an interval). A moment that would be started half an
+    /// interval late or more is dropped (the next moment, perhaps another instance's, is an
+    /// interval after it).
     fn next_booked(&self, booked: &mut Booking) -> Option<Moment> {
         let now = Instant::now();
         while let Some(moment) = booked.moments.pop_front() {
             let at = booked
                 .last
                 .map_or(moment, |last| moment.max(last + self.interval));
-            let until = moment + self.interval;
+            let until = moment + self.interval / 2;
             if at.max(now) < until {
                 return Some(Moment { at, until });
             }
