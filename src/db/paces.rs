@@ -20,7 +20,8 @@
 //!
 //! On PostgreSQL the moments are on the database server's clock, read in the same statement, so
 //! instances whose hosts' clocks differ still book one schedule; the caller turns "this long
-//! from the read" into its own clock, from the moment the read's answer arrived. On SQLite every process sharing the file
+//! from the read" into its own clock, knowing the read happened between the moment it sent
+//! the statement and the moment the answer arrived (`Booked::sent`, `Booked::as_of`). On SQLite every process sharing the file
 //! runs on one host, and the moments are that host's.
 
 use std::time::Duration;
@@ -51,9 +52,12 @@ pub struct Booked {
     /// How long from [`Booked::as_of`] the first start booked is; when none was, how long
     /// until the first free one.
     pub first_in: Duration,
-    /// When the schedule was read, on this process's clock: the moment `first_in` counts from
-    /// (the answer to the statement that read it, before the rest of the transaction).
+    /// When the answer to the statement that read the schedule arrived, on this process's
+    /// clock: the read was no later, so a moment counted from here is never early.
     pub as_of: std::time::Instant,
+    /// When that statement was sent: the read was no earlier. Far from `as_of` (the process
+    /// stopped a while, or the database was slow), the moments are known only that roughly.
+    pub sent: std::time::Instant,
 }
 
 #[derive(QueryableByName)]
@@ -77,6 +81,7 @@ pub fn book(
     write_transaction(conn, |conn| {
         // Inserted the first time, locked (and read) every time: one booking at a time per
         // target, however many instances book.
+        let sent = std::time::Instant::now();
         let schedule: Schedule = match conn {
             AnyConnection::Postgres(c) => {
                 // One round trip: the commit does not wait for the disk, and the lock is
@@ -124,6 +129,7 @@ pub fn book(
             count,
             first_in: Duration::from_micros(u64::try_from(first - schedule.now).unwrap_or(0)),
             as_of,
+            sent,
         })
     })
 }

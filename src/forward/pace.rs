@@ -44,7 +44,7 @@ pub struct Pace {
     /// The least time between two starts: the window over N.
     interval: Duration,
     /// What this process booked and has not started, in order, and when it last started one.
-    booked: Mutex<Booking>,
+    booked: Mutex<Gate>,
     /// Attempts in [`Pace::start`] (those waiting for the gate included): how many to book.
     waiting: AtomicUsize,
     /// Whether the last booking failed (so the next failure is not logged again).
@@ -52,8 +52,8 @@ pub struct Pace {
 }
 
 #[derive(Default)]
-struct Booking {
-    moments: VecDeque<Instant>,
+struct Gate {
+    moments: VecDeque<Moment>,
     /// When this process last started an attempt, for pacing alone while bookings fail.
     last: Option<Instant>,
     /// When the last booking failed, if it did: the store is asked again after a while.
@@ -66,6 +66,16 @@ struct Booking {
 struct Moment {
     at: Instant,
     until: Instant,
+}
+
+/// What [`Pace::book`] gives.
+enum Booking {
+    /// The moment to start at.
+    Moment(Moment),
+    /// Give the row back, due in this long: the schedule is booked beyond reach.
+    Later(Duration),
+    /// Book again: the moments booked are known too roughly to be kept, or already missed.
+    Again,
 }
 
 /// After a booking failed, how long this process paces alone before it asks the store again.
@@ -86,7 +96,7 @@ impl Pace {
     pub fn new(rate: Rate) -> Pace {
         Pace {
             interval: rate.per / rate.count.max(1),
-            booked: Mutex::new(Booking::default()),
+            booked: Mutex::new(Gate::default()),
             waiting: AtomicUsize::new(0),
             unbooked: AtomicBool::new(false),
         }
@@ -113,12 +123,21 @@ impl Pace {
     {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let mut booked = self.booked.lock().await;
+        // Whether a booking whose moments were known too roughly to keep was made already.
+        let mut rough = false;
         let turn = loop {
             let turn = match self.next_booked(&mut booked) {
                 Some(moment) => moment,
-                None => match self.book(&mut booked, source, target, &mut book).await {
-                    Ok(moment) => moment,
-                    Err(later) => break Turn::Later(later),
+                None => match self
+                    .book(&mut booked, source, target, &mut book, rough)
+                    .await
+                {
+                    Booking::Moment(moment) => moment,
+                    Booking::Later(after) => break Turn::Later(after),
+                    Booking::Again => {
+                        rough = true;
+                        continue;
+                    }
                 },
             };
             tokio::time::sleep_until(turn.at).await;
@@ -137,14 +156,19 @@ impl Pace {
 
     /// Books moments for the attempts waiting, and gives the first; without the store (its
     /// booking failed a moment ago), a moment an interval after this process's last start.
-    /// `Err(after)`: the schedule is booked beyond reach, give the row back for `after`.
+    /// A booking whose answer took half an interval or more (the process stopped a while, or
+    /// the database was slow) knows its moments only that roughly, too roughly to start in
+    /// the first half of their intervals: it is dropped and booked `Again`, once; a second such
+    /// booking (`rough`: the database is that slow at this rate) is kept, its moments counted
+    /// from its answer.
     async fn book<F, B>(
         &self,
-        booked: &mut Booking,
+        booked: &mut Gate,
         source: &str,
         target: &str,
         book: &mut B,
-    ) -> Result<Moment, Duration>
+        rough: bool,
+    ) -> Booking
     where
         B: FnMut(u32) -> F,
         F: Future<Output = Result<Booked, String>>,
@@ -169,15 +193,26 @@ impl Pace {
                     if got.count == 0 {
                         // Due when the schedule has room again within reach of a take then.
                         let after = got.first_in.saturating_sub(self.reach());
-                        return Err(after.max(self.interval));
+                        return Booking::Later(after.max(self.interval));
                     }
-                    // From the moment the schedule's read answered: a hair late, never early.
-                    let first = Instant::from_std(got.as_of) + got.first_in;
-                    booked
-                        .moments
-                        .extend((0..got.count).map(|i| first + self.interval * i));
-                    if let Some(moment) = self.next_booked(booked) {
-                        return Ok(moment);
+                    // Not before the moment counted from the answer (never early), and only
+                    // within half an interval of it counted from the question (never late).
+                    let (as_of, sent) = (Instant::from_std(got.as_of), Instant::from_std(got.sent));
+                    let half = self.interval / 2;
+                    if as_of.saturating_duration_since(sent) >= half && !rough {
+                        return Booking::Again;
+                    }
+                    let latest = if rough { as_of } else { sent };
+                    booked.moments.extend((0..got.count).map(|i| Moment {
+                        at: as_of + got.first_in + self.interval * i,
+                        until: latest + got.first_in + self.interval * i + half,
+                    }));
+                    match self.next_booked(booked) {
+                        Some(moment) => return Booking::Moment(moment),
+                        // Missed already (this task waited for a thread that long).
+                        None if !rough => return Booking::Again,
+                        // Twice: this one starts paced by this process alone.
+                        None => {}
                     }
                 }
                 Err(e) => {
@@ -199,7 +234,7 @@ impl Pace {
         let at = booked
             .last
             .map_or(now, |last| (last + self.interval).max(now));
-        Ok(Moment {
+        Booking::Moment(Moment {
             at,
             until: at + self.interval,
         })
@@ -210,15 +245,17 @@ impl Pace {
     /// own starts are never closer than an interval). A moment that would be started half an
     /// interval late or more is dropped (the next moment, perhaps another instance's, is an
     /// interval after it).
-    fn next_booked(&self, booked: &mut Booking) -> Option<Moment> {
+    fn next_booked(&self, booked: &mut Gate) -> Option<Moment> {
         let now = Instant::now();
         while let Some(moment) = booked.moments.pop_front() {
             let at = booked
                 .last
-                .map_or(moment, |last| moment.max(last + self.interval));
-            let until = moment + self.interval / 2;
-            if at.max(now) < until {
-                return Some(Moment { at, until });
+                .map_or(moment.at, |last| moment.at.max(last + self.interval));
+            if at.max(now) < moment.until {
+                return Some(Moment {
+                    at,
+                    until: moment.until,
+                });
             }
         }
         None
@@ -267,6 +304,7 @@ mod tests {
                     count: 0,
                     first_in: first - now,
                     as_of: now.into_std(),
+                    sent: now.into_std(),
                 });
             }
             let fits = ((now + self.reach - first).as_nanos() / self.interval.as_nanos()) + 1;
@@ -276,6 +314,7 @@ mod tests {
                 count,
                 first_in: first - now,
                 as_of: now.into_std(),
+                sent: now.into_std(),
             })
         }
     }
@@ -370,6 +409,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_booking_answered_half_an_interval_late_is_booked_again() {
+        let pace = Pace::new("20/s".parse().expect("a rate"));
+        let schedule = Schedule::new(&pace);
+        let bookings = std::sync::atomic::AtomicU32::new(0);
+        let book = |want| {
+            let first = bookings.fetch_add(1, Ordering::SeqCst) == 0;
+            let schedule = &schedule;
+            async move {
+                let sent = std::time::Instant::now();
+                let mut got = schedule.book(want).await?;
+                if first {
+                    // The process stopped 60 ms between the question and its answer: where in
+                    // those 60 ms the schedule was read, it cannot tell.
+                    std::thread::sleep(Duration::from_millis(60));
+                    got.sent = sent;
+                    got.as_of = std::time::Instant::now();
+                }
+                Ok(got)
+            }
+        };
+        let begin = Instant::now();
+        assert_eq!(pace.start("s", "t", book).await, Turn::Now);
+        assert_eq!(
+            bookings.load(Ordering::SeqCst),
+            2,
+            "the rough booking was made again"
+        );
+        // The second booking's moment came after the stall, the first's going unused.
+        assert!(
+            *schedule.next.lock().unwrap() >= begin + Duration::from_millis(110),
+            "booked twice, the second from after the stall"
+        );
+    }
+
+    #[tokio::test]
     async fn a_schedule_booked_beyond_reach_gives_the_row_back_for_when_it_has_room() {
         let pace = Pace::new("10/s".parse().expect("a rate"));
         let turn = pace
@@ -378,6 +452,7 @@ mod tests {
                     count: 0,
                     first_in: Duration::from_millis(3000),
                     as_of: std::time::Instant::now(),
+                    sent: std::time::Instant::now(),
                 })
             })
             .await;
