@@ -940,8 +940,7 @@ fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -
             error,
             after,
         } => {
-            let due =
-                now + chrono::Duration::from_std(*after).unwrap_or(chrono::Duration::hours(24));
+            let due = due_after(now, *after);
             diesel::update(row)
                 .set((
                     deliveries::last_status.eq(status_column(*status)),
@@ -953,8 +952,7 @@ fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -
                 .execute(c)
         }
         Settle::Untried { after } => {
-            let due =
-                now + chrono::Duration::from_std(*after).unwrap_or(chrono::Duration::hours(24));
+            let due = due_after(now, *after);
             diesel::update(row)
                 .set((
                     deliveries::attempts.eq(deliveries::attempts - 1),
@@ -974,6 +972,11 @@ fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -
     }
     .map(|_| ())
     })
+}
+
+/// `after` from `now` (a day, should it not fit).
+fn due_after(now: DateTime<Utc>, after: Duration) -> DateTime<Utc> {
+    now + chrono::Duration::from_std(after).unwrap_or(chrono::Duration::hours(24))
 }
 
 type ViewRow = (

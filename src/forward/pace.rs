@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -47,8 +47,6 @@ pub struct Pace {
     booked: Mutex<Gate>,
     /// Attempts in [`Pace::start`] (those waiting for the gate included): how many to book.
     waiting: AtomicUsize,
-    /// Whether the last booking failed (so the next failure is not logged again).
-    unbooked: AtomicBool,
 }
 
 #[derive(Default)]
@@ -98,7 +96,6 @@ impl Pace {
             interval: rate.per / rate.count.max(1),
             booked: Mutex::new(Gate::default()),
             waiting: AtomicUsize::new(0),
-            unbooked: AtomicBool::new(false),
         }
     }
 
@@ -181,8 +178,7 @@ impl Pace {
             let want = u32::try_from(self.waiting.load(Ordering::SeqCst)).unwrap_or(u32::MAX);
             match book(want.max(1)).await {
                 Ok(got) => {
-                    booked.failed_at = None;
-                    if self.unbooked.swap(false, Ordering::SeqCst) {
+                    if booked.failed_at.take().is_some() {
                         tracing::info!(
                             source,
                             target,
@@ -218,8 +214,8 @@ impl Pace {
                 Err(e) => {
                     // Counted from the failure, which may have taken a while (a lock waited
                     // for), so this process paces alone for a while before it asks again.
-                    booked.failed_at = Some(Instant::now());
-                    if !self.unbooked.swap(true, Ordering::SeqCst) {
+                    // Logged as it starts failing, not at every try.
+                    if booked.failed_at.replace(Instant::now()).is_none() {
                         tracing::warn!(
                             source, target, error = %e,
                             "cannot book this target's starts in the store; pacing this \

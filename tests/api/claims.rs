@@ -493,6 +493,7 @@ fn a_row_given_back_untried_is_due_later_as_the_same_attempt_of_the_same_series(
     let taken = deliveries::take_due(&mut conn, &[lane_t(false)], 7).expect("the take runs");
     assert_eq!(taken[0].attempt, 1);
     // Its paced target's schedule was booked beyond what it could wait for: back, for 400 ms.
+    let given_back = std::time::Instant::now();
     deliveries::settle(
         &mut conn,
         &[deliveries::Settled {
@@ -509,8 +510,19 @@ fn a_row_given_back_untried_is_due_later_as_the_same_attempt_of_the_same_series(
             .is_empty(),
         "not due until then"
     );
-    std::thread::sleep(std::time::Duration::from_millis(450));
-    let again = deliveries::take_due(&mut conn, &[lane_t(false)], 7).expect("the take runs");
+    // Taken again once due: looked for until then, and not before.
+    let deadline = given_back + std::time::Duration::from_secs(10);
+    let again = loop {
+        let taken = deliveries::take_due(&mut conn, &[lane_t(false)], 7).expect("the take runs");
+        if !taken.is_empty() || std::time::Instant::now() > deadline {
+            break taken;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(
+        given_back.elapsed() >= std::time::Duration::from_millis(400),
+        "due 400 ms after it was given back"
+    );
     assert_eq!(
         again
             .iter()
