@@ -134,13 +134,14 @@ pub fn book(
     })
 }
 
-fn micros(d: Duration) -> i64 {
+pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1)
 }
 
 /// A booking on a schedule free from `next` at `now`: the first start, how many, and where
-/// the schedule is free from after them (all in microseconds).
-fn plan(next: i64, now: i64, want: u32, interval: i64, within: i64) -> (i64, u32, i64) {
+/// the schedule is free from after them (all in microseconds). The pace's unit tests book
+/// through it too, from a schedule kept in memory.
+pub(crate) fn plan(next: i64, now: i64, want: u32, interval: i64, within: i64) -> (i64, u32, i64) {
     let furthest = now
         .saturating_add(within)
         .saturating_add(interval)

@@ -274,44 +274,49 @@ impl Pace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::paces;
 
-    /// A schedule in memory, shared as the store's would be: free from `next`.
+    /// A schedule in memory, shared as the store's would be, booked by the store's own
+    /// arithmetic ([`paces::plan`]): free from `next`, in microseconds since `base`.
     struct Schedule {
-        next: std::sync::Mutex<Instant>,
-        interval: Duration,
-        reach: Duration,
+        base: Instant,
+        next: std::sync::Mutex<i64>,
+        interval: i64,
+        reach: i64,
     }
 
     impl Schedule {
         fn new(pace: &Pace) -> Schedule {
             Schedule {
-                next: std::sync::Mutex::new(Instant::now()),
-                interval: pace.interval(),
-                reach: pace.reach(),
+                base: Instant::now(),
+                next: std::sync::Mutex::new(0),
+                interval: paces::micros(pace.interval()),
+                reach: paces::micros(pace.reach()),
             }
         }
 
         async fn book(&self, want: u32) -> Result<Booked, String> {
             let mut next = self.next.lock().unwrap();
-            let now = Instant::now();
-            let first = (*next).max(now);
-            if first > now + self.reach {
-                return Ok(Booked {
-                    count: 0,
-                    first_in: first - now,
-                    as_of: now.into_std(),
-                    sent: now.into_std(),
-                });
-            }
-            let fits = ((now + self.reach - first).as_nanos() / self.interval.as_nanos()) + 1;
-            let count = want.min(u32::try_from(fits).unwrap());
-            *next = first + self.interval * count;
+            let at = Instant::now();
+            let now = paces::micros(at - self.base);
+            let (first, count, after) = paces::plan(*next, now, want, self.interval, self.reach);
+            *next = after;
             Ok(Booked {
                 count,
-                first_in: first - now,
-                as_of: now.into_std(),
-                sent: now.into_std(),
+                first_in: Duration::from_micros(u64::try_from(first - now).unwrap()),
+                as_of: at.into_std(),
+                sent: at.into_std(),
             })
+        }
+
+        /// Where the schedule is free from.
+        fn next(&self) -> Instant {
+            self.base + Duration::from_micros(u64::try_from(*self.next.lock().unwrap()).unwrap())
+        }
+
+        /// Books the schedule up to `at`, as another instance would.
+        fn book_until(&self, at: Instant) {
+            *self.next.lock().unwrap() = paces::micros(at - self.base);
         }
     }
 
@@ -377,7 +382,7 @@ mod tests {
         let pace = Pace::new("20/s".parse().expect("a rate"));
         let schedule = Schedule::new(&pace);
         let begin = Instant::now();
-        *schedule.next.lock().unwrap() = begin + Duration::from_millis(100);
+        schedule.book_until(begin + Duration::from_millis(100));
         let bookings = std::sync::atomic::AtomicU32::new(0);
         let book = |want| {
             bookings.fetch_add(1, Ordering::SeqCst);
@@ -399,7 +404,7 @@ mod tests {
         let started = Instant::now() - begin;
         assert!(started >= Duration::from_millis(220), "{started:?}");
         assert!(
-            *schedule.next.lock().unwrap() >= begin + Duration::from_millis(270),
+            schedule.next() >= begin + Duration::from_millis(270),
             "the second booking's moment is now, not the one missed"
         );
     }
@@ -434,7 +439,7 @@ mod tests {
         );
         // The second booking's moment came after the stall, the first's going unused.
         assert!(
-            *schedule.next.lock().unwrap() >= begin + Duration::from_millis(110),
+            schedule.next() >= begin + Duration::from_millis(110),
             "booked twice, the second from after the stall"
         );
     }
