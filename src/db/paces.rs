@@ -10,6 +10,10 @@
 //! interval of each other, so no window of the rate's length holds more than N of them (N + 1,
 //! counting a start at each edge of a closed window).
 //!
+//! Each booking also writes its interval (`interval_us`) and reads the one before it: an
+//! instance whose `rate` for the target differs from the last booker's learns of it
+//! ([`Booked::other_interval`]).
+//!
 //! A booking never takes a start further ahead than `within` (what a row may wait for its turn
 //! under its lease): when other instances have booked the schedule beyond that, it takes none
 //! and says when there will be room again, and the caller gives its rows back for then.
@@ -58,6 +62,10 @@ pub struct Booked {
     /// When that statement was sent: the read was no earlier. Far from `as_of` (the process
     /// stopped a while, or the database was slow), the moments are known only that roughly.
     pub sent: std::time::Instant,
+    /// The interval of the instance that booked the schedule before this booking, when it
+    /// differs from this one's: the instances sharing the store disagree on the target's
+    /// `rate` (during a rolling change of it, or by mistake).
+    pub other_interval: Option<Duration>,
 }
 
 #[derive(QueryableByName)]
@@ -66,6 +74,8 @@ struct Schedule {
     next_start: i64,
     #[diesel(sql_type = BigInt)]
     now: i64,
+    #[diesel(sql_type = BigInt)]
+    interval_us: i64,
 }
 
 /// Books up to `want` starts of `source`'s target `target`, `interval` apart, none later than
@@ -93,7 +103,7 @@ pub fn book(
                 diesel::sql_query(
                     "INSERT INTO paces (source, target, next_start) VALUES ($1, $2, 0) \
                      ON CONFLICT (source, target) DO UPDATE SET next_start = paces.next_start \
-                     RETURNING next_start, \
+                     RETURNING next_start, interval_us, \
                      (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now",
                 )
                 .bind::<Text, _>(source)
@@ -105,7 +115,7 @@ pub fn book(
             AnyConnection::Sqlite(c) => diesel::sql_query(
                 "INSERT INTO paces (source, target, next_start) VALUES (?, ?, 0) \
                  ON CONFLICT (source, target) DO UPDATE SET next_start = paces.next_start \
-                 RETURNING next_start, ? AS now",
+                 RETURNING next_start, interval_us, ? AS now",
             )
             .bind::<Text, _>(source)
             .bind::<Text, _>(target)
@@ -113,16 +123,17 @@ pub fn book(
             .get_result(c)?,
         };
         let as_of = std::time::Instant::now();
+        let interval = micros(interval);
         let (first, count, next) = plan(
             schedule.next_start,
             schedule.now,
             want,
-            micros(interval),
+            interval,
             micros(within),
         );
         if count > 0 {
             on_backend!(conn, c => diesel::update(paces::table.find((source, target)))
-                .set(paces::next_start.eq(next))
+                .set((paces::next_start.eq(next), paces::interval_us.eq(interval)))
                 .execute(c))?;
         }
         Ok(Booked {
@@ -130,6 +141,8 @@ pub fn book(
             first_in: Duration::from_micros(u64::try_from(first - schedule.now).unwrap_or(0)),
             as_of,
             sent,
+            other_interval: (schedule.interval_us > 0 && schedule.interval_us != interval)
+                .then(|| Duration::from_micros(schedule.interval_us.unsigned_abs())),
         })
     })
 }

@@ -53,6 +53,7 @@ diesel::table! {
         source -> Text,
         target -> Text,
         next_start -> Int8,
+        interval_us -> Int8,
     }
 }
 

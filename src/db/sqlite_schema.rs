@@ -54,6 +54,7 @@ diesel::table! {
         source -> Text,
         target -> Text,
         next_start -> BigInt,
+        interval_us -> BigInt,
     }
 }
 

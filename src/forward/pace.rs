@@ -15,6 +15,9 @@
 //! what the downstream sees stays within N + 1 unless the network shifts an arrival by that
 //! much).
 //!
+//! Instances that keep booking the schedule at different intervals (different `rate`s for the
+//! target) warn of it, once each (`Pace::heard`).
+//!
 //! A booking reaches at most [`Pace::reach`] ahead: a row waits for its turn under its lease,
 //! which allows that long. When other instances have booked the schedule beyond it, the row
 //! is given back, due when the schedule has room again ([`Turn::Later`]).
@@ -56,7 +59,25 @@ struct Gate {
     last: Option<Instant>,
     /// When the last booking failed, if it did: the store is asked again after a while.
     failed_at: Option<Instant>,
+    /// Bookings that found the schedule last booked at another interval, while they go on.
+    disagreement: Option<Disagreement>,
 }
+
+/// Bookings of this process that found the target's schedule last booked by an instance with
+/// another interval (another `rate`).
+#[derive(Debug, Clone, Copy)]
+struct Disagreement {
+    /// When the last of them was made.
+    last: Instant,
+    /// How many, since the first.
+    seen: u32,
+    /// Whether this was logged.
+    warned: bool,
+}
+
+/// How long after the last booking that found another interval the instances are taken to
+/// agree again (another booking that finds one warns again).
+const AGREED_AFTER: Duration = Duration::from_secs(30);
 
 /// When an attempt may start: from `at`, and before `until` (after which the moment is
 /// another's to take).
@@ -186,6 +207,7 @@ impl Pace {
                              across instances once more"
                         );
                     }
+                    self.heard(booked, source, target, got.other_interval);
                     if got.count == 0 {
                         // Due when the schedule has room again within reach of a take then.
                         let after = got.first_in.saturating_sub(self.reach());
@@ -236,6 +258,41 @@ impl Pace {
         })
     }
 
+    /// Notes what a booking found of the interval the schedule was booked at before it: a
+    /// second booking of this process's (within [`AGREED_AFTER`] of the last such) that
+    /// finds another interval than this one's warns, once, that the instances sharing the
+    /// store disagree on the target's `rate`. Not the first: after a restart with a new `rate`,
+    /// the first booking finds the old process's interval, and the next its own.
+    fn heard(&self, gate: &mut Gate, source: &str, target: &str, other: Option<Duration>) {
+        let now = Instant::now();
+        let going_on = gate.disagreement.filter(|d| now < d.last + AGREED_AFTER);
+        let Some(other) = other else {
+            gate.disagreement = going_on;
+            return;
+        };
+        let mut disagreement = going_on.unwrap_or(Disagreement {
+            last: now,
+            seen: 0,
+            warned: false,
+        });
+        disagreement.last = now;
+        disagreement.seen += 1;
+        if disagreement.seen >= 2 && !disagreement.warned {
+            disagreement.warned = true;
+            tracing::warn!(
+                source,
+                target,
+                this_instance = ?self.interval,
+                another_instance = ?other,
+                "instances sharing the database pace this target at different rates (the \
+                 least time between two starts is shown for each); each books its starts at \
+                 its own, so the pace follows whichever booked last. Give every instance the \
+                 same `rate` for this target (expected for a while during a rolling change of it)"
+            );
+        }
+        gate.disagreement = Some(disagreement);
+    }
+
     /// When to start on the next moment booked that is still this process's to use: the
     /// moment itself, or an interval after this process's last start if that is later (so its
     /// own starts are never closer than an interval). A moment that would be started half an
@@ -277,46 +334,63 @@ mod tests {
     use crate::db::paces;
 
     /// A schedule in memory, shared as the store's would be, booked by the store's own
-    /// arithmetic ([`paces::plan`]): free from `next`, in microseconds since `base`.
+    /// arithmetic ([`paces::plan`]): free from `next`, in microseconds since `base`, last
+    /// booked at `last_interval`.
     struct Schedule {
         base: Instant,
-        next: std::sync::Mutex<i64>,
-        interval: i64,
+        booked: std::sync::Mutex<Booking>,
+        interval: Duration,
         reach: i64,
+    }
+
+    #[derive(Default)]
+    struct Booking {
+        next: i64,
+        last_interval: i64,
     }
 
     impl Schedule {
         fn new(pace: &Pace) -> Schedule {
             Schedule {
                 base: Instant::now(),
-                next: std::sync::Mutex::new(0),
-                interval: paces::micros(pace.interval()),
+                booked: Default::default(),
+                interval: pace.interval(),
                 reach: paces::micros(pace.reach()),
             }
         }
 
         async fn book(&self, want: u32) -> Result<Booked, String> {
-            let mut next = self.next.lock().unwrap();
+            self.book_as(want, self.interval).await
+        }
+
+        /// A booking of an instance whose starts are `interval` apart.
+        async fn book_as(&self, want: u32, interval: Duration) -> Result<Booked, String> {
+            let mut booked = self.booked.lock().unwrap();
             let at = Instant::now();
             let now = paces::micros(at - self.base);
-            let (first, count, after) = paces::plan(*next, now, want, self.interval, self.reach);
-            *next = after;
+            let interval = paces::micros(interval);
+            let (first, count, after) = paces::plan(booked.next, now, want, interval, self.reach);
+            let last_interval = std::mem::replace(&mut booked.last_interval, interval);
+            booked.next = after;
             Ok(Booked {
                 count,
                 first_in: Duration::from_micros(u64::try_from(first - now).unwrap()),
                 as_of: at.into_std(),
                 sent: at.into_std(),
+                other_interval: (last_interval > 0 && last_interval != interval)
+                    .then(|| Duration::from_micros(last_interval.unsigned_abs())),
             })
         }
 
         /// Where the schedule is free from.
         fn next(&self) -> Instant {
-            self.base + Duration::from_micros(u64::try_from(*self.next.lock().unwrap()).unwrap())
+            let next = self.booked.lock().unwrap().next;
+            self.base + Duration::from_micros(u64::try_from(next).unwrap())
         }
 
         /// Books the schedule up to `at`, as another instance would.
         fn book_until(&self, at: Instant) {
-            *self.next.lock().unwrap() = paces::micros(at - self.base);
+            self.booked.lock().unwrap().next = paces::micros(at - self.base);
         }
     }
 
@@ -454,10 +528,54 @@ mod tests {
                     first_in: Duration::from_millis(3000),
                     as_of: std::time::Instant::now(),
                     sent: std::time::Instant::now(),
+                    other_interval: None,
                 })
             })
             .await;
         assert_eq!(turn, Turn::Later(Duration::from_millis(2000)));
+    }
+
+    /// Whether `pace` warned that the instances disagree on its target's rate.
+    async fn warned(pace: &Pace) -> bool {
+        pace.booked
+            .lock()
+            .await
+            .disagreement
+            .is_some_and(|d| d.warned)
+    }
+
+    #[tokio::test]
+    async fn instances_booking_one_schedule_at_different_rates_are_warned_of() {
+        // 100/s here, 50/s at the other instance: each finds the schedule last booked at the
+        // other's interval.
+        let pace = Pace::new("100/s".parse().expect("a rate"));
+        let schedule = Schedule::new(&pace);
+        let other = Duration::from_millis(20);
+        schedule.book_as(1, other).await.unwrap();
+        assert_eq!(pace.start("s", "t", |w| schedule.book(w)).await, Turn::Now);
+        assert!(
+            !warned(&pace).await,
+            "not at the first booking that finds it"
+        );
+        schedule.book_as(1, other).await.unwrap();
+        assert_eq!(pace.start("s", "t", |w| schedule.book(w)).await, Turn::Now);
+        assert!(warned(&pace).await, "at the second");
+    }
+
+    #[tokio::test]
+    async fn a_restart_with_a_new_rate_is_not_taken_for_a_disagreement() {
+        // The schedule was last booked by this instance's predecessor at 50/s; it runs at
+        // 100/s, alone: its first booking finds the old interval, every one after its own.
+        let pace = Pace::new("100/s".parse().expect("a rate"));
+        let schedule = Schedule::new(&pace);
+        schedule
+            .book_as(1, Duration::from_millis(20))
+            .await
+            .unwrap();
+        for _ in 0..5 {
+            assert_eq!(pace.start("s", "t", |w| schedule.book(w)).await, Turn::Now);
+        }
+        assert!(!warned(&pace).await);
     }
 
     #[tokio::test]

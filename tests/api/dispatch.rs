@@ -160,6 +160,45 @@ async fn a_rate_of_twenty_per_second_holds_across_two_processes_sharing_the_data
 }
 
 #[actix_web::test]
+async fn instances_that_pace_one_target_at_different_rates_warn_of_it() {
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let db = TestDb::create();
+    let paced = |rate: &str| {
+        config_text(
+            &db.url,
+            &target("ledger", &downstream.url, &format!("rate = \"{rate}\"")),
+        )
+    };
+    let (slow, fast) = (paced("20/s"), paced("50/s"));
+    let config = parse_config(&slow);
+    let (one, two) = (Process::serve(&slow), Process::serve(&fast));
+    // One event at a time to each in turn: each books after the other.
+    let ids = ids(10);
+    for (i, id) in ids.iter().enumerate() {
+        let address = if i % 2 == 0 {
+            &one.address
+        } else {
+            &two.address
+        };
+        send_all(address, &config, std::slice::from_ref(id), 1).await;
+        poll_until("the event is delivered", Duration::from_secs(10), || {
+            all_delivered(&downstream, &ids[..=i], None)
+        })
+        .await;
+    }
+    for (process, this, other) in [(&one, "50ms", "20ms"), (&two, "20ms", "50ms")] {
+        let log = process.log();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("pace this target at different rates")
+                    && l.contains("target=\"ledger\"")
+                    && l.contains(&format!("this_instance={this} another_instance={other}"))),
+            "{log}"
+        );
+    }
+}
+
+#[actix_web::test]
 async fn a_paced_target_whose_schedule_is_held_goes_on_paced_by_its_process_alone() {
     if skip_on_sqlite(
         "a_paced_target_whose_schedule_is_held_goes_on_paced_by_its_process_alone",

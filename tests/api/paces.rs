@@ -99,3 +99,26 @@ fn concurrent_bookings_never_take_the_same_start() {
         "a hundred starts, none booked twice"
     );
 }
+
+#[test]
+fn a_booking_names_another_instances_interval_when_it_differs_from_its_own() {
+    let (db, mut one) = migrated();
+    let mut two = db.connect();
+    let reach = 1000 * MS;
+    assert_eq!(
+        book(&mut one, 1, 50 * MS, reach).other_interval,
+        None,
+        "a new schedule was booked at no interval before"
+    );
+    assert_eq!(book(&mut one, 1, 50 * MS, reach).other_interval, None);
+    assert_eq!(
+        book(&mut two, 1, 20 * MS, reach).other_interval,
+        Some(50 * MS),
+        "booked last at another rate"
+    );
+    assert_eq!(
+        book(&mut one, 1, 50 * MS, reach).other_interval,
+        Some(20 * MS)
+    );
+    assert_eq!(book(&mut one, 1, 50 * MS, reach).other_interval, None);
+}

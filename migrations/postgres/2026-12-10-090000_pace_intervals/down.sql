@@ -1,0 +1,1 @@
+ALTER TABLE paces DROP COLUMN interval_us;
