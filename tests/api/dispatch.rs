@@ -175,12 +175,7 @@ async fn instances_that_pace_one_target_at_different_rates_warn_of_it() {
     // One event at a time to each in turn: each books after the other.
     let ids = ids(10);
     for (i, id) in ids.iter().enumerate() {
-        let address = if i % 2 == 0 {
-            &one.address
-        } else {
-            &two.address
-        };
-        send_all(address, &config, std::slice::from_ref(id), 1).await;
+        send_all(in_turn(i, &one, &two), &config, std::slice::from_ref(id), 1).await;
         poll_until("the event is delivered", Duration::from_secs(10), || {
             all_delivered(&downstream, &ids[..=i], None)
         })
@@ -326,18 +321,22 @@ fn two_processes(
     (db, config, one, two)
 }
 
+/// The address of the process whose turn the `i`th event is: one, two, one, two...
+fn in_turn<'a>(i: usize, one: &'a Process, two: &'a Process) -> &'a str {
+    if i.is_multiple_of(2) {
+        &one.address
+    } else {
+        &two.address
+    }
+}
+
 #[actix_web::test]
 async fn an_ordered_target_gets_events_in_received_order_across_two_processes() {
     let ids = ids(100);
     let downstream = sink_failing_twice(format!("stripe:{}", ids[9]));
     let (_db, config, one, two) = two_processes(&downstream, "ordered = true");
     for (i, id) in ids.iter().enumerate() {
-        let address = if i % 2 == 0 {
-            &one.address
-        } else {
-            &two.address
-        };
-        send_all(address, &config, std::slice::from_ref(id), 1).await;
+        send_all(in_turn(i, &one, &two), &config, std::slice::from_ref(id), 1).await;
     }
     poll_until(
         "every event reached the sink",
