@@ -31,6 +31,10 @@ pub enum ApiError {
     /// 400 `malformed_payload`.
     #[error("the body could not be read as the JSON this scheme needs")]
     MalformedPayload,
+    /// 400 `malformed_payload`: a handshake's parameters are not what the provider sends
+    /// (Braintree's `bt_challenge`); the sentence says which.
+    #[error("{0}")]
+    MalformedHandshake(&'static str),
     /// 400 `missing_event_id`.
     #[error("the delivery carries no event id")]
     MissingEventId,
@@ -53,15 +57,21 @@ pub enum ApiError {
     /// 503 `unavailable`, with `Retry-After`.
     #[error("the database is unreachable; nothing was stored, retry later")]
     Unavailable,
+    /// 503 `unavailable`, with `Retry-After`: something the check needs from the provider (a
+    /// certificate) or a request to it (SNS's subscription confirmation) failed; the sentence
+    /// says which. Not the database's fault, so not its sentence.
+    #[error("{0}")]
+    NotFetched(&'static str),
     /// 503 `unavailable`, with `Retry-After`: the database answered, but failed the statement.
     #[error("{}", database_failure(*.0))]
     Database(Failure),
     /// 401 `unauthorized` (admin API).
     #[error("a valid bearer token is required")]
     Unauthorized,
-    /// 403 `forbidden`: a handshake's token (Meta's `hub.verify_token`) does not match.
-    #[error("the verification token does not match")]
-    Forbidden,
+    /// 403 `forbidden`: a handshake refused (Meta's verification request); the sentence says
+    /// why.
+    #[error("{0}")]
+    Forbidden(&'static str),
     /// 404 `not_found`.
     #[error("nothing is here")]
     NotFound,
@@ -116,7 +126,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::InvalidSignature => "invalid_signature",
             ApiError::StaleTimestamp => "stale_timestamp",
-            ApiError::MalformedPayload => "malformed_payload",
+            ApiError::MalformedPayload | ApiError::MalformedHandshake(_) => "malformed_payload",
             ApiError::MissingEventId | ApiError::InvalidEventId(EventIdError::Missing) => {
                 "missing_event_id"
             }
@@ -124,9 +134,11 @@ impl ApiError {
             ApiError::EventIdReused => "event_id_reused",
             ApiError::InProgress(_) | ApiError::StoreBusy(_) => "in_progress",
             ApiError::ProcessingFailed => "processing_failed",
-            ApiError::Unavailable | ApiError::Database(_) => "unavailable",
+            ApiError::Unavailable | ApiError::NotFetched(_) | ApiError::Database(_) => {
+                "unavailable"
+            }
             ApiError::Unauthorized => "unauthorized",
-            ApiError::Forbidden => "forbidden",
+            ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound => "not_found",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::NotDead(_) => "not_dead",
@@ -137,7 +149,9 @@ impl ApiError {
     fn retry_after(&self) -> Option<u64> {
         match self {
             ApiError::InProgress(wait) | ApiError::StoreBusy(wait) => Some(wait.as_secs().max(1)),
-            ApiError::Unavailable | ApiError::Database(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
+            ApiError::Unavailable | ApiError::NotFetched(_) | ApiError::Database(_) => {
+                Some(UNAVAILABLE_RETRY_AFTER_SECS)
+            }
             ApiError::ProviderStatus { error, .. } => error.retry_after(),
             _ => None,
         }
@@ -148,13 +162,14 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::UnknownSource | ApiError::NotFound => StatusCode::NOT_FOUND,
-            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InvalidSignature | ApiError::StaleTimestamp | ApiError::Unauthorized => {
                 StatusCode::UNAUTHORIZED
             }
             ApiError::MalformedPayload
+            | ApiError::MalformedHandshake(_)
             | ApiError::MissingEventId
             | ApiError::InvalidEventId(_)
             | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
@@ -163,7 +178,9 @@ impl ResponseError for ApiError {
                 StatusCode::CONFLICT
             }
             ApiError::ProcessingFailed => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Unavailable | ApiError::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable | ApiError::NotFetched(_) | ApiError::Database(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::ProviderStatus { status, .. } => *status,
         }
     }

@@ -164,7 +164,9 @@ async fn answer(
         .await
         .map_err(|_| {
             Failed::because(
-                ApiError::Unavailable,
+                ApiError::NotFetched(
+                    "the provider's certificate the signature check needs was not fetched in time; nothing was stored, retry later",
+                ),
                 "the certificate the signature check needs was not fetched within the request timeout",
             )
         })?
@@ -185,12 +187,24 @@ async fn answer(
         Received::Confirm(confirmation) => {
             // One GET, within the same deadline; a failure is 503, so the provider sends the
             // handshake again.
-            tokio::time::timeout_at(deadline, certs::visit(&confirmation.url))
-                .await
-                .map_err(|_| ApiError::Unavailable)?
-                .map_err(|certs::Unavailable| {
-                    Failed::because(ApiError::Unavailable, "the confirmation request failed")
-                })?;
+            let unconfirmed = ApiError::NotFetched(
+                "the subscription could not be confirmed (the request to its SubscribeURL failed); nothing was stored, retry later",
+            );
+            match tokio::time::timeout_at(deadline, certs::visit(&confirmation.url)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(certs::Unavailable)) => {
+                    return Err(Failed::because(
+                        unconfirmed,
+                        "the confirmation request failed",
+                    ))
+                }
+                Err(_) => {
+                    return Err(Failed::because(
+                        unconfirmed,
+                        "the confirmation request did not finish within the request timeout",
+                    ))
+                }
+            }
             return Ok((handshake(confirmation.answer), Counted::Handshake));
         }
     };
@@ -606,8 +620,11 @@ pub fn refused(refusal: Refusal) -> ApiError {
         Refusal::Signature(SignatureError::Stale) => ApiError::StaleTimestamp,
         Refusal::MalformedPayload => ApiError::MalformedPayload,
         Refusal::MissingEventId => ApiError::MissingEventId,
-        Refusal::Unavailable => ApiError::Unavailable,
-        Refusal::Forbidden => ApiError::Forbidden,
+        Refusal::Unavailable => ApiError::NotFetched(
+            "the provider's certificate the signature check needs could not be fetched; nothing was stored, retry later",
+        ),
+        Refusal::Forbidden(why) => ApiError::Forbidden(why),
+        Refusal::MalformedHandshake(why) => ApiError::MalformedHandshake(why),
     }
 }
 

@@ -216,13 +216,16 @@ impl Braintree {
     /// The answer to `?bt_challenge=C`: C as Braintree's SDKs take it (20 to 32 lowercase hex
     /// digits, once), signed with the first private key. Anything else is malformed.
     fn challenge(&self, query: &str) -> Result<Received, Refusal> {
-        let challenge = only_field(query.as_bytes(), CHALLENGE).ok_or(Refusal::MalformedPayload)?;
+        let malformed = Refusal::MalformedHandshake(
+            "bt_challenge is not one challenge of 20 to 32 lowercase hex digits, as Braintree sends",
+        );
+        let challenge = only_field(query.as_bytes(), CHALLENGE).ok_or(malformed)?;
         let well_formed = (20..=32).contains(&challenge.len())
             && challenge
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if !well_formed {
-            return Err(Refusal::MalformedPayload);
+            return Err(malformed);
         }
         Ok(Received::Handshake(Answer {
             status: 200,
@@ -531,7 +534,10 @@ mod tests {
             "bt_challenge=20f9f8ed05f77439fe955c977e4c8a53&bt_challenge=20f9f8ed05f77439fe955c977e4c8a53",
         ] {
             let refused = provider.receive(&get(query)).now_or_never().expect("ready");
-            assert_eq!(refused, Err(Refusal::MalformedPayload), "{query:?}");
+            assert!(
+                matches!(refused, Err(Refusal::MalformedHandshake(_))),
+                "{query:?}"
+            );
         }
         let shortest = get("bt_challenge=20f9f8ed05f77439fe95");
         assert!(matches!(

@@ -107,6 +107,8 @@ impl Meta {
         let expected = self.verify_token.expose();
         let token_matches = !expected.is_empty()
             && token.is_some_and(|token| same_token(token.as_bytes(), expected.as_bytes()));
+        // The request's shape is judged before the token, so what the answer says never
+        // depends on the token unless all else is right.
         match (mode.as_deref(), challenge) {
             (Some("subscribe"), Some(challenge)) if token_matches => {
                 Ok(Received::Handshake(Answer {
@@ -115,7 +117,12 @@ impl Meta {
                     body: challenge.into_owned().into_bytes(),
                 }))
             }
-            _ => Err(Refusal::Forbidden),
+            (Some("subscribe"), Some(_)) => Err(Refusal::Forbidden(
+                "the verification token does not match this source's verify_token",
+            )),
+            _ => Err(Refusal::Forbidden(
+                "a verification request needs hub.mode=subscribe and a hub.challenge",
+            )),
         }
     }
 }
@@ -217,16 +224,35 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        let wrong_token = "the verification token does not match this source's verify_token";
         for query in [
             "hub.mode=subscribe&hub.challenge=1&hub.verify_token=tok-2",
             "hub.mode=subscribe&hub.challenge=1&hub.verify_token=tok-",
             "hub.mode=subscribe&hub.challenge=1",
+        ] {
+            assert_eq!(
+                answer(query),
+                Err(Refusal::Forbidden(wrong_token)),
+                "{query}"
+            );
+        }
+        // Whatever the token, when the request is not a subscription's verification: what the
+        // answer says tells nothing of the token.
+        let not_a_verification =
+            "a verification request needs hub.mode=subscribe and a hub.challenge";
+        for query in [
             "hub.mode=unsubscribe&hub.challenge=1&hub.verify_token=tok-1",
+            "hub.mode=unsubscribe&hub.challenge=1&hub.verify_token=tok-2",
             "hub.challenge=1&hub.verify_token=tok-1",
             "hub.mode=subscribe&hub.verify_token=tok-1",
+            "hub.mode=subscribe&hub.verify_token=tok-2",
             "",
         ] {
-            assert_eq!(answer(query), Err(Refusal::Forbidden), "{query}");
+            assert_eq!(
+                answer(query),
+                Err(Refusal::Forbidden(not_a_verification)),
+                "{query}"
+            );
         }
     }
 

@@ -218,8 +218,13 @@ pub enum Refusal {
     /// Something the check needs (a key or certificate fetched from the provider) could not be
     /// had just now; the provider should retry.
     Unavailable,
-    /// A handshake whose token does not match (Meta's `hub.verify_token`): 403, nothing echoed.
-    Forbidden,
+    /// A handshake refused (Meta's verification request: another `hub.mode`, no challenge, or
+    /// a token that does not match): 403, nothing echoed. The sentence says which, and never
+    /// depends on the token when something else is wrong too.
+    Forbidden(&'static str),
+    /// A handshake whose parameters are not what the provider sends (Braintree's
+    /// `bt_challenge`): 400 `malformed_payload`, with this sentence.
+    MalformedHandshake(&'static str),
 }
 
 impl From<SignatureError> for Refusal {

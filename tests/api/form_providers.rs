@@ -255,6 +255,11 @@ async fn braintree_s_challenge_get_is_answered_never_stored_and_counted_as_a_han
     let bad = app.get("/webhooks/braintree?bt_challenge=XYZ", None).await;
     assert_eq!(bad.status, 400, "{}", bad.text());
     assert_eq!(bad.error(), "malformed_payload");
+    assert!(
+        bad.message().contains("bt_challenge") && !bad.message().contains("JSON"),
+        "the sentence names what is wrong: {}",
+        bad.text()
+    );
     let stripe = app.get("/webhooks/stripe?bt_challenge=abc", None).await;
     assert_eq!(stripe.status, 404, "{}", stripe.text());
     assert_eq!(stripe.error(), "not_found");

@@ -469,6 +469,11 @@ impl Answer {
         self.json()["error"].as_str().unwrap_or("").to_owned()
     }
 
+    /// The one sentence of an error body.
+    pub fn message(&self) -> String {
+        self.json()["message"].as_str().unwrap_or("").to_owned()
+    }
+
     /// The contract's error code, or `None` when the body is not the contract's JSON (an
     /// answer from the HTTP layer itself).
     pub fn code(&self) -> Option<String> {

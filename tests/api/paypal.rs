@@ -252,6 +252,11 @@ async fn a_failing_certificate_server_gives_503_and_stores_nothing_then_recovers
         .await;
     assert_eq!(answer.status, 503, "{}", answer.text());
     assert_eq!(answer.code().as_deref(), Some("unavailable"));
+    assert!(
+        answer.message().contains("certificate") && !answer.message().contains("database"),
+        "the sentence names what failed: {}",
+        answer.text()
+    );
     assert!(answer.header("retry-after").is_some());
     assert_eq!(stored(&app), 0);
 

@@ -376,15 +376,29 @@ async fn each_handshake_is_answered_exactly_never_stored_and_counted_as_a_handsh
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(answer.header("content-type"), Some("text/plain"));
     assert_eq!(answer.text(), "1158201444");
-    for wrong in [
-        "hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=meta-verify-7f3c9b",
-        "hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=meta-verify-7f3c9",
-        "hub.mode=unsubscribe&hub.challenge=1158201444&hub.verify_token=meta-verify-7f3c9a",
-        "hub.challenge=1158201444",
+    for (wrong, why) in [
+        (
+            "hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=meta-verify-7f3c9b",
+            "does not match",
+        ),
+        (
+            "hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=meta-verify-7f3c9",
+            "does not match",
+        ),
+        (
+            "hub.mode=unsubscribe&hub.challenge=1158201444&hub.verify_token=meta-verify-7f3c9a",
+            "hub.mode=subscribe",
+        ),
+        ("hub.challenge=1158201444", "hub.mode=subscribe"),
     ] {
         let refused_meta = app.get(&format!("/webhooks/meta?{wrong}"), None).await;
         assert_eq!(refused_meta.status, 403, "{wrong}: {}", refused_meta.text());
         assert_eq!(refused_meta.error(), "forbidden");
+        assert!(
+            refused_meta.message().contains(why),
+            "{wrong}: {}",
+            refused_meta.text()
+        );
         assert!(!refused_meta.text().contains("1158201444"));
     }
 

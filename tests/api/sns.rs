@@ -392,6 +392,11 @@ async fn a_certificate_that_cannot_be_fetched_is_503_with_nothing_stored_until_i
     let answer = app.send(&delivery).await;
     assert_eq!(answer.status, 503, "{}", answer.text());
     assert_eq!(answer.code().as_deref(), Some("unavailable"));
+    assert!(
+        answer.message().contains("certificate") && !answer.message().contains("database"),
+        "the sentence names what failed: {}",
+        answer.text()
+    );
     assert_eq!(stored(&app), 0);
 
     aws.failing.store(false, Ordering::SeqCst);
@@ -516,6 +521,11 @@ async fn a_confirmation_whose_get_fails_is_503_so_sns_sends_it_again() {
     let answer = app.send(&delivery).await;
     assert_eq!(answer.status, 503, "{}", answer.text());
     assert_eq!(answer.code().as_deref(), Some("unavailable"));
+    assert!(
+        answer.message().contains("SubscribeURL") && !answer.message().contains("database"),
+        "the sentence names what failed: {}",
+        answer.text()
+    );
     assert!(!answer.text().contains("tok"), "the token is not echoed");
 
     aws.failing.store(false, Ordering::SeqCst);
