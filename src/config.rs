@@ -537,6 +537,12 @@ impl RawForward {
                 format!("{name:?} is not a target name: use 1-64 of A-Z a-z 0-9 _ -"),
             ));
         }
+        if self.events.as_ref().is_some_and(Vec::is_empty) {
+            return Err(ConfigError::at(
+                key("events"),
+                "an empty list matches no event; leave `events` out for every event, or list at least one pattern",
+            ));
+        }
         let events = self.events.unwrap_or_default();
         if let Some(i) = events.iter().position(|p| p.trim().is_empty()) {
             return Err(ConfigError::at(
@@ -1355,6 +1361,7 @@ mod tests {
                 "sources.s.forward[1].name: a second target named \"a\"",
             ),
             (target("a", "events = [\"x\", \"\"]\n"), "sources.s.forward[0].events[1]:"),
+            (target("a", "events = []\n"), "sources.s.forward[0].events: an empty list"),
             (target("a", "rate = \"fast\"\n"), "sources.s.forward[0].rate:"),
             (target("a", "rate = \"0/s\"\n"), "sources.s.forward[0].rate:"),
             (target("a", "rate = \"5/h\"\n"), "sources.s.forward[0].rate:"),

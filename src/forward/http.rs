@@ -74,7 +74,8 @@ impl Transport for Http {
 }
 
 /// The headers of one attempt: the stable key, the Standard Webhooks signature, the original
-/// `Content-Type`, and the event's identity.
+/// `Content-Type` (none when the delivery had none: the body goes as it came), and the event's
+/// identity.
 fn headers(target: &Target, due: &Due, now: i64) -> Vec<(String, String)> {
     let key = idempotency_key(due);
     let mut headers = match &target.link {
@@ -83,12 +84,9 @@ fn headers(target: &Target, due: &Due, now: i64) -> Vec<(String, String)> {
         Link::Nats(_) | Link::Amqp(_) => Vec::new(),
     };
     headers.push(("Idempotency-Key".to_owned(), key));
-    headers.push((
-        "Content-Type".to_owned(),
-        due.content_type
-            .clone()
-            .unwrap_or_else(|| "application/json".to_owned()),
-    ));
+    if let Some(content_type) = &due.content_type {
+        headers.push(("Content-Type".to_owned(), content_type.clone()));
+    }
     headers.extend(
         hookbox_headers(due)
             .into_iter()

@@ -80,6 +80,33 @@ async fn forwarding_app(downstream: &Downstream, timeout: &str, max_attempts: u3
 }
 
 #[actix_web::test]
+async fn a_delivery_without_a_content_type_is_forwarded_without_one() {
+    let downstream = Downstream::start(always(200));
+    let app = forwarding_app(&downstream, "5s", 12).await;
+    let id = unique_id("evt");
+    let body = stripe_event(&id, "payment_intent.succeeded", 1);
+    let delivery = app
+        .delivery("stripe", &body, &id)
+        .without_header("content-type");
+    assert_eq!(app.send(&delivery).await.status, 200);
+
+    let key = format!("stripe:{id}");
+    poll_until(
+        "the event reaches the downstream",
+        Duration::from_secs(5),
+        || !downstream.for_key(&key).is_empty(),
+    )
+    .await;
+    let got = &downstream.for_key(&key)[0];
+    assert_eq!(got.body, body.as_bytes());
+    assert!(
+        !got.headers.contains_key("content-type"),
+        "the original had none, and none is made up: {:?}",
+        got.headers
+    );
+}
+
+#[actix_web::test]
 async fn a_stored_event_is_forwarded_once_signed_with_its_key_and_a_redelivery_queues_nothing() {
     let downstream = Downstream::start(always(200));
     let app = forwarding_app(&downstream, "5s", 12).await;
