@@ -77,8 +77,8 @@ impl Runner {
     }
 
     /// Takes what every lane that may have rows in the outbox has room for; each row comes
-    /// with its lane's index.
-    pub async fn take(&self) -> Vec<(usize, Due)> {
+    /// with its lane's index and the latest its attempt may start ([`Lane::start_by`]).
+    pub async fn take(&self) -> Vec<(usize, Due, Instant)> {
         let reserved: Vec<(usize, usize, crate::db::deliveries::Want)> = self
             .outbox
             .lanes
@@ -94,6 +94,9 @@ impl Runner {
             return Vec::new();
         }
         let wants: Vec<_> = reserved.iter().map(|(_, _, want)| want.clone()).collect();
+        // Before the statement that writes the leases goes: they end no sooner than a lease
+        // from here.
+        let asked = Instant::now();
         let Some(due) = self.outbox.take(wants).await else {
             // The outbox could not be read: the lanes' backlogs stand, so claims keep queuing
             // rows the normal way until a take has read it.
@@ -102,10 +105,10 @@ impl Runner {
             }
             return Vec::new();
         };
-        let mut by_lane: Vec<(usize, Due)> = Vec::with_capacity(due.len());
+        let mut by_lane: Vec<(usize, Due, Instant)> = Vec::with_capacity(due.len());
         for due in due {
             match self.outbox.lane_of(&due.source, &due.target) {
-                Some(i) => by_lane.push((i, due)),
+                Some(i) => by_lane.push((i, due, self.outbox.lanes[i].start_by(asked))),
                 // Only configured lanes are asked for, so this cannot come back; were it to,
                 // the row's lease runs out and it waits for its target again.
                 None => tracing::error!(
@@ -115,7 +118,7 @@ impl Runner {
             }
         }
         for (i, reserved, _) in &reserved {
-            let taken = by_lane.iter().filter(|(lane, _)| lane == i).count();
+            let taken = by_lane.iter().filter(|(lane, _, _)| lane == i).count();
             self.outbox.lanes[*i].taken(*reserved, taken);
         }
         by_lane
@@ -123,7 +126,15 @@ impl Runner {
 
     /// One attempt of a taken row: waits for a slot and its turn, hands it over, judges the
     /// outcome, and counts it. `started` is told when a paced one starts (its lane has room again).
-    pub async fn attempt(&self, lane: usize, due: Due, started: &Wake) -> Settled {
+    /// A row whose turn comes after `start_by` is not sent (see [`Lane::start_by`]): it goes
+    /// back to the outbox untried, unless another instance has taken it since.
+    pub async fn attempt(
+        &self,
+        lane: usize,
+        due: Due,
+        start_by: Instant,
+        started: &Wake,
+    ) -> Settled {
         let transport = self.transports[lane].clone();
         let lane = &self.outbox.lanes[lane];
         let booking = |want| self.outbox.book(lane, want);
@@ -144,6 +155,27 @@ impl Runner {
         if lane.pace().is_some() {
             // Fewer rows wait for a turn now: the lane may take more.
             started.poke();
+        }
+        if Instant::now() > start_by {
+            lane.finished(slot);
+            tracing::warn!(
+                source = %due.source,
+                target = %due.target,
+                event.id = %due.event_id,
+                attempt = due.attempt,
+                "not sent: this delivery's lease ran out before its turn came (the process was \
+                 stopped or starved for a while), so another instance may have taken it; it goes \
+                 back to the outbox unless one has"
+            );
+            started.poke();
+            return Settled {
+                id: due.id,
+                attempt: due.attempt,
+                series: due.series,
+                outcome: Settle::Untried {
+                    after: Duration::ZERO,
+                },
+            };
         }
         started.attempt_started(due.id);
         let outcome = attempt(&self.outbox, lane, &*transport, &due).await;
@@ -263,10 +295,15 @@ struct Outcomes {
 }
 
 /// Starts one attempt of a taken or handed-over row; its outcome goes to `outcomes`.
-fn spawn_attempt(runner: &Rc<Runner>, outcomes: &Rc<Outcomes>, wake: &Wake, lane: usize, due: Due) {
+fn spawn_attempt(
+    runner: &Rc<Runner>,
+    outcomes: &Rc<Outcomes>,
+    wake: &Wake,
+    (lane, due, start_by): (usize, Due, Instant),
+) {
     let (runner, outcomes, wake) = (runner.clone(), outcomes.clone(), wake.clone());
     actix_web::rt::spawn(async move {
-        let settled = runner.attempt(lane, due, &wake).await;
+        let settled = runner.attempt(lane, due, start_by, &wake).await;
         outcomes.ended.borrow_mut().push((lane, settled));
         outcomes.ready.notify_one();
     });
@@ -281,8 +318,8 @@ fn start_handed(runner: &Rc<Runner>, outcomes: &Rc<Outcomes>, wake: &Wake) {
             .lock()
             .unwrap_or_else(|e| e.into_inner()),
     );
-    for (lane, due) in handed {
-        spawn_attempt(runner, outcomes, wake, lane, due);
+    for row in handed {
+        spawn_attempt(runner, outcomes, wake, row);
     }
 }
 
@@ -320,8 +357,8 @@ pub async fn run(outbox: Outbox, wake: Wake) {
                 lane.poll();
             }
         }
-        for (lane, due) in runner.take().await {
-            spawn_attempt(&runner, &outcomes, &wake, lane, due);
+        for row in runner.take().await {
+            spawn_attempt(&runner, &outcomes, &wake, row);
         }
         if gauges_at.is_none_or(|at| at.elapsed() >= GAUGES_EVERY) {
             gauges_at = Some(Instant::now());
@@ -473,9 +510,9 @@ pub async fn pass(outbox: &Outbox) -> usize {
     let due = runner.take().await;
     let sent = due.len();
     let quiet = Wake::default();
-    let settled = futures_util::future::join_all(due.into_iter().map(|(lane, due)| {
+    let settled = futures_util::future::join_all(due.into_iter().map(|(lane, due, start_by)| {
         let (runner, quiet) = (&runner, &quiet);
-        async move { (lane, runner.attempt(lane, due, quiet).await) }
+        async move { (lane, runner.attempt(lane, due, start_by, quiet).await) }
     }))
     .await;
     let rows: Vec<Settled> = settled.iter().map(|(_, s)| s.clone()).collect();

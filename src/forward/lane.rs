@@ -79,6 +79,18 @@ impl Lane {
         }
     }
 
+    /// The latest a row of this lane leased at `since` (or later) may start its attempt: late
+    /// enough for every wait the lease allows (a slot, its turn), early enough that the attempt
+    /// ends, and its outcome is written, before the lease does. A row past it (its process was
+    /// stopped or starved meanwhile) may have been taken by another instance, and an ordered
+    /// lane's later events sent: it is not sent.
+    pub fn start_by(&self, since: tokio::time::Instant) -> tokio::time::Instant {
+        since
+            + self
+                .lease()
+                .saturating_sub(self.target.config.timeout + LEASE_MARGIN / 2)
+    }
+
     /// How long a row of this lane is leased when taken: a row taken ahead waits for a slot at
     /// most one attempt's timeout (no more rows wait than there are slots, and each slot is
     /// free again within a timeout), then for its turn under `rate`, then its own attempt.

@@ -230,8 +230,9 @@ pub struct Outbox {
     index: Arc<HashMap<(String, String), usize>>,
     /// Lanes with pending rows that no configured target matches, already warned about.
     orphans_warned: Arc<Mutex<HashSet<(String, String)>>>,
-    /// Rows claims handed straight over (see [`Handover`]), with their lanes, not yet started.
-    handed: Arc<Mutex<Vec<(usize, Due)>>>,
+    /// Rows claims handed straight over (see [`Handover`]), with their lanes and the latest
+    /// each may start ([`Lane::start_by`]), not yet started.
+    handed: Arc<Mutex<Vec<(usize, Due, tokio::time::Instant)>>>,
     /// The takes failing in a row, for the log.
     unread: Arc<Mutex<Outage>>,
     /// Where the outbox is, for this instance's registration (`db::instances`).
@@ -567,6 +568,9 @@ pub struct Reserved {
     pub lease: Duration,
     /// To whom: this instance's number.
     pub holder: i64,
+    /// When the room was reserved, before the row's lease was written: the lease runs no
+    /// sooner than [`Reserved::lease`] after it.
+    since: tokio::time::Instant,
 }
 
 impl Handover {
@@ -587,6 +591,7 @@ impl Handover {
             lane,
             lease: lane_of.lease(),
             holder: self.outbox.holder(),
+            since: tokio::time::Instant::now(),
         })
     }
 
@@ -617,7 +622,10 @@ impl Handover {
             .handed
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .extend(rows.into_iter().map(|(reserved, due)| (reserved.lane, due)));
+            .extend(rows.into_iter().map(|(reserved, due)| {
+                let start_by = self.outbox.lanes[reserved.lane].start_by(reserved.since);
+                (reserved.lane, due, start_by)
+            }));
         self.wake.poke();
     }
 }

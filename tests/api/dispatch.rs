@@ -321,6 +321,74 @@ fn two_processes(
     (db, config, one, two)
 }
 
+/// Sends `signal` (`STOP`, `CONT`) to `process`.
+fn signal(process: &Process, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(process.child.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal}");
+}
+
+/// The events of `downstream` that arrived with an attempt number lower than one of theirs
+/// that arrived before: an attempt whose row had been taken by another instance since.
+fn stale_arrivals(downstream: &Downstream) -> Vec<(String, String)> {
+    let mut highest: std::collections::HashMap<String, u32> = Default::default();
+    let mut stale = Vec::new();
+    for received in downstream.received() {
+        let key = received.header("idempotency-key").to_owned();
+        let attempt: u32 = received.header("x-hookbox-attempt").parse().unwrap_or(0);
+        let seen = highest.entry(key.clone()).or_default();
+        if attempt < *seen {
+            stale.push((key, format!("attempt {attempt} after {seen}")));
+        }
+        *seen = (*seen).max(attempt);
+    }
+    stale
+}
+
+#[actix_web::test]
+async fn a_process_stopped_past_its_leases_does_not_send_the_rows_another_took_since() {
+    if skip_on_sqlite(
+        "a_process_stopped_past_its_leases_does_not_send_the_rows_another_took_since",
+        "a process stopped inside a write holds SQLite's one write lock, and every other \
+         process's writes wait for it; the check before a send is the same on both stores",
+    ) {
+        return;
+    }
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    // Paced, so that rows wait in the process for their turns; leases of 9.5 s.
+    let (_db, config, one, _two) = two_processes(&downstream, "rate = \"2/s\"\ntimeout = \"1s\"");
+    let ids = ids(6);
+    send_all(&one.address, &config, &ids, 6).await;
+    poll_until("the first attempt arrives", Duration::from_secs(10), || {
+        !downstream.received().is_empty()
+    })
+    .await;
+    // Stopped with rows waiting for their turns; the other process takes them once their
+    // leases run out, and delivers every event.
+    signal(&one, "STOP");
+    poll_until(
+        "the other process delivers every event",
+        Duration::from_secs(40),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+    signal(&one, "CONT");
+    poll_until(
+        "the resumed process gives up the rows it held, or sends them",
+        Duration::from_secs(10),
+        || {
+            one.log().contains("lease ran out before its turn")
+                || !stale_arrivals(&downstream).is_empty()
+        },
+    )
+    .await;
+    assert_eq!(stale_arrivals(&downstream), Vec::new());
+    assert!(one.log().contains("lease ran out before its turn"));
+}
+
 /// The address of the process whose turn the `i`th event is: one, two, one, two...
 fn in_turn<'a>(i: usize, one: &'a Process, two: &'a Process) -> &'a str {
     if i.is_multiple_of(2) {
