@@ -20,8 +20,11 @@ pub fn backoff(base: Duration, cap: Duration, attempt: u32) -> Duration {
 /// HTTP date. A date in the past is no wait; anything else unreadable is `None`.
 pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Delay-seconds too large for a u64 still asks for the longest wait, not none.
+        return Some(Duration::from_secs(
+            value.parse::<u64>().unwrap_or(u64::MAX),
+        ));
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(now).unwrap_or_default())
@@ -68,6 +71,12 @@ mod tests {
             Some(Duration::ZERO),
             "a date in the past asks for no wait"
         );
+        assert_eq!(
+            retry_after("99999999999999999999", now),
+            Some(Duration::from_secs(u64::MAX)),
+            "more seconds than a u64 holds is still the longest wait"
+        );
+        assert_eq!(retry_after("", now), None);
         assert_eq!(retry_after("soon", now), None);
         assert_eq!(retry_after("-5", now), None);
     }
