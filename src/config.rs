@@ -519,6 +519,17 @@ impl RawForward {
     ) -> Result<ForwardConfig, ConfigError> {
         let key = |field: &str| format!("{at}.{field}");
         let name = match (self.name, default_name) {
+            // The contract names the single table's target `default`: another name there
+            // would name a target other tools (and the contract's readers) call `default`.
+            (Some(name), Some(default)) if name != default => {
+                return Err(ConfigError::at(
+                    key("name"),
+                    format!(
+                        "the one table [sources.NAME.forward] is the target named \"{default}\"; \
+                         to name a target, write it as [[sources.NAME.forward]] (an array of tables)"
+                    ),
+                ))
+            }
             (Some(name), _) => name,
             (None, Some(name)) => name.to_owned(),
             (None, None) => return Err(ConfigError::at(
@@ -1377,6 +1388,10 @@ mod tests {
             (
                 format!("[sources.s.forward]\nurl = \"http://a\"\nsecret = \"{WHSEC}\"\nconcurrency = 0\n"),
                 "sources.s.forward.concurrency:",
+            ),
+            (
+                format!("[sources.s.forward]\nname = \"billing\"\nurl = \"http://a\"\nsecret = \"{WHSEC}\"\n"),
+                "sources.s.forward.name: the one table",
             ),
         ] {
             let message = targets(&body).expect_err(&body);
