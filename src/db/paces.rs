@@ -43,9 +43,15 @@ const CLOCK_SLACK: Duration = Duration::from_secs(60);
 
 /// How long a booking waits for the target's row on PostgreSQL, where another booking holds
 /// it for a round trip or two: longer means that one's instance stopped mid-booking (the server
-/// ends such a transaction after `idle_in_transaction_session_timeout`), and the booking fails,
-/// so its instance paces alone meanwhile rather than holding its attempts up.
+/// ends such a transaction after [`IDLE_LIMIT`]), and the booking fails; its instance books
+/// again a moment later, rather than every booking queuing behind the stopped one.
 const LOCK_WAIT: Duration = Duration::from_millis(500);
+
+/// How long a booking's session may sit idle inside its transaction on PostgreSQL before the
+/// server ends it (`idle_in_transaction_session_timeout`): a booking is two statements a round
+/// trip apart, so only an instance stopped (or cut off) in the middle of one gets there, and
+/// the target's row it holds is let go rather than holding every instance's attempts up.
+const IDLE_LIMIT: Duration = Duration::from_secs(2);
 
 /// What [`book`] got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,11 +100,13 @@ pub fn book(
         let sent = std::time::Instant::now();
         let schedule: Schedule = match conn {
             AnyConnection::Postgres(c) => {
-                // One round trip: the commit does not wait for the disk, and the lock is
-                // waited for briefly (see `LOCK_WAIT`).
+                // One round trip: the commit does not wait for the disk, the lock is waited
+                // for briefly (see `LOCK_WAIT`), and held for `IDLE_LIMIT` at most.
                 c.batch_execute(&format!(
-                    "SET LOCAL synchronous_commit = off; SET LOCAL lock_timeout = {}",
-                    LOCK_WAIT.as_millis()
+                    "SET LOCAL synchronous_commit = off; SET LOCAL lock_timeout = {}; \
+                     SET LOCAL idle_in_transaction_session_timeout = {}",
+                    LOCK_WAIT.as_millis(),
+                    IDLE_LIMIT.as_millis()
                 ))?;
                 diesel::sql_query(
                     "INSERT INTO paces (source, target, next_start) VALUES ($1, $2, 0) \

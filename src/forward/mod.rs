@@ -384,7 +384,8 @@ impl Outbox {
     }
 
     /// Books up to `want` starts of `lane`'s target in the store's schedule (`db::paces`),
-    /// for its pace; a failure says why, and the pace goes on alone (see `pace.rs`).
+    /// for its pace; a failure says why, and the pace books again a moment later (see
+    /// `pace.rs`).
     fn book(
         &self,
         lane: &Lane,

@@ -23,9 +23,13 @@
 //! is given back, due when the schedule has room again ([`Turn::Later`]).
 //!
 //! Should the store not answer a booking (or the target's row stay locked past
-//! `db::paces`' short lock wait), this process paces alone (as if it were the only instance)
-//! for [`RETRY_STORE_AFTER`], then asks again, with one WARN: forwarding goes on, and another
-//! instance may start as many meanwhile.
+//! `db::paces`' short lock wait), no attempt of the target starts in this process: it books
+//! again every [`RETRY_BOOKING_AFTER`] until the store answers, with one WARN as that begins and
+//! an INFO as it ends. Pacing alone meanwhile would let each instance start up to N per window
+//! (two instances, one stopped while it held the target's row, made 40 a second of a rate of
+//! 20); a target is paced to protect its downstream, and waiting costs a delivery only time. An
+//! instance stopped in the middle of a booking holds the row for `db::paces`' idle limit at
+//! most: the server then ends its session.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -55,10 +59,10 @@ pub struct Pace {
 #[derive(Default)]
 struct Gate {
     moments: VecDeque<Moment>,
-    /// When this process last started an attempt, for pacing alone while bookings fail.
+    /// When this process last started an attempt: its own starts are an interval apart.
     last: Option<Instant>,
-    /// When the last booking failed, if it did: the store is asked again after a while.
-    failed_at: Option<Instant>,
+    /// Whether the last booking failed (logged once, until one works again).
+    failing: bool,
     /// Bookings that found the schedule last booked at another interval, while they go on.
     disagreement: Option<Disagreement>,
 }
@@ -95,10 +99,12 @@ enum Booking {
     Later(Duration),
     /// Book again: the moments booked are known too roughly to be kept, or already missed.
     Again,
+    /// The booking failed: wait a while and book again.
+    Failed,
 }
 
-/// After a booking failed, how long this process paces alone before it asks the store again.
-const RETRY_STORE_AFTER: Duration = Duration::from_secs(5);
+/// After a booking failed, how long this process waits before it books again.
+pub const RETRY_BOOKING_AFTER: Duration = Duration::from_millis(250);
 
 /// What an attempt is to do, once [`Pace::start`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +162,10 @@ impl Pace {
                         rough = true;
                         continue;
                     }
+                    Booking::Failed => {
+                        tokio::time::sleep(RETRY_BOOKING_AFTER).await;
+                        continue;
+                    }
                 },
             };
             tokio::time::sleep_until(turn.at).await;
@@ -172,13 +182,14 @@ impl Pace {
         turn
     }
 
-    /// Books moments for the attempts waiting, and gives the first; without the store (its
-    /// booking failed a moment ago), a moment an interval after this process's last start.
+    /// Books moments for the attempts waiting, and gives the first, or says the booking
+    /// `Failed` (the caller waits and books again).
     /// A booking whose answer took half an interval or more (the process stopped a while, or
     /// the database was slow) knows its moments only that roughly, too roughly to start in
     /// the first half of their intervals: it is dropped and booked `Again`, once; a second such
     /// booking (`rough`: the database is that slow at this rate) is kept, its moments counted
-    /// from its answer.
+    /// from its answer, and should those be missed too, the attempt starts an interval after
+    /// this process's last start.
     async fn book<F, B>(
         &self,
         booked: &mut Gate,
@@ -191,71 +202,64 @@ impl Pace {
         B: FnMut(u32) -> F,
         F: Future<Output = Result<Booked, String>>,
     {
-        let asked = Instant::now();
-        let store_out = booked
-            .failed_at
-            .is_some_and(|failed| asked < failed + RETRY_STORE_AFTER);
-        if !store_out {
-            let want = u32::try_from(self.waiting.load(Ordering::SeqCst)).unwrap_or(u32::MAX);
-            match book(want.max(1)).await {
-                Ok(got) => {
-                    if booked.failed_at.take().is_some() {
-                        tracing::info!(
-                            source,
-                            target,
-                            "booking this target's starts in the store again: its rate holds \
-                             across instances once more"
-                        );
-                    }
-                    self.heard(booked, source, target, got.other_interval);
-                    if got.count == 0 {
-                        // Due when the schedule has room again within reach of a take then.
-                        let after = got.first_in.saturating_sub(self.reach());
-                        return Booking::Later(after.max(self.interval));
-                    }
-                    // Not before the moment counted from the answer (never early), and only
-                    // within half an interval of it counted from the question (never late).
-                    let (as_of, sent) = (Instant::from_std(got.as_of), Instant::from_std(got.sent));
-                    let half = self.interval / 2;
-                    if as_of.saturating_duration_since(sent) >= half && !rough {
-                        return Booking::Again;
-                    }
-                    let latest = if rough { as_of } else { sent };
-                    booked.moments.extend((0..got.count).map(|i| Moment {
-                        at: as_of + got.first_in + self.interval * i,
-                        until: latest + got.first_in + self.interval * i + half,
-                    }));
-                    match self.next_booked(booked) {
-                        Some(moment) => return Booking::Moment(moment),
-                        // Missed already (this task waited for a thread that long).
-                        None if !rough => return Booking::Again,
-                        // Twice: this one starts paced by this process alone.
-                        None => {}
-                    }
+        let want = u32::try_from(self.waiting.load(Ordering::SeqCst)).unwrap_or(u32::MAX);
+        let got = match book(want.max(1)).await {
+            Ok(got) => got,
+            Err(e) => {
+                // Logged as it starts failing, not at every try.
+                if !std::mem::replace(&mut booked.failing, true) {
+                    tracing::warn!(
+                        source, target, error = %e,
+                        "cannot book this target's starts in the store; none starts here \
+                         until a booking works (tried again every {} ms), so that the rate \
+                         holds across instances",
+                        RETRY_BOOKING_AFTER.as_millis()
+                    );
                 }
-                Err(e) => {
-                    // Counted from the failure, which may have taken a while (a lock waited
-                    // for), so this process paces alone for a while before it asks again.
-                    // Logged as it starts failing, not at every try.
-                    if booked.failed_at.replace(Instant::now()).is_none() {
-                        tracing::warn!(
-                            source, target, error = %e,
-                            "cannot book this target's starts in the store; pacing this \
-                             process alone until it can (meanwhile each instance may start up \
-                             to N per window)"
-                        );
-                    }
-                }
+                return Booking::Failed;
+            }
+        };
+        if std::mem::take(&mut booked.failing) {
+            tracing::info!(
+                source,
+                target,
+                "booking this target's starts in the store again: its attempts go on at its rate"
+            );
+        }
+        self.heard(booked, source, target, got.other_interval);
+        if got.count == 0 {
+            // Due when the schedule has room again within reach of a take then.
+            let after = got.first_in.saturating_sub(self.reach());
+            return Booking::Later(after.max(self.interval));
+        }
+        // Not before the moment counted from the answer (never early), and only within half an
+        // interval of it counted from the question (never late).
+        let (as_of, sent) = (Instant::from_std(got.as_of), Instant::from_std(got.sent));
+        let half = self.interval / 2;
+        if as_of.saturating_duration_since(sent) >= half && !rough {
+            return Booking::Again;
+        }
+        let latest = if rough { as_of } else { sent };
+        booked.moments.extend((0..got.count).map(|i| Moment {
+            at: as_of + got.first_in + self.interval * i,
+            until: latest + got.first_in + self.interval * i + half,
+        }));
+        match self.next_booked(booked) {
+            Some(moment) => Booking::Moment(moment),
+            // Missed already (this task waited for a thread that long).
+            None if !rough => Booking::Again,
+            // Twice: this one starts an interval after this process's last start.
+            None => {
+                let now = Instant::now();
+                let at = booked
+                    .last
+                    .map_or(now, |last| (last + self.interval).max(now));
+                Booking::Moment(Moment {
+                    at,
+                    until: at + self.interval,
+                })
             }
         }
-        let now = Instant::now();
-        let at = booked
-            .last
-            .map_or(now, |last| (last + self.interval).max(now));
-        Booking::Moment(Moment {
-            at,
-            until: at + self.interval,
-        })
     }
 
     /// Notes what a booking found of the interval the schedule was booked at before it: a
@@ -579,18 +583,35 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn without_the_store_this_process_paces_alone() {
+    async fn without_the_store_nothing_starts_until_a_booking_works() {
         let pace = Pace::new("100/s".parse().expect("a rate"));
+        let schedule = Schedule::new(&pace);
+        // The store fails the first two bookings, then answers.
+        let failures = std::sync::atomic::AtomicU32::new(0);
         let begin = Instant::now();
         let mut starts = futures_util::future::join_all((0..5).map(|_| async {
             let turn = pace
-                .start("s", "t", |_| async { Err("no store".to_owned()) })
+                .start("s", "t", |want| {
+                    let (failures, schedule) = (&failures, &schedule);
+                    async move {
+                        if failures.fetch_add(1, Ordering::SeqCst) < 2 {
+                            Err("no store".to_owned())
+                        } else {
+                            schedule.book(want).await
+                        }
+                    }
+                })
                 .await;
             assert_eq!(turn, Turn::Now);
             Instant::now() - begin
         }))
         .await;
+        assert!(
+            starts.iter().all(|s| *s >= RETRY_BOOKING_AFTER * 2),
+            "none before the third booking: {starts:?}"
+        );
         assert_spread(&mut starts, Duration::from_micros(9900));
+        assert!(!pace.booked.lock().await.failing, "booking works again");
     }
 
     #[test]

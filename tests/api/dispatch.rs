@@ -194,25 +194,23 @@ async fn instances_that_pace_one_target_at_different_rates_warn_of_it() {
 }
 
 #[actix_web::test]
-async fn a_paced_target_whose_schedule_is_held_goes_on_paced_by_its_process_alone() {
+async fn a_paced_target_whose_schedule_is_held_starts_nothing_until_it_is_let_go() {
     if skip_on_sqlite(
-        "a_paced_target_whose_schedule_is_held_goes_on_paced_by_its_process_alone",
+        "a_paced_target_whose_schedule_is_held_starts_nothing_until_it_is_let_go",
         "no row lock: SQLite's writers take turns for the whole file",
     ) {
         return;
     }
     let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
     let db = TestDb::create();
-    // The default wait for a lock (the tests' own is 3 s), which a booking does not wait out.
     let text = config_text(
         &db.url,
         &target("ledger", &downstream.url, "rate = \"20/s\""),
-    )
-    .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"10s\"");
+    );
     let config = parse_config(&text);
     let process = Process::serve(&text);
     // Another session holds the target's schedule locked (as an instance stopped in the middle
-    // of a booking would, until the server ends its transaction).
+    // of a booking would, until the server ends its session).
     let mut holder = db.connect();
     let AnyConnection::Postgres(pg) = &mut holder else {
         unreachable!("PostgreSQL, as skip_on_sqlite let through")
@@ -225,11 +223,28 @@ async fn a_paced_target_whose_schedule_is_held_goes_on_paced_by_its_process_alon
 
     let ids = ids(20);
     send_all(&process.address, &config, &ids, 20).await;
-    // Each booking gives up after half a second and the process paces alone for 5 s: the 20
-    // go out in about a second. (Waiting out the lock at every booking took 10 s each.)
+    poll_until(
+        "the process says it cannot book",
+        Duration::from_secs(10),
+        || {
+            process
+                .log()
+                .contains("cannot book this target's starts in the store")
+        },
+    )
+    .await;
+    // Held for a while longer: several bookings fail meanwhile, and nothing is sent unbooked.
+    actix_web::rt::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        downstream.received().is_empty(),
+        "nothing starts while the schedule is held"
+    );
+    pg.batch_execute("ROLLBACK")
+        .expect("the schedule is let go");
+
     poll_until(
         "every event reached the sink",
-        Duration::from_secs(8),
+        Duration::from_secs(10),
         || all_delivered(&downstream, &ids, None),
     )
     .await;
@@ -237,15 +252,18 @@ async fn a_paced_target_whose_schedule_is_held_goes_on_paced_by_its_process_alon
     starts.sort();
     assert!(
         starts[19] - starts[0] >= Duration::from_millis(850),
-        "paced alone, still 20/s, not in a burst: {starts:?}"
+        "at 20/s once let go, not in a burst: {starts:?}"
     );
-    let log = process.log();
-    assert!(
-        log.contains("cannot book this target's starts in the store"),
-        "{log}"
-    );
-    pg.batch_execute("ROLLBACK")
-        .expect("the schedule is let go");
+    poll_until(
+        "the process says it books again",
+        Duration::from_secs(5),
+        || {
+            process
+                .log()
+                .contains("booking this target's starts in the store again")
+        },
+    )
+    .await;
 }
 
 /// A sink that answers 200 after a few milliseconds, except the first two attempts of
