@@ -637,8 +637,9 @@ impl RawForward {
         if let Some((field, _, _)) = misplaced.iter().find(|(_, given, wrong)| *given && *wrong) {
             let problem = match (*field, bus) {
                 ("secret" | "secret_env", Some(bus)) => format!(
-                    "a {bus} target takes no secret: hookbox signs only what it POSTs over HTTP; \
-                     the bus's own credentials go in the URL (url_env keeps them out of the file)"
+                    "{} {bus} target takes no secret: hookbox signs only what it POSTs over HTTP; \
+                     the bus's own credentials go in the URL (url_env keeps them out of the file)",
+                    if bus == "AMQP" { "an" } else { "a" }
                 ),
                 ("subject", _) => "subject applies only to a nats:// target".to_owned(),
                 _ => format!("{field} applies only to an amqp:// or amqps:// target"),
@@ -1373,6 +1374,10 @@ mod tests {
             ),
             (target("a", "events = [\"x\", \"\"]\n"), "sources.s.forward[0].events[1]:"),
             (target("a", "events = []\n"), "sources.s.forward[0].events: an empty list"),
+            (
+                format!("[[sources.s.forward]]\nname = \"a\"\nurl = \"amqp://127.0.0.1\"\nexchange = \"x\"\nrouting_key = \"k\"\nsecret = \"{WHSEC}\"\n"),
+                "sources.s.forward[0].secret: an AMQP target takes no secret",
+            ),
             (target("a", "rate = \"fast\"\n"), "sources.s.forward[0].rate:"),
             (target("a", "rate = \"0/s\"\n"), "sources.s.forward[0].rate:"),
             (target("a", "rate = \"5/h\"\n"), "sources.s.forward[0].rate:"),
