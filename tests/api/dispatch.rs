@@ -193,6 +193,16 @@ async fn instances_that_pace_one_target_at_different_rates_warn_of_it() {
     }
 }
 
+/// Waits (up to 10 s) until `process` has logged a line with `words`.
+async fn until_logged(process: &Process, words: &str) {
+    poll_until(
+        &format!("the process logs {words:?}"),
+        Duration::from_secs(10),
+        || process.log().contains(words),
+    )
+    .await;
+}
+
 #[actix_web::test]
 async fn a_paced_target_whose_schedule_is_held_starts_nothing_until_it_is_let_go() {
     if skip_on_sqlite(
@@ -223,16 +233,7 @@ async fn a_paced_target_whose_schedule_is_held_starts_nothing_until_it_is_let_go
 
     let ids = ids(20);
     send_all(&process.address, &config, &ids, 20).await;
-    poll_until(
-        "the process says it cannot book",
-        Duration::from_secs(10),
-        || {
-            process
-                .log()
-                .contains("cannot book this target's starts in the store")
-        },
-    )
-    .await;
+    until_logged(&process, "cannot book this target's starts in the store").await;
     // Held for a while longer: several bookings fail meanwhile, and nothing is sent unbooked.
     actix_web::rt::time::sleep(Duration::from_millis(1500)).await;
     assert!(
@@ -254,16 +255,7 @@ async fn a_paced_target_whose_schedule_is_held_starts_nothing_until_it_is_let_go
         starts[19] - starts[0] >= Duration::from_millis(850),
         "at 20/s once let go, not in a burst: {starts:?}"
     );
-    poll_until(
-        "the process says it books again",
-        Duration::from_secs(5),
-        || {
-            process
-                .log()
-                .contains("booking this target's starts in the store again")
-        },
-    )
-    .await;
+    until_logged(&process, "booking this target's starts in the store again").await;
 }
 
 /// A sink that answers 200 after a few milliseconds, except the first two attempts of

@@ -79,6 +79,18 @@ async fn forwarding_app(downstream: &Downstream, timeout: &str, max_attempts: u3
     .await
 }
 
+/// What reached `downstream` of the stripe event `id`, once something has (within 5 s).
+async fn arrived(downstream: &Downstream, id: &str) -> Vec<crate::downstream::Received> {
+    let key = format!("stripe:{id}");
+    poll_until(
+        "the event reaches the downstream",
+        Duration::from_secs(5),
+        || !downstream.for_key(&key).is_empty(),
+    )
+    .await;
+    downstream.for_key(&key)
+}
+
 #[actix_web::test]
 async fn a_delivery_without_a_content_type_is_forwarded_without_one() {
     let downstream = Downstream::start(always(200));
@@ -90,14 +102,7 @@ async fn a_delivery_without_a_content_type_is_forwarded_without_one() {
         .without_header("content-type");
     assert_eq!(app.send(&delivery).await.status, 200);
 
-    let key = format!("stripe:{id}");
-    poll_until(
-        "the event reaches the downstream",
-        Duration::from_secs(5),
-        || !downstream.for_key(&key).is_empty(),
-    )
-    .await;
-    let got = &downstream.for_key(&key)[0];
+    let got = &arrived(&downstream, &id).await[0];
     assert_eq!(got.body, body.as_bytes());
     assert!(
         !got.headers.contains_key("content-type"),
@@ -116,13 +121,7 @@ async fn a_stored_event_is_forwarded_once_signed_with_its_key_and_a_redelivery_q
     assert_eq!(answer.status, 200);
 
     let key = format!("stripe:{id}");
-    poll_until(
-        "the event reaches the downstream",
-        Duration::from_secs(5),
-        || !downstream.for_key(&key).is_empty(),
-    )
-    .await;
-    let received = downstream.for_key(&key);
+    let received = arrived(&downstream, &id).await;
     assert_eq!(received.len(), 1);
     let got = &received[0];
     assert_eq!(
