@@ -569,9 +569,9 @@ pub struct Reserved {
     pub lease: Duration,
     /// To whom: this instance's number.
     pub holder: i64,
-    /// When the room was reserved, before the row's lease was written: the lease runs no
-    /// sooner than [`Reserved::lease`] after it.
-    since: tokio::time::Instant,
+    /// The latest its attempt may start ([`Lane::start_by`]), counted from the reservation,
+    /// made before the row's lease was written.
+    start_by: tokio::time::Instant,
 }
 
 impl Handover {
@@ -592,7 +592,7 @@ impl Handover {
             lane,
             lease: lane_of.lease(),
             holder: self.outbox.holder(),
-            since: tokio::time::Instant::now(),
+            start_by: lane_of.start_by(tokio::time::Instant::now()),
         })
     }
 
@@ -623,10 +623,10 @@ impl Handover {
             .handed
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .extend(rows.into_iter().map(|(reserved, due)| {
-                let start_by = self.outbox.lanes[reserved.lane].start_by(reserved.since);
-                (reserved.lane, due, start_by)
-            }));
+            .extend(
+                rows.into_iter()
+                    .map(|(reserved, due)| (reserved.lane, due, reserved.start_by)),
+            );
         self.wake.poke();
     }
 }

@@ -73,10 +73,8 @@ struct Gate {
 struct Disagreement {
     /// When the last of them was made.
     last: Instant,
-    /// How many, since the first.
+    /// How many, since the first (the second is logged).
     seen: u32,
-    /// Whether this was logged.
-    warned: bool,
 }
 
 /// How long after the last booking that found another interval the instances are taken to
@@ -274,15 +272,10 @@ impl Pace {
             gate.disagreement = going_on;
             return;
         };
-        let mut disagreement = going_on.unwrap_or(Disagreement {
-            last: now,
-            seen: 0,
-            warned: false,
-        });
+        let mut disagreement = going_on.unwrap_or(Disagreement { last: now, seen: 0 });
         disagreement.last = now;
-        disagreement.seen += 1;
-        if disagreement.seen >= 2 && !disagreement.warned {
-            disagreement.warned = true;
+        disagreement.seen = disagreement.seen.saturating_add(1);
+        if disagreement.seen == 2 {
             tracing::warn!(
                 source,
                 target,
@@ -342,13 +335,14 @@ mod tests {
     /// booked at `last_interval`.
     struct Schedule {
         base: Instant,
-        booked: std::sync::Mutex<Booking>,
+        booked: std::sync::Mutex<Free>,
         interval: Duration,
         reach: i64,
     }
 
+    /// Where the in-memory schedule is free from, and the interval it was last booked at.
     #[derive(Default)]
-    struct Booking {
+    struct Free {
         next: i64,
         last_interval: i64,
     }
@@ -545,7 +539,7 @@ mod tests {
             .lock()
             .await
             .disagreement
-            .is_some_and(|d| d.warned)
+            .is_some_and(|d| d.seen >= 2)
     }
 
     #[tokio::test]
