@@ -20,6 +20,10 @@ use crate::state::{self, AppState};
 /// The most a client may take to send a request's headers (actix's own default).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a stop waits, from the signal, for requests in flight and forward attempts under
+/// way to finish.
+const STOP_WAIT: Duration = Duration::from_secs(30);
+
 /// A built server, bound to its port and ready to run.
 pub struct Application {
     port: u16,
@@ -28,6 +32,7 @@ pub struct Application {
     flusher: Flusher,
     forward: forward::Wake,
     outbox: Option<Outbox>,
+    dispatcher: Option<Dispatcher>,
     pool: DbPool,
     store: db::Store,
     stop: futures_util::future::BoxFuture<'static, &'static str>,
@@ -66,13 +71,13 @@ impl Application {
             state.metrics.clone(),
             state.forward_targets(),
         );
-        if let Some(outbox) = outbox.clone() {
+        let dispatcher = outbox.clone().map(|outbox| {
             state.claims.hand_over_to(forward::Handover::new(
                 outbox.clone(),
                 state.forward.clone(),
             ));
-            Dispatcher::start(outbox, state.forward.clone());
-        }
+            Dispatcher::start(outbox, state.forward.clone())
+        });
         let flusher = Flusher::start(state.pool.clone(), state.replay_counts.clone());
         warn_about_sources(&config);
         let purge = purge::Schedule::start(
@@ -104,6 +109,7 @@ impl Application {
             flusher,
             forward: state.forward.clone(),
             outbox,
+            dispatcher,
             pool: state.pool.clone(),
             store: config.database.store.clone(),
             stop,
@@ -122,26 +128,45 @@ impl Application {
     }
 
     /// Serves until SIGTERM or SIGINT, then stops accepting and lets in-flight requests (and
-    /// their transactions) finish.
+    /// their transactions) finish, and forward attempts under way end and be recorded, within
+    /// [`STOP_WAIT`] of the signal.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let handle = self.server.handle();
         let server = self.server;
         tokio::pin!(server);
-        tokio::select! {
+        let stopping = tokio::select! {
             result = &mut server => {
                 self.purge.stop();
                 self.forward.stop();
-                result?
+                result.map(|()| tokio::time::Instant::now() + STOP_WAIT)
             }
             signal = self.stop => {
+                let deadline = tokio::time::Instant::now() + STOP_WAIT;
                 self.purge.stop();
                 self.forward.stop();
                 tracing::info!(signal, "shutting down: no new connections, letting in-flight deliveries finish");
                 // The server future carries out the stop, so it is polled alongside it.
                 let (_, result) = tokio::join!(handle.stop(true), &mut server);
-                result?;
+                result.map(|()| deadline)
+            }
+        };
+        // Even when the server failed: attempts under way end and are recorded first, so that
+        // a stop does not send them twice.
+        if let Some(dispatcher) = self.dispatcher {
+            let deadline = stopping.as_ref().map_or_else(
+                |_| tokio::time::Instant::now() + STOP_WAIT,
+                |deadline| *deadline,
+            );
+            if !dispatcher.finish(deadline).await {
+                tracing::warn!(
+                    "forward attempts still under way {} s after the stop began are abandoned: \
+                     their rows go to whichever instance takes them back (this one, restarted), \
+                     which sends them again with the same Idempotency-Key",
+                    STOP_WAIT.as_secs()
+                );
             }
         }
+        stopping?;
         // After the server: replays answered while it drained are counted too.
         self.flusher.stop().await;
         // Last: after it, an SQLite file copied on its own holds every committed event.
@@ -189,7 +214,7 @@ fn bind(config: &Config, state: web::Data<AppState>) -> anyhow::Result<(Server, 
     // A client dribbling its headers is cut off with a 408 (the body and the database work
     // then have request_timeout, see http/webhook.rs).
     .client_request_timeout(config.server.request_timeout.min(HEAD_TIMEOUT))
-    .shutdown_timeout(30)
+    .shutdown_timeout(STOP_WAIT.as_secs())
     // Signals are taken here rather than by actix, so they are in place before the
     // "listening" line: a SIGTERM right after it still shuts down gracefully.
     .disable_signals()

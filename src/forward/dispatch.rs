@@ -138,9 +138,30 @@ impl Runner {
         let transport = self.transports[lane].clone();
         let lane = &self.outbox.lanes[lane];
         let booking = |want| self.outbox.book(lane, want);
-        let slot = match lane.start(booking).await {
-            Ok(slot) => slot,
-            Err(after) => {
+        let start = lane.start(booking);
+        tokio::pin!(start);
+        let started_or_stopped = tokio::select! {
+            // A slot free and no pace to wait for: it starts, even while stopping.
+            biased;
+            start = &mut start => Some(start),
+            () = started.until_stopped() => None,
+        };
+        let slot = match started_or_stopped {
+            Some(Ok(slot)) => slot,
+            // The stop came while it waited for a slot or its turn: it goes back to the outbox
+            // untried, due at once, for another instance (or this one restarted) to send.
+            None => {
+                started.poke();
+                return Settled {
+                    id: due.id,
+                    attempt: due.attempt,
+                    series: due.series,
+                    outcome: Settle::Untried {
+                        after: Duration::ZERO,
+                    },
+                };
+            }
+            Some(Err(after)) => {
                 // Other instances booked the target's schedule beyond what this row may wait
                 // for: it goes back, due when there is room, not counted as an attempt.
                 started.poke();
@@ -327,7 +348,7 @@ fn start_handed(runner: &Rc<Runner>, outcomes: &Rc<Outcomes>, wake: &Wake) {
 pub async fn run(outbox: Outbox, wake: Wake) {
     let runner = Rc::new(Runner::new(&outbox));
     let outcomes = Rc::new(Outcomes::default());
-    actix_web::rt::spawn(record(runner.clone(), outcomes.clone(), wake.clone()));
+    let recorder = actix_web::rt::spawn(record(runner.clone(), outcomes.clone(), wake.clone()));
     // The gauges are counted at once, then every GAUGES_EVERY: a backlog left from before this
     // process started shows from the start.
     let mut gauges_at: Option<Instant> = None;
@@ -382,8 +403,9 @@ pub async fn run(outbox: Outbox, wake: Wake) {
         }
     }
     // Attempts under way finish and their outcomes are recorded by `record`, which also starts
-    // rows still being handed over.
+    // rows still being handed over; rows still waiting for a slot or a turn go back untried.
     outcomes.ready.notify_one();
+    let _ = recorder.await;
     tracing::info!("forward dispatcher stopped");
 }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use super::pace::{Pace, Turn};
+use super::pace::{Pace, Turn, Waiting};
 use super::Target;
 use crate::db::deliveries::Want;
 use crate::db::paces::Booked;
@@ -236,6 +236,8 @@ impl Lane {
         B: FnMut(u32) -> F,
         F: Future<Output = Result<Booked, String>>,
     {
+        // The row waits no more once this returns, or is dropped (a stop gave the row back).
+        let _waiting = Waiting(&self.waiting);
         let slot = self
             .slots
             .acquire()
@@ -246,12 +248,10 @@ impl Lane {
                 .start(&self.source, &self.target.config.name, book)
                 .await
             {
-                self.waiting.fetch_sub(1, Ordering::SeqCst);
                 return Err(after);
             }
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
         Ok(slot)
     }
 

@@ -100,6 +100,8 @@ pub struct Wake {
     /// [`Wake::outcomes_written`].
     unwritten: Arc<Mutex<Unwritten>>,
     written_notify: Arc<tokio::sync::Notify>,
+    /// Wakes every row waiting for a slot or a turn when the stop comes.
+    stopped: Arc<tokio::sync::Notify>,
 }
 
 /// Attempts started in this process whose outcome is not yet written (or failed to be).
@@ -201,8 +203,21 @@ impl Wake {
 
     /// Stop taking rows; attempts under way finish and their outcomes are recorded.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
         self.notify.notify_one();
+        self.stopped.notify_waiters();
+    }
+
+    /// Returns once the stop has come (at once if it has).
+    async fn until_stopped(&self) {
+        let stopped = self.stopped.notified();
+        tokio::pin!(stopped);
+        // Registered before the look, so a stop in between still wakes it.
+        stopped.as_mut().enable();
+        if self.stopping() {
+            return;
+        }
+        stopped.await;
     }
 
     /// Something changed that may let the dispatcher take more, or rows were handed over.
@@ -211,7 +226,7 @@ impl Wake {
     }
 
     fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
+        self.stop.load(Ordering::SeqCst)
     }
 
     async fn notified(&self) {
@@ -653,13 +668,28 @@ fn in_turn<T>(
 }
 
 /// The dispatcher task inside `serve`.
-pub struct Dispatcher;
+pub struct Dispatcher {
+    running: tokio::task::JoinHandle<()>,
+}
 
 impl Dispatcher {
     /// Spawns the dispatcher on the current actix runtime: it sends `outbox`'s due rows until
     /// `wake` says stop.
-    pub fn start(outbox: Outbox, wake: Wake) {
-        actix_web::rt::spawn(dispatch::run(outbox, wake));
+    pub fn start(outbox: Outbox, wake: Wake) -> Dispatcher {
+        Dispatcher {
+            running: actix_web::rt::spawn(dispatch::run(outbox, wake)),
+        }
+    }
+
+    /// After [`Wake::stop`]: waits until every attempt under way has ended and its outcome is
+    /// recorded (rows still waiting for a slot or a turn go back to the outbox untried), until
+    /// `deadline` at the latest. Says whether it ended by then; if not, the attempts still
+    /// under way are abandoned with the process, and their rows are sent again, with the same
+    /// key, by whichever instance takes them back.
+    pub async fn finish(self, deadline: tokio::time::Instant) -> bool {
+        tokio::time::timeout_at(deadline, self.running)
+            .await
+            .is_ok()
     }
 }
 

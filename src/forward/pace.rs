@@ -101,6 +101,15 @@ enum Booking {
     Failed,
 }
 
+/// One attempt counted in a `waiting` count until dropped, however its wait ends.
+pub(super) struct Waiting<'a>(pub(super) &'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// After a booking failed, how long this process waits before it books again.
 pub const RETRY_BOOKING_AFTER: Duration = Duration::from_millis(250);
 
@@ -144,6 +153,8 @@ impl Pace {
         F: Future<Output = Result<Booked, String>>,
     {
         self.waiting.fetch_add(1, Ordering::SeqCst);
+        // It waits no more once this returns, or is dropped (a stop gave its row back).
+        let _waiting = Waiting(&self.waiting);
         let mut booked = self.booked.lock().await;
         // Whether a booking whose moments were known too roughly to keep was made already.
         let mut rough = false;
@@ -176,7 +187,6 @@ impl Pace {
         if turn == Turn::Now {
             booked.last = Some(Instant::now());
         }
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
         turn
     }
 

@@ -565,3 +565,97 @@ async fn two_processes_share_the_outbox_and_never_send_one_event_twice_at_once()
     let logs = format!("{}{}", one.log(), two.log());
     assert!(logs.contains("forwarded"), "{logs}");
 }
+
+/// Sends SIGTERM to `process`.
+fn terminate(process: &Process) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &process.child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+}
+
+#[actix_web::test]
+async fn a_stop_waits_for_the_attempt_under_way_and_records_it_so_it_is_not_sent_again() {
+    let downstream = Downstream::start(|_, _| (200, Duration::from_millis(1500)));
+    let db = TestDb::create();
+    let text = config_text(&db.url, &forward_extra(&downstream.url, "10s", 12));
+    let mut process = Process::serve(&text);
+    let id = unique_id("evt");
+    let delivery = delivery_for(
+        &parse_config(&text),
+        "stripe",
+        &stripe_event(&id, "a", 1),
+        &id,
+        unix_now(),
+    );
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    poll_until("the attempt is under way", Duration::from_secs(20), || {
+        downstream.answering() == 1
+    })
+    .await;
+
+    terminate(&process);
+    let exit = process.wait_exit(Duration::from_secs(40));
+    assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
+    let log = process.log();
+    assert_eq!(
+        db.count("deliveries WHERE state = 'delivered' AND attempts = 1"),
+        1,
+        "the attempt under way at the stop ended and was recorded as delivered, so no \
+         instance sends it again:\n{log}"
+    );
+    assert_eq!(downstream.for_key(&format!("stripe:{id}")).len(), 1);
+    assert!(!log.contains("abandoned"), "{log}");
+}
+
+#[actix_web::test]
+async fn a_stop_gives_back_the_rows_waiting_for_their_turn_at_once() {
+    let downstream = Downstream::start(always(200));
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &format!(
+            "{}rate = \"1/m\"\n",
+            forward_extra(&downstream.url, "10s", 12)
+        ),
+    );
+    let mut process = Process::serve(&text);
+    let config = parse_config(&text);
+    for _ in 0..3 {
+        let id = unique_id("evt");
+        let delivery = delivery_for(
+            &config,
+            "stripe",
+            &stripe_event(&id, "a", 1),
+            &id,
+            unix_now(),
+        );
+        let answer = send(&process.address, &delivery).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    poll_until("the first is delivered", Duration::from_secs(20), || {
+        db.count("deliveries WHERE state = 'delivered'") == 1
+    })
+    .await;
+
+    // The other two wait a minute each for their turns; the stop does not wait for them.
+    let stopped = Instant::now();
+    terminate(&process);
+    let exit = process.wait_exit(Duration::from_secs(40));
+    assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
+    let log = process.log();
+    assert!(
+        stopped.elapsed() < Duration::from_secs(20),
+        "the stop waited {:?} for rows that had not started:\n{log}",
+        stopped.elapsed()
+    );
+    assert!(!log.contains("abandoned"), "{log}");
+    assert_eq!(
+        db.count("deliveries WHERE state = 'pending' AND attempts = 0 AND leased_until IS NULL"),
+        2,
+        "the rows not started went back to the outbox untried:\n{log}"
+    );
+    assert_eq!(downstream.received().len(), 1);
+}
