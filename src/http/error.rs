@@ -57,6 +57,11 @@ pub enum ApiError {
     /// 503 `unavailable`, with `Retry-After`.
     #[error("the database is unreachable; nothing was stored, retry later")]
     Unavailable,
+    /// 503 `unavailable`, with `Retry-After`: the database took the claim but did not answer
+    /// within the request timeout. Its transaction may still commit, so the sentence does not
+    /// say that nothing was stored.
+    #[error("the database did not answer within the request timeout; the event may still be stored when it does, and a retry gets the stored answer, so retry later")]
+    Unanswered,
     /// 503 `unavailable`, with `Retry-After`: something the check needs from the provider (a
     /// certificate) or a request to it (SNS's subscription confirmation) failed; the sentence
     /// says which. Not the database's fault, so not its sentence.
@@ -134,9 +139,10 @@ impl ApiError {
             ApiError::EventIdReused => "event_id_reused",
             ApiError::InProgress(_) | ApiError::StoreBusy(_) => "in_progress",
             ApiError::ProcessingFailed => "processing_failed",
-            ApiError::Unavailable | ApiError::NotFetched(_) | ApiError::Database(_) => {
-                "unavailable"
-            }
+            ApiError::Unavailable
+            | ApiError::Unanswered
+            | ApiError::NotFetched(_)
+            | ApiError::Database(_) => "unavailable",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound => "not_found",
@@ -149,9 +155,10 @@ impl ApiError {
     fn retry_after(&self) -> Option<u64> {
         match self {
             ApiError::InProgress(wait) | ApiError::StoreBusy(wait) => Some(wait.as_secs().max(1)),
-            ApiError::Unavailable | ApiError::NotFetched(_) | ApiError::Database(_) => {
-                Some(UNAVAILABLE_RETRY_AFTER_SECS)
-            }
+            ApiError::Unavailable
+            | ApiError::Unanswered
+            | ApiError::NotFetched(_)
+            | ApiError::Database(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
             ApiError::ProviderStatus { error, .. } => error.retry_after(),
             _ => None,
         }
@@ -178,9 +185,10 @@ impl ResponseError for ApiError {
                 StatusCode::CONFLICT
             }
             ApiError::ProcessingFailed => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Unavailable | ApiError::NotFetched(_) | ApiError::Database(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Unavailable
+            | ApiError::Unanswered
+            | ApiError::NotFetched(_)
+            | ApiError::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ProviderStatus { status, .. } => *status,
         }
     }

@@ -257,7 +257,7 @@ async fn answer(
                 // The claim's thread goes on; if its transaction still commits, the provider's
                 // retry gets the stored answer.
                 Failed::because(
-                    ApiError::Unavailable,
+                    ApiError::Unanswered,
                     "the database did not answer within the request timeout",
                 )
             })??;
@@ -360,7 +360,7 @@ async fn batch(
         .await
         .map_err(|_| {
             Failed::because(
-                ApiError::Unavailable,
+                ApiError::Unanswered,
                 "the database did not answer within the request timeout",
             )
         })??

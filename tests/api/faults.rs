@@ -351,6 +351,16 @@ async fn a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_rec
     }
 
     proxy.restore();
+    // The claims may still commit now that the stall has ended: the answers must not have
+    // said that nothing was stored. (Checked once the proxy lets the claims go.)
+    for d in &delivered {
+        let attempt = &d.attempts[0];
+        assert!(
+            attempt.message.contains("may still be stored")
+                && !attempt.message.contains("nothing was stored"),
+            "{attempt:?}"
+        );
+    }
     join_all(
         delivered
             .iter_mut()

@@ -114,6 +114,8 @@ pub struct Attempt {
     /// The status, or `None` when the connection failed or no answer came in time.
     pub status: Option<u16>,
     pub error: String,
+    /// The error body's sentence, if it had one.
+    pub message: String,
     pub retry_after: bool,
     pub elapsed: Duration,
 }
@@ -207,6 +209,10 @@ impl Provider {
                             .ok()
                             .and_then(|json| json["error"].as_str().map(str::to_owned))
                             .unwrap_or_default(),
+                        message: serde_json::from_slice::<serde_json::Value>(&answer.body)
+                            .ok()
+                            .and_then(|json| json["message"].as_str().map(str::to_owned))
+                            .unwrap_or_default(),
                         retry_after: answer
                             .header("Retry-After")
                             .is_some_and(|v| v.parse::<u64>().is_ok()),
@@ -220,6 +226,7 @@ impl Provider {
                 Err(error) => delivered.attempts.push(Attempt {
                     status: None,
                     error,
+                    message: String::new(),
                     retry_after: false,
                     elapsed,
                 }),
