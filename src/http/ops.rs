@@ -20,9 +20,12 @@ enum NotReady {
 }
 
 /// The database is reachable, every migration is applied and the store takes a write (an event
-/// inserted and updated, rolled back: the privileges a claim needs); 503 otherwise.
+/// inserted and updated, rolled back: the privileges a claim needs); 503 otherwise, also when
+/// the check has no answer within `[server].request_timeout` (a stalled database: the check's
+/// thread goes on, and the next probe checks afresh).
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let checked = web::block(move || -> Result<(), NotReady> {
+    let within = state.request_timeout;
+    let checking = web::block(move || -> Result<(), NotReady> {
         // A cheap statement first, so a connection that died is noticed, dropped and replaced.
         db::with_connection_retried(&state.pool, |conn| {
             diesel::sql_query("SELECT 1").execute(conn)
@@ -39,9 +42,15 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         }
         db::events::takes_writes(&mut conn)
             .map_err(|e| NotReady::Failed(db::Failure::of(&e), e.to_string()))
-    })
-    .await
-    .map_err(|_| ApiError::Unavailable)?;
+    });
+    let Ok(checked) = tokio::time::timeout(within, checking).await else {
+        tracing::warn!(
+            "not ready: the database did not answer within {} (server.request_timeout)",
+            humantime::format_duration(within)
+        );
+        return Err(ApiError::Unavailable);
+    };
+    let checked = checked.map_err(|_| ApiError::Unavailable)?;
     match checked {
         Ok(()) => Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"}))),
         Err(NotReady::Pending) => {

@@ -370,3 +370,42 @@ async fn a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_rec
     delivered.push(warm);
     assert_invariants(&provider, &address, &db.url, &delivered).await;
 }
+
+#[actix_web::test]
+async fn readyz_answers_503_within_the_request_timeout_while_the_database_stalls() {
+    if skip_on_sqlite(
+        "readyz_answers_503_within_the_request_timeout_while_the_database_stalls",
+        "an embedded store has no connection to stall",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+    let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"2s\"");
+    let config = parse_config(&text.replace(&db.url, &proxied_url));
+    let address = serve_in_process(config, Handlers::default());
+    let ready = get(&address, "/readyz", None).await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+
+    proxy.stall();
+    let stalled =
+        actix_web::rt::time::timeout(Duration::from_secs(10), get(&address, "/readyz", None)).await;
+    proxy.restore();
+    let stalled = stalled.expect("/readyz answered nothing within 10 s while the database stalled");
+    assert_eq!(stalled.status, 503, "{}", stalled.text());
+    assert_eq!(stalled.json()["error"], "unavailable");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let again = get(&address, "/readyz", None).await;
+        if again.status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ready again: {}",
+            again.text()
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+    }
+}
