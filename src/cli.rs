@@ -95,7 +95,7 @@ struct PurgeArgs {
     config: ConfigArg,
     /// Remove events of every source received longer ago than this (e.g. 30d), instead of
     /// each source's window
-    #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_older_than)]
     older_than: Option<Duration>,
     /// Count what would be removed, and remove nothing
     #[arg(long)]
@@ -233,6 +233,7 @@ pub fn main() -> ExitCode {
             .and_then(|config| {
                 config
                     .check_admin_token()
+                    .and_then(|()| config.check_listen())
                     .map_err(|e| usage(format_args!("config error: {e}")))?;
                 Ok(config)
             })

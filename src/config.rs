@@ -44,8 +44,11 @@ pub struct Config {
 /// `[server]`
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The address to listen on (`HOOKBOX_LISTEN` overrides). Port 0 picks a free port.
+    /// The address to listen on (`HOOKBOX_LISTEN` overrides), `HOST:PORT`. Port 0 picks a
+    /// free port.
     pub listen: String,
+    /// Where `listen` came from, as an error names it: `server.listen`, or `HOOKBOX_LISTEN`.
+    pub listen_key: &'static str,
     /// Larger bodies are answered 413.
     pub max_body_bytes: usize,
     /// How long a duplicate waits for the first delivery's transaction before a 409.
@@ -289,11 +292,35 @@ impl Config {
             (Some(var), None) => Err(ConfigError::at(
                 "admin.token_env",
                 format!(
-                    "the environment variable {var} is not set (or is empty); set it to the \
-                     admin token, or remove token_env to run with the admin API and console off"
+                    "the environment variable {} is not set (or is empty); set it to the \
+                     admin token, or remove token_env to run with the admin API and console off",
+                    crate::redact::variable_name(var)
                 ),
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// For `serve`, before anything else: the listen address must resolve (a host name is
+    /// looked up here), so that a host that names nothing is a config error naming the key, not
+    /// a failure after the migrations ran. A port already taken is found only when binding,
+    /// and is a runtime failure.
+    pub fn check_listen(&self) -> Result<(), ConfigError> {
+        use std::net::ToSocketAddrs;
+        let listen = &self.server.listen;
+        match listen
+            .to_socket_addrs()
+            .map(|mut addresses| addresses.next())
+        {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(ConfigError::at(
+                self.server.listen_key,
+                format!("{listen:?} resolves to no address"),
+            )),
+            Err(e) => Err(ConfigError::at(
+                self.server.listen_key,
+                format!("{listen:?} does not resolve to an address to listen on: {e}"),
+            )),
         }
     }
 
@@ -334,22 +361,15 @@ impl Config {
         env: &dyn Env,
         registry: &Registry,
     ) -> Result<Config, ConfigError> {
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            let line = e
-                .span()
-                .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
-            let message = e.message().trim().replace('\n', " ");
-            match line {
-                Some(line) => ConfigError(format!("line {line}: not valid TOML: {message}")),
-                None => ConfigError(format!("not valid TOML: {message}")),
-            }
-        })?;
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| syntax_error(text, &e))?;
         let raw: RawConfig =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
                 let key = e.path().to_string();
                 // toml appends "in `table`" on a line of its own; the path already says where.
                 let inner = e.inner().to_string();
-                let problem = inner.lines().next().unwrap_or_default().trim().to_owned();
+                let problem = without_string_values(inner.lines().next().unwrap_or_default());
                 if key == "." || key.is_empty() {
                     ConfigError(problem)
                 } else {
@@ -358,6 +378,105 @@ impl Config {
             })?;
         raw.validate(env, registry)
     }
+}
+
+/// A TOML syntax error as one line: where (line, column, and the key when the line names one)
+/// and what is wrong, never the text itself. The toml crate's own `Display` quotes the line,
+/// which may hold a secret (`secrets = ["whsec_...` left unclosed); its bare message does not.
+fn syntax_error(text: &str, error: &toml::de::Error) -> ConfigError {
+    let message = error.message().trim().replace('\n', " ");
+    let Some(span) = error.span() else {
+        return ConfigError(format!("not valid TOML: {message}"));
+    };
+    let before = &text[..floor_char_boundary(text, span.start)];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .count()
+        + 1;
+    let at = format!("line {line}, column {column}");
+    match key_on_line(text, line) {
+        Some(key) => ConfigError(format!("{at}: {key}: not valid TOML: {message}")),
+        None => ConfigError(format!("{at}: not valid TOML: {message}")),
+    }
+}
+
+/// The largest char boundary of `text` at or before `index`.
+fn floor_char_boundary(text: &str, index: usize) -> usize {
+    let mut index = index.min(text.len());
+    while !text.is_char_boundary(index) {
+        index -= 1;
+    }
+    index
+}
+
+/// The full key the line `line` (from 1) sets, as `table.key`, when it is a plain
+/// `key = value` line under a plain `[table]` header (or none); `None` when it is anything else.
+fn key_on_line(text: &str, line: usize) -> Option<String> {
+    let bare = |key: &str| {
+        let key = key.trim();
+        (!key.is_empty()
+            && key.split('.').all(|part| {
+                let part = part.trim();
+                !part.is_empty()
+                    && part
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            }))
+        .then(|| key.split('.').map(str::trim).collect::<Vec<_>>().join("."))
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let (key, _) = lines.get(line.checked_sub(1)?)?.split_once('=')?;
+    let key = bare(key)?;
+    let header = lines[..line - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('['));
+    match header {
+        None => Some(key),
+        Some(header) => {
+            let inner = header
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or_default();
+            Some(format!("{}.{key}", bare(inner)?))
+        }
+    }
+}
+
+/// A serde message without the string values it quotes: `invalid type: string "whsec_...",
+/// expected a sequence` becomes `invalid type: string, expected a sequence`. The key is
+/// named beside it, and under some keys the value is a secret or a URL with a password.
+fn without_string_values(message: &str) -> String {
+    const QUOTED: &str = "string \"";
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message.trim();
+    while let Some(at) = rest.find(QUOTED) {
+        out.push_str(&rest[..at + QUOTED.len() - 2]);
+        let mut chars = rest[at + QUOTED.len()..].char_indices();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    end = Some(at + QUOTED.len() + i + 1);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        // An unclosed quote: drop the rest rather than show part of a value.
+        rest = end.map_or("", |end| &rest[end..]);
+    }
+    out.push_str(rest);
+    out
 }
 
 #[derive(Deserialize, Default)]
@@ -376,7 +495,7 @@ struct RawConfig {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table")]
 struct RawServer {
     listen: Option<String>,
     max_body_bytes: Option<usize>,
@@ -387,14 +506,14 @@ struct RawServer {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table")]
 struct RawDatabase {
     url: Option<String>,
     pool_size: Option<u32>,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table")]
 struct RawRetention {
     #[serde(default, deserialize_with = "duration")]
     window: Option<Duration>,
@@ -403,7 +522,7 @@ struct RawRetention {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table")]
 struct RawAdmin {
     token_env: Option<String>,
 }
@@ -411,6 +530,7 @@ struct RawAdmin {
 /// A source: the keys every source has, and the rest, which its provider reads and checks (an
 /// unknown key is refused there).
 #[derive(Deserialize)]
+#[serde(expecting = "a table")]
 struct RawSource {
     scheme: String,
     secrets: Option<Vec<String>>,
@@ -489,7 +609,7 @@ impl RawForwards {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table")]
 struct RawForward {
     name: Option<String>,
     url: Option<String>,
@@ -584,7 +704,10 @@ impl RawForward {
             (None, Some(var)) => env.var(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
                 ConfigError::at(
                     key("url_env"),
-                    format!("the environment variable {var} is not set"),
+                    format!(
+                        "the environment variable {} is not set",
+                        crate::redact::variable_name(&var)
+                    ),
                 )
             })?,
             (None, None) => {
@@ -733,7 +856,10 @@ fn http_secret(
         (None, Some(var)) => env.var(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
             ConfigError::at(
                 key("secret_env"),
-                format!("the environment variable {var} is not set"),
+                format!(
+                    "the environment variable {} is not set",
+                    crate::redact::variable_name(&var)
+                ),
             )
         })?,
         (None, None) => {
@@ -833,20 +959,128 @@ pub fn parse_time_or_ago(
         .ok_or_else(|| format!("{text:?} is too far in the past"))
 }
 
+/// Checks the form of a listen address: `IP:PORT`, `[IPv6]:PORT` or `HOST:PORT`, the port 0 to
+/// 65535. Whether a host name resolves is [`Config::check_listen`]'s to say, for `serve`.
+fn check_listen(listen: &str) -> Result<(), String> {
+    let form =
+        "write it as HOST:PORT, e.g. \"127.0.0.1:8080\", \"[::1]:8080\" or \"localhost:8080\"";
+    if listen.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = listen.rsplit_once(':') else {
+        return Err(format!(
+            "{listen:?} is not an address to listen on: it names no port; {form}"
+        ));
+    };
+    if port.parse::<u16>().is_err() {
+        return Err(format!(
+            "{listen:?} is not an address to listen on: {port:?} is not a port (0 to 65535); {form}"
+        ));
+    }
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    let host_ok = if let Some(inside) = host.strip_prefix('[') {
+        inside
+            .strip_suffix(']')
+            .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
+    } else {
+        host.len() <= 253 && host.trim_end_matches('.').split('.').all(label_ok)
+    };
+    if host_ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{listen:?} is not an address to listen on: {host:?} is not an IP address or host \
+             name; {form}"
+        ))
+    }
+}
+
+/// The earliest time a store can hold: PostgreSQL's timestamps begin at 4714-11-24 BC
+/// (astronomical year -4713).
+fn earliest_storable() -> chrono::DateTime<chrono::Utc> {
+    chrono::NaiveDate::from_ymd_opt(-4713, 11, 24)
+        .and_then(|day| day.and_hms_opt(0, 0, 0))
+        .expect("4714-11-24 BC is a valid date")
+        .and_utc()
+}
+
+/// Checks a configured retention window (`[retention].window`, a source's `retention`): longer
+/// than 0s, and short enough that its cutoff, now minus the window, is a time a store can hold.
+/// A window past that would fail every purge pass on PostgreSQL.
+///
+/// # Errors
+/// A one-line reason, for the caller to put after the key or flag.
+pub fn check_window(window: Duration) -> Result<(), String> {
+    if window.is_zero() {
+        return Err(
+            "must be longer than 0s (a window of 0s would forget each event at the next purge, \
+             and a redelivery would be processed again)"
+                .to_owned(),
+        );
+    }
+    check_cutoff(window)
+}
+
+/// Checks that now minus `window` is a time a store can hold (see [`check_window`]).
+fn check_cutoff(window: Duration) -> Result<(), String> {
+    let representable = chrono::Duration::from_std(window)
+        .ok()
+        .and_then(|window| chrono::Utc::now().checked_sub_signed(window))
+        .is_some_and(|cutoff| cutoff >= earliest_storable());
+    if representable {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is too far in the past: the cutoff (now minus the window) would fall before \
+             4714 BC, the earliest time PostgreSQL stores",
+            humantime::format_duration(window)
+        ))
+    }
+}
+
+/// Reads `hookbox purge --older-than`: a duration whose cutoff a store can hold, as for
+/// [`check_window`]; but 0s is allowed here, a one-off pass that removes every event.
+///
+/// # Errors
+/// A bad duration, or one too long.
+pub fn parse_older_than(text: &str) -> Result<Duration, String> {
+    let window = parse_duration(text)?;
+    check_cutoff(window)?;
+    Ok(window)
+}
+
 /// A bound on stored times: nothing is stored before 1970, so an earlier bound selects the same
 /// rows as 1970 does, and a store need not hold it (PostgreSQL's timestamps start in 4713 BC;
 /// chrono reads years far before that).
-fn no_earlier_than_1970(time: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+pub(crate) fn no_earlier_than_1970(
+    time: chrono::DateTime<chrono::Utc>,
+) -> chrono::DateTime<chrono::Utc> {
     time.max(chrono::DateTime::UNIX_EPOCH)
 }
 
 impl RawConfig {
     fn validate(self, env: &dyn Env, registry: &Registry) -> Result<Config, ConfigError> {
+        let (listen, listen_key) = match env.var("HOOKBOX_LISTEN") {
+            Some(listen) => (listen, "HOOKBOX_LISTEN"),
+            None => (
+                self.server
+                    .listen
+                    .unwrap_or_else(|| "127.0.0.1:8080".to_owned()),
+                "server.listen",
+            ),
+        };
+        check_listen(&listen).map_err(|e| ConfigError::at(listen_key, e))?;
         let server = ServerConfig {
-            listen: env
-                .var("HOOKBOX_LISTEN")
-                .or(self.server.listen)
-                .unwrap_or_else(|| "127.0.0.1:8080".to_owned()),
+            listen,
+            listen_key,
             max_body_bytes: self.server.max_body_bytes.unwrap_or(1024 * 1024),
             in_flight_wait: self
                 .server
@@ -910,6 +1144,7 @@ impl RawConfig {
                 "must be longer than 0s",
             ));
         }
+        check_window(retention.window).map_err(|e| ConfigError::at("retention.window", e))?;
         let admin_token = match &self.admin.token_env {
             Some(name) => env.var(name).filter(|v| !v.is_empty()).map(Secret::new),
             None => None,
@@ -971,7 +1206,10 @@ impl RawSource {
                 None => {
                     return Err(ConfigError::at(
                         key("secrets_env"),
-                        format!("the environment variable {var} is not set"),
+                        format!(
+                            "the environment variable {} is not set",
+                            crate::redact::variable_name(&var)
+                        ),
                     ))
                 }
             },
@@ -1000,6 +1238,15 @@ impl RawSource {
                 ))
             }
         };
+        if self.tolerance.is_some_and(|t| t.is_zero()) {
+            return Err(ConfigError::at(
+                key("tolerance"),
+                "must be longer than 0s (how far a signed timestamp may be from now)",
+            ));
+        }
+        if let Some(window) = self.retention {
+            check_window(window).map_err(|e| ConfigError::at(key("retention"), e))?;
+        }
         let tolerance = self
             .tolerance
             .unwrap_or(crate::providers::DEFAULT_TOLERANCE);
@@ -1012,6 +1259,21 @@ impl RawSource {
                  problem,
              }| ConfigError::at(key(&field), problem),
         )?;
+        if self.tolerance.is_some() && !provider.checks_timestamp() {
+            let instead = if scheme.name() == "hmac" {
+                "; set timestamp_header to check one"
+            } else {
+                ""
+            };
+            return Err(ConfigError::at(
+                key("tolerance"),
+                format!(
+                    "a {} source checks no signed timestamp, so a tolerance would go unused; \
+                     remove it{instead}",
+                    scheme.name()
+                ),
+            ));
+        }
         Ok(SourceConfig {
             name: source_name,
             scheme,
@@ -1556,7 +1818,344 @@ mod tests {
     #[test]
     fn syntax_errors_give_the_line() {
         let message = error("[server]\nlisten = \n");
-        assert!(message.starts_with("line 2: not valid TOML"), "{message}");
+        assert!(
+            message.starts_with("line 2, column 10: server.listen: not valid TOML"),
+            "{message}"
+        );
+        let message = error("[server\n");
+        assert!(message.starts_with("line 1, column "), "{message}");
+    }
+
+    #[test]
+    fn a_listen_address_that_is_not_one_names_the_key() {
+        for bad in [
+            "nohost",
+            "127.0.0.1:99999",
+            "",
+            "garbage",
+            "host:",
+            ":8080",
+            "a b:8080",
+            "::1:8080",
+            "[::1]:x",
+            "[nohost]:8080",
+        ] {
+            let message = error(&format!("[server]\nlisten = {bad:?}\n"));
+            assert!(message.starts_with("server.listen: "), "{bad:?}: {message}");
+            let env = |name: &str| (name == "HOOKBOX_LISTEN").then(|| bad.to_owned());
+            let message = Config::parse("", &env).expect_err(bad).0;
+            assert!(
+                message.starts_with("HOOKBOX_LISTEN: "),
+                "{bad:?}: {message}"
+            );
+        }
+        for good in [
+            "127.0.0.1:0",
+            "0.0.0.0:8080",
+            "[::1]:8080",
+            "localhost:8080",
+            "hookbox-1.internal:65535",
+        ] {
+            let config = Config::parse(&format!("[server]\nlisten = {good:?}\n"), &no_env)
+                .unwrap_or_else(|e| panic!("{good}: {e}"));
+            assert_eq!(
+                (config.server.listen.as_str(), config.server.listen_key),
+                (good, "server.listen")
+            );
+        }
+        let env = |name: &str| (name == "HOOKBOX_LISTEN").then(|| "127.0.0.1:9".to_owned());
+        let config = Config::parse("[server]\nlisten = \"nohost\"\n", &env).expect("env wins");
+        assert_eq!(config.server.listen_key, "HOOKBOX_LISTEN");
+    }
+
+    #[test]
+    fn serve_needs_a_listen_host_that_resolves() {
+        let config =
+            Config::parse("[server]\nlisten = \"localhost:8080\"\n", &no_env).expect("valid");
+        assert_eq!(config.check_listen(), Ok(()));
+        let config = Config::parse("[server]\nlisten = \"nohost.invalid:8080\"\n", &no_env)
+            .expect("well formed; resolved only for serve");
+        let message = config.check_listen().expect_err("names nothing").0;
+        assert!(message.starts_with("server.listen: "), "{message}");
+    }
+
+    /// A minimal valid source of each built-in scheme, and whether it checks a timestamp.
+    fn every_scheme_source() -> Vec<(&'static str, String, bool)> {
+        let ed25519 = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
+        let p256 = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE4V07IxSSLO+EMlbwaSOgJ/ROriePz6g979dwtDZv0lwRD9rW+h87tXckmiy8m9qS+PON5O95+yLSX5aprDpGYw==";
+        let secrets = "secrets = [\"s\"]\n";
+        let generic = "signature_header = \"X-Sig\"\nevent_id = \"header:X-Id\"\n";
+        vec![
+            ("stripe", secrets.to_owned(), true),
+            ("standard", format!("secrets = [\"{WHSEC}\"]\n"), true),
+            ("github", secrets.to_owned(), false),
+            ("shopify", secrets.to_owned(), false),
+            ("slack", secrets.to_owned(), true),
+            ("hmac-sha256", format!("{secrets}{generic}"), false),
+            (
+                "braintree",
+                format!("{secrets}public_key = \"pk\"\n"),
+                false,
+            ),
+            (
+                "twilio",
+                format!("{secrets}public_url = \"https://a/b\"\n"),
+                false,
+            ),
+            ("paddle", secrets.to_owned(), true),
+            ("checkout", secrets.to_owned(), false),
+            ("razorpay", secrets.to_owned(), false),
+            ("mollie", secrets.to_owned(), false),
+            ("lemonsqueezy", secrets.to_owned(), false),
+            (
+                "square",
+                format!("{secrets}public_url = \"https://a/b\"\n"),
+                false,
+            ),
+            ("paypal", "webhook_id = \"W\"\n".to_owned(), true),
+            ("adyen", "secrets = [\"00ff\"]\n".to_owned(), false),
+            ("gocardless", secrets.to_owned(), false),
+            ("gitlab", secrets.to_owned(), false),
+            ("bitbucket", secrets.to_owned(), false),
+            ("linear", secrets.to_owned(), true),
+            ("zoom", secrets.to_owned(), true),
+            ("twitch", secrets.to_owned(), true),
+            ("meta", format!("{secrets}verify_token = \"t\"\n"), false),
+            ("sendgrid", format!("public_keys = [\"{p256}\"]\n"), true),
+            ("hmac", format!("{secrets}{generic}"), false),
+            ("sns", String::new(), true),
+            ("discord", format!("public_keys = [\"{ed25519}\"]\n"), true),
+        ]
+    }
+
+    #[test]
+    fn tolerance_is_refused_where_the_scheme_checks_no_timestamp() {
+        let cases = every_scheme_source();
+        let listed: Vec<&str> = cases.iter().map(|(scheme, _, _)| *scheme).collect();
+        assert_eq!(
+            listed.join(", "),
+            Registry::builtin().names(),
+            "every scheme"
+        );
+        for (scheme, keys, checks) in cases {
+            let text = format!("[sources.s]\nscheme = \"{scheme}\"\n{keys}");
+            Config::parse(&text, &no_env).unwrap_or_else(|e| panic!("{scheme}: {e}"));
+            let with = format!("{text}tolerance = \"1m\"\n");
+            match Config::parse(&with, &no_env) {
+                Ok(config) => {
+                    assert!(checks, "{scheme} takes a tolerance it never uses");
+                    assert!(config.sources[0].provider.checks_timestamp(), "{scheme}");
+                }
+                Err(e) => {
+                    assert!(!checks, "{scheme}: {e}");
+                    assert!(
+                        e.0.starts_with("sources.s.tolerance: ") && e.0.contains(scheme),
+                        "{e}"
+                    );
+                }
+            }
+        }
+        // `hmac` checks one exactly when it is told where: then a tolerance is its own.
+        let stamped = "[sources.s]\nscheme = \"hmac\"\nsecrets = [\"s\"]\n\
+                       signature_header = \"X-Sig\"\nevent_id = \"header:X-Id\"\n\
+                       signed_content = \"{timestamp}.{body}\"\ntimestamp_header = \"X-Time\"\n\
+                       tolerance = \"1m\"\n";
+        let config = Config::parse(stamped, &no_env).expect("valid");
+        assert_eq!(config.sources[0].tolerance, Duration::from_secs(60));
+        let message = error(&stamped.replace(
+            "signed_content = \"{timestamp}.{body}\"\ntimestamp_header = \"X-Time\"\n",
+            "",
+        ));
+        assert!(message.contains("timestamp_header"), "{message}");
+    }
+
+    #[test]
+    fn a_zero_window_or_tolerance_is_refused() {
+        let source = "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n";
+        for (text, key) in [
+            (
+                "[retention]\nwindow = \"0s\"\n".to_owned(),
+                "retention.window: ",
+            ),
+            (
+                format!("{source}retention = \"0s\"\n"),
+                "sources.s.retention: ",
+            ),
+            (
+                format!("{source}tolerance = \"0s\"\n"),
+                "sources.s.tolerance: ",
+            ),
+        ] {
+            let message = error(&text);
+            assert!(
+                message.starts_with(key) && message.contains("longer than 0s"),
+                "{key} <- {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_window_whose_cutoff_no_store_holds_is_refused() {
+        let source = "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n";
+        for long in ["10000y", "100000000y"] {
+            for (text, key) in [
+                (
+                    format!("[retention]\nwindow = \"{long}\"\n"),
+                    "retention.window: ",
+                ),
+                (
+                    format!("{source}retention = \"{long}\"\n"),
+                    "sources.s.retention: ",
+                ),
+            ] {
+                let message = error(&text);
+                assert!(
+                    message.starts_with(key) && message.contains("too far in the past"),
+                    "{key} <- {message}"
+                );
+            }
+        }
+        // Long, but a time PostgreSQL holds: a way to keep everything.
+        let config = Config::parse(
+            &format!("[retention]\nwindow = \"1000y\"\n{source}retention = \"1000y\"\n"),
+            &no_env,
+        )
+        .expect("valid");
+        assert!(config.sources[0].retention.is_some());
+        assert!(parse_older_than("10000y")
+            .expect_err("too long")
+            .contains("too far in the past"));
+        assert_eq!(parse_older_than("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_secret_given_with_the_wrong_type_is_not_echoed() {
+        let source = "[sources.s]\nscheme = \"stripe\"\n";
+        let target = format!("{source}secrets = [\"x\"]\n[sources.s.forward]\n");
+        for (text, key) in [
+            (
+                format!("{source}secrets = \"whsec_TOPSECRET1\"\n"),
+                "sources.s.secrets:",
+            ),
+            (
+                format!(
+                    "{target}url = \"http://a\"\nsecret = 5\nsecret_env = \"whsec_TOPSECRET1\"\n"
+                ),
+                "sources.s.forward.secret:",
+            ),
+            (
+                format!("{source}secrets = [\"x\"]\nforward = \"amqp://guest:TOPSECRET1@mq/\"\n"),
+                "sources.s.forward:",
+            ),
+            (
+                "database = \"postgres://u:TOPSECRET1@h/db\"\n".to_owned(),
+                "database: invalid type: string, expected a table",
+            ),
+            (
+                "[database]\npool_size = \"postgres://u:TOPSECRET1@h/db\"\n".to_owned(),
+                "database.pool_size:",
+            ),
+            (
+                "[server]\nlisten = [\"x\", \"TOP\\\"SECRET1\"]\n".to_owned(),
+                "server.listen:",
+            ),
+        ] {
+            let message = error(&text);
+            assert!(message.starts_with(key), "{key} <- {message}");
+            assert!(message.contains("invalid type"), "{message}");
+            assert!(!message.contains("TOPSECRET1"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_secret_under_an_env_key_is_not_echoed_as_a_variable_name() {
+        let stripe = "[sources.s]\nscheme = \"stripe\"\n";
+        let target = format!("{stripe}secrets = [\"x\"]\n[sources.s.forward]\n");
+        for (text, key) in [
+            (format!("{stripe}secrets_env = \"whsec_TOPSECRET1\"\n"), "sources.s.secrets_env:"),
+            (
+                format!("{target}url = \"http://a\"\nsecret_env = \"whsec_TOPSECRET1\"\n"),
+                "sources.s.forward.secret_env:",
+            ),
+            (
+                format!("{target}url_env = \"amqp://guest:TOPSECRET1@mq/\"\nexchange = \"x\"\n"),
+                "sources.s.forward.url_env:",
+            ),
+            (
+                "[sources.s]\nscheme = \"adyen\"\nsecrets = [\"00\"]\nbasic_auth_env = \"u:TOPSECRET1\"\n"
+                    .to_owned(),
+                "sources.s.basic_auth_env:",
+            ),
+            (
+                "[sources.s]\nscheme = \"meta\"\nsecrets = [\"x\"]\nverify_token_env = \"TOPSECRET1-tok\"\n"
+                    .to_owned(),
+                "sources.s.verify_token_env:",
+            ),
+            (
+                "[sources.s]\nscheme = \"discord\"\npublic_keys_env = \"TOPSECRET1 \"\n".to_owned(),
+                "sources.s.public_keys_env:",
+            ),
+        ] {
+            let message = error(&text);
+            assert!(message.starts_with(key), "{key} <- {message}");
+            assert!(message.contains("not set"), "{message}");
+            assert!(!message.contains("TOPSECRET1"), "{message}");
+        }
+        let config = Config::parse("[admin]\ntoken_env = \"tok-TOPSECRET1\"\n", &no_env)
+            .expect("valid for the other commands");
+        let message = config.check_admin_token().expect_err("unset").0;
+        assert!(!message.contains("TOPSECRET1"), "{message}");
+        // A name written like one is shown, to say which variable to set.
+        let message = error(&format!("{stripe}secrets_env = \"HOOKBOX_TEST_UNSET_1\"\n"));
+        assert!(
+            message.contains("HOOKBOX_TEST_UNSET_1 is not set"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_syntax_error_says_where_without_quoting_the_line() {
+        let source = "[sources.s]\nscheme = \"stripe\"\n";
+        for (text, at) in [
+            (
+                format!("{source}secrets = [\"whsec_TOPSECRET1\n"),
+                "line 3, column ",
+            ),
+            (
+                format!("{source}secrets = [whsec_TOPSECRET1]\n"),
+                "line 3, column 12: sources.s.secrets: not valid TOML",
+            ),
+            (
+                format!("{source}secrets = [\"whsec_TOPSECRET1\" \"x\"]\n"),
+                "line 3, column ",
+            ),
+            (
+                format!("{source}secrets = 'whsec_TOPSECRET1\n"),
+                "line 3, column ",
+            ),
+            (
+                format!("{source}secrets = [\"whsec_TOPSECRET1\"] trailing\n"),
+                "line 3, column ",
+            ),
+            (
+                format!("{source}secrets = [\"a\"]\nsecrets = [\"whsec_TOPSECRET1\"]\n"),
+                "line 4, column 1: sources.s.secrets: not valid TOML: duplicate key",
+            ),
+            (
+                "[database]\nurl = \"postgres://u:TOPSECRET1@h/db\nx\n".to_owned(),
+                "line ",
+            ),
+            (
+                "[sources.s.forward]\nurl = \"amqp://guest:TOPSECRET1@mq/\\q\"\n".to_owned(),
+                "line 2, column ",
+            ),
+        ] {
+            let message = error(&text);
+            assert!(message.starts_with(at), "{at} <- {message}");
+            assert!(message.contains("not valid TOML"), "{message}");
+            assert!(!message.contains("TOPSECRET1"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
     }
 
     #[test]

@@ -51,6 +51,26 @@ pub fn database_url(url: &str) -> String {
     shown
 }
 
+/// The name of an environment variable a `*_env` key names, as an error may show it: as written
+/// when it is written like a variable name (`A-Z`, `0-9`, `_`, not starting with a digit);
+/// otherwise not at all. A `secrets_env = "whsec_..."` is a secret put under the wrong key, and
+/// the error saying that no such variable is set must not repeat it.
+pub fn variable_name(name: &str) -> String {
+    let conventional = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    if conventional {
+        name.to_owned()
+    } else {
+        "named there (its name is not shown: it is not written like one, in A-Z 0-9 _, and may \
+         be a secret under the wrong key)"
+            .to_owned()
+    }
+}
+
 /// A forward target's `url` as it may be shown: see [`database_url`]; a `nats://` URL's token
 /// (a userinfo with no password) is masked too.
 pub fn target_url(url: &str) -> String {

@@ -104,11 +104,14 @@ impl Report {
     }
 }
 
+/// Events received before this go. The config refuses a window whose cutoff a store cannot
+/// hold; one built here anyway stops at 1970, before which nothing is stored, so the pass
+/// removes what it should and never asks PostgreSQL for a time outside its range.
 fn cutoff(target: &Target, now: DateTime<Utc>) -> DateTime<Utc> {
     chrono::Duration::from_std(target.older_than)
         .ok()
         .and_then(|window| now.checked_sub_signed(window))
-        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+        .map_or(DateTime::UNIX_EPOCH, crate::config::no_earlier_than_1970)
 }
 
 /// One purge pass. `None` when another instance holds the purge lock (nothing was done).

@@ -57,6 +57,7 @@ impl Application {
     /// address; with port 0, a free port is picked (tests do this).
     pub fn build(config: Config, handlers: Handlers) -> anyhow::Result<Application> {
         config.check_admin_token()?;
+        config.check_listen()?;
         let sources = state::sources(&config, &handlers)?;
         let pool = open_database(&config, &handlers)?;
         let state = web::Data::new(AppState::new(&config, sources, pool));

@@ -62,7 +62,10 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
             Err(_) => {
                 return Err(ProviderError::at(
                     "basic_auth_env",
-                    format!("the environment variable {var} is not set"),
+                    format!(
+                        "the environment variable {} is not set",
+                        crate::redact::variable_name(var)
+                    ),
                 ))
             }
         },
@@ -238,6 +241,11 @@ impl Adyen {
 impl Provider for Adyen {
     fn scheme(&self) -> &'static str {
         "adyen"
+    }
+
+    /// It signs no timestamp: a `tolerance` would go unused.
+    fn checks_timestamp(&self) -> bool {
+        false
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {

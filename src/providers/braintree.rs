@@ -66,6 +66,11 @@ impl Provider for Braintree {
         "braintree"
     }
 
+    /// It signs no timestamp: a `tolerance` would go unused.
+    fn checks_timestamp(&self) -> bool {
+        false
+    }
+
     fn verify(&self, _headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
         let signature = only_field(body, SIGNATURE).ok_or(SignatureError::Invalid)?;
         let payload = only_field(body, PAYLOAD).ok_or(SignatureError::Invalid)?;

@@ -366,6 +366,11 @@ impl super::Provider for HeaderSignedSource {
         self.rules.scheme
     }
 
+    /// It signs no timestamp: a `tolerance` would go unused.
+    fn checks_timestamp(&self) -> bool {
+        false
+    }
+
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
         self.rules.mac.verify(&self.keys, headers, &[body])
     }

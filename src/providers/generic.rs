@@ -688,6 +688,11 @@ impl Provider for Hmac {
         self.scheme
     }
 
+    /// Only with a `timestamp_header`: `hmac-sha256` never has one.
+    fn checks_timestamp(&self) -> bool {
+        self.rule.timestamp_header.is_some()
+    }
+
     /// The MAC first, then the timestamp, so nothing about the clock is learnt without a valid
     /// signature.
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {

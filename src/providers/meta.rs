@@ -57,7 +57,10 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
             .ok_or_else(|| {
                 ProviderError::at(
                     "verify_token_env",
-                    format!("the environment variable {var} is not set (or is empty)"),
+                    format!(
+                        "the environment variable {} is not set (or is empty)",
+                        crate::redact::variable_name(var)
+                    ),
                 )
             })?,
         // Named alone (`send --scheme meta`): signing needs no verify token.
@@ -130,6 +133,11 @@ impl Meta {
 impl Provider for Meta {
     fn scheme(&self) -> &'static str {
         "meta"
+    }
+
+    /// It signs no timestamp: a `tolerance` would go unused.
+    fn checks_timestamp(&self) -> bool {
+        false
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {

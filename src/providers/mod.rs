@@ -252,6 +252,15 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// Whether the body must parse as JSON for the event to be found (its id is in the body).
     fn needs_json(&self) -> bool;
 
+    /// Whether [`verify`](Provider::verify) judges a signed timestamp against the source's
+    /// tolerance, as the source is configured (`hmac` only with a `timestamp_header`). A source
+    /// that sets `tolerance` for a provider that checks no timestamp is a config error naming
+    /// the key, as any key a scheme does not use is. By default it does, so that a provider of
+    /// one's own keeps taking `tolerance`; a built-in provider that signs no time says so.
+    fn checks_timestamp(&self) -> bool {
+        true
+    }
+
     /// Finds the event id and type where the provider puts them. `json` is the parsed body when
     /// it parsed. Values that are JSON strings are taken as is; JSON integers are rendered as
     /// decimal strings; anything else counts as absent. Header values that are not UTF-8 count
@@ -581,7 +590,10 @@ impl Settings<'_> {
                 Err(_) => {
                     return Err(ProviderError::at(
                         "public_keys_env",
-                        format!("the environment variable {var} is not set"),
+                        format!(
+                            "the environment variable {} is not set",
+                            crate::redact::variable_name(var)
+                        ),
                     ))
                 }
             },

@@ -48,6 +48,11 @@ impl Provider for Mollie {
         "mollie"
     }
 
+    /// It signs no timestamp: a `tolerance` would go unused.
+    fn checks_timestamp(&self) -> bool {
+        false
+    }
+
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {
         matched(any_matches(
             self.keys.all(),

@@ -58,6 +58,11 @@ impl Provider for Twilio {
         "twilio"
     }
 
+    /// It signs no timestamp: a `tolerance` would go unused.
+    fn checks_timestamp(&self) -> bool {
+        false
+    }
+
     /// Checks as if the request's query were the one of `public_url`; the server passes the
     /// request's own query through [`receive`](Provider::receive).
     fn verify(&self, headers: &dyn Headers, body: &[u8], _now: i64) -> Result<(), SignatureError> {

@@ -159,3 +159,121 @@ fn an_unreachable_database_is_exit_1_with_what_to_check() {
         "{stderr}"
     );
 }
+
+/// `hookbox serve` with `config` and its events in an SQLite file of a directory of its own:
+/// (exit code, stderr, whether the database file was made, which is the migrations' first step).
+fn serve_in_scratch(config: &str, env: &[(&str, &str)]) -> (i32, String, bool) {
+    let dir = TempDir::new();
+    let db = dir.0.join("hookbox.db");
+    let url = format!("sqlite://{}", db.display());
+    let file = TempFile::new(config);
+    let mut env = env.to_vec();
+    env.push(("DATABASE_URL", &url));
+    let (code, _stdout, stderr) = run_hookbox(&["serve", "--config", &file.path()], &env);
+    (code, stderr, db.exists())
+}
+
+#[test]
+fn a_bad_listen_address_exits_2_naming_the_key_before_the_migrations() {
+    for listen in ["nohost", "127.0.0.1:99999", "", "nohost.invalid:8080"] {
+        let (code, stderr, migrated) =
+            serve_in_scratch(&format!("[server]\nlisten = {listen:?}\n"), &[]);
+        assert_eq!(code, 2, "{listen:?}: {stderr}");
+        assert!(stderr.contains("server.listen: "), "{listen:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(!migrated, "{listen:?}: nothing ran before the refusal");
+    }
+    let (code, stderr, migrated) = serve_in_scratch(
+        "[server]\nlisten = \"127.0.0.1:0\"\n",
+        &[("HOOKBOX_LISTEN", "garbage")],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("HOOKBOX_LISTEN: "), "{stderr}");
+    assert!(!migrated);
+}
+
+#[test]
+fn a_listen_port_already_taken_is_a_runtime_failure() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = taken.local_addr().expect("its address").port();
+    let (code, stderr, _) =
+        serve_in_scratch("", &[("HOOKBOX_LISTEN", &format!("127.0.0.1:{port}"))]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+}
+
+#[test]
+fn a_key_a_scheme_does_not_use_or_a_window_no_store_holds_exits_2() {
+    // Held, so that a config wrongly accepted fails to listen (exit 1) rather than serve on.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = taken.local_addr().expect("its address").port();
+    let server = format!("[server]\nlisten = \"127.0.0.1:{port}\"\n");
+    let source = |scheme: &str, extra: &str| {
+        format!("{server}[sources.s]\nscheme = \"{scheme}\"\nsecrets = [\"whsec_x\"]\n{extra}")
+    };
+    for (config, key) in [
+        (
+            source("github", "tolerance = \"1m\"\n"),
+            "sources.s.tolerance",
+        ),
+        (
+            source("shopify", "tolerance = \"1m\"\n"),
+            "sources.s.tolerance",
+        ),
+        (
+            source("gitlab", "tolerance = \"1m\"\n"),
+            "sources.s.tolerance",
+        ),
+        (
+            source(
+                "hmac-sha256",
+                "signature_header = \"X-Sig\"\nevent_id = \"header:X-Id\"\ntolerance = \"1m\"\n",
+            ),
+            "sources.s.tolerance",
+        ),
+        (
+            source("stripe", "tolerance = \"0s\"\n"),
+            "sources.s.tolerance",
+        ),
+        (
+            source("stripe", "retention = \"0s\"\n"),
+            "sources.s.retention",
+        ),
+        (
+            source("stripe", "retention = \"10000y\"\n"),
+            "sources.s.retention",
+        ),
+        (
+            format!("{server}[retention]\nwindow = \"0s\"\n"),
+            "retention.window",
+        ),
+        (
+            format!("{server}[retention]\nwindow = \"10000y\"\n"),
+            "retention.window",
+        ),
+    ] {
+        let (code, stderr, migrated) = serve_in_scratch(&config, &[]);
+        assert_eq!(code, 2, "{config:?}: {stderr}");
+        assert!(
+            stderr.contains(key),
+            "{config:?} should name {key}: {stderr}"
+        );
+        assert!(!migrated, "{config:?}");
+    }
+}
+
+#[test]
+fn no_secret_shows_in_a_config_error() {
+    for config in [
+        "[sources.s]\nscheme = \"stripe\"\nsecrets = \"whsec_TOPSECRET1\"\n",
+        "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_TOPSECRET1\n",
+        "[sources.s]\nscheme = \"stripe\"\nsecrets = [whsec_TOPSECRET1]\n",
+        "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\nforward = \"amqp://guest:TOPSECRET1@mq/\"\n",
+        "[database]\nurl = \"postgres://u:TOPSECRET1@h/db\"\npool_size = \"postgres://u:TOPSECRET1@h/db\"\n",
+    ] {
+        let (code, stderr) = serve_with(config);
+        assert_eq!(code, 2, "{config:?}: {stderr}");
+        assert!(stderr.contains(".toml: "), "the file is named: {stderr}");
+        assert!(!stderr.contains("TOPSECRET1"), "{stderr}");
+    }
+}

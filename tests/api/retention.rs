@@ -174,6 +174,21 @@ fn a_nonsense_older_than_is_exit_2_with_a_clear_message() {
     );
 }
 
+#[test]
+fn an_older_than_too_far_back_is_exit_2_naming_the_flag() {
+    let dir = TempDir::new();
+    let url = format!("sqlite://{}", dir.0.join("hookbox.db").display());
+    let (code, _, stderr) = run_hookbox(
+        &["purge", "--older-than", "10000y", "--dry-run"],
+        &[("DATABASE_URL", &url)],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--older-than") && stderr.contains("too far in the past"),
+        "{stderr}"
+    );
+}
+
 #[actix_web::test]
 async fn a_large_purge_runs_in_batches_while_deliveries_keep_being_answered() {
     // Enough rows that the purge takes a good while even on a fast disk, so "waited for the
