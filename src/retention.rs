@@ -237,3 +237,29 @@ pub fn purge_logged(
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cutoff_never_falls_before_1970() {
+        let now = Utc::now();
+        let target = |older_than: Duration| Target {
+            source: None,
+            older_than,
+        };
+        let hour = cutoff(&target(Duration::from_secs(3600)), now);
+        assert_eq!(now - hour, chrono::Duration::hours(1));
+        // Past what PostgreSQL holds, or what chrono can subtract: 1970, before which nothing
+        // is stored, rather than a time the store refuses.
+        for years in [100, 10_000, 100_000_000] {
+            let window = Duration::from_secs(years * 366 * 24 * 3600);
+            assert_eq!(
+                cutoff(&target(window), now),
+                DateTime::<Utc>::UNIX_EPOCH,
+                "{years} years"
+            );
+        }
+    }
+}
