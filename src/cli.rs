@@ -70,8 +70,9 @@ enum Command {
     /// Takes NDJSON captures (from `hookbox export`), plain .json files holding one body each
     /// (with --source), or directories of them. Each delivery is posted to
     /// {to}/webhooks/{source} and signed with the first secret of its source in the config (or
-    /// --scheme and --secret), under its captured event id and type; --as-is sends the captured
-    /// headers unchanged instead. A receiver that processed an event before answers with its
+    /// --scheme and --secret; or --secret alone, each line signed by the scheme its captured
+    /// signature headers show), under its captured event id and type; --as-is sends the
+    /// captured headers unchanged instead. A receiver that processed an event before answers with its
     /// stored response, so replaying twice is safe.
     ///
     /// Prints a summary (sent, processed, replayed, rejected by error code, failed, latency
@@ -140,8 +141,11 @@ struct KeyArgs {
     /// github, shopify, slack, discord, ... (hmac, hmac-sha256 and paypal need a config)
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<String>,
-    /// The secret to sign with, with --scheme
-    #[arg(long, value_name = "SECRET", requires = "scheme")]
+    /// The secret to sign with, with --scheme. For replay, --secret alone signs each capture
+    /// line with the scheme its kept headers show (stripe-signature: stripe, webhook-signature:
+    /// standard, x-hub-signature-256 with x-github-delivery: github, ...); a line they do not
+    /// tell, and a .json body file, need --scheme
+    #[arg(long, value_name = "SECRET")]
     secret: Option<String>,
     /// The PEM private key to sign with, for a scheme that signs with one (paypal and sns:
     /// RSA; sendgrid: P-256, PKCS#8 or SEC1; discord and standard's v1a: Ed25519, PKCS#8)
@@ -370,7 +374,9 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
 }
 
 /// The signer `--config` or `--scheme`/`--secret` describe, with `--key` and `--cert-url`.
-fn signer(keys: KeyArgs) -> Result<Signer, Exit> {
+/// `--secret` alone is refused unless `detect` (replay, whose capture lines' headers tell each
+/// line's scheme).
+fn signer(keys: KeyArgs, detect: bool) -> Result<Signer, Exit> {
     let key_pem = match &keys.key {
         None => None,
         Some(path) => Some(Secret::new(std::fs::read_to_string(path).map_err(|e| {
@@ -388,6 +394,10 @@ fn signer(keys: KeyArgs) -> Result<Signer, Exit> {
         (Some(scheme), secret) => {
             Signer::from_flags(&scheme, secret.map(Secret::new), &signing).map_err(usage)
         }
+        (None, Some(secret)) if detect => Ok(Signer::detecting(Secret::new(secret), &signing)),
+        (None, Some(_)) => Err(usage(
+            "--secret needs --scheme NAME: the scheme to sign the body with",
+        )),
         (None, _) => {
             let config = load(keys.config.as_deref())?;
             Signer::from_config(&config, &signing).map_err(usage)
@@ -416,10 +426,16 @@ fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
             "--as-is sends captured headers, and a .json body file has none: leave --as-is out to sign it",
         ));
     }
+    if body_files && args.keys.secret.is_some() && args.keys.scheme.is_none() {
+        return Err(usage(
+            "a .json body file has no headers to tell its scheme by: add --scheme NAME to \
+             --secret (or give --config FILE)",
+        ));
+    }
     let mode = if args.as_is {
         Mode::AsIs
     } else {
-        Mode::Resign(signer(args.keys)?)
+        Mode::Resign(signer(args.keys, true)?)
     };
     let options = ReplayOptions {
         to,
@@ -456,7 +472,7 @@ fn send(args: SendArgs) -> Result<ExitCode, Exit> {
     let options = SendOptions {
         to,
         source: args.source,
-        signer: signer(args.keys)?,
+        signer: signer(args.keys, false)?,
         event_id: args.event_id,
         event_type: args.event_type,
         body,

@@ -421,6 +421,37 @@ pub fn receive_verified<P: Provider + ?Sized>(
     }))
 }
 
+/// Whether a capture line looks like one of `provider`'s deliveries: it kept at least one
+/// header besides `content-type`, every one of them is a header the provider keeps, and the
+/// provider finds the line's event id in those headers and the body. A capture keeps only its
+/// scheme's headers, so this is how `replay --secret` tells a line's scheme without `--scheme`,
+/// from each provider's own [`kept_headers`](Provider::kept_headers) and
+/// [`identify_body`](Provider::identify_body) rather than a list of its own; the id tells apart
+/// schemes that share a signature header (GitHub and Meta, `X-Hub-Signature-256`).
+pub fn fits_capture(
+    provider: &dyn Provider,
+    headers: &[(String, String)],
+    body: &[u8],
+    event_id: &str,
+) -> bool {
+    let kept = provider.kept_headers();
+    let mut named = headers
+        .iter()
+        .map(|(name, _)| name.to_ascii_lowercase())
+        .filter(|name| name != "content-type")
+        .peekable();
+    if named.peek().is_none() || !named.all(|name| kept.contains(&name)) {
+        return false;
+    }
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    // A slice cannot stand in as `&dyn Headers`; only the few that passed the names get here.
+    let headers = headers.to_vec();
+    provider
+        .identify_body(&headers, body, json.as_ref())
+        .event_id
+        .is_some_and(|id| id == event_id)
+}
+
 /// A derived event id: `sha256:` and the lowercase hex SHA-256 of `bytes`. A redelivery of the
 /// same bytes gets the same id, and so is a replay.
 pub fn body_hash_id(bytes: &[u8]) -> String {
@@ -719,6 +750,15 @@ impl Registry {
         self.entries.retain(|(known, _)| *known != name);
         self.entries.push((name, build));
         self
+    }
+
+    /// Every scheme, named alone (as `--scheme` names one), in the registry's order.
+    pub fn schemes(&self) -> impl Iterator<Item = Scheme> + '_ {
+        self.entries.iter().map(|(name, build)| Scheme {
+            name,
+            build: *build,
+            table: None,
+        })
     }
 
     /// Every scheme's name, comma-separated, for messages that list the choices.

@@ -150,18 +150,29 @@ enum Done {
 
 /// Checks, before anything is sent, that every delivery's headers can go out as HTTP: a
 /// captured header (or an event id or type that a scheme sends in one) holding a CR or LF is a
-/// bad input to fix, not a network failure to retry. It reads the inputs once more, one entry
+/// bad input to fix, not a network failure to retry. With `--secret` alone, so is a line whose
+/// scheme its headers do not show. It reads the inputs once more, one entry
 /// at a time.
 ///
 /// # Errors
 /// The first delivery that cannot be sent, with its file and line.
 pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
     for entry in Entries::new(files.to_vec()) {
-        if let Job::Send(pending) = job(entry, options) {
-            for (name, value) in &pending.request(unix_now()).headers {
-                client::header_pair(name, value)
-                    .map_err(|e| format!("{}: {e}; nothing was sent", pending.origin.place()))?;
+        match job(entry, options) {
+            Job::Send(pending) => {
+                for (name, value) in &pending.request(unix_now()).headers {
+                    client::header_pair(name, value).map_err(|e| {
+                        format!("{}: {e}; nothing was sent", pending.origin.place())
+                    })?;
+                }
             }
+            // `--secret` without `--scheme` on a line whose scheme its headers do not show,
+            // or whose scheme cannot use the secret: the command line must change, for every
+            // line alike, so nothing is sent.
+            Job::Fail(origin, "unknown_scheme" | "unusable_secret", message) => {
+                return Err(format!("{}: {message}; nothing was sent", origin.place()));
+            }
+            Job::Skip | Job::Fail(..) => {}
         }
     }
     Ok(())
@@ -336,17 +347,24 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
                         })
                         .collect(),
                 ),
-                Mode::Resign(signer) => match signer.for_source(&line.source) {
-                    Ok(verifier) => Headers::Sign {
-                        verifier,
-                        identity: Identity {
-                            event_id: Some(line.event_id),
-                            event_type: line.event_type,
+                Mode::Resign(signer) => {
+                    let captured: Vec<(String, String)> = line
+                        .headers
+                        .iter()
+                        .map(|(name, value)| (name.clone(), value.clone()))
+                        .collect();
+                    match signer.for_capture(&line.source, &captured, &line.body, &line.event_id) {
+                        Ok(verifier) => Headers::Sign {
+                            verifier,
+                            identity: Identity {
+                                event_id: Some(line.event_id),
+                                event_type: line.event_type,
+                            },
+                            content_type: line.headers.get("content-type").cloned(),
                         },
-                        content_type: line.headers.get("content-type").cloned(),
-                    },
-                    Err(message) => return Job::Fail(origin, "source_not_configured", message),
-                },
+                        Err((code, message)) => return Job::Fail(origin, code, message),
+                    }
+                }
             };
             Job::Send(Pending {
                 url: options.to.url_for(&line.source),

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::providers::{Identity, Provider, Scheme, Signed, Signing};
+use crate::providers::{
+    self, Identity, Provider, ProviderError, Registry, Scheme, Signed, Signing,
+};
 use crate::secret::Secret;
 
 /// A provider that signs: its first key is the one used.
@@ -22,7 +24,28 @@ pub enum Signer {
     Config(HashMap<String, Result<Verifier, String>>),
     /// From `--scheme` and `--secret`: the same for whatever source a delivery names.
     Flags(Verifier),
+    /// From `--secret` alone (`replay`): each capture line is signed by the scheme its kept
+    /// headers show (see [`providers::fits_capture`]), with that secret.
+    Detect(Vec<Detectable>),
 }
+
+/// A built-in scheme `replay --secret` may find a capture line to be.
+#[derive(Debug)]
+pub struct Detectable {
+    scheme: &'static str,
+    /// The scheme built with a stand-in secret, to ask what it keeps and where its id lives,
+    /// even when the given secret is not one it can use.
+    probe: Verifier,
+    /// The scheme with the given secret, or why it cannot sign with it.
+    signer: Result<Verifier, String>,
+}
+
+/// A secret every scheme that signs with a shared secret accepts (Standard Webhooks' wants
+/// base64 after `whsec_`); it only ever tells a scheme's headers, and signs nothing.
+const PROBE_SECRET: &str = "whsec_AAECAwQFBgcICQoLDA0ODw==";
+
+/// Why a delivery cannot be signed: the tool's error code and one line.
+pub type Unsigned = (&'static str, String);
 
 impl Signer {
     /// A signer for every source in `config`, each with its first secret: that is the secret
@@ -79,28 +102,112 @@ impl Signer {
         scheme
             .build_signer(secret.as_slice(), Duration::ZERO, signing)
             .map(Signer::Flags)
-            .map_err(|e| match e.key.as_str() {
-                "secrets" if secret_given => format!("--secret: {}", e.problem),
-                "secrets" => format!(
-                    "--scheme: {name} signs with a secret: give --secret ({})",
-                    e.problem
-                ),
-                flag if flag.starts_with("--") => e.to_string(),
-                key => format!(
-                    "--scheme: {name} signs with its source's {key}, which only a config has: \
-                     give --config instead ({})",
-                    e.problem
-                ),
+            .map_err(|e| flag_error(name, secret_given, &e))
+    }
+
+    /// A signer from `--secret` without `--scheme`, for `replay`: every built-in scheme that
+    /// can be built without a config, each capture line signed by the one its headers show.
+    pub fn detecting(secret: Secret, signing: &Signing) -> Signer {
+        let probe = [Secret::new(PROBE_SECRET)];
+        let given = [secret];
+        let schemes = Registry::builtin()
+            .schemes()
+            .filter_map(|scheme| {
+                let signer = scheme
+                    .build_signer(&given, Duration::ZERO, signing)
+                    .map_err(|e| flag_error(scheme.name(), true, &e));
+                let probe = match &signer {
+                    Ok(verifier) => Arc::clone(verifier),
+                    // A scheme that needs more than a secret (a config's keys, a --key) is
+                    // never one a line can be signed with here, so it is never a candidate.
+                    Err(_) => scheme.build_signer(&probe, Duration::ZERO, signing).ok()?,
+                };
+                Some(Detectable {
+                    scheme: scheme.name(),
+                    probe,
+                    signer,
+                })
             })
+            .collect();
+        Signer::Detect(schemes)
+    }
+
+    /// The verifier that signs a capture line of `source` with these kept headers, body and
+    /// event id: the source's (as [`Signer::for_source`]), or with `--secret` alone the
+    /// scheme the headers show.
+    ///
+    /// # Errors
+    /// `source_not_configured` as [`Signer::for_source`]; `unknown_scheme` when the headers
+    /// show no one scheme; `unusable_secret` when the scheme they show cannot use the secret.
+    pub fn for_capture(
+        &self,
+        source: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        event_id: &str,
+    ) -> Result<&Verifier, Unsigned> {
+        let Signer::Detect(schemes) = self else {
+            return self
+                .for_source(source)
+                .map_err(|why| ("source_not_configured", why));
+        };
+        let fits: Vec<&Detectable> = schemes
+            .iter()
+            .filter(|s| providers::fits_capture(s.probe.as_ref(), headers, body, event_id))
+            .collect();
+        match fits.as_slice() {
+            [one] => one.signer.as_ref().map_err(|why| {
+                (
+                    "unusable_secret",
+                    format!("a {} delivery, but {why}", one.scheme),
+                )
+            }),
+            [] => {
+                let named: Vec<&str> = headers
+                    .iter()
+                    .map(|(name, _)| name.as_str())
+                    .filter(|name| !name.eq_ignore_ascii_case("content-type"))
+                    .collect();
+                let kept = if named.is_empty() {
+                    "it kept no signature header".to_owned()
+                } else {
+                    format!("its headers ({}) are no one scheme's", named.join(", "))
+                };
+                Err((
+                    "unknown_scheme",
+                    format!(
+                        "cannot tell which scheme signs this {source} delivery ({kept}): add \
+                         --scheme NAME (or give --config FILE)"
+                    ),
+                ))
+            }
+            several => {
+                let names: Vec<&str> = several.iter().map(|s| s.scheme).collect();
+                Err((
+                    "unknown_scheme",
+                    format!(
+                        "this {source} delivery's headers fit several schemes ({}): add \
+                         --scheme NAME (or give --config FILE)",
+                        names.join(", ")
+                    ),
+                ))
+            }
+        }
     }
 
     /// The verifier that signs `source`'s deliveries.
     ///
     /// # Errors
-    /// The config has no such source.
+    /// The config has no such source; `--secret` without `--scheme`, which can sign only
+    /// capture lines ([`Signer::for_capture`]).
     pub fn for_source(&self, source: &str) -> Result<&Verifier, String> {
         match self {
             Signer::Flags(verifier) => Ok(verifier),
+            Signer::Detect(_) => Err(
+                "--secret without --scheme signs only capture lines, whose headers tell the \
+                 scheme: add --scheme NAME"
+                    .to_owned(),
+            ),
             Signer::Config(verifiers) => match verifiers.get(source) {
                 Some(Ok(verifier)) => Ok(verifier),
                 Some(Err(why)) => Err(why.clone()),
@@ -110,6 +217,23 @@ impl Signer {
                 )),
             },
         }
+    }
+}
+
+/// What `--scheme NAME` with or without `--secret` has wrong, as the flags name it.
+fn flag_error(name: &str, secret_given: bool, e: &ProviderError) -> String {
+    match e.key.as_str() {
+        "secrets" if secret_given => format!("--secret: {}", e.problem),
+        "secrets" => format!(
+            "--scheme: {name} signs with a secret: give --secret ({})",
+            e.problem
+        ),
+        flag if flag.starts_with("--") => e.to_string(),
+        key => format!(
+            "--scheme: {name} signs with its source's {key}, which only a config has: \
+             give --config instead ({})",
+            e.problem
+        ),
     }
 }
 

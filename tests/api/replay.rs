@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use hookbox::Handlers;
 use serde_json::{json, Value};
 
 use crate::helpers::*;
@@ -711,4 +712,125 @@ async fn a_closed_stdout_ends_the_printing_quietly_not_in_a_panic() {
         3,
         "the real run sent all three; the dry run none"
     );
+}
+
+/// Sources of four schemes that share one secret, so `--secret` alone can sign for them all;
+/// `gh` (GitHub) and `wa` (Meta) both sign with `X-Hub-Signature-256`.
+const SHARED_SECRET_SOURCES: &str = r#"
+[sources.pay]
+scheme = "stripe"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+
+[sources.gh]
+scheme = "github"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+
+[sources.wa]
+scheme = "meta"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+verify_token = "vt"
+"#;
+
+#[actix_web::test]
+async fn secret_alone_signs_each_exported_line_with_the_scheme_its_headers_show() {
+    let app = TestApp::spawn_with(SHARED_SECRET_SOURCES, Handlers::default()).await;
+    let config = TempFile::new(&config_text(&app.db.url, SHARED_SECRET_SOURCES));
+    for (source, body) in [
+        ("standard", sample_body("standard", "")),
+        (
+            "pay",
+            stripe_event(&unique_id("evt"), "charge.succeeded", 1),
+        ),
+        ("gh", sample_body("github", "")),
+        (
+            "wa",
+            r#"{"object":"whatsapp_business_account","entry":[]}"#.to_owned(),
+        ),
+    ] {
+        let answer = app
+            .send(&app.delivery(source, &body, &unique_id(source)))
+            .await;
+        assert_eq!(answer.status, 200, "{source}: {}", answer.text());
+    }
+    let exported = TempFile::with_extension(b"", "ndjson");
+    let (code, _, stderr) = run_hookbox_async(&[
+        "export",
+        "--config",
+        &config.path(),
+        "--out",
+        &exported.path(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+
+    let run = replay(&[
+        &exported.path(),
+        "--to",
+        &app.address,
+        "--secret",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    ])
+    .await;
+
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    // Every line re-signed by its own scheme, so each passed and was known as the event it was.
+    assert_eq!(
+        run.report["counts"],
+        counts(4, 0, 4, 0, 0),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(app.db.count("events"), 4);
+}
+
+#[actix_web::test]
+async fn secret_alone_on_a_line_whose_headers_tell_no_scheme_is_a_usage_error_naming_the_line() {
+    let (url, _, seen) = recorder();
+    let stripe = capture_line(
+        "stripe",
+        "evt_1",
+        Some("charge.succeeded"),
+        &[("stripe-signature".to_owned(), "t=1,v1=00".to_owned())],
+        r#"{"id":"evt_1","type":"charge.succeeded"}"#,
+    );
+    let acme = capture_line(
+        "acme",
+        "a-1",
+        Some("thing.happened"),
+        &[
+            ("x-acme-signature".to_owned(), "sha256=00".to_owned()),
+            ("x-acme-event-id".to_owned(), "a-1".to_owned()),
+        ],
+        r#"{"type":"thing.happened"}"#,
+    );
+    let file = capture(&[stripe, acme]);
+    let body = TempFile::with_extension(br#"{"id":"evt_2"}"#, "json");
+
+    for (args, says) in [
+        (
+            vec![file.path(), "--to".to_owned(), url.clone()],
+            format!("{}:2: ", file.path()),
+        ),
+        (
+            vec![
+                body.path(),
+                "--source".to_owned(),
+                "stripe".to_owned(),
+                "--to".to_owned(),
+                url.clone(),
+            ],
+            ".json body file".to_owned(),
+        ),
+    ] {
+        let mut all = vec!["replay"];
+        all.extend(args.iter().map(String::as_str));
+        all.extend(["--secret", "s3cret"]);
+        let (code, stdout, stderr) = run_hookbox_async(&all).await;
+        assert_eq!(code, 2, "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains(&says) && stderr.contains("add --scheme"),
+            "names the place and the fix: {stderr}"
+        );
+    }
+    assert_eq!(seen.lock().expect("seen lock").len(), 0, "nothing was sent");
 }
