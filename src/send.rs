@@ -66,7 +66,13 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         Some(&event_id),
         options.event_type.as_deref(),
     );
-    let signed = signing::signed(verifier, &options.body, unix_now(), &identity, None);
+    let signed = signing::signed(
+        verifier,
+        &options.body,
+        unix_now(),
+        &identity,
+        &signing::ContentType::Default,
+    );
     let request = Request {
         url: signing::with_query(
             &options.to.url_for(options.source.as_str()),

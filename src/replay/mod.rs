@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::capture::{Entries, Entry, InputFile, Item};
 use crate::ids::SourceName;
 use crate::providers::{unix_now, Identity};
-use signing::Verifier;
+use signing::{ContentType, Verifier};
 
 pub use client::Target;
 pub use pace::Rate;
@@ -92,7 +92,7 @@ enum Headers<'a> {
     Sign {
         verifier: &'a Verifier,
         identity: Identity,
-        content_type: Option<String>,
+        content_type: ContentType,
     },
 }
 
@@ -118,8 +118,7 @@ impl Pending<'_> {
                 identity,
                 content_type,
             } => {
-                let signed =
-                    signing::signed(verifier, &self.body, now, identity, content_type.as_deref());
+                let signed = signing::signed(verifier, &self.body, now, identity, content_type);
                 Request {
                     url: signing::with_query(&self.url, signed.query.as_deref()),
                     headers: signed.headers,
@@ -360,7 +359,9 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
                                 event_id: Some(line.event_id),
                                 event_type: line.event_type,
                             },
-                            content_type: line.headers.get("content-type").cloned(),
+                            content_type: ContentType::Captured(
+                                line.headers.get("content-type").cloned(),
+                            ),
                         },
                         Err((code, message)) => return Job::Fail(origin, code, message),
                     }
@@ -399,7 +400,7 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
                 headers: Headers::Sign {
                     verifier,
                     identity,
-                    content_type: None,
+                    content_type: ContentType::Default,
                 },
             })
         }

@@ -259,17 +259,28 @@ pub fn identity(
     }
 }
 
+/// The `Content-Type` a signed delivery goes out with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentType {
+    /// A capture line's: the one it kept, or none when it kept none (as the provider sent it),
+    /// unless the scheme rewrites the body in a format of its own (Braintree's form).
+    Captured(Option<String>),
+    /// A body of `send` or a `.json` body file: the scheme's own format where it has one,
+    /// else JSON.
+    Default,
+}
+
 /// `body` signed at `timestamp` (unix seconds) as the scheme sends it: its headers, with the id
-/// and type headers where the scheme has them, and `Content-Type` (the given one, else the
-/// scheme's, else JSON), the body (which a scheme that signs inside it rewrites) and the query
-/// the scheme puts on the URL. One stored item of a batch scheme (as `export` writes it) is sent
-/// as a delivery of one, wrapped as the provider would send it.
+/// and type headers where the scheme has them, and `Content-Type` as `content_type` says, the
+/// body (which a scheme that signs inside it rewrites) and the query the scheme puts on the
+/// URL. One stored item of a batch scheme (as `export` writes it) is sent as a delivery of one,
+/// wrapped as the provider would send it.
 pub fn signed(
     verifier: &Verifier,
     body: &[u8],
     timestamp: i64,
     identity: &Identity,
-    content_type: Option<&str>,
+    content_type: &ContentType,
 ) -> Signed {
     let body = verifier.as_delivery(body);
     let mut signed = verifier.sign_delivery(
@@ -278,12 +289,16 @@ pub fn signed(
         identity.event_id.as_deref().unwrap_or_default(),
         identity.event_type.as_deref(),
     );
-    let content_type = content_type
-        .or(signed.content_type)
-        .unwrap_or("application/json");
-    signed
-        .headers
-        .push(("Content-Type".to_owned(), content_type.to_owned()));
+    let content_type = match content_type {
+        ContentType::Captured(Some(captured)) => Some(captured.as_str()),
+        ContentType::Captured(None) => signed.content_type,
+        ContentType::Default => Some(signed.content_type.unwrap_or("application/json")),
+    };
+    if let Some(content_type) = content_type {
+        signed
+            .headers
+            .push(("Content-Type".to_owned(), content_type.to_owned()));
+    }
     signed
 }
 
@@ -333,7 +348,7 @@ mod tests {
         };
         let found = identity(&github, b"{}", Some("d-1"), Some("push"));
         assert_eq!(found.event_id.as_deref(), Some("d-1"));
-        let headers = signed(&github, b"{}", 0, &found, None).headers;
+        let headers = signed(&github, b"{}", 0, &found, &ContentType::Default).headers;
         assert!(headers.contains(&("X-GitHub-Delivery".to_owned(), "d-1".to_owned())));
         assert!(headers.contains(&("X-GitHub-Event".to_owned(), "push".to_owned())));
         assert!(headers.contains(&("Content-Type".to_owned(), "application/json".to_owned())));
@@ -347,8 +362,11 @@ mod tests {
         let found = identity(&stripe, body, Some("ignored"), None);
         assert_eq!(found.event_id.as_deref(), Some("evt_9"));
         assert_eq!(found.event_type.as_deref(), Some("charge.succeeded"));
-        let headers = signed(&stripe, body, 0, &found, Some("text/plain")).headers;
+        let captured = ContentType::Captured(Some("text/plain".to_owned()));
+        let headers = signed(&stripe, body, 0, &found, &captured).headers;
         assert_eq!(stripe.verify(&headers, body, 0), Ok(()));
         assert!(headers.contains(&("Content-Type".to_owned(), "text/plain".to_owned())));
+        let headers = signed(&stripe, body, 0, &found, &ContentType::Captured(None)).headers;
+        assert!(!headers.iter().any(|(name, _)| name == "Content-Type"));
     }
 }

@@ -105,7 +105,13 @@ fn signed(
         .unwrap_or_else(|e| panic!("{source} signs: {e}"));
     // The id given travels in `webhook-id`; Discord's is read from the body.
     let identity = signing::identity(verifier, body.as_bytes(), Some(event_id), None);
-    let signed = signing::signed(verifier, body.as_bytes(), at, &identity, None);
+    let signed = signing::signed(
+        verifier,
+        body.as_bytes(),
+        at,
+        &identity,
+        &signing::ContentType::Default,
+    );
     Delivery {
         source: source.to_owned(),
         headers: signed.headers,

@@ -55,7 +55,13 @@ fn signed_with(
         event_id: Some(event_id.to_owned()),
         event_type: None,
     };
-    let signed = signing::signed(verifier, body, unix_now(), &identity, None);
+    let signed = signing::signed(
+        verifier,
+        body,
+        unix_now(),
+        &identity,
+        &signing::ContentType::Default,
+    );
     Signed {
         source,
         query: signed.query,

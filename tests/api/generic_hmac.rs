@@ -452,7 +452,13 @@ fn signed_by_hookbox(
         Signer::from_config(&app.config, &Signing::default()).expect("the test config signs");
     let verifier = signer.for_source(source).expect("a configured source");
     let identity = signing::identity(verifier, body.as_bytes(), Some(event_id), event_type);
-    let signed = signing::signed(verifier, body.as_bytes(), unix_now(), &identity, None);
+    let signed = signing::signed(
+        verifier,
+        body.as_bytes(),
+        unix_now(),
+        &identity,
+        &signing::ContentType::Default,
+    );
     Request {
         source,
         headers: signed.headers,

@@ -106,7 +106,13 @@ fn signed_for(
         .for_source("paypal")
         .expect("the paypal source signs");
     let identity = signing::identity(verifier, body.as_bytes(), None, None);
-    let signed = signing::signed(verifier, body.as_bytes(), at, &identity, None);
+    let signed = signing::signed(
+        verifier,
+        body.as_bytes(),
+        at,
+        &identity,
+        &signing::ContentType::Default,
+    );
     Delivery {
         source: "paypal".to_owned(),
         headers: signed.headers,

@@ -834,3 +834,60 @@ async fn secret_alone_on_a_line_whose_headers_tell_no_scheme_is_a_usage_error_na
     }
     assert_eq!(seen.lock().expect("seen lock").len(), 0, "nothing was sent");
 }
+
+#[actix_web::test]
+async fn a_replayed_line_carries_its_captured_content_type_or_none_when_it_had_none() {
+    let (url, _, seen) = recorder();
+    let bare = capture_line(
+        "github",
+        "d-bare",
+        Some("push"),
+        &[("x-github-delivery".to_owned(), "d-bare".to_owned())],
+        "payload=1",
+    );
+    let typed = capture_line(
+        "github",
+        "d-typed",
+        Some("push"),
+        &[
+            ("x-github-delivery".to_owned(), "d-typed".to_owned()),
+            (
+                "content-type".to_owned(),
+                "text/plain; charset=utf-8".to_owned(),
+            ),
+        ],
+        "payload=2",
+    );
+    let file = capture(&[bare, typed]);
+    let path = file.path();
+
+    for mode in [
+        vec!["--scheme", "github", "--secret", "s3cret"],
+        vec!["--as-is"],
+    ] {
+        let mut args = vec![path.as_str(), "--to", url.as_str(), "--concurrency", "1"];
+        args.extend(&mode);
+        let run = replay(&args).await;
+        assert_eq!(run.code, 0, "{mode:?}: {}\n{}", run.stdout, run.stderr);
+    }
+
+    let seen = seen.lock().expect("seen lock");
+    assert_eq!(seen.len(), 4, "two lines, twice");
+    let content_types: Vec<Vec<&str>> = seen
+        .iter()
+        .map(|headers| {
+            headers
+                .iter()
+                .filter(|(name, _)| name == "content-type")
+                .map(|(_, value)| value.as_str())
+                .collect()
+        })
+        .collect();
+    let none: Vec<&str> = Vec::new();
+    let text = vec!["text/plain; charset=utf-8"];
+    assert_eq!(
+        content_types,
+        [none.clone(), text.clone(), none, text],
+        "re-signed, then as is"
+    );
+}

@@ -67,7 +67,13 @@ fn signed_at(
         event_id: Some(event_id.to_owned()),
         event_type: event_type.map(str::to_owned),
     };
-    let signed = signing::signed(verifier, body.as_bytes(), timestamp, &identity, None);
+    let signed = signing::signed(
+        verifier,
+        body.as_bytes(),
+        timestamp,
+        &identity,
+        &signing::ContentType::Default,
+    );
     Request {
         source,
         headers: signed.headers,

@@ -182,7 +182,13 @@ fn signed_for(
     let signer = Signer::from_config(&app.config, &signing).expect("the test config signs");
     let verifier = signer.for_source(source).expect("the sns source signs");
     let identity = signing::identity(verifier, body.as_bytes(), None, None);
-    let signed = signing::signed(verifier, body.as_bytes(), at, &identity, None);
+    let signed = signing::signed(
+        verifier,
+        body.as_bytes(),
+        at,
+        &identity,
+        &signing::ContentType::Default,
+    );
     Delivery {
         source: source.to_owned(),
         headers: signed.headers,
