@@ -163,7 +163,8 @@ struct ReplayArgs {
     #[arg(value_name = "CAPTURE", required = true)]
     captures: Vec<PathBuf>,
     /// The receiver's base URL (http://127.0.0.1:8080); deliveries go to
-    /// /webhooks/{source} under it. A URL with a path is used as it is.
+    /// /webhooks/{source} under it, before any query it has. A URL with a path is used as it
+    /// is.
     #[arg(long, value_name = "URL")]
     to: String,
     #[command(flatten)]
@@ -194,7 +195,7 @@ struct ReplayArgs {
 #[derive(Args, Debug)]
 struct SendArgs {
     /// The receiver's base URL (http://127.0.0.1:8080); the body goes to /webhooks/{source}
-    /// under it. A URL with a path is used as it is.
+    /// under it, before any query it has. A URL with a path is used as it is.
     #[arg(long, value_name = "URL")]
     to: String,
     /// The source to send as: its scheme and first secret sign the body

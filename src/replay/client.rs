@@ -30,8 +30,8 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// The biggest answer body read; a receiver's answers are small, and nothing needs more.
 const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
 
-/// Where `--to` points: a base URL, to which `/webhooks/{source}` is added, or a URL with a
-/// path of its own, used as it is.
+/// Where `--to` points: a base URL, to which `/webhooks/{source}` is added (before any query
+/// it has), or a URL with a path of its own, used as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     url: String,
@@ -39,12 +39,21 @@ pub struct Target {
 }
 
 impl Target {
-    /// The URL a delivery for `source` is posted to.
+    /// The URL a delivery for `source` is posted to: `http://host:8080?q=1` posts to
+    /// `http://host:8080/webhooks/{source}?q=1`.
     pub fn url_for(&self, source: &str) -> String {
         if self.has_path {
-            self.url.clone()
+            return self.url.clone();
+        }
+        let (base, query) = match self.url.split_once('?') {
+            Some((base, query)) => (base, query),
+            None => (self.url.as_str(), ""),
+        };
+        let url = format!("{}/webhooks/{source}", base.trim_end_matches('/'));
+        if query.is_empty() {
+            url
         } else {
-            format!("{}/webhooks/{source}", self.url.trim_end_matches('/'))
+            format!("{url}?{query}")
         }
     }
 }
@@ -272,6 +281,31 @@ mod tests {
         );
         let full: Target = "http://10.0.0.1:9000/hooks/in".parse().expect("valid");
         assert_eq!(full.url_for("stripe"), "http://10.0.0.1:9000/hooks/in");
+    }
+
+    #[test]
+    fn a_base_url_with_a_query_gets_the_webhook_path_before_the_query() {
+        for (to, url) in [
+            (
+                "http://127.0.0.1:8080?q=1",
+                "http://127.0.0.1:8080/webhooks/stripe?q=1",
+            ),
+            (
+                "http://127.0.0.1:8080/?q=1&r=2",
+                "http://127.0.0.1:8080/webhooks/stripe?q=1&r=2",
+            ),
+            (
+                "http://127.0.0.1:8080?",
+                "http://127.0.0.1:8080/webhooks/stripe",
+            ),
+            (
+                "http://127.0.0.1:8080/hooks/in?q=1",
+                "http://127.0.0.1:8080/hooks/in?q=1",
+            ),
+        ] {
+            let target: Target = to.parse().expect("valid");
+            assert_eq!(target.url_for("stripe"), url, "{to}");
+        }
     }
 
     #[test]

@@ -101,3 +101,35 @@ async fn a_header_id_scheme_takes_event_id_or_a_fresh_one_and_a_wrong_secret_exi
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("config"), "{stderr}");
 }
+
+#[actix_web::test]
+async fn a_to_url_with_a_query_but_no_path_posts_to_the_webhook_path_with_the_query() {
+    let app = TestApp::spawn().await;
+    let to = format!("{}?q=1", app.address);
+    let body = TempFile::with_extension(sample_body("github", "").as_bytes(), "json");
+    let keys = [
+        "--scheme",
+        "github",
+        "--secret",
+        "It's a Secret to Everybody",
+    ];
+    let path = body.path();
+    let mut send = vec!["send", "--to", &to, "--source", "github"];
+    send.extend_from_slice(&keys);
+    send.push(&path);
+    let (code, out, stderr) = run_hookbox_async(&send).await;
+    assert_eq!(code, 0, "{out}{stderr}");
+    let posted = format!("POST {}/webhooks/github?q=1 ", app.address);
+    assert!(out.starts_with(&posted), "{out}");
+
+    let capture = TempFile::with_extension(
+        br#"{"source":"github","event_id":"d-q","event_type":"push","headers":{},"body":"{}"}"#,
+        "ndjson",
+    );
+    let path = capture.path();
+    let mut replay = vec!["replay", &path, "--to", &to];
+    replay.extend_from_slice(&keys);
+    let (code, out, stderr) = run_hookbox_async(&replay).await;
+    assert_eq!(code, 0, "{out}{stderr}");
+    assert_eq!(app.db.count("events"), 2);
+}
