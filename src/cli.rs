@@ -78,6 +78,8 @@ enum Command {
     /// Prints a summary (sent, processed, replayed, rejected by error code, failed, latency
     /// p50/p99, and each delivery that did not get a 2xx). Exit 0 when every delivery got a
     /// 2xx, 1 when any was rejected or failed (or a line could not be read), 2 on bad usage.
+    /// Ctrl-C stops sending, waits up to 5 s for the deliveries in flight, prints the summary
+    /// and writes the report so far (marked "interrupted"), and exits 130.
     ///
     /// Example: hookbox replay stripe.ndjson --to http://127.0.0.1:8080 --report replay.json
     Replay(ReplayArgs),
@@ -227,6 +229,9 @@ fn time_or_ago(text: &str) -> Result<DateTime<Utc>, String> {
 
 /// Bad usage or a bad config: exit 2.
 const USAGE: u8 = 2;
+
+/// Stopped by Ctrl-C (SIGINT) after saying what was done: 128 + 2, as a shell reports it.
+const INTERRUPTED: u8 = 130;
 
 /// Runs the command line and returns the exit code: 0 success, 1 runtime failure, 2 bad usage
 /// or bad config.
@@ -449,6 +454,7 @@ fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
     };
     crate::replay::check(&files, &options).map_err(usage)?;
     match crate::replay::run(files, &options) {
+        Ok(tally) if tally.interrupted => Ok(ExitCode::from(INTERRUPTED)),
         Ok(tally) if tally.all_ok() => Ok(ExitCode::SUCCESS),
         Ok(_) => Ok(ExitCode::from(1)),
         Err(e) => finish(Err(e)),

@@ -16,9 +16,10 @@ pub mod progress;
 pub mod report;
 pub mod signing;
 
+use std::cell::Cell;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix_web::web::Bytes;
 use futures_util::StreamExt;
@@ -142,6 +143,8 @@ enum Job<'a> {
 /// What sending a job came to.
 enum Done {
     Skipped,
+    /// Ready to go when Ctrl-C came, so never sent, and not counted.
+    Unsent,
     Failed(Origin, &'static str, String),
     Answered(Origin, client::Answer),
     Unanswered(Origin, String),
@@ -212,11 +215,22 @@ pub fn run(files: Vec<InputFile>, options: &Options) -> anyhow::Result<Tally> {
     Ok(tally)
 }
 
-/// Sends every job, paced and bounded, and counts the answers.
+/// How long an interrupted replay waits for the deliveries in flight before it gives up on
+/// them: long enough for a receiver's usual answer, short enough for someone pressing Ctrl-C.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
+
+/// Sends every job, paced and bounded, and counts the answers. Ctrl-C (SIGINT) stops it
+/// starting deliveries; it then waits for those in flight (at most [`INTERRUPT_GRACE`], or
+/// until a second Ctrl-C) and marks the tally interrupted, so the summary and the report
+/// still say what was sent.
 async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progress: &mut Progress) {
     let client = client::client();
     let mut pacer = options.rate.map(Pacer::new);
+    // Shared by reference with the futures below, all on this one thread.
+    let (stopped, sending) = (Cell::new(false), Cell::new(0_u64));
+    let (stop, in_flight) = (&stopped, &sending);
     let results = futures_util::stream::iter(entries)
+        .take_while(|_| std::future::ready(!stop.get()))
         .map(|entry| job(entry, options))
         .then(|job| {
             // The slot is taken when the job is pulled, that is when a place in flight is free,
@@ -238,12 +252,17 @@ async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progre
                 match job {
                     Job::Skip => Done::Skipped,
                     Job::Fail(origin, code, message) => Done::Failed(origin, code, message),
+                    // Its pace slot came after Ctrl-C: it is not sent.
+                    Job::Send(_) if stop.get() => Done::Unsent,
                     Job::Send(pending) => {
                         let request = pending.request(unix_now());
-                        match client::deliver(&client, &request).await {
+                        in_flight.set(in_flight.get() + 1);
+                        let done = match client::deliver(&client, &request).await {
                             Ok(answer) => Done::Answered(pending.origin, answer),
                             Err(message) => Done::Unanswered(pending.origin, message),
-                        }
+                        };
+                        in_flight.set(in_flight.get() - 1);
+                        done
                     }
                 }
             }
@@ -251,6 +270,8 @@ async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progre
         .buffer_unordered(options.concurrency.max(1));
     let mut results = std::pin::pin!(results);
     let mut ticker = actix_web::rt::time::interval(progress::PLAIN_EVERY);
+    let mut interrupt = std::pin::pin!(tokio::signal::ctrl_c());
+    let mut deadline: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             done = results.next() => match done {
@@ -261,13 +282,39 @@ async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progre
                 None => break,
             },
             _ = ticker.tick() => progress.update(tally),
+            _ = &mut interrupt => {
+                if stop.replace(true) {
+                    // A second Ctrl-C: wait no longer.
+                    break;
+                }
+                tally.interrupted = true;
+                deadline = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+                interrupt.set(tokio::signal::ctrl_c());
+                eprintln!(
+                    "\nhookbox: interrupted: sending no more; waiting up to {} s for the {} \
+                     delivery(ies) in flight (Ctrl-C again to stop waiting)",
+                    INTERRUPT_GRACE.as_secs(),
+                    in_flight.get()
+                );
+            }
+            () = sleep_until_some(deadline) => break,
         }
+    }
+    tally.abandoned = in_flight.get();
+}
+
+/// Sleeps until `deadline`, or forever when there is none.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
 fn count(tally: &mut Tally, done: Done) {
     match done {
         Done::Skipped => tally.skipped += 1,
+        Done::Unsent => {}
         Done::Failed(origin, code, message) => tally.failure(origin, code, message),
         Done::Answered(origin, answer) => tally.answered(origin, &answer),
         Done::Unanswered(origin, message) => tally.unanswered(origin, message),

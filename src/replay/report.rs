@@ -66,6 +66,11 @@ pub struct Tally {
     pub failed: u64,
     /// Capture lines left out by `--source`.
     pub skipped: u64,
+    /// Whether Ctrl-C stopped the replay before every entry was sent.
+    pub interrupted: bool,
+    /// Deliveries still in flight when an interrupted replay stopped waiting: sent, but their
+    /// answers never came back (not counted in `sent`).
+    pub abandoned: u64,
     rejected_by_code: BTreeMap<String, u64>,
     failed_by_error: BTreeMap<String, u64>,
     latencies_ms: Vec<f64>,
@@ -155,7 +160,7 @@ impl Tally {
     pub fn report(&self, duration: Duration) -> serde_json::Value {
         let (p50, p99) = self.latency();
         let round = |ms: Option<f64>| ms.map(|ms| (ms * 10.0).round() / 10.0);
-        serde_json::json!({
+        let mut report = serde_json::json!({
             "counts": {
                 "sent": self.sent,
                 "processed": self.processed,
@@ -169,7 +174,12 @@ impl Tally {
             "latency_ms": { "p50": round(p50), "p99": round(p99) },
             "duration_ms": duration.as_millis() as u64,
             "failures": self.failures,
-        })
+        });
+        if self.interrupted {
+            report["interrupted"] = serde_json::json!(true);
+            report["abandoned_in_flight"] = serde_json::json!(self.abandoned);
+        }
+        report
     }
 
     /// Writes the report as JSON to `path`.
@@ -206,7 +216,14 @@ impl Tally {
                 format!("  ({})", list.join(", "))
             }
         };
-        let mut out = format!("replay finished in {:.1}s\n", duration.as_secs_f64());
+        let mut out = if self.interrupted {
+            format!(
+                "replay interrupted (Ctrl-C) after {:.1}s: what was sent until then\n",
+                duration.as_secs_f64()
+            )
+        } else {
+            format!("replay finished in {:.1}s\n", duration.as_secs_f64())
+        };
         let rows = [
             ("sent", self.sent, String::new()),
             ("processed", self.processed, String::new()),
@@ -222,6 +239,13 @@ impl Tally {
                 out,
                 "  {:<10} {:>7}  (other sources)",
                 "skipped", self.skipped
+            );
+        }
+        if self.abandoned > 0 {
+            let _ = writeln!(
+                out,
+                "  {:<10} {:>7}  (in flight when the wait ended; their answers are unknown)",
+                "abandoned", self.abandoned
             );
         }
         if let (Some(p50), Some(p99)) = self.latency() {

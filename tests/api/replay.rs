@@ -891,3 +891,59 @@ async fn a_replayed_line_carries_its_captured_content_type_or_none_when_it_had_n
         "re-signed, then as is"
     );
 }
+
+/// Sends SIGINT to `pid`, as Ctrl-C in a terminal does.
+fn interrupt(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -INT {pid}");
+}
+
+#[actix_web::test]
+async fn ctrl_c_stops_sending_waits_for_what_is_in_flight_and_still_reports_it() {
+    let (url, counter) = receiver(Counter {
+        delay: Duration::from_millis(400),
+        ..Counter::default()
+    });
+    let file = github_capture(40);
+    let report = TempFile::with_extension(b"", "json");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(["replay", &file.path(), "--to", &url, "--concurrency", "2"])
+        .args(["--scheme", "github", "--secret", "s3cret"])
+        .args(["--report", &report.path()])
+        .env_remove("DATABASE_URL")
+        .env_remove("HOOKBOX_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start hookbox replay");
+    let started = Instant::now();
+    while counter.arrivals.lock().expect("lock").len() < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "replay never sent"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    interrupt(child.id());
+    let output = actix_web::rt::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("the waiting thread")
+        .expect("hookbox replay ends");
+
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stdout}\n{stderr}");
+    assert!(stdout.contains("interrupted"), "the summary: {stdout}");
+    let report: Value = serde_json::from_str(&report.read()).expect("the report is JSON");
+    assert_eq!(report["interrupted"], true, "{report}");
+    // What was in flight was waited for: every request that arrived is counted, processed.
+    let arrived = counter.arrivals.lock().expect("lock").len() as u64;
+    let sent = report["counts"]["sent"].as_u64().expect("sent");
+    assert!((3..40).contains(&sent), "stopped early: {report}");
+    assert_eq!(report["counts"], counts(arrived, arrived, 0, 0, 0));
+    assert_eq!(report["abandoned_in_flight"], 0);
+}
