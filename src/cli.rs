@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -53,7 +54,8 @@ enum Command {
     /// Without --older-than, each source keeps its own window (sources.NAME.retention, else
     /// [retention].window or its provider's redelivery horizon, whichever is longer), exactly
     /// as the scheduled purge inside `serve` does. Waits for
-    /// nothing: if another hookbox is purging at this moment, it says so and exits 1.
+    /// nothing: if another hookbox is purging at this moment, it says so and exits 1. Ctrl-C
+    /// stops it after the batch in progress, prints what it removed so far, and exits 130.
     Purge(PurgeArgs),
     /// Write stored deliveries as a capture: NDJSON, one delivery a line, oldest first.
     ///
@@ -253,7 +255,10 @@ pub fn main() -> ExitCode {
         Command::Replay(args) => replay(args),
         Command::Send(args) => send(args),
         Command::Purge(args) => {
-            load(args.config.config.as_deref()).and_then(|c| finish(purge(&c, &args)))
+            load(args.config.config.as_deref()).and_then(|c| match purge(&c, &args) {
+                Ok(Pass::Interrupted) => Ok(ExitCode::from(INTERRUPTED)),
+                other => finish(other.map(drop)),
+            })
         }
     };
     outcome.unwrap_or_else(|code| code)
@@ -307,7 +312,42 @@ fn migrate(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
+/// How a `purge` pass ended.
+enum Pass {
+    Done,
+    /// Ctrl-C stopped it between batches; what it removed until then is printed.
+    Interrupted,
+}
+
+/// Sets `stop` at the first Ctrl-C (SIGINT), so a purge ends after the batch it is in and
+/// says what it removed; a second Ctrl-C exits at once (the batch in progress rolls back).
+/// SIGINT is caught from the moment this returns.
+fn stop_on_ctrl_c(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot watch for Ctrl-C")?;
+    let mut interrupts = {
+        let _entered = runtime.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .context("cannot watch for Ctrl-C")?
+    };
+    std::thread::spawn(move || {
+        runtime.block_on(async {
+            interrupts.recv().await;
+            stop.store(true, Ordering::Relaxed);
+            eprintln!(
+                "\nhookbox: interrupted: stopping after the batch in progress \
+                 (Ctrl-C again to quit at once)"
+            );
+            interrupts.recv().await;
+            std::process::exit(i32::from(INTERRUPTED));
+        });
+    });
+    Ok(())
+}
+
+fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
     let plan = match args.older_than {
         Some(window) => Plan::older_than(window),
         None => Plan::from_config(config),
@@ -326,9 +366,9 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
                 last_progress = Instant::now();
             }
         };
-        let pass =
-            retention::purge_logged(&mut conn, &plan, &AtomicBool::new(false), &mut progress)
-                .context(hint)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        stop_on_ctrl_c(Arc::clone(&stop))?;
+        let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut progress).context(hint)?;
         let Some(report) = pass else {
             anyhow::bail!(
                 "another hookbox is purging right now; nothing was removed (try again in a moment)"
@@ -345,11 +385,17 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
         started.elapsed().as_millis(),
         if args.dry_run {
             "; dry run, nothing was deleted"
+        } else if report.interrupted {
+            "; interrupted (Ctrl-C), the rest is left for the next pass"
         } else {
             ""
         }
     );
-    Ok(())
+    Ok(if report.interrupted {
+        Pass::Interrupted
+    } else {
+        Pass::Done
+    })
 }
 
 fn export(args: ExportArgs) -> Result<ExitCode, Exit> {

@@ -441,3 +441,52 @@ fn a_batch_that_skips_rows_does_not_end_the_pass() {
         "one pass removed every expired event"
     );
 }
+
+#[test]
+fn ctrl_c_stops_a_purge_between_batches_and_it_prints_what_it_removed() {
+    const EXPIRED: i64 = 300_000;
+    let db = TestDb::create();
+    let text = config_with_windows(&db.url, "1h", "1h");
+    let config = TempFile::new(&text);
+    let config_path = config.0.to_string_lossy().into_owned();
+    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    insert_aged(&db, "stripe", "expired", EXPIRED as u32, "10 days");
+    let expired = "events WHERE event_id LIKE 'expired_%'";
+
+    let purge = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(["purge", "--config", &config_path])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start hookbox purge");
+    // Interrupted once a batch or two are gone, well before the last.
+    let started = Instant::now();
+    while db.count(expired) == EXPIRED {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "nothing purged"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &purge.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let output = purge.wait_with_output().expect("purge output");
+
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stdout}\n{stderr}");
+    let left = db.count(expired);
+    assert!(left > 0, "stopped before the end: {stdout}");
+    let removed = EXPIRED - left;
+    assert!(
+        stdout.contains(&format!("removed {removed} from stripe"))
+            && stdout.contains(&format!("removed {removed} in total"))
+            && stdout.contains("interrupted"),
+        "{stdout}"
+    );
+}
