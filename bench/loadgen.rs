@@ -221,7 +221,13 @@ fn alive(pid: u32) -> bool {
 fn request(args: &Args, verifier: &Verifier, id: &str, forged: bool) -> Vec<u8> {
     let body = body(verifier.scheme(), id);
     let identity = signing::identity(verifier, body.as_bytes(), Some(id), None);
-    let signed = signing::signed(verifier, body.as_bytes(), unix_now(), &identity, None);
+    let signed = signing::signed(
+        verifier,
+        body.as_bytes(),
+        unix_now(),
+        &identity,
+        &signing::ContentType::Default,
+    );
     let path = if args.path_prefix.is_empty() {
         format!("/webhooks/{}", args.source)
     } else {
