@@ -340,6 +340,68 @@ mod tests {
     }
 
     #[test]
+    fn secret_alone_tells_each_line_by_its_kept_headers_and_id() {
+        let signer = Signer::detecting(
+            Secret::new("whsec_AAECAwQFBgcICQoLDA0ODw=="),
+            &Signing::default(),
+        );
+        let kept = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect()
+        };
+        let scheme = |headers: &[(String, String)], body: &[u8], id: &str| {
+            signer
+                .for_capture("src", headers, body, id)
+                .map(|verifier| verifier.scheme())
+        };
+        let body = br#"{"id":"evt_1","type":"charge.succeeded"}"#;
+        let hub = ("x-hub-signature-256", "sha256=00");
+        let typed = ("content-type", "application/json");
+        assert_eq!(
+            scheme(
+                &kept(&[("stripe-signature", "t=1,v1=00"), typed]),
+                body,
+                "evt_1"
+            ),
+            Ok("stripe")
+        );
+        let github = kept(&[
+            hub,
+            ("x-github-delivery", "d-1"),
+            ("x-github-event", "push"),
+        ]);
+        assert_eq!(scheme(&github, body, "d-1"), Ok("github"));
+        // The same signature header alone, under Meta's id (the body's hash), is Meta's.
+        let meta_id = crate::providers::body_hash_id(body);
+        assert_eq!(scheme(&kept(&[hub]), body, &meta_id), Ok("meta"));
+        let standard = kept(&[
+            ("webhook-id", "msg_1"),
+            ("webhook-timestamp", "1"),
+            ("webhook-signature", "v1,AA=="),
+        ]);
+        assert_eq!(scheme(&standard, body, "msg_1"), Ok("standard"));
+        for (headers, id) in [
+            (kept(&[("x-acme-signature", "00")]), "evt_1"),
+            (kept(&[typed]), "evt_1"),
+            (kept(&[hub]), "not-the-hash"),
+        ] {
+            let (code, message) = scheme(&headers, body, id).expect_err("cannot tell");
+            assert_eq!(code, "unknown_scheme");
+            assert!(message.contains("add --scheme"), "{message}");
+        }
+        // A scheme told, whose secret the given one cannot be: said so, not "unknown".
+        let stripe_secret =
+            Signer::detecting(Secret::new("whsec_not base64!"), &Signing::default());
+        let (code, message) = stripe_secret
+            .for_capture("src", &standard, body, "msg_1")
+            .expect_err("a standard secret is base64");
+        assert_eq!(code, "unusable_secret", "{message}");
+        assert!(message.starts_with("a standard delivery"), "{message}");
+    }
+
+    #[test]
     fn a_header_id_scheme_carries_the_given_id_and_a_body_id_scheme_reads_its_own() {
         let Signer::Flags(github) =
             Signer::from_flags("github", Some(Secret::new("s")), &Signing::default()).expect("ok")
