@@ -66,6 +66,11 @@ pub enum EventIdError {
     /// Contains a control character (a newline, a NUL, ...).
     #[error("the event id contains a control character")]
     ControlCharacter,
+    /// Begins or ends with whitespace: forwarded, the id travels in headers
+    /// (`Idempotency-Key`, `webhook-id`), whose values HTTP trims, so a receiver would see
+    /// another id and its signature check would fail.
+    #[error("the event id begins or ends with whitespace, which HTTP headers cannot carry")]
+    OuterWhitespace,
 }
 
 impl TryFrom<String> for EventId {
@@ -78,6 +83,8 @@ impl TryFrom<String> for EventId {
             Err(EventIdError::TooLong)
         } else if id.chars().any(char::is_control) {
             Err(EventIdError::ControlCharacter)
+        } else if id.starts_with(char::is_whitespace) || id.ends_with(char::is_whitespace) {
+            Err(EventIdError::OuterWhitespace)
         } else {
             Ok(EventId(id))
         }

@@ -217,12 +217,27 @@ async fn an_overlong_or_unprintable_event_id_is_400_invalid_event_id() {
         (answer.status, answer.error().as_str()),
         (400, "invalid_event_id")
     );
-    // 255 bytes is still fine.
+    // Whitespace at either end: a forwarded id travels in headers, which HTTP trims.
+    for id in ["evt_x ", " evt_x", "evt_x\u{a0}"] {
+        let body = format!(r#"{{"id":"{id}","type":"a"}}"#);
+        let answer = app.send(&app.delivery("stripe", &body, "")).await;
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (400, "invalid_event_id"),
+            "{id:?}: {}",
+            answer.text()
+        );
+        assert!(answer.message().contains("whitespace"), "{}", answer.text());
+    }
+    // 255 bytes is still fine, and so is whitespace inside an id.
     let answer = app
         .send(&app.delivery("github", "{}", &"e".repeat(255)))
         .await;
     assert_eq!(answer.status, 200, "{}", answer.text());
-    assert_eq!(app.db.count("events"), 1);
+    let inner = r#"{"id":"evt x","type":"a"}"#;
+    let answer = app.send(&app.delivery("stripe", inner, "")).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(app.db.count("events"), 2);
 }
 
 #[actix_web::test]
