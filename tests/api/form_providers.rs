@@ -427,16 +427,7 @@ async fn send_then_export_then_replay_round_trips_both_schemes_into_a_second_ser
     }
     assert_eq!(app.db.count("events"), 3);
 
-    let exported = TempFile::with_extension(b"", "ndjson");
-    let (code, _, err) = run_hookbox_async(&[
-        "export",
-        "--config",
-        &config.path(),
-        "--out",
-        &exported.path(),
-    ])
-    .await;
-    assert_eq!(code, 0, "{err}");
+    let exported = export_all(&config.path()).await;
     let lines = exported.read();
     assert_eq!(lines.lines().count(), 3, "{lines}");
     assert!(lines.contains("bt_signature=btpublickey1%7C"), "{lines}");

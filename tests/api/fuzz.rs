@@ -467,13 +467,15 @@ proptest! {
     }
 
     #[test]
-    fn an_event_id_is_accepted_exactly_when_it_is_short_printable_and_not_empty(id in any::<String>()) {
+    fn an_event_id_is_accepted_exactly_when_it_is_short_printable_trimmed_and_not_empty(id in any::<String>()) {
         let expected = if id.is_empty() {
             Err(EventIdError::Missing)
         } else if id.len() > MAX_EVENT_ID_BYTES {
             Err(EventIdError::TooLong)
         } else if id.chars().any(char::is_control) {
             Err(EventIdError::ControlCharacter)
+        } else if id.trim() != id {
+            Err(EventIdError::OuterWhitespace)
         } else {
             Ok(id.clone())
         };

@@ -713,6 +713,16 @@ pub async fn run_hookbox_async(args: &[&str]) -> (i32, String, String) {
     .expect("the hookbox command's thread")
 }
 
+/// `hookbox export --config {config} --out <a temp .ndjson file>`, which must succeed; the
+/// capture it wrote.
+pub async fn export_all(config: &str) -> TempFile {
+    let exported = TempFile::with_extension(b"", "ndjson");
+    let (code, _, stderr) =
+        run_hookbox_async(&["export", "--config", config, "--out", &exported.path()]).await;
+    assert_eq!(code, 0, "{stderr}");
+    exported
+}
+
 impl Process {
     /// Starts `hookbox serve` with this config and waits until it says where it listens.
     pub fn serve(config: &str) -> Process {

@@ -288,16 +288,7 @@ async fn send_then_export_then_replay_round_trips_each_scheme_into_a_second_serv
     }
     assert_eq!(app.db.count("events"), SCHEMES.len() as i64);
 
-    let exported = TempFile::with_extension(b"", "ndjson");
-    let (code, _, err) = run_hookbox_async(&[
-        "export",
-        "--config",
-        &config.path(),
-        "--out",
-        &exported.path(),
-    ])
-    .await;
-    assert_eq!(code, 0, "{err}");
+    let exported = export_all(&config.path()).await;
     assert_eq!(exported.read().lines().count(), SCHEMES.len());
 
     let other = TestApp::spawn_with(SOURCES, hookbox::Handlers::default()).await;

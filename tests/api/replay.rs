@@ -95,16 +95,7 @@ async fn an_export_replayed_into_its_own_store_is_all_replays_and_into_an_empty_
         assert_eq!(answer.status, 200, "{source}: {}", answer.text());
         sent.push((source, id, body));
     }
-    let exported = TempFile::with_extension(b"", "ndjson");
-    let (code, _, stderr) = run_hookbox_async(&[
-        "export",
-        "--config",
-        &config.path(),
-        "--out",
-        &exported.path(),
-    ])
-    .await;
-    assert_eq!(code, 0, "{stderr}");
+    let exported = export_all(&config.path()).await;
 
     // Into the same store: every scheme re-signed and recognised as the event it was.
     let same = replay(&[
@@ -752,16 +743,7 @@ async fn secret_alone_signs_each_exported_line_with_the_scheme_its_headers_show(
             .await;
         assert_eq!(answer.status, 200, "{source}: {}", answer.text());
     }
-    let exported = TempFile::with_extension(b"", "ndjson");
-    let (code, _, stderr) = run_hookbox_async(&[
-        "export",
-        "--config",
-        &config.path(),
-        "--out",
-        &exported.path(),
-    ])
-    .await;
-    assert_eq!(code, 0, "{stderr}");
+    let exported = export_all(&config.path()).await;
 
     let run = replay(&[
         &exported.path(),

@@ -121,16 +121,7 @@ async fn an_event_with_a_nul_exported_from_sqlite_replays_into_postgres() {
     assert_eq!(answer.status, 200, "{}", answer.text());
 
     let sqlite_config = TempFile::new(&config_text(&sqlite.db.url, ""));
-    let exported = TempFile::with_extension(b"", "ndjson");
-    let (code, _, stderr) = run_hookbox_async(&[
-        "export",
-        "--config",
-        &sqlite_config.path(),
-        "--out",
-        &exported.path(),
-    ])
-    .await;
-    assert_eq!(code, 0, "{stderr}");
+    let exported = export_all(&sqlite_config.path()).await;
 
     let pg_db = TestDb::create_on(false);
     let pg_config = parse_config(&config_text(&pg_db.url, ""));
