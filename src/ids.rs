@@ -102,7 +102,10 @@ impl fmt::Display for EventId {
 /// The type is only shown and filtered on, never a key, so rather than refuse a delivery for it
 /// (and have the provider retry for ever), a control character is kept JSON-style: U+0000
 /// becomes the six characters `\u0000`. PostgreSQL `text` cannot hold U+0000 at all, and the
-/// others would garble a log line or a console cell.
+/// others would garble a log line or a console cell. A type longer than
+/// [`MAX_EVENT_TYPE_BYTES`] is cut there (on a character boundary): forwarded, it travels in the
+/// `X-Hookbox-Event-Type` header, and a receiver refuses a header of many kilobytes (431), which
+/// would make the delivery dead. The body keeps the type whole.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EventType(String);
 
@@ -113,9 +116,20 @@ impl EventType {
     }
 }
 
+/// The longest event type kept, in bytes (as for an event id).
+pub const MAX_EVENT_TYPE_BYTES: usize = 255;
+
 impl From<String> for EventType {
     fn from(text: String) -> Self {
-        EventType(escape_controls(text))
+        let mut text = escape_controls(text);
+        if text.len() > MAX_EVENT_TYPE_BYTES {
+            let mut end = MAX_EVENT_TYPE_BYTES;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        EventType(text)
     }
 }
 
@@ -168,6 +182,20 @@ mod tests {
         assert_eq!(EventType::from("ünïcode").as_str(), "ünïcode");
         assert!(storable(EventType::from("\u{0}").as_str()));
         assert!(!storable("a\u{0}b"));
+    }
+
+    #[test]
+    fn event_types_are_cut_at_255_bytes_on_a_character_boundary() {
+        assert_eq!(EventType::from("t".repeat(255)).as_str().len(), 255);
+        assert_eq!(
+            EventType::from("t".repeat(70_000)).as_str(),
+            "t".repeat(255)
+        );
+        // 127 two-byte characters and one more: the 256th byte would split the last.
+        let cut = EventType::from(format!("{}é", "é".repeat(127)));
+        assert_eq!(cut.as_str(), "é".repeat(127));
+        // What is cut is the escaped text, whose length a store holds.
+        assert_eq!(EventType::from("\u{1}".repeat(100)).as_str().len(), 255);
     }
 
     #[test]

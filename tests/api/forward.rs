@@ -112,6 +112,24 @@ async fn a_delivery_without_a_content_type_is_forwarded_without_one() {
 }
 
 #[actix_web::test]
+async fn an_event_type_of_many_kilobytes_is_forwarded_cut_in_its_header_and_whole_in_the_body() {
+    let downstream = Downstream::start(always(200));
+    let app = forwarding_app(&downstream, "5s", 12).await;
+    let id = unique_id("evt");
+    let kind = "t".repeat(40_000);
+    let body = stripe_event(&id, &kind, 1);
+    let answer = app.send(&app.delivery("stripe", &body, &id)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+
+    // Many receivers refuse a header of 40 KB (431), which would make the delivery dead.
+    let got = &arrived(&downstream, &id).await[0];
+    let header = got.header("x-hookbox-event-type");
+    assert_eq!(header.len(), 255, "the type's header is cut at 255 bytes");
+    assert!(header.bytes().all(|b| b == b't'));
+    assert!(got.body == body.as_bytes(), "the body keeps the type whole");
+}
+
+#[actix_web::test]
 async fn a_stored_event_is_forwarded_once_signed_with_its_key_and_a_redelivery_queues_nothing() {
     let downstream = Downstream::start(always(200));
     let app = forwarding_app(&downstream, "5s", 12).await;
