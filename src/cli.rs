@@ -250,7 +250,9 @@ pub fn main() -> ExitCode {
                 Ok(config)
             })
             .and_then(|config| finish(serve(config))),
-        Command::Migrate(arg) => load(arg.config.as_deref()).and_then(|c| finish(migrate(&c))),
+        Command::Migrate(arg) => Config::load_without_sources(arg.config.as_deref(), &ProcessEnv)
+            .map_err(|e| usage(format_args!("config error: {e}")))
+            .and_then(|c| finish(migrate(&c))),
         Command::Export(args) => export(args),
         Command::Replay(args) => replay(args),
         Command::Send(args) => send(args),

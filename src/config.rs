@@ -328,6 +328,26 @@ impl Config {
     /// A file that was asked for by name must exist; a missing default file means an empty
     /// configuration (defaults and environment only), which is enough for `migrate`.
     pub fn load(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
+        Config::load_parsed(path, env, |text| Config::parse(text, env))
+    }
+
+    /// [`Config::load`] for `migrate`, which needs only the database: `[sources]` is not read,
+    /// so a deploy step that migrates need not hold the sources' secrets (nor their
+    /// variables). The rest is read and checked as `serve` reads it.
+    pub fn load_without_sources(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
+        Config::load_parsed(path, env, |text| {
+            Config::parse_table(text, env, &Registry::builtin(), |table| {
+                table.remove("sources");
+            })
+        })
+    }
+
+    /// Finds the config file as [`Config::load`] says, and reads it with `parse`.
+    fn load_parsed(
+        path: Option<&Path>,
+        env: &dyn Env,
+        parse: impl Fn(&str) -> Result<Config, ConfigError>,
+    ) -> Result<Config, ConfigError> {
         let named = path
             .map(Path::to_path_buf)
             .or_else(|| env.var("HOOKBOX_CONFIG").map(PathBuf::from));
@@ -336,11 +356,10 @@ impl Config {
             None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
         };
         match std::fs::read_to_string(&path) {
-            Ok(text) => Config::parse(&text, env)
-                .map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
-                Config::parse("", env)
+            Ok(text) => {
+                parse(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
             }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => parse(""),
             Err(e) => Err(ConfigError(format!(
                 "{}: cannot read the config file: {e} (pass --config FILE or set HOOKBOX_CONFIG)",
                 path.display()
@@ -361,9 +380,20 @@ impl Config {
         env: &dyn Env,
         registry: &Registry,
     ) -> Result<Config, ConfigError> {
-        let table: toml::Table = text
+        Config::parse_table(text, env, registry, |_| {})
+    }
+
+    /// [`Config::parse_with`], with `edit` applied to the parsed TOML before it is read.
+    fn parse_table(
+        text: &str,
+        env: &dyn Env,
+        registry: &Registry,
+        edit: impl FnOnce(&mut toml::Table),
+    ) -> Result<Config, ConfigError> {
+        let mut table: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| syntax_error(text, &e))?;
+        edit(&mut table);
         let raw: RawConfig =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
                 let key = e.path().to_string();

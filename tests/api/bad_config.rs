@@ -148,6 +148,29 @@ fn migrate_applies_the_schema_and_says_so() {
 }
 
 #[test]
+fn migrate_needs_only_the_database_not_the_sources_secrets() {
+    let db = TestDb::create();
+    // A deploy step that migrates has the database's URL, not the webhook secrets.
+    let config = TempFile::new(
+        "[sources.stripe]\nscheme = \"stripe\"\nsecrets_env = \"HOOKBOX_TEST_UNSET_SECRET\"\n",
+    );
+    let (code, stdout, stderr) = run_hookbox(
+        &["migrate", "--config", &config.path()],
+        &[("DATABASE_URL", &db.url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("applied"), "{stdout}");
+    // The rest of the file is still checked.
+    let config = TempFile::new("[database]\npool_size = 0\n");
+    let (code, _, stderr) = run_hookbox(
+        &["migrate", "--config", &config.path()],
+        &[("DATABASE_URL", &db.url)],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("pool_size"), "{stderr}");
+}
+
+#[test]
 fn an_unreachable_database_is_exit_1_with_what_to_check() {
     let (code, _, stderr) = run_hookbox(
         &["migrate", "--config", "/dev/null"],
