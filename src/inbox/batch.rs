@@ -498,19 +498,32 @@ fn answer_from_store(conn: &mut db::DbConnection, groups: Groups) -> Groups {
     missing
 }
 
-/// Claims each delivery on its own, as the single-statement path does.
+/// Claims each delivery on its own, as the single-statement path does: on a connection that
+/// turns out dead (the database restarted, or ended the session), once more on a fresh one.
+/// That is safe whatever the dead one managed to commit: a committed claim comes back as a
+/// replay of the same stored bytes.
 fn one_by_one(pool: &DbPool, groups: Groups) {
     for (_, jobs) in groups {
         for (job, _) in jobs {
-            let outcome = match pool.get() {
+            let claim_on_its_own = || match pool.get() {
                 Ok(mut conn) => {
                     let outcome = claim(&mut conn, &job.delivery, job.handler.as_ref());
-                    if let Err(ClaimError::Database(e)) = &outcome {
-                        conn.note(e);
-                    }
-                    outcome
+                    let dead = match &outcome {
+                        Err(ClaimError::Database(e)) => conn.note(e),
+                        _ => false,
+                    };
+                    (outcome, dead)
                 }
-                Err(e) => Err(shared_failure(&format!("no database connection: {e}"))),
+                Err(e) => (
+                    Err(shared_failure(&format!("no database connection: {e}"))),
+                    false,
+                ),
+            };
+            let outcome = match claim_on_its_own() {
+                (_, true) if std::time::Instant::now() < job.delivery.deadline => {
+                    claim_on_its_own().0
+                }
+                (outcome, _) => outcome,
             };
             let _ = job.reply.send(outcome);
         }
