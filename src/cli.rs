@@ -24,8 +24,10 @@ use crate::startup::Application;
 
 /// hookbox: a webhook receiver that processes every event exactly once.
 ///
-/// It verifies each delivery's signature (Stripe, Standard Webhooks, GitHub, Shopify, Slack or a
-/// generic HMAC), claims the event id with a unique insert in its store (an SQLite file, or
+/// It verifies each delivery's signature (Stripe, PayPal, Adyen, Square, Braintree, Paddle,
+/// Checkout.com, Razorpay, GoCardless, Mollie, Lemon Squeezy, Twilio, GitHub, Shopify, Slack,
+/// GitLab, Bitbucket, Linear, Zoom, Twitch, Meta, Discord, SendGrid, AWS SNS, Standard
+/// Webhooks or a generic HMAC), claims the event id with a unique insert in its store (an SQLite file, or
 /// PostgreSQL for several instances), processes the event and stores the response in one
 /// transaction, and answers every redelivery with the stored response.
 #[derive(Parser, Debug)]
@@ -212,8 +214,8 @@ struct SendArgs {
     /// twice to see the replay.
     #[arg(long, value_name = "ID")]
     event_id: Option<String>,
-    /// The event type, for schemes whose type travels in a header (github, shopify); the
-    /// others read it from the body
+    /// The event type, for schemes whose type travels in a header (github, shopify, gitlab,
+    /// bitbucket, linear, lemonsqueezy); the others read it from the body
     #[arg(long, value_name = "TYPE")]
     event_type: Option<String>,
     /// The body to send, byte for byte ("-" reads stdin)

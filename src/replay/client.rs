@@ -82,7 +82,7 @@ impl FromStr for Target {
         };
         if authority.as_str().contains('@') {
             return Err(format!(
-                "{:?} carries a user or password (user:password@), which is never sent:                  leave it out (a receiver's webhook endpoint checks signatures, not logins)",
+                "{:?} carries a user or password (user:password@), which is never sent: leave it out (a receiver's webhook endpoint checks signatures, not logins)",
                 crate::redact::database_url(text)
             ));
         }
