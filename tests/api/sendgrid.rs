@@ -529,7 +529,9 @@ async fn public_keys_env_holds_the_keys_and_secrets_are_refused_naming_public_ke
         &db.url,
         "\n[sources.sendgrid]\nscheme = \"sendgrid\"\nsecrets = [\"whsec_x\"]\n",
     ));
-    let (code, _, stderr) = run_hookbox_async(&["migrate", "--config", &config.path()]).await;
+    // Any command that reads the sources refuses it (`migrate` reads only the database).
+    let (code, _, stderr) =
+        run_hookbox_async(&["purge", "--dry-run", "--config", &config.path()]).await;
     assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.contains("sources.sendgrid.secrets") && stderr.contains("public_keys"),
