@@ -67,11 +67,14 @@ pub fn stamp_and_tags<'h>(
         let Some((key, value)) = item.split_once('=') else {
             continue;
         };
-        let key = key.trim();
+        // Spaces and tabs only (HTTP's own optional whitespace), not every Unicode space: a
+        // vertical tab in a key makes it another key, as the providers' SDKs read it.
+        let ows: &[char] = &[' ', '\t'];
+        let key = key.trim_matches(ows);
         if key == stamp && timestamp.is_none() {
-            timestamp = Some(value.trim());
+            timestamp = Some(value.trim_matches(ows));
         } else if key == tag {
-            tags.push(value.trim());
+            tags.push(value.trim_matches(ows));
         }
     }
     (timestamp, tags)
@@ -249,6 +252,19 @@ pub fn batch_of_events(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn items_are_trimmed_of_spaces_and_tabs_only() {
+        assert_eq!(
+            stamp_and_tags("t=1, v1=ab ,\tv1=cd", ',', "t", "v1"),
+            (Some("1"), vec!["ab", "cd"])
+        );
+        // Another kind of whitespace makes another key, as the providers' SDKs read it.
+        assert_eq!(
+            stamp_and_tags("t\u{b}=1,v1=ab,\u{a0}v1=cd", ',', "t", "v1"),
+            (None, vec!["ab"])
+        );
+    }
     use crate::secret::Secret;
 
     const PREFIXED_HEX: HeaderMac = HeaderMac {
