@@ -152,25 +152,13 @@ impl Runner {
             // untried, due at once, for another instance (or this one restarted) to send.
             None => {
                 started.poke();
-                return Settled {
-                    id: due.id,
-                    attempt: due.attempt,
-                    series: due.series,
-                    outcome: Settle::Untried {
-                        after: Duration::ZERO,
-                    },
-                };
+                return untried(&due, Duration::ZERO);
             }
             Some(Err(after)) => {
                 // Other instances booked the target's schedule beyond what this row may wait
                 // for: it goes back, due when there is room, not counted as an attempt.
                 started.poke();
-                return Settled {
-                    id: due.id,
-                    attempt: due.attempt,
-                    series: due.series,
-                    outcome: Settle::Untried { after },
-                };
+                return untried(&due, after);
             }
         };
         if lane.pace().is_some() {
@@ -189,14 +177,7 @@ impl Runner {
                  back to the outbox unless one has"
             );
             started.poke();
-            return Settled {
-                id: due.id,
-                attempt: due.attempt,
-                series: due.series,
-                outcome: Settle::Untried {
-                    after: Duration::ZERO,
-                },
-            };
+            return untried(&due, Duration::ZERO);
         }
         started.attempt_started(due.id);
         let outcome = attempt(&self.outbox, lane, &*transport, &due).await;
@@ -207,6 +188,16 @@ impl Runner {
             series: due.series,
             outcome,
         }
+    }
+}
+
+/// A row that goes back to the outbox without an attempt, due in `after`.
+fn untried(due: &Due, after: Duration) -> Settled {
+    Settled {
+        id: due.id,
+        attempt: due.attempt,
+        series: due.series,
+        outcome: Settle::Untried { after },
     }
 }
 

@@ -584,15 +584,6 @@ async fn two_processes_share_the_outbox_and_never_send_one_event_twice_at_once()
     assert!(logs.contains("forwarded"), "{logs}");
 }
 
-/// Sends SIGTERM to `process`.
-fn terminate(process: &Process) {
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &process.child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success());
-}
-
 #[actix_web::test]
 async fn a_stop_waits_for_the_attempt_under_way_and_records_it_so_it_is_not_sent_again() {
     let downstream = Downstream::start(|_, _| (200, Duration::from_millis(1500)));
@@ -614,7 +605,7 @@ async fn a_stop_waits_for_the_attempt_under_way_and_records_it_so_it_is_not_sent
     })
     .await;
 
-    terminate(&process);
+    process.terminate();
     let exit = process.wait_exit(Duration::from_secs(40));
     assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
     let log = process.log();
@@ -660,7 +651,7 @@ async fn a_stop_gives_back_the_rows_waiting_for_their_turn_at_once() {
 
     // The other two wait a minute each for their turns; the stop does not wait for them.
     let stopped = Instant::now();
-    terminate(&process);
+    process.terminate();
     let exit = process.wait_exit(Duration::from_secs(40));
     assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
     let log = process.log();

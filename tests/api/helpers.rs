@@ -813,6 +813,15 @@ impl Process {
     pub fn log(&self) -> String {
         self.stderr.lock().expect("log lock").clone()
     }
+
+    /// Sends it SIGTERM.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
 }
 
 impl Drop for Process {

@@ -104,11 +104,7 @@ async fn sigterm_lets_an_in_flight_delivery_finish_then_exits_cleanly() {
     // signal closes the listener, and nothing outside the server shows when it has.
     std::thread::sleep(std::time::Duration::from_millis(200));
 
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &process.child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success());
+    process.terminate();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !process.log().contains("shutting down") {
         assert!(
@@ -157,11 +153,7 @@ async fn after_a_clean_stop_the_sqlite_file_alone_holds_every_event() {
         let answer = send(&process.address, &delivery).await;
         assert_eq!(answer.status, 200, "{}", answer.text());
     }
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &process.child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success());
+    process.terminate();
     let exit = process.wait_exit(std::time::Duration::from_secs(20));
     assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
     assert!(
