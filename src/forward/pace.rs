@@ -173,6 +173,8 @@ impl Pace {
                     }
                     Booking::Failed => {
                         tokio::time::sleep(RETRY_BOOKING_AFTER).await;
+                        // Afresh: a database slow before the pause may not be after it.
+                        rough = false;
                         continue;
                     }
                 },
@@ -196,8 +198,8 @@ impl Pace {
     /// the database was slow) knows its moments only that roughly, too roughly to start in
     /// the first half of their intervals: it is dropped and booked `Again`, once; a second such
     /// booking (`rough`: the database is that slow at this rate) is kept, its moments counted
-    /// from its answer, and should those be missed too, the attempt starts an interval after
-    /// this process's last start.
+    /// from its answer, and should those be missed too, it says `Failed`: the caller pauses
+    /// and books afresh, and nothing starts off the schedule.
     async fn book<F, B>(
         &self,
         booked: &mut Gate,
@@ -247,26 +249,27 @@ impl Pace {
         if as_of.saturating_duration_since(sent) >= half && !rough {
             return Booking::Again;
         }
-        let latest = if rough { as_of } else { sent };
+        // A rough booking may start later, but always less than an interval after its moment
+        // (counted from the question, where the moment is earliest here): so a window of the
+        // rate's length never holds more than one start beyond the rate. One answered an
+        // interval or more late cannot be kept at all.
+        let late = if rough {
+            self.interval.saturating_sub(Duration::from_micros(1))
+        } else {
+            half
+        };
         booked.moments.extend((0..got.count).map(|i| Moment {
             at: as_of + got.first_in + self.interval * i,
-            until: latest + got.first_in + self.interval * i + half,
+            until: sent + got.first_in + self.interval * i + late,
         }));
         match self.next_booked(booked) {
             Some(moment) => Booking::Moment(moment),
             // Missed already (this task waited for a thread that long).
             None if !rough => Booking::Again,
-            // Twice: this one starts an interval after this process's last start.
-            None => {
-                let now = Instant::now();
-                let at = booked
-                    .last
-                    .map_or(now, |last| (last + self.interval).max(now));
-                Booking::Moment(Moment {
-                    at,
-                    until: at + self.interval,
-                })
-            }
+            // Twice: the database (or this process) is too slow at this rate for a booked
+            // moment to be kept. Nothing starts without one, since a start off the schedule
+            // may come right beside another instance's: book again after a pause.
+            None => Booking::Failed,
         }
     }
 
@@ -523,6 +526,41 @@ mod tests {
         assert!(
             schedule.next() >= begin + Duration::from_millis(110),
             "booked twice, the second from after the stall"
+        );
+    }
+
+    #[tokio::test]
+    async fn bookings_answered_an_interval_late_twice_start_nothing_until_one_is_prompt() {
+        let pace = Pace::new("20/s".parse().expect("a rate"));
+        let schedule = Schedule::new(&pace);
+        let bookings = std::sync::atomic::AtomicU32::new(0);
+        let book = |want| {
+            let slow = bookings.fetch_add(1, Ordering::SeqCst) < 2;
+            let schedule = &schedule;
+            async move {
+                let sent = std::time::Instant::now();
+                let mut got = schedule.book(want).await?;
+                if slow {
+                    // 60 ms between question and answer, more than the 50 ms interval: where
+                    // the moment falls in that time cannot be told closely enough to keep it.
+                    std::thread::sleep(Duration::from_millis(60));
+                    got.sent = sent;
+                    got.as_of = std::time::Instant::now();
+                }
+                Ok(got)
+            }
+        };
+        let begin = Instant::now();
+        assert_eq!(pace.start("s", "t", book).await, Turn::Now);
+        assert_eq!(
+            bookings.load(Ordering::SeqCst),
+            3,
+            "neither slow booking was started on; the third, prompt, was"
+        );
+        assert!(
+            begin.elapsed() >= RETRY_BOOKING_AFTER,
+            "it paused before booking afresh: {:?}",
+            begin.elapsed()
         );
     }
 
