@@ -375,6 +375,20 @@ mod tests {
         }
 
         /// A booking of an instance whose starts are `interval` apart.
+        /// [`Schedule::book`], answered 60 ms after the question when `late` (the process
+        /// stopped, or the database was slow, in between): where in those 60 ms the schedule
+        /// was read, the booking cannot tell.
+        async fn book_answered_late(&self, want: u32, late: bool) -> Result<Booked, String> {
+            let sent = std::time::Instant::now();
+            let mut got = self.book(want).await?;
+            if late {
+                std::thread::sleep(Duration::from_millis(60));
+                got.sent = sent;
+                got.as_of = std::time::Instant::now();
+            }
+            Ok(got)
+        }
+
         async fn book_as(&self, want: u32, interval: Duration) -> Result<Booked, String> {
             let mut booked = self.booked.lock().unwrap();
             let at = Instant::now();
@@ -499,21 +513,10 @@ mod tests {
         let pace = Pace::new("20/s".parse().expect("a rate"));
         let schedule = Schedule::new(&pace);
         let bookings = std::sync::atomic::AtomicU32::new(0);
+        // The first answer comes 60 ms late, more than half the 50 ms interval.
         let book = |want| {
             let first = bookings.fetch_add(1, Ordering::SeqCst) == 0;
-            let schedule = &schedule;
-            async move {
-                let sent = std::time::Instant::now();
-                let mut got = schedule.book(want).await?;
-                if first {
-                    // The process stopped 60 ms between the question and its answer: where in
-                    // those 60 ms the schedule was read, it cannot tell.
-                    std::thread::sleep(Duration::from_millis(60));
-                    got.sent = sent;
-                    got.as_of = std::time::Instant::now();
-                }
-                Ok(got)
-            }
+            schedule.book_answered_late(want, first)
         };
         let begin = Instant::now();
         assert_eq!(pace.start("s", "t", book).await, Turn::Now);
@@ -534,21 +537,11 @@ mod tests {
         let pace = Pace::new("20/s".parse().expect("a rate"));
         let schedule = Schedule::new(&pace);
         let bookings = std::sync::atomic::AtomicU32::new(0);
+        // The first two answers come 60 ms late, more than the 50 ms interval: where the
+        // moment falls in that time cannot be told closely enough to keep it.
         let book = |want| {
             let slow = bookings.fetch_add(1, Ordering::SeqCst) < 2;
-            let schedule = &schedule;
-            async move {
-                let sent = std::time::Instant::now();
-                let mut got = schedule.book(want).await?;
-                if slow {
-                    // 60 ms between question and answer, more than the 50 ms interval: where
-                    // the moment falls in that time cannot be told closely enough to keep it.
-                    std::thread::sleep(Duration::from_millis(60));
-                    got.sent = sent;
-                    got.as_of = std::time::Instant::now();
-                }
-                Ok(got)
-            }
+            schedule.book_answered_late(want, slow)
         };
         let begin = Instant::now();
         assert_eq!(pace.start("s", "t", book).await, Turn::Now);
