@@ -80,6 +80,10 @@ pub enum ApiError {
     /// 404 `not_found`.
     #[error("nothing is here")]
     NotFound,
+    /// 405 `method_not_allowed`, with `Allow`: the path exists, but not for this method. The
+    /// value is the `Allow` header's (`"POST"`, `"GET, HEAD"`).
+    #[error("this path takes {0} only")]
+    MethodNotAllowed(&'static str),
     /// 400 `invalid_query` (admin API).
     #[error("{0}")]
     InvalidQuery(String),
@@ -146,6 +150,7 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound => "not_found",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::NotDead(_) => "not_dead",
             ApiError::ProviderStatus { error, .. } => error.code(),
@@ -170,6 +175,7 @@ impl ResponseError for ApiError {
         match self {
             ApiError::UnknownSource | ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InvalidSignature | ApiError::StaleTimestamp | ApiError::Unauthorized => {
@@ -200,6 +206,9 @@ impl ResponseError for ApiError {
         }
         if matches!(self, ApiError::Unauthorized) {
             response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        if let ApiError::MethodNotAllowed(allow) = self {
+            response.insert_header((header::ALLOW, *allow));
         }
         response.extensions_mut().insert(ErrorCode(self.code()));
         response.json(serde_json::json!({

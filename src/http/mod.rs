@@ -53,44 +53,87 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                     .guard(actix_web::guard::fn_guard(webhook::answers_get))
                     .to(webhook::receive),
             )
-            // Any other method is answered as every unknown route is, as it was before the
-            // GET handshake existed.
-            .default_service(web::to(not_found)),
+            .default_service(web::to(webhook::other_method)),
     )
-    .service(only("/healthz", web::get().to(ops::healthz)))
-    .service(only("/readyz", web::get().to(ops::readyz)))
-    .service(only("/metrics", web::get().to(ops::metrics)))
-    .service(only("/admin/events", web::get().to(admin::list_events)))
-    .service(only(
+    .service(readable("/healthz", ops::healthz, anyone("GET, HEAD")))
+    .service(readable("/readyz", ops::readyz, anyone("GET, HEAD")))
+    .service(readable("/metrics", ops::metrics, anyone("GET, HEAD")))
+    .service(readable(
+        "/admin/events",
+        admin::list_events,
+        admins("GET, HEAD"),
+    ))
+    .service(readable(
         "/admin/events/{source}/{event_id}",
-        web::get().to(admin::get_event),
+        admin::get_event,
+        admins("GET, HEAD"),
     ))
-    .service(only(
+    .service(readable(
         "/admin/events/{source}/{event_id}/deliveries",
-        web::get().to(admin::event_deliveries),
+        admin::event_deliveries,
+        admins("GET, HEAD"),
     ))
-    .service(only(
+    .service(post_only(
         "/admin/events/{source}/{event_id}/redeliver",
-        web::post().to(admin::redeliver_event),
+        admin::redeliver_event,
+        admins("POST"),
     ))
-    .service(only(
+    .service(post_only(
         "/admin/deliveries/requeue",
-        web::post().to(admin::requeue_dead),
+        admin::requeue_dead,
+        admins("POST"),
     ))
-    .service(only(
+    .service(post_only(
         "/admin/deliveries/{id}/requeue",
-        web::post().to(admin::requeue_delivery),
+        admin::requeue_delivery,
+        admins("POST"),
     ))
     .configure(console::routes)
     .default_service(web::to(not_found));
 }
 
-/// `path` answered by `route` alone: any other method there is answered as an unknown route is
-/// (404 `not_found`, JSON), not with actix's bare 405.
-fn only(path: &str, route: actix_web::Route) -> actix_web::Resource {
+/// `path` answered by `handler` for `GET` and `HEAD` (a load balancer's health check may use
+/// either; the server sends a `HEAD` answer's headers without its body), and by `others` for
+/// any other method.
+fn readable<F, Args>(path: &str, handler: F, others: actix_web::Route) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args> + Clone,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
     web::resource(path)
-        .route(route)
-        .default_service(web::to(not_found))
+        .route(web::get().to(handler.clone()))
+        .route(web::head().to(handler))
+        .default_service(others)
+}
+
+/// `path` answered by `handler` for `POST`, and by `others` for any other method.
+fn post_only<F, Args>(path: &str, handler: F, others: actix_web::Route) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(web::post().to(handler))
+        .default_service(others)
+}
+
+/// A method the path does not take, from anyone: 405 `method_not_allowed`, JSON, with `Allow`.
+fn anyone(allow: &'static str) -> actix_web::Route {
+    web::to(move || not_allowed(allow))
+}
+
+/// A method an admin route does not take: answered as the route's own methods are until the
+/// token is shown (404 while no token is configured, 401 for a wrong one), then 405 as
+/// [`anyone`].
+fn admins(allow: &'static str) -> actix_web::Route {
+    web::to(move |_: auth::Admin<auth::Bearer>| not_allowed(allow))
+}
+
+/// The answer to a method a path does not take: 405, naming the methods it does.
+async fn not_allowed(allow: &'static str) -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::MethodNotAllowed(allow))
 }
 
 /// The answer to a path or method no route takes: 404 `not_found`.

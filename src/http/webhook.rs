@@ -46,6 +46,22 @@ pub fn answers_get(ctx: &actix_web::guard::GuardContext<'_>) -> bool {
         .is_some_and(|source| source.provider.answers_get())
 }
 
+/// A method the webhook route does not take: 404 `unknown_source` for a source that is not
+/// configured (as a `POST` there is), else 405 `method_not_allowed` naming the methods the
+/// source takes. Not counted as a delivery.
+pub async fn other_method(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    match state.sources.get(path.as_str()) {
+        None => Err(ApiError::UnknownSource),
+        Some(source) if source.provider.answers_get() => {
+            Err(ApiError::MethodNotAllowed("GET, POST"))
+        }
+        Some(_) => Err(ApiError::MethodNotAllowed("POST")),
+    }
+}
+
 /// A refused or failed delivery, and what caused it where the answer does not say.
 struct Failed {
     error: ApiError,

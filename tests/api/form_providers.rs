@@ -256,8 +256,7 @@ async fn braintree_s_challenge_get_is_answered_never_stored_and_counted_as_a_han
     );
 
     // A GET without a well-formed challenge is malformed; a GET to a source whose provider
-    // sends no GET handshake is answered as before (404 `not_found`, as any route no method
-    // takes; not counted as a delivery).
+    // sends no GET handshake is 405 `method_not_allowed` (not counted as a delivery).
     let bad = app.get("/webhooks/braintree?bt_challenge=XYZ", None).await;
     assert_eq!(bad.status, 400, "{}", bad.text());
     assert_eq!(bad.error(), "malformed_payload");
@@ -267,8 +266,9 @@ async fn braintree_s_challenge_get_is_answered_never_stored_and_counted_as_a_han
         bad.text()
     );
     let stripe = app.get("/webhooks/stripe?bt_challenge=abc", None).await;
-    assert_eq!(stripe.status, 404, "{}", stripe.text());
-    assert_eq!(stripe.error(), "not_found");
+    assert_eq!(stripe.status, 405, "{}", stripe.text());
+    assert_eq!(stripe.error(), "method_not_allowed");
+    assert_eq!(stripe.header("allow"), Some("POST"));
     let unknown = app.get("/webhooks/nosuchsource", None).await;
     assert_eq!(unknown.status, 404, "{}", unknown.text());
 

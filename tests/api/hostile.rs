@@ -455,8 +455,8 @@ fn cases(app: &TestApp) -> Vec<Case> {
         case(
             "GET on the webhook route",
             raw::request("GET", "/webhooks/stripe", &[], b""),
-            404,
-            Some("not_found"),
+            405,
+            Some("method_not_allowed"),
         ),
         case(
             "no signature at all, empty body",

@@ -225,3 +225,113 @@ fn malformed_request_heads_are_a_rate_limited_warning_never_an_error() {
         .count();
     assert_eq!(warnings, 1, "one warning a minute at most:\n{log}");
 }
+
+/// Sends `method` to `path` with the admin token if given, and reads the answer.
+async fn call(app: &TestApp, method: &str, path: &str, token: Option<&str>) -> Answer {
+    let method = awc::http::Method::from_bytes(method.as_bytes()).expect("a method");
+    let mut request = client().request(method, format!("{}{path}", app.address));
+    if let Some(token) = token {
+        request = request.insert_header(("Authorization", format!("Bearer {token}")));
+    }
+    read(request.send().await.expect("the server answers")).await
+}
+
+#[actix_web::test]
+async fn head_checks_health_and_a_method_a_path_does_not_take_is_405_naming_the_ones_it_does() {
+    let app = TestApp::spawn().await;
+    // HEAD, as a load balancer's health check may send it: the GET's status, no body.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let answer = call(&app, "HEAD", path, None).await;
+        assert_eq!(answer.status, 200, "HEAD {path}");
+        assert!(answer.body.is_empty(), "HEAD {path}: {}", answer.text());
+    }
+
+    for (method, path, token, status, error, allow) in [
+        (
+            "GET",
+            "/webhooks/stripe",
+            None,
+            405,
+            "method_not_allowed",
+            Some("POST"),
+        ),
+        (
+            "PUT",
+            "/webhooks/stripe",
+            None,
+            405,
+            "method_not_allowed",
+            Some("POST"),
+        ),
+        (
+            "GET",
+            "/webhooks/nosuchsource",
+            None,
+            404,
+            "unknown_source",
+            None,
+        ),
+        (
+            "POST",
+            "/healthz",
+            None,
+            405,
+            "method_not_allowed",
+            Some("GET, HEAD"),
+        ),
+        (
+            "DELETE",
+            "/metrics",
+            None,
+            405,
+            "method_not_allowed",
+            Some("GET, HEAD"),
+        ),
+        ("POST", "/nowhere", None, 404, "not_found", None),
+        // Admin routes look at the token first, as their own methods do.
+        (
+            "GET",
+            "/admin/deliveries/requeue",
+            None,
+            401,
+            "unauthorized",
+            None,
+        ),
+        (
+            "GET",
+            "/admin/deliveries/requeue",
+            Some(ADMIN_TOKEN),
+            405,
+            "method_not_allowed",
+            Some("POST"),
+        ),
+        (
+            "DELETE",
+            "/admin/events",
+            Some(ADMIN_TOKEN),
+            405,
+            "method_not_allowed",
+            Some("GET, HEAD"),
+        ),
+    ] {
+        let answer = call(&app, method, path, token).await;
+        let case = format!("{method} {path}: {}", answer.text());
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (status, error),
+            "{case}"
+        );
+        assert_eq!(answer.header("allow"), allow, "{case}");
+        if status == 405 {
+            assert!(answer.message().contains(allow.unwrap()), "{case}");
+        }
+    }
+
+    // None of them is a delivery.
+    let metrics = app.get("/metrics", None).await.text();
+    let counted: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("hookbox_webhooks_total{") && !line.ends_with(" 0"))
+        .collect();
+    assert!(counted.is_empty(), "no delivery counted: {counted:?}");
+}

@@ -475,11 +475,19 @@ async fn odd_admin_requests_get_their_contract_answers_and_never_a_5xx() {
             .expect("answers");
         assert_eq!(unauthorised.status().as_u16(), 401, "{path}");
     }
-    // A method the route does not take: 404 `not_found`, as JSON.
+    // A method the route does not take: 405 `method_not_allowed`, as JSON, naming the one it
+    // does.
     let answer = app
         .get("/admin/deliveries/requeue", Some(ADMIN_TOKEN))
         .await;
-    assert_eq!((answer.status, answer.error().as_str()), (404, "not_found"));
+    assert_eq!(
+        (
+            answer.status,
+            answer.error().as_str(),
+            answer.header("allow")
+        ),
+        (405, "method_not_allowed", Some("POST"))
+    );
 
     // Values no store can hold, and a time before any store's: nothing matches, no 503.
     let none = serde_json::json!({"requeued": 0});
