@@ -159,6 +159,21 @@ enum Done {
 /// # Errors
 /// The first delivery that cannot be sent, with its file and line.
 pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
+    // The report is written at the end: a path it cannot be written to is found now, before
+    // anything is sent, not after the deliveries it was meant to record. Opened to append, so
+    // a report already there stays until the new one replaces it.
+    if let Some(path) = &options.report {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(|e| {
+                format!(
+                    "--report: cannot write {}: {e}; nothing was sent",
+                    path.display()
+                )
+            })?;
+    }
     for entry in Entries::new(files.to_vec()) {
         match job(entry, options) {
             Job::Send(pending) => {

@@ -620,6 +620,27 @@ async fn a_header_http_cannot_carry_is_a_usage_error_and_nothing_is_sent() {
     assert_eq!(seen.lock().expect("seen lock").len(), 0, "nothing was sent");
 }
 
+#[actix_web::test]
+async fn a_report_that_cannot_be_written_is_a_usage_error_before_anything_is_sent() {
+    let (url, _, seen) = recorder();
+    let file = capture(&[capture_line("github", "d-1", Some("push"), &[], "{}")]);
+    let path = file.path();
+    let nowhere = std::env::temp_dir()
+        .join(unique_id("no-such-dir"))
+        .join("report.json");
+    let nowhere = nowhere.to_str().expect("a UTF-8 temp dir");
+    let (code, stdout, stderr) = run_hookbox_async(&[
+        "replay", &path, "--to", &url, "--as-is", "--report", nowhere,
+    ])
+    .await;
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("--report") && stderr.contains("nothing was sent"),
+        "says which flag and that nothing went: {stderr}"
+    );
+    assert_eq!(seen.lock().expect("seen lock").len(), 0, "nothing was sent");
+}
+
 #[test]
 fn a_to_url_that_would_not_be_sent_as_written_is_a_usage_error() {
     let file = github_capture(1);
