@@ -299,10 +299,25 @@ fn serve(config: Config) -> anyhow::Result<()> {
 }
 
 fn migrate(config: &Config) -> anyhow::Result<()> {
-    let applied = crate::db::migrate_store(&config.database, |_| Ok(()))?;
-    if applied.is_empty() {
+    let migrated = crate::db::migrate_store(&config.database, |_| Ok(()))?;
+    let applied = migrated.applied;
+    if !migrated.unknown.is_empty() {
+        eprintln!(
+            "warning: {} holds {} migration(s) this hookbox does not know ({}): a newer hookbox \
+             migrated it, and this one may not work with its schema; run the newer version",
+            config.database.display_url(),
+            migrated.unknown.len(),
+            migrated.unknown.join(", ")
+        );
+    }
+    if applied.is_empty() && migrated.unknown.is_empty() {
         println!(
             "database schema is up to date ({})",
+            config.database.display_url()
+        );
+    } else if applied.is_empty() {
+        println!(
+            "nothing to apply to {}: every migration this hookbox knows is applied",
             config.database.display_url()
         );
     } else {

@@ -186,15 +186,25 @@ fn open_database(config: &Config, handlers: &Handlers) -> anyhow::Result<DbPool>
     let pool = db::pool(&config.database, config.server.in_flight_wait)?;
     let prepare =
         |conn: &mut db::AnyConnection| handlers.all().try_for_each(|handler| handler.prepare(conn));
-    let applied = match config.database.store {
+    let migrated = match config.database.store {
         // The database lives in the pool's one connection.
         db::Store::SqliteMemory => db::migrate(&mut *pool.get()?, prepare)?,
         _ => db::migrate_store(&config.database, prepare)?,
     };
-    if applied.is_empty() {
-        tracing::info!("database schema is up to date");
-    } else {
+    // Not refused: while a rolling deploy runs, instances of the version before keep serving
+    // beside the newer one that migrated.
+    if !migrated.unknown.is_empty() {
+        tracing::warn!(
+            unknown = ?migrated.unknown,
+            "the database holds migrations this hookbox does not know: a newer hookbox migrated \
+             it, and this one may not work with its schema; run the newer version"
+        );
+    }
+    let applied = migrated.applied;
+    if !applied.is_empty() {
         tracing::info!(migrations = ?applied, "applied database migrations");
+    } else if migrated.unknown.is_empty() {
+        tracing::info!("database schema is up to date");
     }
     Ok(pool)
 }

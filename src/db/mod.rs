@@ -113,17 +113,42 @@ pub fn as_any(conn: &mut AnyConnection) -> &mut AnyConnection {
 const PG_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
 
-/// Applies the backend's pending migrations; returns the versions applied.
-fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Vec<String>> {
-    let applied = match conn {
-        AnyConnection::Postgres(pg) => pg
-            .run_pending_migrations(PG_MIGRATIONS)
-            .map(|v| v.iter().map(ToString::to_string).collect()),
-        AnyConnection::Sqlite(sqlite) => sqlite
-            .run_pending_migrations(SQLITE_MIGRATIONS)
-            .map(|v| v.iter().map(ToString::to_string).collect()),
+/// What a migration run did, and what it found.
+#[derive(Debug, Default)]
+pub struct Migrated {
+    /// The versions it applied, oldest first.
+    pub applied: Vec<String>,
+    /// Versions the database has applied that this binary does not carry: a newer hookbox
+    /// migrated it.
+    pub unknown: Vec<String>,
+}
+
+/// Applies the backend's pending migrations, and lists the applied ones this binary lacks.
+fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Migrated> {
+    fn run<DB: diesel::backend::Backend>(
+        harness: &mut impl MigrationHarness<DB>,
+        source: EmbeddedMigrations,
+    ) -> diesel::migration::Result<Migrated> {
+        use diesel::migration::MigrationSource;
+        let known: Vec<String> = MigrationSource::<DB>::migrations(&source)?
+            .iter()
+            .map(|m| m.name().version().to_string())
+            .collect();
+        let applied = harness.run_pending_migrations(source)?;
+        let applied: Vec<String> = applied.iter().map(ToString::to_string).collect();
+        let unknown = harness
+            .applied_migrations()?
+            .iter()
+            .map(ToString::to_string)
+            .filter(|version| !known.contains(version))
+            .collect();
+        Ok(Migrated { applied, unknown })
+    }
+    let migrated = match conn {
+        AnyConnection::Postgres(pg) => run(pg, PG_MIGRATIONS),
+        AnyConnection::Sqlite(sqlite) => run(sqlite, SQLITE_MIGRATIONS),
     };
-    applied.map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+    migrated.map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
 }
 
 /// How long a request waits for a pooled connection before it is answered 503. Short, so a
@@ -593,17 +618,17 @@ pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
 pub fn migrate_store(
     config: &DatabaseConfig,
     after: impl FnOnce(&mut AnyConnection) -> anyhow::Result<()>,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<Migrated> {
     migrate(&mut connect(config)?, after)
 }
 
 /// Applies pending migrations, with instances starting together taking turns (a session
 /// advisory lock on PostgreSQL, the write lock on SQLite), then runs `after` (the handlers' own
-/// setup) under the same lock. Returns the versions it applied.
+/// setup) under the same lock. Returns what it applied and found.
 pub fn migrate(
     conn: &mut AnyConnection,
     after: impl FnOnce(&mut AnyConnection) -> anyhow::Result<()>,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<Migrated> {
     let run = |conn: &mut AnyConnection| {
         run_migrations(conn).and_then(|versions| after(conn).map(|()| versions))
     };

@@ -335,3 +335,38 @@ async fn head_checks_health_and_a_method_a_path_does_not_take_is_405_naming_the_
         .collect();
     assert!(counted.is_empty(), "no delivery counted: {counted:?}");
 }
+
+#[actix_web::test]
+async fn migrate_and_serve_say_so_when_a_newer_hookbox_migrated_the_database() {
+    use diesel::RunQueryDsl;
+    let db = TestDb::create();
+    let config = TempFile::new(&format!("[database]\nurl = \"{}\"\n", db.url));
+    let (code, stdout, stderr) = run_hookbox(&["migrate", "--config", &config.path()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("applied"), "{stdout}");
+    assert!(!stderr.contains("does not know"), "{stderr}");
+
+    // A migration from a later version, as a newer hookbox records it.
+    diesel::sql_query("INSERT INTO __diesel_schema_migrations (version) VALUES ('29991231000000')")
+        .execute(&mut db.connect())
+        .expect("a later migration recorded");
+
+    let (code, stdout, stderr) = run_hookbox(&["migrate", "--config", &config.path()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("29991231000000") && stderr.contains("newer hookbox"),
+        "names the version and what it means: {stderr}"
+    );
+    assert!(!stdout.contains("up to date"), "{stdout}");
+
+    // `serve` still starts (instances of the older version keep serving through a rolling
+    // deploy), and warns.
+    let process = Process::serve(&config_text(&db.url, ""));
+    let log = process.log();
+    assert!(
+        log.contains("WARN") && log.contains("29991231000000") && log.contains("newer hookbox"),
+        "{log}"
+    );
+    assert!(!log.contains("up to date"), "{log}");
+    assert_eq!(get(&process.address, "/healthz", None).await.status, 200);
+}
