@@ -399,7 +399,9 @@ impl Config {
                 let key = e.path().to_string();
                 // toml appends "in `table`" on a line of its own; the path already says where.
                 let inner = e.inner().to_string();
-                let problem = without_string_values(inner.lines().next().unwrap_or_default());
+                let problem = in_plain_words(&without_string_values(
+                    inner.lines().next().unwrap_or_default(),
+                ));
                 if key == "." || key.is_empty() {
                     ConfigError(problem)
                 } else {
@@ -477,6 +479,30 @@ fn key_on_line(text: &str, line: usize) -> Option<String> {
             Some(format!("{}.{key}", bare(inner)?))
         }
     }
+}
+
+/// A serde message with Rust's type names said as a config's reader would: `expected u32`
+/// becomes `expected a whole number from 0 to 4294967295`.
+fn in_plain_words(message: &str) -> String {
+    const TYPES: [(&str, &str); 6] = [
+        ("expected u8", "expected a whole number from 0 to 255"),
+        ("expected u16", "expected a whole number from 0 to 65535"),
+        (
+            "expected u32",
+            "expected a whole number from 0 to 4294967295",
+        ),
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected i64", "expected a whole number"),
+    ];
+    TYPES
+        .iter()
+        .find_map(|(rust, plain)| {
+            message
+                .strip_suffix(rust)
+                .map(|start| format!("{start}{plain}"))
+        })
+        .unwrap_or_else(|| message.to_owned())
 }
 
 /// A serde message without the string values it quotes: `invalid type: string "whsec_...",
@@ -1843,6 +1869,22 @@ mod tests {
             message.starts_with("sources.s.dedupe:") && message.contains("\"body\""),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_number_of_the_wrong_kind_is_said_in_plain_words() {
+        for (text, says) in [
+            (
+                "[database]\npool_size = \"abc\"\n",
+                "database.pool_size: invalid type: string, expected a whole number from 0 to 4294967295",
+            ),
+            (
+                "[server]\nmax_body_bytes = -1\n",
+                "server.max_body_bytes: invalid value: integer `-1`, expected a whole number, 0 or more",
+            ),
+        ] {
+            assert_eq!(error(text), says);
+        }
     }
 
     #[test]
