@@ -215,7 +215,7 @@ struct SendArgs {
     #[arg(long, value_name = "ID")]
     event_id: Option<String>,
     /// The event type, for schemes whose type travels in a header (github, shopify, gitlab,
-    /// bitbucket, linear, lemonsqueezy); the others read it from the body
+    /// bitbucket, linear, lemonsqueezy); the others read it from the body, and refuse the flag
     #[arg(long, value_name = "TYPE")]
     event_type: Option<String>,
     /// The body to send, byte for byte ("-" reads stdin)

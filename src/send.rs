@@ -45,8 +45,8 @@ pub enum SendError {
 /// Signs and posts the body, writes what came back to `out`, and returns whether it was a 2xx.
 ///
 /// # Errors
-/// [`SendError::Usage`] for `--event-id` where the body carries the id, or a source the config
-/// lacks; [`SendError::Network`] when no answer came, after the retries.
+/// [`SendError::Usage`] for `--event-id` or `--event-type` where the body carries the id or the
+/// type, or a source the config lacks; [`SendError::Network`] when no answer came, after the retries.
 pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError> {
     let verifier = options
         .signer
@@ -73,6 +73,21 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         &identity,
         &signing::ContentType::Default,
     );
+    // Read back as the receiver reads it: a type the scheme takes from the body is not the
+    // flag's, and sending it anyway would store another type than the one asked for.
+    if let Some(wanted) = options.event_type.as_deref() {
+        let json: Option<serde_json::Value> = serde_json::from_slice(&signed.body).ok();
+        let read = verifier
+            .identify_body(&signed.headers, &signed.body, json.as_ref())
+            .event_type;
+        if read.as_deref() != Some(wanted) {
+            return Err(SendError::Usage(format!(
+                "the {} scheme reads the event type from the body, so --event-type does not \
+                 apply; change the type in the body instead",
+                verifier.scheme()
+            )));
+        }
+    }
     let request = Request {
         url: signing::with_query(
             &options.to.url_for(options.source.as_str()),

@@ -133,3 +133,49 @@ async fn a_to_url_with_a_query_but_no_path_posts_to_the_webhook_path_with_the_qu
     assert_eq!(code, 0, "{out}{stderr}");
     assert_eq!(app.db.count("events"), 2);
 }
+
+#[actix_web::test]
+async fn an_id_or_type_flag_a_scheme_reads_from_the_body_is_a_usage_error_and_nothing_is_sent() {
+    let app = TestApp::spawn().await;
+    let config = TempFile::new(&config_text(&app.db.url, ""));
+    let id = unique_id("evt");
+    let body =
+        TempFile::with_extension(stripe_event(&id, "charge.succeeded", 1).as_bytes(), "json");
+    for (flag, value, says) in [
+        ("--event-id", "evt_other", "--event-id does not apply"),
+        (
+            "--event-type",
+            "invoice.paid",
+            "--event-type does not apply",
+        ),
+    ] {
+        let args = [
+            "--source",
+            "stripe",
+            "--config",
+            &config.path(),
+            flag,
+            value,
+        ];
+        let (code, stdout, stderr) = send_body(&app, &args, &body).await;
+        assert_eq!(code, 2, "{flag}: {stdout}{stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("stripe"),
+            "{flag}: {stderr}"
+        );
+    }
+    assert_eq!(app.db.count("events"), 0, "nothing was sent");
+
+    // The type the body names is no contradiction.
+    let args = [
+        "--source",
+        "stripe",
+        "--config",
+        &config.path(),
+        "--event-type",
+        "charge.succeeded",
+    ];
+    let (code, stdout, stderr) = send_body(&app, &args, &body).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(app.db.count("events"), 1);
+}
