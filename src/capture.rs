@@ -156,7 +156,7 @@ pub struct ExportFilter {
 /// It reads in batches of [`EXPORT_BATCH`], each starting after the last (received time, row
 /// id) written, so memory stays bounded however many events are stored. All batches read one
 /// snapshot (a read-only repeatable-read transaction), so the capture is consistent even while
-/// deliveries arrive.
+/// deliveries arrive. `progress` is told the count written so far after each batch.
 ///
 /// # Errors
 /// A database error, or a failure to write to `out`.
@@ -164,6 +164,7 @@ pub fn export(
     conn: &mut AnyConnection,
     filter: &ExportFilter,
     out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
 ) -> anyhow::Result<u64> {
     db::read_snapshot(conn, |conn| {
         let mut written = 0;
@@ -178,6 +179,7 @@ pub fn export(
             for row in batch {
                 capture_line(row).write_to(out)?;
             }
+            progress(written);
             if !full {
                 break;
             }

@@ -426,20 +426,44 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
     };
     finish((|| {
         let mut conn = crate::db::connect(&config.database)?;
+        // A long export says how far it is, every few seconds, on stderr.
+        let mut last = std::time::Instant::now();
+        let mut progress = |written: u64| {
+            if last.elapsed() >= crate::replay::progress::PLAIN_EVERY {
+                eprintln!("export: {written} event(s) so far");
+                last = std::time::Instant::now();
+            }
+        };
         let count = match &args.out {
             None => {
                 let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-                capture::export(&mut conn, &filter, &mut out)?
+                capture::export(&mut conn, &filter, &mut out, &mut progress)?
             }
-            Some(path) => {
-                capture::write_whole(path, |out| capture::export(&mut conn, &filter, out))?
-            }
+            Some(path) => capture::write_whole(path, |out| {
+                capture::export(&mut conn, &filter, out, &mut progress)
+            })?,
         };
         let place = args
             .out
             .as_ref()
             .map_or("stdout".to_owned(), |p| p.display().to_string());
         eprintln!("hookbox: exported {count} event(s) to {place}");
+        // Events of a source since removed from the config are still exported; a name that is
+        // neither configured nor stored is most likely a typo.
+        if let Some(source) = filter.source.as_deref() {
+            let configured: Vec<&str> = config.sources.iter().map(|s| s.name.as_str()).collect();
+            if count == 0 && !configured.contains(&source) {
+                eprintln!(
+                    "hookbox: no source named {source:?} is configured (configured: {}), and none \
+                     of its events is stored; check --source",
+                    if configured.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        configured.join(", ")
+                    }
+                );
+            }
+        }
         Ok(())
     })())
 }

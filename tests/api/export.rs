@@ -383,3 +383,29 @@ fn export_takes_dates_and_zoneless_times_as_utc_like_the_console() {
         assert_eq!(ids(&parse_capture(&stdout)), expected, "{since}..{until}");
     }
 }
+
+#[test]
+fn export_of_a_source_neither_configured_nor_stored_says_so_and_a_removed_one_still_exports() {
+    let (_db, config) = stored_events(2);
+    // The config names no source; the two events are a stripe source's, since removed.
+    let (code, stdout, stderr) = run_hookbox(
+        &["export", "--config", &config.path(), "--source", "stripe"],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(parse_capture(&stdout).len(), 2);
+    assert!(!stderr.contains("no source named"), "{stderr}");
+
+    let (code, stdout, stderr) = run_hookbox(
+        &["export", "--config", &config.path(), "--source", "strpe"],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, "");
+    assert!(
+        stderr.contains("exported 0 event(s)")
+            && stderr.contains("no source named \"strpe\" is configured")
+            && stderr.contains("--source"),
+        "{stderr}"
+    );
+}
