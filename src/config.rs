@@ -827,13 +827,11 @@ impl RawForward {
         }
         let transport = match bus {
             None => {
-                let host = url.split_once("://").map(|(_, rest)| rest).unwrap_or("");
-                if host.is_empty() || host.starts_with('/') {
-                    return Err(ConfigError::at(
-                        key("url"),
-                        format!("{:?} names no host", crate::redact::target_url(&url)),
-                    ));
-                }
+                // The rules `replay --to` and `send --to` follow: a host, a port from 1 to
+                // 65535, and nothing an HTTP client drops unsent (`user:password@`, `#part`).
+                url.parse::<crate::replay::Target>().map_err(|problem| {
+                    ConfigError::at(key("url"), crate::redact::message_about(&problem, &url))
+                })?;
                 Transport::Http {
                     secret: http_secret(self.secret, self.secret_env, &key, env)?,
                 }
@@ -1572,6 +1570,24 @@ mod tests {
             "{base}url = \"ftp://x\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"
         ));
         assert!(message.starts_with("sources.s.forward.url:"), "{message}");
+        // What an HTTP client would not send as written is refused, its password unrepeated.
+        for (url, says) in [
+            ("http://u:pw@", "not a URL"),
+            ("http://u:pw@host/hook", "user:password@"),
+            ("http://host:0/hook", "port"),
+            ("http://host:70000/hook", "port"),
+            ("http://host/hook#part", "fragment"),
+            ("http:///hook", "URL"),
+        ] {
+            let message = error(&format!(
+                "{base}url = {url:?}\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"
+            ));
+            assert!(
+                message.starts_with("sources.s.forward.url:") && message.contains(says),
+                "{url}: {message}"
+            );
+            assert!(!message.contains("pw"), "{url}: {message}");
+        }
         let message = error(&format!("{base}url = \"http://x\"\n"));
         assert!(
             message.starts_with("sources.s.forward.secret:"),
