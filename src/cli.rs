@@ -252,7 +252,7 @@ pub fn main() -> ExitCode {
                 Ok(config)
             })
             .and_then(|config| finish(serve(config))),
-        Command::Migrate(arg) => Config::load_without_sources(arg.config.as_deref(), &ProcessEnv)
+        Command::Migrate(arg) => Config::load_for_migrate(arg.config.as_deref(), &ProcessEnv)
             .map_err(|e| usage(format_args!("config error: {e}")))
             .and_then(|c| finish(migrate(&c))),
         Command::Export(args) => export(args),

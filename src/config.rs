@@ -259,6 +259,12 @@ impl ConfigError {
     fn at(key: impl fmt::Display, problem: impl fmt::Display) -> Self {
         ConfigError(format!("{key}: {problem}"))
     }
+
+    /// Whether the problem is a `*_env` key naming a variable that is not set: every such error
+    /// says "the environment variable NAME is not set".
+    fn names_an_unset_variable(&self) -> bool {
+        self.0.contains("the environment variable ") && self.0.contains(" is not set")
+    }
 }
 
 /// What the process environment contributes: the overrides and the variables secrets are read
@@ -331,10 +337,19 @@ impl Config {
         Config::load_parsed(path, env, |text| Config::parse(text, env))
     }
 
-    /// [`Config::load`] for `migrate`, which needs only the database: `[sources]` is not read,
-    /// so a deploy step that migrates need not hold the sources' secrets (nor their
-    /// variables). The rest is read and checked as `serve` reads it.
-    pub fn load_without_sources(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
+    /// [`Config::load`] for `migrate`, which needs only the database. The whole file is checked
+    /// as `serve` checks it (an unknown key or a wrong value is an error wherever it is), except
+    /// that a secret's variable that is not set is let pass: a deploy step that migrates need
+    /// not hold the sources' secrets. Then `[sources]` is left unread.
+    pub fn load_for_migrate(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
+        match Config::load(path, env) {
+            Err(e) if e.names_an_unset_variable() => Config::load_without_sources(path, env),
+            loaded => loaded,
+        }
+    }
+
+    /// [`Config::load`] without `[sources]`: the rest is read and checked as `serve` reads it.
+    fn load_without_sources(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
         Config::load_parsed(path, env, |text| {
             Config::parse_table(text, env, &Registry::builtin(), |table| {
                 table.remove("sources");

@@ -160,14 +160,28 @@ fn migrate_needs_only_the_database_not_the_sources_secrets() {
     );
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("applied"), "{stdout}");
-    // The rest of the file is still checked.
-    let config = TempFile::new("[database]\npool_size = 0\n");
-    let (code, _, stderr) = run_hookbox(
-        &["migrate", "--config", &config.path()],
-        &[("DATABASE_URL", &db.url)],
-    );
-    assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("pool_size"), "{stderr}");
+    // The rest of the file is still checked, and so is `[sources]` when its secrets are at
+    // hand: an unknown key, a key the scheme refuses.
+    for (text, names) in [
+        ("[database]\npool_size = 0\n", "pool_size"),
+        (
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x1234567\"]\nbogus_key = 1\n",
+            "bogus_key",
+        ),
+        (
+            "[sources.s]\nscheme = \"sendgrid\"\nsecrets = [\"topsecret\"]\n",
+            "public_keys",
+        ),
+    ] {
+        let config = TempFile::new(text);
+        let (code, _, stderr) = run_hookbox(
+            &["migrate", "--config", &config.path()],
+            &[("DATABASE_URL", &db.url)],
+        );
+        assert_eq!(code, 2, "{text}: {stderr}");
+        assert!(stderr.contains(names), "{text}: {stderr}");
+        assert!(!stderr.contains("topsecret"), "{stderr}");
+    }
 }
 
 #[test]
