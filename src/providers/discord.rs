@@ -16,7 +16,7 @@ use super::ed25519::{signature_of, PrivateKey, PublicKeys};
 use super::family::lowercase;
 use super::mac::{json_text, parse_timestamp, required_header, Clock};
 use super::{
-    Answer, Headers, Identity, Inbound, Provider, ProviderError, Settings, SignatureError,
+    Answer, Headers, Identity, Inbound, Provider, ProviderError, Refusal, Settings, SignatureError,
 };
 
 const SIGNATURE: &str = "X-Signature-Ed25519";
@@ -154,15 +154,15 @@ impl Provider for Discord {
         &self,
         _inbound: &Inbound<'_>,
         json: Option<&serde_json::Value>,
-    ) -> Option<Answer> {
+    ) -> Option<Result<Answer, Refusal>> {
         if json?.get("type")?.as_u64()? != PING {
             return None;
         }
-        Some(Answer {
+        Some(Ok(Answer {
             status: 200,
             content_type: "application/json",
             body: br#"{"type":1}"#.to_vec(),
-        })
+        }))
     }
 }
 

@@ -326,11 +326,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
     }
 
     /// A verified request that is a handshake, with the answer it expects; `None` for an event.
+    /// A handshake that lacks what its answer needs (a challenge) is refused with
+    /// [`Refusal::MalformedHandshake`]: it is never stored as an event either.
     fn handshake(
         &self,
         _inbound: &Inbound<'_>,
         _json: Option<&serde_json::Value>,
-    ) -> Option<Answer> {
+    ) -> Option<Result<Answer, Refusal>> {
         None
     }
 
@@ -411,7 +413,7 @@ pub fn receive_verified<P: Provider + ?Sized>(
         return Err(Refusal::MalformedPayload);
     }
     if let Some(answer) = provider.handshake(inbound, json.as_ref()) {
-        return Ok(Received::Handshake(answer));
+        return answer.map(Received::Handshake);
     }
     let identity = provider.identify_body(inbound.headers, inbound.body, json.as_ref());
     Ok(Received::Event(Incoming {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::family::{lowercase, text_keys_only, v0, v0_content, verify_stamped, HeaderMac};
 use super::mac::{json_text, required_header, Clock};
 use super::SignatureError;
-use super::{Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Settings};
+use super::{Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Refusal, Settings};
 
 /// A Slack app's source: its signing secrets, used as text, and its tolerance.
 #[derive(Debug)]
@@ -78,19 +78,23 @@ impl Provider for Slack {
         &self,
         _inbound: &Inbound<'_>,
         json: Option<&serde_json::Value>,
-    ) -> Option<Answer> {
+    ) -> Option<Result<Answer, Refusal>> {
         let json = json?;
         if json.get("type")?.as_str()? != "url_verification" {
             return None;
         }
-        let challenge = json.get("challenge")?.as_str()?;
-        Some(Answer {
+        let Some(challenge) = json.get("challenge").and_then(|c| c.as_str()) else {
+            return Some(Err(Refusal::MalformedHandshake(
+                "a url_verification request carries its challenge as a string, and this one does not",
+            )));
+        };
+        Some(Ok(Answer {
             status: 200,
             content_type: "application/json",
             body: serde_json::json!({ "challenge": challenge })
                 .to_string()
                 .into_bytes(),
-        })
+        }))
     }
 }
 

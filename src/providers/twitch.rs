@@ -12,7 +12,8 @@ use super::family::text_keys_only;
 use super::mac::{any_matches, header_text, hex_tags, json_text, matched, required_header};
 use super::mac::{tag_of, Clock};
 use super::{
-    Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Settings, SignatureError,
+    Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Refusal, Settings,
+    SignatureError,
 };
 
 /// A Twitch source: its EventSub secrets, used as text, and its tolerance.
@@ -118,16 +119,28 @@ impl Provider for Twitch {
     }
 
     /// A verified `webhook_callback_verification`: its `challenge`, as it is.
-    fn handshake(&self, inbound: &Inbound<'_>, json: Option<&serde_json::Value>) -> Option<Answer> {
+    fn handshake(
+        &self,
+        inbound: &Inbound<'_>,
+        json: Option<&serde_json::Value>,
+    ) -> Option<Result<Answer, Refusal>> {
         if header_text(inbound.headers, KIND)?.trim() != VERIFICATION {
             return None;
         }
-        let challenge = json?.get("challenge")?.as_str()?;
-        Some(Answer {
+        let Some(challenge) = json
+            .and_then(|j| j.get("challenge"))
+            .and_then(|c| c.as_str())
+        else {
+            return Some(Err(Refusal::MalformedHandshake(
+                "a webhook_callback_verification message carries its challenge as a string, and \
+                 this one does not",
+            )));
+        };
+        Some(Ok(Answer {
             status: 200,
             content_type: "text/plain",
             body: challenge.as_bytes().to_vec(),
-        })
+        }))
     }
 }
 
@@ -136,7 +149,7 @@ mod tests {
     use std::time::Duration;
 
     use super::super::tests::{headers, verifier};
-    use super::super::{Inbound, Scheme, SignatureError};
+    use super::super::{Inbound, Refusal, Scheme, SignatureError};
     use crate::secret::Secret;
 
     const NOW: i64 = 1_763_649_000;
@@ -202,9 +215,36 @@ mod tests {
             now: NOW,
         };
         let json = serde_json::from_slice(body).ok();
-        let answer = twitch.handshake(&inbound, json.as_ref()).expect("answered");
+        let answer = twitch
+            .handshake(&inbound, json.as_ref())
+            .expect("a handshake")
+            .expect("answered");
         assert_eq!(answer.body, b"pogchamp");
         assert_eq!(answer.content_type, "text/plain");
+
+        // A verification without a challenge to answer: refused, never taken for an event.
+        for body in [
+            &br#"{"subscription":{"type":"stream.online"}}"#[..],
+            br#"{"challenge":12345,"subscription":{"type":"stream.online"}}"#,
+            b"not json",
+        ] {
+            let inbound = Inbound {
+                method: "POST",
+                query: "",
+                headers: &signed,
+                body,
+                now: NOW,
+            };
+            let json = serde_json::from_slice(body).ok();
+            assert!(
+                matches!(
+                    twitch.handshake(&inbound, json.as_ref()),
+                    Some(Err(Refusal::MalformedHandshake(_)))
+                ),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
         signed[3].1 = "notification".into();
         let inbound = Inbound {
             method: "POST",

@@ -11,8 +11,8 @@ use std::time::Duration;
 use super::family::{lowercase, text_keys_only, v0, v0_content, HeaderMac};
 use super::mac::{any_matches, json_text, parse_timestamp, required_header, tag_of, Clock};
 use super::{
-    body_hash_id, Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Settings,
-    SignatureError,
+    body_hash_id, Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Refusal,
+    Settings, SignatureError,
 };
 
 /// A Zoom source: its secret tokens, used as text, and its tolerance.
@@ -104,21 +104,34 @@ impl Provider for Zoom {
 
     /// A verified `endpoint.url_validation`: its `plainToken`, and that token's HMAC under the
     /// secret that signed the request (during a rotation Zoom signs with the one it has).
-    fn handshake(&self, inbound: &Inbound<'_>, json: Option<&serde_json::Value>) -> Option<Answer> {
+    fn handshake(
+        &self,
+        inbound: &Inbound<'_>,
+        json: Option<&serde_json::Value>,
+    ) -> Option<Result<Answer, Refusal>> {
         let json = json?;
         if json.get("event")?.as_str()? != VALIDATION {
             return None;
         }
-        let plain = json.pointer("/payload/plainToken")?.as_str()?;
-        let (secret, _) = self.signer(inbound.headers, inbound.body).ok()?;
+        let Some(plain) = json.pointer("/payload/plainToken").and_then(|p| p.as_str()) else {
+            return Some(Err(Refusal::MalformedHandshake(
+                "an endpoint.url_validation request carries payload.plainToken as a string, and \
+                 this one does not",
+            )));
+        };
+        // Verified already, so one of the secrets signed it.
+        let (secret, _) = match self.signer(inbound.headers, inbound.body) {
+            Ok(found) => found,
+            Err(e) => return Some(Err(Refusal::Signature(e))),
+        };
         let encrypted = hex::encode(tag_of(secret, &[plain.as_bytes()]));
-        Some(Answer {
+        Some(Ok(Answer {
             status: 200,
             content_type: "application/json",
             body: serde_json::json!({ "plainToken": plain, "encryptedToken": encrypted })
                 .to_string()
                 .into_bytes(),
-        })
+        }))
     }
 
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
@@ -181,11 +194,41 @@ mod tests {
                 body,
                 now: NOW,
             };
-            let answer = zoom.handshake(&inbound, Some(&json)).expect("a handshake");
+            let answer = zoom
+                .handshake(&inbound, Some(&json))
+                .expect("a handshake")
+                .expect("answered");
             let answered: serde_json::Value = serde_json::from_slice(&answer.body).expect("JSON");
             let expected = hex::encode(super::tag_of(secret.as_bytes(), &[b"abc"]));
             assert_eq!(answered["plainToken"], "abc");
             assert_eq!(answered["encryptedToken"], expected.as_str());
+        }
+    }
+
+    #[test]
+    fn a_validation_without_a_plain_token_is_refused_not_taken_for_an_event() {
+        let zoom = verifier("zoom", &["current"]);
+        for body in [
+            &br#"{"payload":{},"event":"endpoint.url_validation"}"#[..],
+            br#"{"payload":{"plainToken":7},"event":"endpoint.url_validation"}"#,
+        ] {
+            let signed = zoom.sign(body, NOW, "", None);
+            let json = serde_json::from_slice(body).expect("JSON");
+            let inbound = Inbound {
+                method: "POST",
+                query: "",
+                headers: &signed,
+                body,
+                now: NOW,
+            };
+            assert!(
+                matches!(
+                    zoom.handshake(&inbound, Some(&json)),
+                    Some(Err(super::super::Refusal::MalformedHandshake(_)))
+                ),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 }

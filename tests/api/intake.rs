@@ -276,6 +276,21 @@ async fn slack_url_verification_is_answered_with_its_challenge_and_not_stored() 
         .delivery("slack", body, "")
         .with_header("X-Slack-Signature", &format!("v0={}", "0".repeat(64)));
     assert_eq!(app.send(&forged).await.status, 401);
+    // One without a challenge to answer is refused and not stored.
+    let answer = app
+        .send(&app.delivery(
+            "slack",
+            r#"{"type":"url_verification","event_id":"Ev1"}"#,
+            "",
+        ))
+        .await;
+    assert_eq!(
+        (answer.status, answer.error().as_str()),
+        (400, "malformed_payload"),
+        "{}",
+        answer.text()
+    );
+    assert_eq!(app.db.count("events"), 0);
 }
 
 #[actix_web::test]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use hookbox::providers::mac::{any_matches, header_text, json_text, required_header, tag_of};
 use hookbox::providers::{
-    Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Registry, Settings,
+    Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Refusal, Registry, Settings,
     SignatureError,
 };
 use hookbox::Config;
@@ -90,13 +90,13 @@ impl Provider for Ownco {
         &self,
         _inbound: &Inbound<'_>,
         json: Option<&serde_json::Value>,
-    ) -> Option<Answer> {
+    ) -> Option<Result<Answer, Refusal>> {
         let challenge = json?.get("ping")?.as_str()?;
-        Some(Answer {
+        Some(Ok(Answer {
             status: 200,
             content_type: "text/plain",
             body: challenge.as_bytes().to_vec(),
-        })
+        }))
     }
 
     fn volatile_fields(&self) -> &'static [&'static str] {

@@ -376,6 +376,30 @@ async fn each_handshake_is_answered_exactly_never_stored_and_counted_as_a_handsh
     assert_eq!(refused_twitch.status, 401, "{}", refused_twitch.text());
     assert!(!refused_twitch.text().contains("kappa-360"));
 
+    // A signed handshake without what its answer needs is refused, 400, and never stored as an
+    // event (whose id the header or the body's hash would give it).
+    let no_token = format!(
+        r#"{{"payload":{{}},"event_ts":{},"event":"endpoint.url_validation"}}"#,
+        unix_now() * 1000
+    );
+    let no_challenge = r#"{"challenge":12345,"subscription":{"type":"stream.online"}}"#;
+    for delivery in [
+        signed(&app, "zoom", &no_token, "", None),
+        with_header(
+            &signed(&app, "twitch", no_challenge, &unique_id("msg"), None),
+            "Twitch-Eventsub-Message-Type",
+            "webhook_callback_verification",
+        ),
+    ] {
+        let answer = post(&app, &delivery).await;
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (400, "malformed_payload"),
+            "{}",
+            answer.text()
+        );
+    }
+
     // Meta: the verification GET, echoed only for subscribe and the right token.
     let query = "hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=meta-verify-7f3c9a";
     let answer = app.get(&format!("/webhooks/meta?{query}"), None).await;
@@ -415,4 +439,6 @@ async fn each_handshake_is_answered_exactly_never_stored_and_counted_as_a_handsh
         assert_eq!(metric(&metrics, source, "processed"), "0", "{source}");
     }
     assert_eq!(metric(&metrics, "meta", "rejected"), "4");
+    assert_eq!(metric(&metrics, "zoom", "rejected"), "2");
+    assert_eq!(metric(&metrics, "twitch", "rejected"), "2");
 }
