@@ -72,6 +72,13 @@ impl Provider for Slack {
         vec![signature, (TIMESTAMP.to_owned(), stamp)]
     }
 
+    fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
+        Some((
+            Duration::from_secs(6 * 60),
+            "Slack retries a failed event three times: at once, then 1 and 5 minutes later",
+        ))
+    }
+
     /// The `url_verification` request Slack sends when an app's request URL is set: answered
     /// with its `challenge`, never stored.
     fn handshake(
@@ -124,6 +131,13 @@ mod tests {
             ("X-Slack-Signature", signature),
             ("X-Slack-Request-Timestamp", &stamp),
         ])
+    }
+
+    #[test]
+    fn the_redelivery_horizon_covers_the_retry_five_minutes_after_the_one_at_one_minute() {
+        let (horizon, why) = slack(&[SECRET]).redelivery_horizon().expect("a horizon");
+        assert_eq!(horizon, std::time::Duration::from_secs(360));
+        assert!(why.contains("5 minutes"), "{why}");
     }
 
     #[test]
