@@ -138,7 +138,13 @@ impl Prefix {
                 .and_then(|rest| rest.strip_suffix(after.as_str()))
                 .is_some_and(is_region),
         };
-        origin_ok && url.path_and_query().starts_with(self.url.path())
+        // The prefix's path as whole segments: `/certs` admits `/certs` and `/certs/x`, not
+        // `/certsevil/x`, whether or not it was written with its trailing `/`.
+        let path = self.url.path();
+        let segment_ok = url.path_and_query().strip_prefix(path).is_some_and(|rest| {
+            path.ends_with('/') || rest.is_empty() || rest.starts_with(['/', '?'])
+        });
+        origin_ok && segment_ok
     }
 }
 
@@ -197,7 +203,7 @@ impl Allowlist {
     }
 
     /// The URL, normalised, when it starts with an allowed prefix: same scheme, host and port,
-    /// and a path that begins with the prefix's path.
+    /// and a path that begins with the prefix's path, segment by segment.
     pub fn admit(&self, url: &str) -> Option<CertUrl> {
         let url = CertUrl::parse(url).ok()?;
         self.0
@@ -782,6 +788,18 @@ mod tests {
         assert!(narrow
             .admit("https://api.paypal.com/v1/notifications/certs/CERT-2")
             .is_some());
+        // Written without its trailing `/`, a prefix still ends at a segment's end.
+        let bare = allow(&["http://127.0.0.1:18722/certs"]);
+        for good in [
+            "http://127.0.0.1:18722/certs",
+            "http://127.0.0.1:18722/certs/paypal.pem",
+            "http://127.0.0.1:18722/certs?id=1",
+        ] {
+            assert!(bare.admit(good).is_some(), "{good}");
+        }
+        assert!(bare
+            .admit("http://127.0.0.1:18722/certsevil/paypal.pem")
+            .is_none());
     }
 
     #[test]
