@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use subtle::ConstantTimeEq;
 
-use super::family::{batch, item_text};
+use super::family::{batch, item_text, repeats_a_key};
 use super::mac::{any_matches, matched, tag_of};
 use super::{
     Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Received, Refusal, Settings,
@@ -201,6 +201,10 @@ impl Adyen {
         body: &'b [u8],
     ) -> Result<Vec<(&'b str, Value)>, SignatureError> {
         let items = items(body).ok_or(SignatureError::Invalid)?;
+        // An item's signed values are read from the body: each must be there once.
+        if repeats_a_key(body) {
+            return Err(SignatureError::Invalid);
+        }
         let every = !items.is_empty() && items.iter().all(|(_, item)| self.item_verifies(item));
         matched(every && self.authorized(headers))?;
         Ok(items)
@@ -437,6 +441,19 @@ mod tests {
             .replace(r#""pspReference":"B""#, r#""pspReference":"C""#);
         assert_eq!(
             provider.verify(&headers(&[]), tampered.as_bytes(), 0),
+            Err(SignatureError::Invalid)
+        );
+        // A second `success` in front of a signed item's own: the check would read the signed
+        // one (serde keeps the last), a reader of the stored item might take the other.
+        let doubled = String::from_utf8(signed.body.clone())
+            .expect("UTF-8")
+            .replace(
+                r#""pspReference":"B""#,
+                r#""success":"false","pspReference":"B""#,
+            );
+        assert_ne!(doubled.as_bytes(), &signed.body[..]);
+        assert_eq!(
+            provider.verify(&headers(&[]), doubled.as_bytes(), 0),
             Err(SignatureError::Invalid)
         );
         for bad in [&b"not json"[..], b"{}", br#"{"notificationItems":[]}"#] {

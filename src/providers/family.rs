@@ -249,9 +249,92 @@ pub fn batch_of_events(
         .map(Received::Batch)
 }
 
+/// Whether some JSON object in `body` names a key twice. A provider that signs values inside the
+/// body (Adyen's items, SNS's message) refuses such a body: its check reads one of the two
+/// values (serde keeps the last), and the payload stored and forwarded holds both, so a reader
+/// that takes the first would act on a value nobody signed. `false` for a body that is not
+/// JSON at all (the caller refuses that on its own).
+pub fn repeats_a_key(body: &[u8]) -> bool {
+    use serde::de::{Deserialize, Deserializer, Error, MapAccess, SeqAccess, Visitor};
+
+    const REPEATED: &str = "a key repeated";
+
+    /// Any JSON value, read only to look at its objects' keys.
+    struct Keys;
+
+    impl<'de> Deserialize<'de> for Keys {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Keys, D::Error> {
+            d.deserialize_any(Keys)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Keys;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Keys, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if !seen.insert(key) {
+                    return Err(A::Error::custom(REPEATED));
+                }
+                map.next_value::<Keys>()?;
+            }
+            Ok(Keys)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Keys, A::Error> {
+            while seq.next_element::<Keys>()?.is_some() {}
+            Ok(Keys)
+        }
+
+        fn visit_bool<E: Error>(self, _: bool) -> Result<Keys, E> {
+            Ok(Keys)
+        }
+        fn visit_i64<E: Error>(self, _: i64) -> Result<Keys, E> {
+            Ok(Keys)
+        }
+        fn visit_u64<E: Error>(self, _: u64) -> Result<Keys, E> {
+            Ok(Keys)
+        }
+        fn visit_f64<E: Error>(self, _: f64) -> Result<Keys, E> {
+            Ok(Keys)
+        }
+        fn visit_str<E: Error>(self, _: &str) -> Result<Keys, E> {
+            Ok(Keys)
+        }
+        fn visit_unit<E: Error>(self) -> Result<Keys, E> {
+            Ok(Keys)
+        }
+    }
+
+    serde_json::from_slice::<Keys>(body).is_err_and(|e| e.to_string().starts_with(REPEATED))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_repeated_in_any_object_is_found_and_nothing_else_is_taken_for_one() {
+        for body in [
+            &br#"{"a":1,"a":2}"#[..],
+            br#"{"x":[{"b":true,"c":null,"b":"s"}]}"#,
+            br#"{"a\u0062":1,"ab":2}"#,
+        ] {
+            assert!(repeats_a_key(body), "{}", String::from_utf8_lossy(body));
+        }
+        for body in [
+            &br#"{"a":{"a":1},"b":[{"a":1},{"a":2}],"n":1.5e3}"#[..],
+            b"not json",
+            b"[1,2,3]",
+        ] {
+            assert!(!repeats_a_key(body), "{}", String::from_utf8_lossy(body));
+        }
+    }
 
     #[test]
     fn items_are_trimmed_of_spaces_and_tabs_only() {

@@ -30,6 +30,7 @@ use openssl::hash::MessageDigest;
 use serde_json::{Map, Value};
 
 use super::certs::{Allowlist, CertUrl, RsaSignature, RsaSigningKey};
+use super::family::repeats_a_key;
 use super::mac::{json_text, Clock};
 use super::{
     receive_verified, Answer, Confirmation, Headers, Identity, Inbound, Provider, ProviderError,
@@ -217,6 +218,10 @@ impl Sns {
         let Ok(Value::Object(message)) = serde_json::from_slice::<Value>(body) else {
             return Err(SignatureError::Invalid);
         };
+        // The signed values are read from the body: each must be there once.
+        if repeats_a_key(body) {
+            return Err(SignatureError::Invalid);
+        }
         let text = |name: &str| {
             field(&message, name)
                 .ok()
@@ -593,6 +598,14 @@ mod tests {
             // Fields AWS does not sign for a notification may change.
             let unsigned = with(&signed.body, "UnsubscribeURL", Value::from("x"));
             assert_eq!(sns.verify(headers, &unsigned, NOW), Ok(()));
+            // A second Message in front of the signed one: the check would read the signed
+            // one, a reader of the stored payload might take the other.
+            let doubled = [&br#"{"Message":"unsigned","#[..], &signed.body[1..]].concat();
+            assert_eq!(
+                sns.verify(headers, &doubled, NOW),
+                Err(SignatureError::Invalid),
+                "{version}"
+            );
         }
         for body in [&b"not json"[..], b"[]", b"{}", b"\"Notification\""] {
             assert_eq!(
