@@ -791,9 +791,7 @@ impl RawForward {
         };
         let url = url.trim().to_owned();
         let timeout = self.timeout.unwrap_or(Duration::from_secs(10));
-        if timeout.is_zero() {
-            return Err(ConfigError::at(key("timeout"), "must be longer than 0s"));
-        }
+        within(key("timeout"), timeout, HOUR)?;
         let max_attempts = self.max_attempts.unwrap_or(12);
         if max_attempts == 0 {
             return Err(ConfigError::at(key("max_attempts"), "must be at least 1"));
@@ -1081,6 +1079,30 @@ fn earliest_storable() -> chrono::DateTime<chrono::Utc> {
         .and_utc()
 }
 
+/// An hour and a year: the longest a wait or a timeout (an hour: longer is never what is meant,
+/// and PostgreSQL's `lock_timeout` stops at about 24 days) and the purge's interval may be.
+/// Each with its text as a config would write it.
+const HOUR: (Duration, &str) = (Duration::from_secs(3600), "1h");
+const YEAR: (Duration, &str) = (Duration::from_secs(365 * 24 * 3600), "365d");
+
+/// Checks that the duration under `key` is longer than 0s and at most `max`.
+fn within(
+    key: impl fmt::Display,
+    value: Duration,
+    (max, max_text): (Duration, &str),
+) -> Result<(), ConfigError> {
+    if value.is_zero() || value > max {
+        return Err(ConfigError::at(
+            key,
+            format!(
+                "must be longer than 0s and at most {max_text} (it is {})",
+                humantime::format_duration(value)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a configured retention window (`[retention].window`, a source's `retention`): longer
 /// than 0s, and short enough that its cutoff, now minus the window, is a time a store can hold.
 /// A window past that would fail every purge pass on PostgreSQL.
@@ -1166,18 +1188,8 @@ impl RawConfig {
                 "must be at least 1",
             ));
         }
-        if server.in_flight_wait.is_zero() {
-            return Err(ConfigError::at(
-                "server.in_flight_wait",
-                "must be longer than 0s",
-            ));
-        }
-        if server.request_timeout.is_zero() {
-            return Err(ConfigError::at(
-                "server.request_timeout",
-                "must be longer than 0s",
-            ));
-        }
+        within("server.in_flight_wait", server.in_flight_wait, HOUR)?;
+        within("server.request_timeout", server.request_timeout, HOUR)?;
         let configured = env.var("DATABASE_URL").or(self.database.url);
         let url = configured
             .clone()
@@ -1207,12 +1219,7 @@ impl RawConfig {
                 .purge_interval
                 .unwrap_or(Duration::from_secs(600)),
         };
-        if retention.purge_interval.is_zero() {
-            return Err(ConfigError::at(
-                "retention.purge_interval",
-                "must be longer than 0s",
-            ));
-        }
+        within("retention.purge_interval", retention.purge_interval, YEAR)?;
         check_window(retention.window).map_err(|e| ConfigError::at("retention.window", e))?;
         let admin_token = match &self.admin.token_env {
             Some(name) => env.var(name).filter(|v| !v.is_empty()).map(Secret::new),
@@ -1492,6 +1499,54 @@ mod tests {
         assert!(
             message.starts_with("server.request_timeout: must be longer"),
             "{message}"
+        );
+    }
+
+    #[test]
+    fn waits_timeouts_and_the_purge_interval_have_a_ceiling() {
+        // Past it, an attempt's lease overflowed the clock (every claim of the source failed)
+        // and PostgreSQL refused the lock timeout (every claim was 503).
+        let forward = "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\n\
+                       [sources.s.forward]\nurl = \"http://127.0.0.1:9/\"\n\
+                       secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n";
+        for (text, key, max) in [
+            (
+                "[server]\nin_flight_wait = \"300000y\"\n".to_owned(),
+                "server.in_flight_wait",
+                "1h",
+            ),
+            (
+                "[server]\nrequest_timeout = \"2h\"\n".to_owned(),
+                "server.request_timeout",
+                "1h",
+            ),
+            (
+                "[retention]\npurge_interval = \"2y\"\n".to_owned(),
+                "retention.purge_interval",
+                "365d",
+            ),
+            (
+                format!("{forward}timeout = \"300000y\"\n"),
+                "sources.s.forward.timeout",
+                "1h",
+            ),
+            (
+                format!("{forward}timeout = \"0s\"\n"),
+                "sources.s.forward.timeout",
+                "1h",
+            ),
+        ] {
+            let message = error(&text);
+            assert!(
+                message.starts_with(&format!("{key}: must be longer than 0s and at most {max}")),
+                "{text}: {message}"
+            );
+        }
+        let config =
+            Config::parse(&format!("{forward}timeout = \"1h\"\n"), &no_env).expect("valid");
+        assert_eq!(
+            config.sources[0].forward[0].timeout,
+            Duration::from_secs(3600)
         );
     }
 
