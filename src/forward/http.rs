@@ -55,15 +55,25 @@ impl Http {
                 }
             }
         };
-        // Read (and drop) the body so the connection can be reused.
-        let _ = response.body().limit(ANSWER_LIMIT).await;
-        judge(
+        // The status line decides: a 2xx whose body is slow to come is delivered, not an
+        // attempt that timed out and is sent again.
+        let verdict = judge(
             response.status().as_u16(),
             response
                 .headers()
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok()),
-        )
+        );
+        // Read (and drop) the body so the connection can be reused: at once when it is all
+        // there (an empty answer), else on its own, within the target's timeout.
+        let mut body = Box::pin(response.body().limit(ANSWER_LIMIT));
+        if futures_util::FutureExt::now_or_never(&mut body).is_none() {
+            let timeout = self.target.config.timeout;
+            actix_web::rt::spawn(async move {
+                let _ = actix_web::rt::time::timeout(timeout, body).await;
+            });
+        }
+        verdict
     }
 }
 

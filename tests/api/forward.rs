@@ -668,3 +668,82 @@ async fn a_stop_gives_back_the_rows_waiting_for_their_turn_at_once() {
     );
     assert_eq!(downstream.received().len(), 1);
 }
+
+/// A downstream that answers `200` at once, then sends its 100-byte body a byte every 30 ms
+/// (3 s in all), on connections kept alive; and the count of requests it has read.
+fn dripping_downstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("an address"));
+    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let counted = counted.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut stream = stream;
+                loop {
+                    let mut length = 0;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some((name, value)) = line.split_once(':') {
+                            if name.eq_ignore_ascii_case("content-length") {
+                                length = value.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let head = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n";
+                    if stream.write_all(head).is_err() {
+                        return;
+                    }
+                    for _ in 0..100 {
+                        std::thread::sleep(Duration::from_millis(30));
+                        if stream.write_all(b".").is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (url, requests)
+}
+
+#[actix_web::test]
+async fn a_2xx_whose_body_is_slower_than_the_timeout_is_delivered_not_sent_again() {
+    let (url, requests) = dripping_downstream();
+    let app = TestApp::spawn_with(&forward_extra(&url, "1s", 3), Handlers::default()).await;
+    let (id, _) = send_one(&app).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let states = deliveries(&app, &id).await;
+        if states[0]["state"] == "delivered" {
+            assert_eq!(states[0]["attempts"], 1, "{states}");
+            assert_eq!(states[0]["last_status"], 200, "{states}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not delivered within 10 s: {states}"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        requests.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "sent once"
+    );
+}
