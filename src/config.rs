@@ -238,7 +238,7 @@ impl std::str::FromStr for Rate {
         };
         let (count, unit) = text.trim().split_once('/').ok_or_else(bad)?;
         let count: u32 = count.trim().parse().map_err(|_| bad())?;
-        let per = match unit.trim() {
+        let per = match unit.trim().to_ascii_lowercase().as_str() {
             "s" => Duration::from_secs(1),
             "m" => Duration::from_secs(60),
             _ => return Err(bad()),
@@ -957,7 +957,7 @@ fn template(
     let text = text.ok_or_else(|| {
         ConfigError::at(
             key(field),
-            format!("this target needs a {field}, e.g. {example}"),
+            format!("this target needs {field}, e.g. {example}"),
         )
     })?;
     Template::parse(&text, kind).map_err(|e| ConfigError::at(key(field), e))
@@ -1716,6 +1716,17 @@ mod tests {
         );
         assert_eq!((billing.concurrency, billing.ordered), (8, true));
         assert_eq!((audit.concurrency, audit.ordered), (16, false));
+        // The unit in either case, spaces around the parts allowed.
+        for (text, count, per) in [(" 10/s", 10, 1), ("10/S", 10, 1), ("3 / M ", 3, 60)] {
+            assert_eq!(
+                text.parse::<Rate>(),
+                Ok(Rate {
+                    count,
+                    per: Duration::from_secs(per)
+                }),
+                "{text:?}"
+            );
+        }
         // As the startup log shows them: as written.
         let shown = |t: &ForwardConfig| t.rate.map(|r| r.to_string());
         assert_eq!(
