@@ -37,6 +37,9 @@ pub struct Nats {
     timeout: Duration,
     /// Opened on the first delivery.
     jetstream: OnceCell<jetstream::Context>,
+    /// What last went wrong with the connection (a refused login, a server gone), until it is
+    /// up again: said with an attempt that timed out, whose own error cannot tell why.
+    problem: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// The credentials a NATS URL carries in its userinfo.
@@ -74,6 +77,7 @@ impl Nats {
             subject,
             timeout,
             jetstream: OnceCell::new(),
+            problem: Arc::default(),
         })
     }
 
@@ -89,7 +93,20 @@ impl Nats {
                     ),
                     Login::Token(token) => ConnectOptions::with_token(token.expose().to_owned()),
                 };
+                let problem = self.problem.clone();
                 let client = options
+                    .event_callback(move |event| {
+                        let seen = match event {
+                            async_nats::Event::Connected => Some(None),
+                            async_nats::Event::ServerError(_)
+                            | async_nats::Event::ClientError(_) => Some(Some(event.to_string())),
+                            _ => None,
+                        };
+                        if let Some(seen) = seen {
+                            *problem.lock().unwrap_or_else(|e| e.into_inner()) = seen;
+                        }
+                        std::future::ready(())
+                    })
                     .name("hookbox")
                     .retry_on_initial_connect()
                     .max_reconnects(None)
@@ -151,10 +168,22 @@ impl Nats {
                 );
                 Handoff::Accepted { status: None }
             }
-            Err(Failure::Retry(error)) => bus::failed(
-                &format!("no JetStream acknowledgement for subject {subject}: {error}"),
-                &self.url,
-            ),
+            Err(Failure::Retry(error)) => {
+                let problem = self
+                    .problem
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                let problem = problem.map_or(String::new(), |p| {
+                    format!("; the connection's last error: {p}")
+                });
+                bus::failed(
+                    &format!(
+                        "no JetStream acknowledgement for subject {subject}: {error}{problem}"
+                    ),
+                    &self.url,
+                )
+            }
             Err(Failure::Dead(error)) => bus::refused(
                 &format!("JetStream cannot take this event on subject {subject}: {error}"),
                 &self.url,

@@ -534,15 +534,22 @@ struct PrivateNats {
     child: Option<Child>,
     port: u16,
     store: TempDir,
+    /// More arguments for `nats-server` (a login it asks for).
+    extra: Vec<String>,
 }
 
 impl PrivateNats {
     fn start() -> PrivateNats {
+        PrivateNats::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> PrivateNats {
         let port = child_port();
         let mut server = PrivateNats {
             child: None,
             port,
             store: TempDir::new(),
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
         };
         server.resume();
         server
@@ -564,6 +571,7 @@ impl PrivateNats {
                 "-sd",
             ])
             .arg(&self.store.0)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -792,6 +800,41 @@ fn a_bus_target_config_error_is_exit_2_naming_the_key() {
         assert!(!stderr.contains("listening"), "nothing listens");
         assert!(!stderr.contains("hunter2"), "no password: {stderr}");
     }
+}
+
+#[actix_web::test]
+async fn a_nats_login_refused_is_named_in_the_deliverys_last_error() {
+    let nats = PrivateNats::start_with(&["--user", "hookbox", "--pass", "right-Pa55"]);
+    let url = format!("nats://hookbox:wr0ng-Pa55@127.0.0.1:{}", nats.port);
+    let db = TestDb::create();
+    let config = config_text(
+        &db.url,
+        &nats_target("bus", &url, "webhooks.{source}")
+            .replace("max_attempts = 30", "max_attempts = 1"),
+    );
+    let parsed = parse_config(&config);
+    let server = Process::serve(&config);
+    let events = send_events(&parsed, &server.address, 1).await;
+    let id = &events[0].0;
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shown = loop {
+        let answer = get(
+            &server.address,
+            &format!("/admin/events/stripe/{id}/deliveries"),
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+        let shown = answer.json()["deliveries"].clone();
+        if shown[0]["state"] == "dead" {
+            break shown;
+        }
+        assert!(Instant::now() < deadline, "never dead: {shown}");
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    };
+    let error = shown[0]["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("authorization violation"), "{shown}");
+    assert!(!shown.to_string().contains("wr0ng-Pa55"), "{shown}");
 }
 
 #[actix_web::test]
