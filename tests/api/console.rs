@@ -555,6 +555,46 @@ fn assert_inert(page: &str, what: &str) {
 }
 
 #[actix_web::test]
+async fn an_event_page_hides_signatures_and_stays_small_for_a_body_nested_thousands_deep() {
+    let app = TestApp::spawn().await;
+    let cookie = log_in(&app).await;
+    // GitHub signs no timestamp: the body and its signature would post the event again.
+    let id = unique_id("dlv");
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let delivery = app.delivery("github", &deep, &id);
+    let signature = delivery
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("x-hub-signature-256"))
+        .map(|(_, value)| value.clone())
+        .expect("a signature header");
+    assert_eq!(app.send(&delivery).await.status, 200);
+
+    let page = event_page(&app, &cookie, "github", &id).await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    let text = page.text();
+    assert!(
+        !text.contains(&signature),
+        "the whole signature is on the page"
+    );
+    assert!(text.contains(&signature[..8]), "its start is: {text}");
+    assert!(text.contains("signature hidden"), "and says so");
+    assert!(
+        text.len() < 3 * deep.len() + 128 * 1024,
+        "{} bytes for a body of {}",
+        text.len(),
+        deep.len()
+    );
+    assert!(text.contains("nested too deep to re-indent"), "says why");
+
+    // The admin API (and so export and replay) keep it whole.
+    let stored = app
+        .get(&format!("/admin/events/github/{id}"), Some(ADMIN_TOKEN))
+        .await;
+    assert!(stored.text().contains(&signature), "{}", stored.text());
+}
+
+#[actix_web::test]
 async fn a_hostile_value_in_every_shown_field_comes_out_escaped() {
     let app = TestApp::spawn().await;
     let (source, id) = store_hostile_event(&app, HOSTILE);

@@ -171,7 +171,8 @@ fn redeliver_form(csrf: &str, source: &str, event_id: &str, target: Option<&str>
     }
 }
 
-/// The kept headers, name and value; a value that is not a string is shown as JSON.
+/// The kept headers, name and value; a value that is not a string is shown as JSON, and a
+/// signature only by its first characters (see [`shown_header`]).
 fn headers_table(headers: &serde_json::Value) -> Markup {
     let rows: Vec<(&String, String)> = headers
         .as_object()
@@ -182,7 +183,7 @@ fn headers_table(headers: &serde_json::Value) -> Markup {
                     let value = value
                         .as_str()
                         .map_or_else(|| value.to_string(), str::to_owned);
-                    (name, value)
+                    (name, shown_header(name, value))
                 })
                 .collect()
         })
@@ -196,6 +197,20 @@ fn headers_table(headers: &serde_json::Value) -> Markup {
             }
         }
     }
+}
+
+/// A kept header's value as the page shows it. A signature is cut to its first 8 characters: a
+/// page is read over shoulders and in screenshots, and with a scheme that signs no timestamp
+/// (GitHub's, Shopify's) the body and its signature are enough to post the event again under a
+/// new delivery id. `hookbox export` and the admin API keep the whole value, for `replay`.
+fn shown_header(name: &str, value: String) -> String {
+    let name = name.to_ascii_lowercase();
+    let signature = name.contains("signature") || name.contains("hmac") || name.ends_with("-sig");
+    if !signature || value.chars().count() <= 8 {
+        return value;
+    }
+    let start: String = value.chars().take(8).collect();
+    format!("{start}… (signature hidden; hookbox export has it whole)")
 }
 
 /// `GET /console/event?source=&id=`.

@@ -46,10 +46,18 @@ pub struct Shown {
 /// anything else as base64.
 pub fn show_body(bytes: &[u8]) -> Shown {
     match std::str::from_utf8(bytes) {
-        Ok(text) if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => Shown {
-            text: indent_json(text),
-            note: Some("JSON, re-indented"),
-        },
+        Ok(text) if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => {
+            match indent_json(text) {
+                Some(indented) => Shown {
+                    text: indented,
+                    note: Some("JSON, re-indented"),
+                },
+                None => Shown {
+                    text: text.to_owned(),
+                    note: Some("JSON, shown as sent: nested too deep to re-indent"),
+                },
+            }
+        }
         Ok(text) => Shown {
             text: text.to_owned(),
             note: None,
@@ -62,12 +70,15 @@ pub fn show_body(bytes: &[u8]) -> Shown {
 }
 
 /// Lays valid JSON out two spaces per level without parsing it into values, so nothing about
-/// the document changes but its whitespace.
-fn indent_json(json: &str) -> String {
+/// the document changes but its whitespace. `None` when the layout would outgrow twice the
+/// body and 64 KiB: indentation grows with the square of the nesting, and a small body nested
+/// thousands deep would make a page of gigabytes.
+fn indent_json(json: &str) -> Option<String> {
     fn newline(out: &mut String, depth: usize) {
         out.push('\n');
         out.extend(std::iter::repeat_n("  ", depth));
     }
+    let budget = 2 * json.len() + 64 * 1024;
     let mut out = String::with_capacity(json.len() * 2);
     let mut depth = 0usize;
     let (mut in_string, mut escaped) = (false, false);
@@ -116,8 +127,11 @@ fn indent_json(json: &str) -> String {
             c if c.is_whitespace() => {}
             c => out.push(c),
         }
+        if out.len() > budget {
+            return None;
+        }
     }
-    out
+    Some(out)
 }
 
 const STYLE: &str = "\
@@ -220,6 +234,25 @@ mod tests {
             "<title>&lt;script&gt;alert(1)&lt;/script&gt; &quot;&gt;&lt;b x='1'&gt; &amp; · hookbox</title>"
         ));
         assert!(shown.starts_with("<!DOCTYPE html><html lang=\"en\">"));
+    }
+
+    #[test]
+    fn a_deeply_nested_body_stays_the_size_it_came() {
+        for depth in [100, 127, 128, 129, 5_000, 200_000] {
+            let raw = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let started = std::time::Instant::now();
+            let shown = show_body(raw.as_bytes());
+            assert!(
+                shown.text.len() <= 2 * raw.len() + 64 * 1024,
+                "{depth}: {} bytes shown of {}",
+                shown.text.len(),
+                raw.len()
+            );
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(2),
+                "{depth}"
+            );
+        }
     }
 
     #[test]
