@@ -217,8 +217,11 @@ async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &
         Err(_) => Handoff::Failed {
             status: None,
             error: format!(
-                "no answer within {}",
-                humantime::format_duration(config.timeout)
+                "no answer within {}{}",
+                humantime::format_duration(config.timeout),
+                transport
+                    .trouble()
+                    .map_or(String::new(), |trouble| format!("; {trouble}"))
             ),
             retry_after: None,
         },

@@ -122,6 +122,19 @@ impl Nats {
             .await
     }
 
+    /// What last went wrong with the connection, while it is not up.
+    fn trouble(&self) -> Option<String> {
+        let problem = self
+            .problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        Some(crate::redact::message_about(
+            &format!("the connection's last error: {problem}"),
+            &self.url,
+        ))
+    }
+
     /// One attempt: publish the event and wait for the stream's acknowledgement. The
     /// dispatcher bounds it by the target's timeout, as the JetStream context bounds the wait
     /// for the acknowledgement.
@@ -169,17 +182,10 @@ impl Nats {
                 Handoff::Accepted { status: None }
             }
             Err(Failure::Retry(error)) => {
-                let problem = self
-                    .problem
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone();
-                let problem = problem.map_or(String::new(), |p| {
-                    format!("; the connection's last error: {p}")
-                });
+                let trouble = self.trouble().map_or(String::new(), |t| format!("; {t}"));
                 bus::failed(
                     &format!(
-                        "no JetStream acknowledgement for subject {subject}: {error}{problem}"
+                        "no JetStream acknowledgement for subject {subject}: {error}{trouble}"
                     ),
                     &self.url,
                 )
@@ -196,6 +202,10 @@ impl Nats {
 impl Transport for Arc<Nats> {
     fn hand_off<'a>(&'a self, due: &'a Due) -> LocalBoxFuture<'a, Handoff> {
         Box::pin(self.publish(due))
+    }
+
+    fn trouble(&self) -> Option<String> {
+        Nats::trouble(self)
     }
 }
 

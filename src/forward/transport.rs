@@ -53,6 +53,12 @@ pub enum Handoff {
 pub trait Transport {
     /// Hands `due` over once and says how it went. Never panics on what the target answers.
     fn hand_off<'a>(&'a self, due: &'a Due) -> LocalBoxFuture<'a, Handoff>;
+
+    /// What is wrong with the transport's connection now, if it knows: said with an attempt
+    /// that ran out of time, whose timeout alone cannot tell why.
+    fn trouble(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The value of `Idempotency-Key` (and `webhook-id`): the same on every attempt to every

@@ -810,7 +810,7 @@ async fn a_nats_login_refused_is_named_in_the_deliverys_last_error() {
     let config = config_text(
         &db.url,
         &nats_target("bus", &url, "webhooks.{source}")
-            .replace("max_attempts = 30", "max_attempts = 1"),
+            .replace("max_attempts = 30", "max_attempts = 2"),
     );
     let parsed = parse_config(&config);
     let server = Process::serve(&config);
