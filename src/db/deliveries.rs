@@ -1177,27 +1177,25 @@ fn requeue_rows(conn: &mut AnyConnection, ids: &[i64], states: &[&str]) -> Query
 }
 
 /// Queues a new attempt series for the delivered or dead deliveries of the event stored in row
-/// `event_row` (only the one to `target`, if given): each is pending again, due now, with a
-/// fresh count of attempts, and goes out with the same key. Pending ones are left as they are.
-/// Returns how many were re-queued (none for a target name no store can hold).
+/// `event_row` to `targets`: each is pending again, due now, with a fresh count of attempts,
+/// and goes out with the same key. Pending ones are left as they are. Returns how many were
+/// re-queued (none for a target name no store can hold).
 pub fn redeliver(
     conn: &mut AnyConnection,
     event_row: i64,
-    target: Option<&str>,
+    targets: &[String],
 ) -> QueryResult<usize> {
-    if target.is_some_and(|t| !storable(t)) {
+    let targets: Vec<&String> = targets.iter().filter(|t| storable(t)).collect();
+    if targets.is_empty() {
         return Ok(0);
     }
     write_transaction(conn, |conn| {
         let ids: Vec<i64> = on_backend!(conn, c => {
-            let mut select = deliveries::table
+            deliveries::table
                 .filter(deliveries::event_row.eq(event_row))
+                .filter(deliveries::target.eq_any(&targets))
                 .select(deliveries::id)
-                .into_boxed();
-            if let Some(target) = target {
-                select = select.filter(deliveries::target.eq(target));
-            }
-            select.load(c)
+                .load(c)
         })?;
         requeue_rows(conn, &ids, &["delivered", "dead"])
     })

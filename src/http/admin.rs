@@ -163,8 +163,14 @@ pub async fn redeliver_event(
     Ok(HttpResponse::Accepted().json(serde_json::json!({ "requeued": requeued })))
 }
 
-/// Re-queues the stored event's delivered and dead deliveries (to `target` only, if given) and
-/// wakes the dispatcher. `None`: no such event. `by` names who asked, for the log.
+/// Re-queues the stored event's delivered and dead deliveries to the source's configured
+/// targets (to `target` only, if given) and wakes the dispatcher. `None`: no such event. `by`
+/// names who asked, for the log.
+///
+/// # Errors
+/// [`ApiError::UnknownTarget`] for a `target` the source's config does not have: a delivery
+/// re-queued to it would wait for a target no instance sends to. A delivery to a target since
+/// removed is left as it is for the same reason.
 pub(super) async fn redeliver(
     state: &web::Data<AppState>,
     source: String,
@@ -172,6 +178,26 @@ pub(super) async fn redeliver(
     target: Option<String>,
     by: &'static str,
 ) -> Result<Option<usize>, ApiError> {
+    let configured: Vec<String> = state
+        .sources
+        .get(source.as_str())
+        .map(|s| s.forward.iter().map(|t| t.config.name.clone()).collect())
+        .unwrap_or_default();
+    let targets = match &target {
+        Some(name) if !configured.contains(name) => {
+            return Err(ApiError::UnknownTarget(if configured.is_empty() {
+                format!("source {source:?} forwards to no target in the config")
+            } else {
+                format!(
+                    "source {source:?} has no forward target {name:?} in the config (its \
+                     targets: {})",
+                    configured.join(", ")
+                )
+            }))
+        }
+        Some(name) => vec![name.clone()],
+        None => configured,
+    };
     let (logged_source, logged_id, logged_target) =
         (source.clone(), event_id.clone(), target.clone());
     let found = with_db(state, "redeliver", move |conn| {
@@ -192,7 +218,7 @@ pub(super) async fn redeliver(
     // written; an attempt of another event is not waited for.
     state.forward.outcomes_written(Some(&rows)).await;
     let requeued = with_db(state, "redeliver", move |conn| {
-        deliveries::redeliver(conn, row, target.as_deref()).map(Some)
+        deliveries::redeliver(conn, row, &targets).map(Some)
     })
     .await?;
     if let Some(n) = requeued.filter(|n| *n > 0) {

@@ -80,6 +80,11 @@ pub enum ApiError {
     /// 404 `not_found`.
     #[error("nothing is here")]
     NotFound,
+    /// 404 `not_found`: a redeliver names a target the source's config does not have (a
+    /// delivery queued to it would wait for a target no instance sends to). The sentence says
+    /// which targets there are.
+    #[error("{0}")]
+    UnknownTarget(String),
     /// 405 `method_not_allowed`, with `Allow`: the path exists, but not for this method. The
     /// value is the `Allow` header's (`"POST"`, `"GET, HEAD"`).
     #[error("this path takes {0} only")]
@@ -149,7 +154,7 @@ impl ApiError {
             | ApiError::Database(_) => "unavailable",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
-            ApiError::NotFound => "not_found",
+            ApiError::NotFound | ApiError::UnknownTarget(_) => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::NotDead(_) => "not_dead",
@@ -173,7 +178,9 @@ impl ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::UnknownSource | ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::UnknownSource | ApiError::NotFound | ApiError::UnknownTarget(_) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,

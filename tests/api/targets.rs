@@ -217,9 +217,10 @@ async fn an_event_is_redelivered_to_each_target_or_to_one_with_the_same_key() {
     assert_eq!(a.for_key(&key).len(), 3, "a got it again");
     assert_eq!(b.for_key(&key).len(), 2, "b did not");
 
+    let (status, body) = admin_post(&app, &format!("{path}?target=nope")).await;
     assert_eq!(
-        admin_post(&app, &format!("{path}?target=nope")).await,
-        (202, serde_json::json!({"requeued": 0}))
+        (status, &body["error"]),
+        (404, &serde_json::json!("not_found"))
     );
     let (status, body) = admin_post(&app, "/admin/events/stripe/evt_never_stored/redeliver").await;
     assert_eq!(
@@ -492,12 +493,25 @@ async fn odd_admin_requests_get_their_contract_answers_and_never_a_5xx() {
     // Values no store can hold, and a time before any store's: nothing matches, no 503.
     let none = serde_json::json!({"requeued": 0});
     for path in [
-        "/admin/deliveries/requeue?source=%00".to_owned(),
-        "/admin/deliveries/requeue?target=a%00".to_owned(),
-        format!("/admin/events/stripe/{id}/redeliver?target=%00"),
+        "/admin/deliveries/requeue?source=%00",
+        "/admin/deliveries/requeue?target=a%00",
     ] {
-        assert_eq!(admin_post(&app, &path).await, (202, none.clone()), "{path}");
+        assert_eq!(admin_post(&app, path).await, (202, none.clone()), "{path}");
     }
+    // A redeliver to a target the config does not have (a typo, one since removed) would wait
+    // for a target no instance sends to: 404, naming the ones there are.
+    for target in ["%00", "nosuch"] {
+        let path = format!("/admin/events/stripe/{id}/redeliver?target={target}");
+        let (status, body) = admin_post(&app, &path).await;
+        assert_eq!(
+            (status, &body["error"]),
+            (404, &serde_json::json!("not_found")),
+            "{path}"
+        );
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(message.contains("its targets: a"), "{path}: {message}");
+    }
+    assert_eq!(app.db.count("deliveries WHERE state = 'pending'"), 0);
     for since in ["-5000-01-01", "10000y"] {
         let answer = app
             .get(&format!("/admin/events?since={since}"), Some(ADMIN_TOKEN))

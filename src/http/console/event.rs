@@ -64,6 +64,14 @@ fn notice(which: &Which) -> Option<(bool, String)> {
             "The database did not answer; nothing was re-queued.".to_owned(),
         ));
     }
+    if which.notice.as_deref() == Some("no_target") {
+        return Some((
+            false,
+            "Nothing was re-queued: that target is not in this source's config any more, and \
+             no instance would send to it."
+                .to_owned(),
+        ));
+    }
     if which.notice.as_deref() == Some("redelivered") {
         let count = which.count?;
         return Some(match count {
@@ -340,6 +348,7 @@ pub async fn redeliver(
         Ok(Some(n)) => ("redelivered", n.to_string()),
         // The event page says the event is not stored.
         Ok(None) => ("redelivered", "0".to_owned()),
+        Err(crate::http::ApiError::UnknownTarget(_)) => ("no_target", String::new()),
         Err(_) => ("unavailable", String::new()),
     };
     Ok(redirect(&link(
