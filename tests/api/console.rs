@@ -91,12 +91,70 @@ async fn the_console_is_404_while_no_admin_token_is_configured() {
         "/console/login",
         "/console/events",
         "/console/event?source=stripe&id=x",
+        "/console/nosuch",
+        "/console/event?source=stripe&id=x&count=-1",
     ] {
-        assert_eq!(get_page(&app, path, None).await.status, 404, "{path}");
+        let answer = get_page(&app, path, None).await;
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (404, "not_found"),
+            "{path}"
+        );
     }
     let login = post_form(&app, "/console/login", None, &[("token", ADMIN_TOKEN)]).await;
     assert_eq!(login.status, 404);
     assert!(login.header("Set-Cookie").is_none());
+    let odd = post_form(&app, "/console/deliveries/abc/requeue", None, &[]).await;
+    assert_eq!((odd.status, odd.error().as_str()), (404, "not_found"));
+}
+
+#[actix_web::test]
+async fn an_address_the_console_never_makes_gets_a_console_page_with_its_headers() {
+    let app = TestApp::spawn().await;
+    let cookie = log_in(&app).await;
+    let csrf = csrf_of(&get_page(&app, "/console", Some(&cookie)).await.text());
+    for (answer, status, says) in [
+        (
+            get_page(&app, "/console/nosuch", Some(&cookie)).await,
+            404,
+            "no page",
+        ),
+        (
+            get_page(
+                &app,
+                "/console/event?source=stripe&id=x&count=-1",
+                Some(&cookie),
+            )
+            .await,
+            400,
+            "not one the console makes",
+        ),
+        (
+            post_form(
+                &app,
+                "/console/deliveries/abc/requeue",
+                Some(&cookie),
+                &[("csrf", &csrf)],
+            )
+            .await,
+            400,
+            "not one the console makes",
+        ),
+    ] {
+        assert_eq!(answer.status, status, "{}", answer.text());
+        assert_eq!(answer.header("Content-Security-Policy"), Some(CSP));
+        assert!(
+            answer
+                .header("content-type")
+                .is_some_and(|t| t.starts_with("text/html")),
+            "{:?}",
+            answer.header("content-type")
+        );
+        assert!(answer.text().contains(says), "{}", answer.text());
+    }
+    // Before logging in, a page that is not there is the login form's business.
+    let answer = get_page(&app, "/console/nosuch", None).await;
+    assert_eq!(answer.status, 303);
 }
 
 #[actix_web::test]

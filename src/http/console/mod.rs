@@ -28,6 +28,17 @@ use html::{guarded, page, redirect, respond};
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::scope("/console")
+            // Every console answer is a console page, with its headers: a path or query the
+            // console never makes too, and a path under it that names no page.
+            .app_data(
+                web::PathConfig::default()
+                    .error_handler(|e, request| not_made(e.to_string(), request)),
+            )
+            .app_data(
+                web::QueryConfig::default()
+                    .error_handler(|e, request| not_made(e.to_string(), request)),
+            )
+            .default_service(web::to(no_page))
             .route("", web::get().to(overview::show))
             .route("/", web::get().to(overview::show))
             .route("/login", web::get().to(login_form))
@@ -98,6 +109,37 @@ impl ResponseError for Refused {
             ),
         }
     }
+}
+
+/// A console address with a path or query the console never makes (`/console/deliveries/abc/
+/// requeue`, `count=-1`): 400 as a console page, or 404 as any route while the console is off.
+fn not_made(problem: String, request: &actix_web::HttpRequest) -> actix_web::Error {
+    let off = request
+        .app_data::<web::Data<crate::state::AppState>>()
+        .is_none_or(|state| state.admin_token.is_none());
+    let response = if off {
+        ApiError::NotFound.error_response()
+    } else {
+        message(
+            StatusCode::BAD_REQUEST,
+            "Not a console address",
+            &format!(
+                "This address is not one the console makes ({problem}). Go back and use the \
+                 page's own links and buttons."
+            ),
+        )
+    };
+    actix_web::error::InternalError::from_response(problem, response).into()
+}
+
+/// A path under `/console` that names no page: 404 as a console page once logged in (as any
+/// route while the console is off; the login form before).
+async fn no_page(_: Admin<Session>) -> HttpResponse {
+    message(
+        StatusCode::NOT_FOUND,
+        "No such page",
+        "The console has no page at this address.",
+    )
 }
 
 /// A field of a form-encoded body; empty when missing.
