@@ -141,7 +141,7 @@ header a{color:#cfe0ff;text-decoration:none}header a:hover{text-decoration:under
 header .brand{font-weight:600;color:#fff}header form{margin-left:auto}\
 main{padding:1em 1.5em 3em;max-width:1200px}h1{font-size:1.4em;margin:.3em 0 .6em}h2{font-size:1.1em;margin:1.2em 0 .4em}\
 table{border-collapse:collapse;width:100%;background:#fff}\
-th,td{text-align:left;padding:.35em .6em;border-bottom:1px solid #e3e6ea;vertical-align:top}\
+th,td{text-align:left;padding:.35em .6em;border-bottom:1px solid #e3e6ea;vertical-align:top;overflow-wrap:anywhere}h1,dd{overflow-wrap:anywhere}\
 th{font-weight:600;background:#eef0f3}td.num,th.num{text-align:right}\
 pre{background:#fff;border:1px solid #e3e6ea;padding:.8em;overflow:auto;white-space:pre-wrap;overflow-wrap:anywhere;margin:.3em 0}\
 code,pre{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}\
