@@ -9,8 +9,10 @@
 //! URL (`https://user:PW@host`, `amqp://user:PW@host/vhost`) is masked the same way, and a
 //! NATS URL's userinfo without a password (`nats://TOKEN@host`) is a token, masked whole.
 
-/// Query parameters whose value is a secret (libpq's keywords, compared ignoring case).
-const SECRET_PARAMETERS: &[&str] = &["password", "sslpassword"];
+/// What in a query parameter's name says its value is a secret, compared ignoring case: libpq's
+/// `password` and `sslpassword`, and what a forward target's URL may carry (`?token=`,
+/// `?api_key=`, `?access_token=`, `?secret=`, `?sig=`, `?auth=`).
+const SECRET_PARAMETERS: &[&str] = &["pass", "token", "key", "secret", "sig", "auth"];
 
 /// What a secret is shown as.
 const MASK: &str = "***";
@@ -118,10 +120,8 @@ fn secrets(url: &str) -> Vec<String> {
 }
 
 fn is_secret_parameter(key: &str) -> bool {
-    let key = percent_decoded(key);
-    SECRET_PARAMETERS
-        .iter()
-        .any(|secret| key.eq_ignore_ascii_case(secret))
+    let key = percent_decoded(key).to_ascii_lowercase();
+    SECRET_PARAMETERS.iter().any(|secret| key.contains(secret))
 }
 
 /// `%XX` sequences decoded (as libpq does); a malformed one is left as written.
@@ -232,6 +232,12 @@ mod tests {
             ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
             ("https://u:pw@h/hooks?x=1", "https://u:***@h/hooks?x=1"),
             ("http://user@h/hooks", "http://user@h/hooks"),
+            // A forward target's query credentials.
+            (
+                "https://h/hooks?token=t0k&x=1&api_key=k&Access_Token=a&sig=s",
+                "https://h/hooks?token=***&x=1&api_key=***&Access_Token=***&sig=***",
+            ),
+            ("https://h/hooks?secret=s", "https://h/hooks?secret=***"),
         ];
         for (url, shown) in cases {
             assert_eq!(target_url(url), shown, "{url}");
