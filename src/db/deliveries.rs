@@ -1036,6 +1036,26 @@ pub fn of_event(conn: &mut AnyConnection, event_row: i64) -> QueryResult<Vec<Del
     })
 }
 
+/// What starting a new attempt series sets on a row (a requeue, a redeliver): pending, due at
+/// `$now`, attempts counted afresh in the next series, no lease, and nothing of the series
+/// before's last answer, which would read as the new one's.
+macro_rules! new_series {
+    ($now:expr) => {
+        (
+            deliveries::state.eq("pending"),
+            deliveries::attempts.eq(0),
+            deliveries::series.eq(deliveries::series + 1),
+            deliveries::next_attempt_at.eq($now),
+            deliveries::leased_until.eq(None::<DateTime<Utc>>),
+            deliveries::leased_by.eq(None::<i64>),
+            deliveries::queued_at.eq($now),
+            deliveries::delivered_at.eq(None::<DateTime<Utc>>),
+            deliveries::last_status.eq(None::<i16>),
+            deliveries::last_error.eq(None::<String>),
+        )
+    };
+}
+
 /// Makes a dead delivery pending again, due now, with a fresh count of attempts.
 /// `Ok(None)`: no such delivery; `Ok(Some(Err(state)))`: it is not dead.
 pub fn requeue(
@@ -1057,15 +1077,7 @@ pub fn requeue(
                 None => Ok(None),
                 Some("dead") => {
                     let row: Option<ViewRow> = diesel::update(deliveries::table.find(id))
-                        .set((
-                            deliveries::state.eq("pending"),
-                            deliveries::attempts.eq(0),
-                            deliveries::series.eq(deliveries::series + 1),
-                            deliveries::next_attempt_at.eq(now),
-                            deliveries::leased_until.eq(None::<DateTime<Utc>>),
-                            deliveries::leased_by.eq(None::<i64>),
-                            deliveries::queued_at.eq(now),
-                        ))
+                        .set(new_series!(now))
                         .filter(deliveries::state.eq("dead"))
                         .returning(view_columns!())
                         .get_result(c)
@@ -1161,16 +1173,7 @@ fn requeue_rows(conn: &mut AnyConnection, ids: &[i64], states: &[&str]) -> Query
                 .filter(deliveries::id.eq_any(chunk))
                 .filter(deliveries::state.eq_any(states)),
         )
-        .set((
-            deliveries::state.eq("pending"),
-            deliveries::attempts.eq(0),
-            deliveries::series.eq(deliveries::series + 1),
-            deliveries::next_attempt_at.eq(now),
-            deliveries::leased_until.eq(None::<DateTime<Utc>>),
-            deliveries::leased_by.eq(None::<i64>),
-            deliveries::queued_at.eq(now),
-            deliveries::delivered_at.eq(None::<DateTime<Utc>>),
-        ))
+        .set(new_series!(now))
         .execute(c))?;
     }
     Ok(requeued)

@@ -443,7 +443,25 @@ async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() 
         .send()
         .await
         .expect("requeue answers");
-    assert_eq!(requeue.status().as_u16(), 200);
+    let requeue = read(requeue).await;
+    assert_eq!(requeue.status, 200, "{}", requeue.text());
+    // A new series, with nothing of the old one's last answer.
+    let shown = requeue.json();
+    assert_eq!(
+        (
+            &shown["state"],
+            &shown["attempts"],
+            &shown["last_status"],
+            &shown["last_error"]
+        ),
+        (
+            &serde_json::json!("pending"),
+            &serde_json::json!(0),
+            &serde_json::Value::Null,
+            &serde_json::Value::Null
+        ),
+        "{shown}"
+    );
     let key = format!("stripe:{id}");
     poll_until(
         "the re-queued delivery gets through",
