@@ -44,7 +44,10 @@ enum Command {
     /// Listens on [server].listen (or HOOKBOX_LISTEN) and stops gracefully on SIGTERM or
     /// Ctrl-C, letting in-flight deliveries finish. Events are kept where [database].url (or
     /// DATABASE_URL) says: postgres://..., sqlite://PATH or sqlite::memory:; with neither set,
-    /// in the SQLite file hookbox.db in the working directory.
+    /// in the SQLite file hookbox.db in the working directory. A source with
+    /// [sources.NAME.forward] (or [[sources.NAME.forward]], one table per target) has each
+    /// stored event sent on to its targets from here too: signed HTTP POSTs, NATS JetStream or
+    /// RabbitMQ, retried until delivered or dead (docs/forwarding.md, docs/bus-targets.md).
     Serve(ConfigArg),
     /// Apply pending database migrations and exit.
     ///

@@ -395,7 +395,8 @@ impl Metrics {
         }
         out.push_str("# HELP hookbox_forward_duration_seconds Time one forward attempt took.\n");
         out.push_str("# TYPE hookbox_forward_duration_seconds histogram\n");
-        for (label, series) in rows() {
+        // Requests to unconfigured sources are counted above; nothing of theirs is forwarded.
+        for (label, series) in rows().filter(|(label, _)| *label != UNKNOWN_SOURCE) {
             series.forward_duration.render(
                 &mut out,
                 "hookbox_forward_duration_seconds",
