@@ -891,7 +891,17 @@ mod tests {
             .collect()
     }
 
-    /// The built-in provider `scheme` over the given secrets with a 300 s tolerance.
+    /// A `POST` of `body` with `sent`, received at `now`.
+    pub(super) fn post<'a>(sent: &'a dyn Headers, body: &'a [u8], now: i64) -> Inbound<'a> {
+        Inbound {
+            method: "POST",
+            query: "",
+            headers: sent,
+            body,
+            now,
+        }
+    }
+
     /// A `POST` of `body` with `sent` to `provider`, received at time 0 (the providers whose
     /// `receive` is ready at once).
     pub(super) fn receive(
@@ -899,16 +909,11 @@ mod tests {
         sent: &dyn Headers,
         body: &[u8],
     ) -> Result<Received, Refusal> {
-        let inbound = Inbound {
-            method: "POST",
-            query: "",
-            headers: sent,
-            body,
-            now: 0,
-        };
-        futures_util::FutureExt::now_or_never(provider.receive(&inbound)).expect("ready")
+        futures_util::FutureExt::now_or_never(provider.receive(&post(sent, body, 0)))
+            .expect("ready")
     }
 
+    /// The built-in provider `scheme` over the given secrets with a 300 s tolerance.
     pub(super) fn verifier(scheme: &str, secrets: &[&str]) -> Arc<dyn Provider> {
         let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::new(*s)).collect();
         Scheme::builtin(scheme)

@@ -148,8 +148,8 @@ impl Provider for Twitch {
 mod tests {
     use std::time::Duration;
 
-    use super::super::tests::{headers, verifier};
-    use super::super::{Inbound, Refusal, Scheme, SignatureError};
+    use super::super::tests::{headers, post, verifier};
+    use super::super::{Refusal, Scheme, SignatureError};
     use crate::secret::Secret;
 
     const NOW: i64 = 1_763_649_000;
@@ -207,13 +207,7 @@ mod tests {
         let body = br#"{"challenge":"pogchamp","subscription":{"type":"stream.online"}}"#;
         let mut signed = twitch.sign(body, NOW, "m", None);
         signed[3].1 = "webhook_callback_verification".into();
-        let inbound = Inbound {
-            method: "POST",
-            query: "",
-            headers: &signed,
-            body,
-            now: NOW,
-        };
+        let inbound = post(&signed, body, NOW);
         let json = serde_json::from_slice(body).ok();
         let answer = twitch
             .handshake(&inbound, json.as_ref())
@@ -228,13 +222,7 @@ mod tests {
             br#"{"challenge":12345,"subscription":{"type":"stream.online"}}"#,
             b"not json",
         ] {
-            let inbound = Inbound {
-                method: "POST",
-                query: "",
-                headers: &signed,
-                body,
-                now: NOW,
-            };
+            let inbound = post(&signed, body, NOW);
             let json = serde_json::from_slice(body).ok();
             assert!(
                 matches!(
@@ -246,13 +234,7 @@ mod tests {
             );
         }
         signed[3].1 = "notification".into();
-        let inbound = Inbound {
-            method: "POST",
-            query: "",
-            headers: &signed,
-            body,
-            now: NOW,
-        };
+        let inbound = post(&signed, body, NOW);
         assert!(twitch.handshake(&inbound, json.as_ref()).is_none());
     }
 }

@@ -145,8 +145,8 @@ impl Provider for Zoom {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{headers, verifier};
-    use super::super::{Inbound, SignatureError};
+    use super::super::tests::{headers, post, verifier};
+    use super::super::SignatureError;
 
     const NOW: i64 = 1_763_649_000;
     const BODY: &[u8] = br#"{"event":"meeting.started","payload":{"object":{"id":"1"}}}"#;
@@ -187,13 +187,7 @@ mod tests {
         for secret in ["old", "current"] {
             let signed = verifier("zoom", &[secret]).sign(body, NOW, "", None);
             let json = serde_json::from_slice(body).expect("JSON");
-            let inbound = Inbound {
-                method: "POST",
-                query: "",
-                headers: &signed,
-                body,
-                now: NOW,
-            };
+            let inbound = post(&signed, body, NOW);
             let answer = zoom
                 .handshake(&inbound, Some(&json))
                 .expect("a handshake")
@@ -214,13 +208,7 @@ mod tests {
         ] {
             let signed = zoom.sign(body, NOW, "", None);
             let json = serde_json::from_slice(body).expect("JSON");
-            let inbound = Inbound {
-                method: "POST",
-                query: "",
-                headers: &signed,
-                body,
-                now: NOW,
-            };
+            let inbound = post(&signed, body, NOW);
             assert!(
                 matches!(
                     zoom.handshake(&inbound, Some(&json)),

@@ -802,6 +802,26 @@ fn a_bus_target_config_error_is_exit_2_naming_the_key() {
     }
 }
 
+/// The admin API's deliveries of the stripe event `id` at `address`, once the first is dead
+/// (within 30 s).
+async fn dead_deliveries(address: &str, id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = get(
+            address,
+            &format!("/admin/events/stripe/{id}/deliveries"),
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+        let shown = answer.json()["deliveries"].clone();
+        if shown[0]["state"] == "dead" {
+            return shown;
+        }
+        assert!(Instant::now() < deadline, "never dead: {shown}");
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[actix_web::test]
 async fn a_nats_login_refused_is_named_in_the_deliverys_last_error() {
     let nats = PrivateNats::start_with(&["--user", "hookbox", "--pass", "right-Pa55"]);
@@ -817,21 +837,7 @@ async fn a_nats_login_refused_is_named_in_the_deliverys_last_error() {
     let events = send_events(&parsed, &server.address, 1).await;
     let id = &events[0].0;
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let shown = loop {
-        let answer = get(
-            &server.address,
-            &format!("/admin/events/stripe/{id}/deliveries"),
-            Some(ADMIN_TOKEN),
-        )
-        .await;
-        let shown = answer.json()["deliveries"].clone();
-        if shown[0]["state"] == "dead" {
-            break shown;
-        }
-        assert!(Instant::now() < deadline, "never dead: {shown}");
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-    };
+    let shown = dead_deliveries(&server.address, id).await;
     let error = shown[0]["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("authorization violation"), "{shown}");
     assert!(!shown.to_string().contains("wr0ng-Pa55"), "{shown}");
@@ -859,21 +865,7 @@ async fn a_bus_password_shows_as_stars_in_the_log_the_admin_api_and_the_console(
     let id = &events[0].0;
 
     // The broker refuses the login: the delivery dies with the broker's reason.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let shown = loop {
-        let answer = get(
-            &server.address,
-            &format!("/admin/events/stripe/{id}/deliveries"),
-            Some(ADMIN_TOKEN),
-        )
-        .await;
-        let shown = answer.json()["deliveries"].clone();
-        if shown[0]["state"] == "dead" {
-            break shown;
-        }
-        assert!(Instant::now() < deadline, "never dead: {shown}");
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-    };
+    let shown = dead_deliveries(&server.address, id).await;
     assert!(
         shown[0]["last_error"]
             .as_str()
