@@ -413,6 +413,17 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
             ""
         }
     );
+    if report.pending_forwards > 0 {
+        let (were, go) = if args.dry_run {
+            ("are", "would go with them")
+        } else {
+            ("were", "went with them")
+        };
+        println!(
+            "{} forward deliveries of those events {were} still pending and {go}, never sent",
+            report.pending_forwards
+        );
+    }
     Ok(if report.interrupted {
         Pass::Interrupted
     } else {

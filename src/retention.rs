@@ -83,6 +83,8 @@ pub struct Report {
     pub removed: BTreeMap<String, u64>,
     /// Whether the pass stopped early because the server is shutting down.
     pub interrupted: bool,
+    /// Forward deliveries of those events still pending: removed with them, never sent.
+    pub pending_forwards: u64,
 }
 
 impl Report {
@@ -149,7 +151,9 @@ fn purge_locked(
                 report.interrupted = true;
                 return Ok(report);
             }
-            let removed = db::events::purge_batch(conn, source, &named, cutoff, BATCH_SIZE)?;
+            let purged = db::events::purge_batch(conn, source, &named, cutoff, BATCH_SIZE)?;
+            report.pending_forwards += purged.pending_forwards;
+            let removed = purged.sources;
             for removed_source in &removed {
                 *report.removed.entry(removed_source.clone()).or_default() += 1;
             }
@@ -180,6 +184,7 @@ pub fn dry_run(conn: &mut AnyConnection, plan: &Plan) -> QueryResult<Report> {
         for (source, n) in counted {
             *report.removed.entry(source).or_default() += u64::try_from(n).unwrap_or(0);
         }
+        report.pending_forwards += db::events::count_pending_older(conn, source, &named, cutoff)?;
     }
     Ok(report)
 }
@@ -226,13 +231,23 @@ pub fn purge_logged(
     let report = purge(conn, plan, stop, progress)?;
     let duration_ms = started.elapsed().as_millis() as u64;
     match &report {
-        Some(report) => tracing::info!(
-            removed = report.total(),
-            by_source = %report.summary(),
-            interrupted = report.interrupted,
-            duration_ms,
-            "purge pass done"
-        ),
+        Some(report) => {
+            tracing::info!(
+                removed = report.total(),
+                by_source = %report.summary(),
+                interrupted = report.interrupted,
+                duration_ms,
+                "purge pass done"
+            );
+            if report.pending_forwards > 0 {
+                tracing::warn!(
+                    pending_forwards = report.pending_forwards,
+                    "the purge removed events whose forward deliveries were still pending; \
+                     they will not be sent (a window shorter than a target's retries, or a \
+                     target that has been failing for that long)"
+                );
+            }
+        }
         None => tracing::info!("purge skipped: another instance is purging"),
     }
     Ok(report)

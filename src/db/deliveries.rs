@@ -274,6 +274,16 @@ prepared_statement!(sqlite: EnqueueSqlite);
 prepared_statement!(sqlite: QueueLeasedSqlite => Untyped);
 prepared_statement!(sqlite: SettleDeliveredSqlite);
 
+/// The text of a count of the pending outbox rows of the events `events` (a `SELECT id FROM
+/// events ...` whose binds the caller gives): what a purge about to remove those events takes
+/// unsent with them, counted by [`events::purge_batch`](super::events::purge_batch) and its dry
+/// run.
+pub(super) fn pending_of_events_sql(events: &str) -> String {
+    format!(
+        "SELECT count(*) AS n FROM deliveries WHERE state = 'pending' AND event_row IN ({events})"
+    )
+}
+
 /// Deletes the outbox rows of the events in rows `event_rows`, on PostgreSQL, in the
 /// transaction of the retention purge that deleted those events, after it. There `deliveries`
 /// has no foreign key to `events` (its check cost every forwarding claim a lookup and a lock per
@@ -285,11 +295,19 @@ prepared_statement!(sqlite: SettleDeliveredSqlite);
 pub(super) fn remove_of_events_pg(
     conn: &mut diesel::PgConnection,
     event_rows: &[i64],
-) -> QueryResult<()> {
-    diesel::sql_query("DELETE FROM deliveries WHERE event_row = ANY($1)")
-        .bind::<Array<BigInt>, _>(event_rows)
-        .execute(conn)
-        .map(|_| ())
+) -> QueryResult<u64> {
+    #[derive(diesel::QueryableByName)]
+    struct Pending {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let pending: Pending = diesel::sql_query(
+        "WITH gone AS (DELETE FROM deliveries WHERE event_row = ANY($1) RETURNING state) \
+         SELECT count(*) FILTER (WHERE state = 'pending') AS n FROM gone",
+    )
+    .bind::<Array<BigInt>, _>(event_rows)
+    .get_result(conn)?;
+    Ok(u64::try_from(pending.n).unwrap_or(0))
 }
 
 /// [`enqueue_many`] on PostgreSQL: each (event row, target) bound a column at a time, as

@@ -791,20 +791,37 @@ where
     }
 }
 
+/// A row of `SELECT count(*) AS n` (either store).
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// What one purge batch removed.
+#[derive(Debug, Default)]
+pub struct Purged {
+    /// The source of each event removed.
+    pub sources: Vec<String>,
+    /// How many of their forward deliveries were still pending (and so will never be sent).
+    pub pending_forwards: u64,
+}
+
 /// Deletes up to `limit` events received before `cutoff`, of `source` (or of every source but
-/// `named`), and their outbox rows; returns the source of each event removed. Batches by `ctid`
-/// on PostgreSQL, where the outbox rows go in a second statement of the same transaction
-/// ([`deliveries::remove_of_events_pg`](super::deliveries::remove_of_events_pg)), and by
-/// `rowid` on SQLite, where its foreign key's cascade takes them.
+/// `named`), and their outbox rows. Batches by `ctid` on PostgreSQL, where the outbox rows go in
+/// a second statement of the same transaction
+/// ([`deliveries::remove_of_events_pg`](super::deliveries::remove_of_events_pg)), which counts
+/// the pending ones; and by `id` on SQLite, where its foreign key's cascade takes them, counted
+/// first in the same transaction.
 pub fn purge_batch(
     conn: &mut AnyConnection,
     source: Option<&str>,
     named: &[String],
     cutoff: DateTime<Utc>,
     limit: i64,
-) -> QueryResult<Vec<String>> {
+) -> QueryResult<Purged> {
     let filter = purge_filter(conn, source);
-    let removed: Vec<Removed> = match conn {
+    let (removed, pending_forwards): (Vec<Removed>, u64) = match conn {
         AnyConnection::Postgres(_) => {
             let sql = format!(
                 "DELETE FROM events WHERE ctid = ANY(ARRAY(\
@@ -813,23 +830,48 @@ pub fn purge_batch(
             );
             write_transaction(conn, |conn| {
                 let removed: Vec<Removed> = purge_statement(conn, &sql, source, named, cutoff)?;
+                let mut pending = 0;
                 if let AnyConnection::Postgres(c) = conn {
                     let rows: Vec<i64> = removed.iter().map(|r| r.id).collect();
-                    super::deliveries::remove_of_events_pg(c, &rows)?;
+                    pending = super::deliveries::remove_of_events_pg(c, &rows)?;
                 }
-                Ok::<_, DieselError>(removed)
+                Ok::<_, DieselError>((removed, pending))
             })?
         }
         AnyConnection::Sqlite(_) => {
-            let sql = format!(
-                "DELETE FROM events WHERE rowid IN (\
-                    SELECT rowid FROM events WHERE {filter} LIMIT {limit}) \
-                 RETURNING id, source"
-            );
-            purge_statement(conn, &sql, source, named, cutoff)?
+            let chosen = format!("SELECT id FROM events WHERE {filter} LIMIT {limit}");
+            let count = super::deliveries::pending_of_events_sql(&chosen);
+            let delete = format!("DELETE FROM events WHERE id IN ({chosen}) RETURNING id, source");
+            // One write: the count sees the rows the delete takes.
+            write_transaction(conn, |conn| {
+                let pending: Vec<Count> = purge_statement(conn, &count, source, named, cutoff)?;
+                let removed: Vec<Removed> = purge_statement(conn, &delete, source, named, cutoff)?;
+                let pending = pending.first().map_or(0, |c| c.n);
+                Ok::<_, DieselError>((removed, u64::try_from(pending).unwrap_or(0)))
+            })?
         }
     };
-    Ok(removed.into_iter().map(|r| r.source).collect())
+    Ok(Purged {
+        sources: removed.into_iter().map(|r| r.source).collect(),
+        pending_forwards,
+    })
+}
+
+/// How many forward deliveries of the events [`purge_batch`] would remove are still pending.
+pub fn count_pending_older(
+    conn: &mut AnyConnection,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+) -> QueryResult<u64> {
+    let sql = super::deliveries::pending_of_events_sql(&format!(
+        "SELECT id FROM events WHERE {}",
+        purge_filter(conn, source)
+    ));
+    let counted: Vec<Count> = purge_statement(conn, &sql, source, named, cutoff)?;
+    Ok(counted
+        .first()
+        .map_or(0, |c| u64::try_from(c.n).unwrap_or(0)))
 }
 
 /// How many events [`purge_batch`] would remove in all, by source.

@@ -615,10 +615,22 @@ fn a_purge_takes_its_events_outbox_rows_and_no_others_and_a_purged_event_queues_
     .claimed;
     assert_eq!(db.count("deliveries"), 5);
 
+    // One of the old events' rows was delivered; the other two are still pending.
+    use diesel::RunQueryDsl;
+    diesel::sql_query(format!(
+        "UPDATE deliveries SET state = 'delivered' WHERE event_row = {} AND target = 't1'",
+        stored[0].row
+    ))
+    .execute(&mut conn)
+    .expect("one row delivered");
     let cutoff = db::now() - chrono::Duration::days(1);
     let removed =
         events::purge_batch(&mut conn, Some("held"), &[], cutoff, 100).expect("the purge runs");
-    assert_eq!(removed, ["held", "held"]);
+    assert_eq!(removed.sources, ["held", "held"]);
+    assert_eq!(
+        removed.pending_forwards, 2,
+        "the pending rows purged unsent are counted"
+    );
     assert_eq!(db.count("events"), 1);
     assert_eq!(
         db.count("deliveries"),

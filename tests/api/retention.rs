@@ -165,6 +165,57 @@ fn purge_dry_run_counts_without_deleting_and_purge_removes_exactly_those() {
 }
 
 #[test]
+fn purge_says_how_many_forward_deliveries_still_pending_go_with_their_events() {
+    use diesel::RunQueryDsl;
+    let db = TestDb::create();
+    let config = TempFile::new(&config_with_windows(&db.url, "1h", "10m"));
+    let config_path = config.0.to_string_lossy().into_owned();
+    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    insert_aged(&db, "stripe", "old", 5, "4 days");
+    // Each old event queued for one target; two of them delivered, three still pending (a
+    // downstream failing for longer than the window).
+    for sql in [
+        "INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
+         SELECT id, 'default', source, received_at, received_at FROM events",
+        "UPDATE deliveries SET state = 'delivered' WHERE event_row IN \
+         (SELECT id FROM events WHERE event_id IN ('old_1', 'old_2'))",
+    ] {
+        diesel::sql_query(sql)
+            .execute(&mut db.connect())
+            .expect("outbox rows");
+    }
+
+    let (code, stdout, stderr) =
+        run_hookbox(&["purge", "--config", &config_path, "--dry-run"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("3 forward deliveries of those events are still pending and would go"),
+        "{stdout}"
+    );
+    assert_eq!(db.count("deliveries"), 5, "a dry run deletes nothing");
+
+    let (code, stdout, stderr) = run_hookbox(&["purge", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("removed 5 in total"), "{stdout}");
+    assert!(
+        stdout.contains("3 forward deliveries of those events were still pending and went"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("WARN") && stderr.contains("pending_forwards=3"),
+        "the pass's log says so too: {stderr}"
+    );
+    assert_eq!(db.count("deliveries"), 0);
+
+    // Nothing pending, nothing said.
+    insert_aged(&db, "stripe", "later", 1, "4 days");
+    let (code, stdout, _) = run_hookbox(&["purge", "--config", &config_path], &[]);
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("forward deliveries"), "{stdout}");
+}
+
+#[test]
 fn a_nonsense_older_than_is_exit_2_with_a_clear_message() {
     let (code, _, stderr) = run_hookbox(&["purge", "--older-than", "a while", "--dry-run"], &[]);
     assert_eq!(code, 2, "{stderr}");
