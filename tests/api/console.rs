@@ -770,6 +770,24 @@ async fn the_event_page_shows_deliveries_per_target_and_redelivers_the_event() {
     assert_eq!((a.for_key(&key).len(), b.for_key(&key).len()), (2, 2));
     let shown = get_page(&app, &location, Some(&cookie)).await.text();
     assert!(shown.contains("2 deliveries are re-queued"), "{shown}");
+    // The outcome is sealed by the session: a link made elsewhere, or this one changed, shows
+    // none.
+    for forged in [
+        location.replace("count=2", "count=99999"),
+        location
+            .split("&seal=")
+            .next()
+            .expect("an address")
+            .to_owned(),
+    ] {
+        let shown = get_page(&app, &forged, Some(&cookie)).await;
+        assert_eq!(shown.status, 200, "{forged}");
+        assert!(
+            !shown.text().contains("re-queued"),
+            "{forged}: {}",
+            shown.text()
+        );
+    }
 
     let mut one = every.clone();
     one.push(("target", "a"));

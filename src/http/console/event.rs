@@ -31,6 +31,33 @@ pub struct Which {
     delivery: Option<i64>,
     /// After a redeliver: how many deliveries were re-queued.
     count: Option<usize>,
+    /// The session's seal over the outcome (see [`outcome_link`]): without it, no notice.
+    #[serde(default)]
+    seal: String,
+}
+
+/// The event page's address with a form's outcome on it, sealed by the session so that only
+/// the form's own redirect shows it.
+fn outcome_link(
+    session: &Session,
+    source: &str,
+    event_id: &str,
+    notice: &str,
+    delivery: &str,
+    count: &str,
+) -> String {
+    let seal = session.seal(&[source, event_id, notice, delivery, count]);
+    link(
+        "/console/event",
+        &[
+            ("source", source),
+            ("id", event_id),
+            ("notice", notice),
+            ("delivery", delivery),
+            ("count", count),
+            ("seal", &seal),
+        ],
+    )
 }
 
 fn load(
@@ -57,7 +84,18 @@ fn body_block(id: &str, bytes: &[u8]) -> Markup {
     }
 }
 
-fn notice(which: &Which) -> Option<(bool, String)> {
+fn notice(which: &Which, session: &Session) -> Option<(bool, String)> {
+    let text = |n: Option<String>| n.unwrap_or_default();
+    let parts = [
+        which.source.as_str(),
+        which.id.as_str(),
+        which.notice.as_deref()?,
+        &text(which.delivery.map(|d| d.to_string())),
+        &text(which.count.map(|c| c.to_string())),
+    ];
+    if !session.sealed(&parts, &which.seal) {
+        return None;
+    }
     if which.notice.as_deref() == Some("unavailable") {
         return Some((
             false,
@@ -250,7 +288,7 @@ pub async fn show(
             .unflushed_replays(&which.source, &which.id);
     let status = stored.status.map_or_else(String::new, |s| s.to_string());
     let main = html! {
-        @if let Some((ok, text)) = notice(&which) {
+        @if let Some((ok, text)) = notice(&which, &session) {
             p class=(if ok { "notice" } else { "error" }) id="notice" { (text) }
         }
         h1 id="event-id" { (which.id) }
@@ -313,15 +351,13 @@ pub async fn requeue(
         Ok(None) => "no_delivery",
         Err(_) => "unavailable",
     };
-    let delivery = id.to_string();
-    Ok(redirect(&link(
-        "/console/event",
-        &[
-            ("source", &field(&body, "source")),
-            ("id", &field(&body, "event_id")),
-            ("notice", outcome),
-            ("delivery", &delivery),
-        ],
+    Ok(redirect(&outcome_link(
+        &session,
+        &field(&body, "source"),
+        &field(&body, "event_id"),
+        outcome,
+        &id.to_string(),
+        "",
     )))
 }
 
@@ -351,13 +387,7 @@ pub async fn redeliver(
         Err(crate::http::ApiError::UnknownTarget(_)) => ("no_target", String::new()),
         Err(_) => ("unavailable", String::new()),
     };
-    Ok(redirect(&link(
-        "/console/event",
-        &[
-            ("source", &source),
-            ("id", &event_id),
-            ("notice", notice),
-            ("count", &count),
-        ],
+    Ok(redirect(&outcome_link(
+        &session, &source, &event_id, notice, "", &count,
     )))
 }

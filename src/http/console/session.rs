@@ -39,6 +39,26 @@ impl Session {
     pub fn accepts(&self, given: &str) -> bool {
         bool::from(given.as_bytes().ct_eq(self.csrf.as_bytes()))
     }
+
+    /// A seal over `parts` that only this session can make (hex HMAC-SHA256 keyed by its CSRF
+    /// token): put on the address a form's outcome is shown at, so that a link made elsewhere
+    /// cannot show an outcome that did not happen.
+    pub fn seal(&self, parts: &[&str]) -> String {
+        use hmac::{KeyInit, Mac};
+        let mut mac =
+            hmac::Hmac::<Sha256>::new_from_slice(self.csrf.as_bytes()).expect("any key length");
+        for part in parts {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part.as_bytes());
+        }
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// Whether `given` is this session's [`seal`](Session::seal) over `parts` (compared in
+    /// constant time).
+    pub fn sealed(&self, parts: &[&str], given: &str) -> bool {
+        bool::from(self.seal(parts).as_bytes().ct_eq(given.as_bytes()))
+    }
 }
 
 /// The sessions this process has started.
