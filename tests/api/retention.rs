@@ -48,6 +48,16 @@ fn insert_aged(db: &TestDb, source: &str, prefix: &str, n: u32, age: &str) {
         .expect("insert aged events");
 }
 
+/// Writes `text` to a config file and runs `hookbox migrate` with it: the file (kept for the
+/// test's life) and its path.
+fn migrated_config(text: &str) -> (TempFile, String) {
+    let config = TempFile::new(text);
+    let path = config.path();
+    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    (config, path)
+}
+
 async fn poll_until<F: std::future::Future<Output = bool>>(
     what: &str,
     mut check: impl FnMut() -> F,
@@ -118,10 +128,7 @@ fn purge_dry_run_counts_without_deleting_and_purge_removes_exactly_those() {
         "[sources.standard]\nscheme = \"standard\"\n",
         "[sources.standard]\nscheme = \"standard\"\nretention = \"30d\"\n",
     );
-    let config = TempFile::new(&text);
-    let config_path = config.0.to_string_lossy().into_owned();
-    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_path], &[]);
-    assert_eq!(code, 0, "{stderr}");
+    let (_config, config_path) = migrated_config(&text);
     insert_aged(&db, "stripe", "old", 5, "4 days");
     insert_aged(&db, "stripe", "new", 2, "1 hour");
     insert_aged(&db, "github", "old", 3, "2 hours");
@@ -168,10 +175,7 @@ fn purge_dry_run_counts_without_deleting_and_purge_removes_exactly_those() {
 fn purge_says_how_many_forward_deliveries_still_pending_go_with_their_events() {
     use diesel::RunQueryDsl;
     let db = TestDb::create();
-    let config = TempFile::new(&config_with_windows(&db.url, "1h", "10m"));
-    let config_path = config.0.to_string_lossy().into_owned();
-    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_path], &[]);
-    assert_eq!(code, 0, "{stderr}");
+    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
     insert_aged(&db, "stripe", "old", 5, "4 days");
     // Each old event queued for one target; two of them delivered, three still pending (a
     // downstream failing for longer than the window).
@@ -423,10 +427,7 @@ fn a_window_shorter_than_the_providers_redelivery_horizon_is_warned_about_at_sta
 #[test]
 fn a_source_without_its_own_window_keeps_events_for_its_providers_horizon() {
     let db = TestDb::create();
-    let config = TempFile::new(&config_text(&db.url, ""));
-    let config_path = config.path();
-    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_path], &[]);
-    assert_eq!(code, 0, "{stderr}");
+    let (_config, config_path) = migrated_config(&config_text(&db.url, ""));
     // 74 hours: past the default 72h window, within Standard Webhooks' 76-hour horizon.
     insert_aged(&db, "standard", "kept", 2, "74 hours");
     insert_aged(&db, "stripe", "old", 3, "74 hours");
@@ -447,10 +448,7 @@ fn a_source_without_its_own_window_keeps_events_for_its_providers_horizon() {
 fn a_batch_that_skips_rows_does_not_end_the_pass() {
     use diesel::connection::SimpleConnection;
     let db = TestDb::create();
-    let config = TempFile::new(&config_with_windows(&db.url, "1h", "10m"));
-    let config_path = config.0.to_string_lossy().into_owned();
-    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_path], &[]);
-    assert_eq!(code, 0, "{stderr}");
+    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
     let batch = hookbox::retention::BATCH_SIZE as u32;
     insert_aged(&db, "stripe", "old", batch + 1000, "4 days");
     let spare_once = if store_is_sqlite() {
@@ -498,10 +496,7 @@ fn ctrl_c_stops_a_purge_between_batches_and_it_prints_what_it_removed() {
     const EXPIRED: i64 = 300_000;
     let db = TestDb::create();
     let text = config_with_windows(&db.url, "1h", "1h");
-    let config = TempFile::new(&text);
-    let config_path = config.0.to_string_lossy().into_owned();
-    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_path], &[]);
-    assert_eq!(code, 0, "{stderr}");
+    let (_config, config_path) = migrated_config(&text);
     insert_aged(&db, "stripe", "expired", EXPIRED as u32, "10 days");
     let expired = "events WHERE event_id LIKE 'expired_%'";
 
