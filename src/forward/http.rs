@@ -50,7 +50,7 @@ impl Http {
             Err(e) => {
                 return Handoff::Failed {
                     status: None,
-                    error: format!("cannot reach the downstream: {e}"),
+                    error: unanswered(&e),
                     retry_after: None,
                 }
             }
@@ -103,6 +103,26 @@ fn headers(target: &Target, due: &Due, now: i64) -> Vec<(String, String)> {
             .map(|(name, value)| (name.to_owned(), value)),
     );
     headers
+}
+
+/// Why an attempt got no answer, in words that point at the downstream: awc calls a connection
+/// the peer closed after reading the request a failure "to connect".
+fn unanswered(error: &awc::error::SendRequestError) -> String {
+    use awc::error::{ConnectError, SendRequestError};
+    match error {
+        SendRequestError::Connect(ConnectError::Disconnected) => {
+            "the downstream closed the connection without answering".to_owned()
+        }
+        SendRequestError::Connect(e) => format!("cannot reach the downstream: {e}"),
+        SendRequestError::Send(e) => {
+            format!("the connection to the downstream broke while sending: {e}")
+        }
+        SendRequestError::Response(e) => {
+            format!("the downstream's answer is not HTTP that can be read: {e}")
+        }
+        SendRequestError::Timeout => "the downstream did not answer in time".to_owned(),
+        e => format!("cannot reach the downstream: {e}"),
+    }
 }
 
 /// What an HTTP answer means for the delivery.

@@ -17,8 +17,10 @@ use crate::state::AppState;
 const DEFAULT_LIMIT: i64 = 100;
 const MAX_LIMIT: i64 = 1000;
 
-/// `GET /admin/events` query.
+/// `GET /admin/events` query. A parameter it does not take is refused, not ignored: a list
+/// that silently skipped `until=` or a misspelt `soruce=` would look filtered and not be.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     source: Option<String>,
     since: Option<String>,
@@ -39,8 +41,8 @@ fn given(value: Option<String>) -> Option<String> {
 /// `GET /admin/events?source=&since=&limit=`: newest first.
 pub async fn list_events(
     state: web::Data<AppState>,
-    query: web::Query<ListQuery>,
     _: Admin<Bearer>,
+    query: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
     let source = given(query.source);
@@ -140,8 +142,9 @@ pub(super) fn deliveries_of(
         .transpose()
 }
 
-/// `POST /admin/events/{source}/{event_id}/redeliver` query.
+/// `POST /admin/events/{source}/{event_id}/redeliver` query; nothing else is taken.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RedeliverQuery {
     target: Option<String>,
 }
@@ -152,8 +155,8 @@ pub struct RedeliverQuery {
 pub async fn redeliver_event(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
-    query: web::Query<RedeliverQuery>,
     _: Admin<Bearer>,
+    query: web::Query<RedeliverQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
     let target = given(query.into_inner().target);
@@ -234,8 +237,10 @@ pub(super) async fn redeliver(
     Ok(requeued)
 }
 
-/// `POST /admin/deliveries/requeue` query.
+/// `POST /admin/deliveries/requeue` query. A misspelt filter is refused: ignored, it would
+/// widen the requeue to every dead delivery.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RequeueQuery {
     source: Option<String>,
     target: Option<String>,
@@ -247,8 +252,8 @@ pub struct RequeueQuery {
 /// becomes pending again. 202 `{"requeued": N}`.
 pub async fn requeue_dead(
     state: web::Data<AppState>,
-    query: web::Query<RequeueQuery>,
     _: Admin<Bearer>,
+    query: web::Query<RequeueQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
     let (source, target, since_text) =

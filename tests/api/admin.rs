@@ -143,7 +143,28 @@ async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
             .len(),
         4
     );
-    for query in ["since=yesterday-ish", "limit=lots", "limit=0", "limit=1001"] {
+    // A parameter the list does not take is refused, not ignored (the list would look
+    // filtered and not be); the token is still checked first.
+    let until = app
+        .get(
+            "/admin/events?until=2020-01-01T00:00:00Z",
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+    assert_eq!(
+        (until.status, until.error().as_str()),
+        (400, "invalid_query")
+    );
+    assert!(until.text().contains("until"), "{}", until.text());
+    let anonymous = app.get("/admin/events?until=2020-01-01", None).await;
+    assert_eq!(anonymous.status, 401, "{}", anonymous.text());
+    for query in [
+        "since=yesterday-ish",
+        "limit=lots",
+        "limit=0",
+        "limit=1001",
+        "soruce=github",
+    ] {
         let bad = app
             .get(&format!("/admin/events?{query}"), Some(ADMIN_TOKEN))
             .await;

@@ -687,10 +687,32 @@ async fn a_stop_gives_back_the_rows_waiting_for_their_turn_at_once() {
     assert_eq!(downstream.received().len(), 1);
 }
 
+/// Reads one request (head and `Content-Length` body) off a connection; false at its end.
+fn read_request(reader: &mut impl std::io::BufRead) -> bool {
+    let mut length = 0;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return false;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).is_ok()
+}
+
 /// A downstream that answers `200` at once, then sends its 100-byte body a byte every 30 ms
 /// (3 s in all), on connections kept alive; and the count of requests it has read.
 fn dripping_downstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}/hook", listener.local_addr().expect("an address"));
     let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -701,27 +723,7 @@ fn dripping_downstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(stream.try_clone().expect("clone"));
                 let mut stream = stream;
-                loop {
-                    let mut length = 0;
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        if let Some((name, value)) = line.split_once(':') {
-                            if name.eq_ignore_ascii_case("content-length") {
-                                length = value.trim().parse().unwrap_or(0);
-                            }
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
+                while read_request(&mut reader) {
                     counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let head = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n";
                     if stream.write_all(head).is_err() {
@@ -738,6 +740,56 @@ fn dripping_downstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
         }
     });
     (url, requests)
+}
+
+/// A downstream that reads each request whole, writes `answer` (which may be nothing, or not
+/// HTTP) and closes the connection.
+fn raw_downstream(answer: &'static [u8]) -> String {
+    use std::io::{BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("an address"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut stream = stream;
+            if read_request(&mut reader) {
+                let _ = stream.write_all(answer);
+            }
+        }
+    });
+    url
+}
+
+#[actix_web::test]
+async fn a_downstream_that_hangs_up_or_answers_garbage_is_named_for_what_it_did() {
+    // awc reports a peer that closed after reading the request as a failure "to connect";
+    // the delivery's last_error says what the downstream did instead.
+    for (answer, said) in [
+        (
+            &b""[..],
+            "the downstream closed the connection without answering",
+        ),
+        (
+            &b"SMTP READY\r\n\r\n"[..],
+            "the downstream's answer is not HTTP that can be read",
+        ),
+    ] {
+        let url = raw_downstream(answer);
+        let app = TestApp::spawn_with(&forward_extra(&url, "2s", 1), Handlers::default()).await;
+        let (id, _) = send_one(&app).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let states = deliveries(&app, &id).await;
+            if states[0]["state"] == "dead" {
+                let error = states[0]["last_error"].as_str().unwrap_or_default();
+                assert!(error.starts_with(said), "{said}: {states}");
+                assert!(states[0]["last_status"].is_null(), "{states}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "not dead within 10 s: {states}");
+            actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 #[actix_web::test]

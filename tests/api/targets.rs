@@ -283,6 +283,19 @@ async fn dead_deliveries_are_requeued_in_bulk_by_source_and_target() {
         (status, &body["error"]),
         (400, &serde_json::json!("invalid_query"))
     );
+    // A misspelt filter is refused, not ignored: ignored, it would requeue every dead delivery
+    // (the count of 3 below shows this one requeued nothing).
+    let (status, body) = admin_post(&app, "/admin/deliveries/requeue?soruce=github&target=b").await;
+    assert_eq!(
+        (status, &body["error"]),
+        (400, &serde_json::json!("invalid_query"))
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("soruce")),
+        "{body}"
+    );
 
     assert_eq!(
         admin_post(
@@ -511,6 +524,16 @@ async fn odd_admin_requests_get_their_contract_answers_and_never_a_5xx() {
         let message = body["message"].as_str().unwrap_or_default();
         assert!(message.contains("its targets: a"), "{path}: {message}");
     }
+    // A misspelt `target` is refused, not read as "every target".
+    let (status, body) = admin_post(
+        &app,
+        &format!("/admin/events/stripe/{id}/redeliver?tagret=a"),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]),
+        (400, &serde_json::json!("invalid_query"))
+    );
     assert_eq!(app.db.count("deliveries WHERE state = 'pending'"), 0);
     for since in ["-5000-01-01", "10000y"] {
         let answer = app
