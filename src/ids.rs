@@ -71,6 +71,11 @@ pub enum EventIdError {
     /// another id and its signature check would fail.
     #[error("the event id begins or ends with whitespace, which HTTP headers cannot carry")]
     OuterWhitespace,
+    /// Holds U+FFFD, which is what bytes that are not UTF-8 (a header in Latin-1, say) become
+    /// when read as text: the id the sender meant cannot be known, and two different ones would
+    /// read the same.
+    #[error("the event id is not UTF-8 text")]
+    NotText,
 }
 
 impl TryFrom<String> for EventId {
@@ -83,6 +88,8 @@ impl TryFrom<String> for EventId {
             Err(EventIdError::TooLong)
         } else if id.chars().any(char::is_control) {
             Err(EventIdError::ControlCharacter)
+        } else if id.contains(char::REPLACEMENT_CHARACTER) {
+            Err(EventIdError::NotText)
         } else if id.starts_with(char::is_whitespace) || id.ends_with(char::is_whitespace) {
             Err(EventIdError::OuterWhitespace)
         } else {
@@ -216,6 +223,11 @@ mod tests {
             EventId::try_from("evt\n1".to_owned()),
             Err(EventIdError::ControlCharacter)
         );
+        assert_eq!(
+            EventId::try_from("caf\u{fffd}".to_owned()),
+            Err(EventIdError::NotText)
+        );
+        assert!(EventId::try_from("caf\u{e9}".to_owned()).is_ok());
         assert_eq!(
             EventId::try_from("evt\u{0}1".to_owned()),
             Err(EventIdError::ControlCharacter)

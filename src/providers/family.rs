@@ -485,7 +485,7 @@ impl super::Provider for HeaderSignedSource {
         _json: Option<&serde_json::Value>,
     ) -> super::Identity {
         super::Identity {
-            event_id: super::mac::header_text(headers, self.rules.id),
+            event_id: super::mac::header_id(headers, self.rules.id),
             event_type: super::mac::header_text(headers, self.rules.kind),
         }
     }

@@ -21,7 +21,7 @@ use sha1::Sha1;
 use sha2::{Sha256, Sha512};
 
 use super::mac::{
-    any_matches_with, header_text, is_token_byte, json_text, matched, parse_timestamp,
+    any_matches_with, header_id, header_text, is_token_byte, json_text, matched, parse_timestamp,
     required_header, tag_with, Clock,
 };
 use super::{
@@ -731,13 +731,17 @@ impl Provider for Hmac {
     }
 
     fn identify(&self, headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
-        let locate = |locator: &Locator| match locator {
+        let id = |locator: &Locator| match locator {
+            Locator::Header(name) => header_id(headers, name),
+            Locator::Json(pointer) => json_text(json, pointer),
+        };
+        let kind = |locator: &Locator| match locator {
             Locator::Header(name) => header_text(headers, name),
             Locator::Json(pointer) => json_text(json, pointer),
         };
         Identity {
-            event_id: self.rule.event_id_locator().and_then(locate),
-            event_type: self.rule.event_type.as_ref().and_then(locate),
+            event_id: self.rule.event_id_locator().and_then(id),
+            event_type: self.rule.event_type.as_ref().and_then(kind),
         }
     }
 

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::family::text_keys_only;
-use super::mac::{header_text, required_header};
+use super::mac::{header_id, header_text, required_header};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A GitLab source: its secret tokens, as text. GitLab signs nothing and sends no timestamp.
@@ -68,9 +68,9 @@ impl Provider for Gitlab {
 
     fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
         Identity {
-            event_id: header_text(headers, IDEMPOTENCY_KEY)
+            event_id: header_id(headers, IDEMPOTENCY_KEY)
                 .filter(|id| !id.is_empty())
-                .or_else(|| header_text(headers, EVENT_UUID)),
+                .or_else(|| header_id(headers, EVENT_UUID)),
             event_type: header_text(headers, EVENT),
         }
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::family::{lowercase, text_keys_only, with_id_and_type, HeaderMac, TagText};
-use super::mac::header_text;
+use super::mac::{header_id, header_text};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError, Signed};
 
 /// A Linear source: its signing secrets, used as text, and its window.
@@ -71,7 +71,7 @@ impl Provider for Linear {
 
     fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
         Identity {
-            event_id: header_text(headers, DELIVERY),
+            event_id: header_id(headers, DELIVERY),
             event_type: header_text(headers, EVENT),
         }
     }

@@ -63,6 +63,14 @@ pub fn header_text(headers: &dyn Headers, name: &str) -> Option<String> {
     std::str::from_utf8(raw).ok().map(str::to_owned)
 }
 
+/// A header that carries an event id, for an [`Identity`](super::Identity): absent when missing.
+/// A value that is not UTF-8 is read with its bad bytes replaced by U+FFFD, which no event id
+/// may hold, so the delivery is refused as carrying an invalid id, not as carrying none.
+pub fn header_id(headers: &dyn Headers, name: &str) -> Option<String> {
+    let raw = headers.get(name)?;
+    Some(String::from_utf8_lossy(raw).into_owned())
+}
+
 /// A value found in the body for an [`Identity`](super::Identity). Integers are rendered because
 /// some providers send numeric ids; floats, objects and the like cannot be an id.
 pub fn json_text(json: Option<&serde_json::Value>, pointer: &str) -> Option<String> {
@@ -198,7 +206,7 @@ mod tests {
     }
 
     #[test]
-    fn non_utf8_headers_are_absent_for_identity_and_invalid_for_checks() {
+    fn non_utf8_headers_are_absent_as_a_type_unreadable_as_an_id_and_invalid_for_checks() {
         struct Raw;
         impl Headers for Raw {
             fn get(&self, _name: &str) -> Option<&[u8]> {
@@ -206,6 +214,7 @@ mod tests {
             }
         }
         assert_eq!(header_text(&Raw, "x"), None);
+        assert_eq!(header_id(&Raw, "x").as_deref(), Some("\u{fffd}\u{fffd}"));
         assert_eq!(required_header(&Raw, "x"), Err(SignatureError::Invalid));
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::family::text_keys_only;
-use super::mac::{any_matches, header_text, hex_tags, json_text, matched, required_header, tag_of};
+use super::mac::{any_matches, header_id, hex_tags, json_text, matched, required_header, tag_of};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 
 /// A Razorpay source: its webhook secrets, as text.
@@ -46,7 +46,7 @@ impl Provider for Razorpay {
 
     fn identify(&self, headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
         Identity {
-            event_id: header_text(headers, EVENT_ID),
+            event_id: header_id(headers, EVENT_ID),
             event_type: json_text(json, "/event"),
         }
     }

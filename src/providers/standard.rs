@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::ed25519::{signature_of, PrivateKey, PublicKeys};
 use super::mac::Clock;
-use super::mac::{any_matches, header_text, json_text, parse_timestamp, required_header, tag_of};
+use super::mac::{any_matches, header_id, json_text, parse_timestamp, required_header, tag_of};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
 use crate::secret::Secret;
 
@@ -254,8 +254,8 @@ fn verify(
 /// The id travels in a header, the type in the body.
 fn identify(headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
     let event_id = match names_in_use(headers) {
-        Some([id_name, ..]) => header_text(headers, id_name),
-        None => header_text(headers, WEBHOOK[0]).or_else(|| header_text(headers, SVIX[0])),
+        Some([id_name, ..]) => header_id(headers, id_name),
+        None => header_id(headers, WEBHOOK[0]).or_else(|| header_id(headers, SVIX[0])),
     };
     Identity {
         event_id,

@@ -18,7 +18,7 @@ use sha1::Sha1;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::mac::{any_matches_with, header_text, required_header, tag_with};
+use super::mac::{any_matches_with, header_id, required_header, tag_with};
 use super::{
     receive_verified, Headers, Identity, Inbound, Keys, Provider, ProviderError, Received, Refusal,
     Settings, SignatureError, Signed,
@@ -77,7 +77,7 @@ impl Provider for Twilio {
     /// [`identify_body`](Provider::identify_body)).
     fn identify(&self, headers: &dyn Headers, _json: Option<&serde_json::Value>) -> Identity {
         Identity {
-            event_id: header_text(headers, IDEMPOTENCY_TOKEN),
+            event_id: header_id(headers, IDEMPOTENCY_TOKEN),
             event_type: None,
         }
     }
@@ -88,7 +88,7 @@ impl Provider for Twilio {
         body: &[u8],
         json: Option<&serde_json::Value>,
     ) -> Identity {
-        let event_id = header_text(headers, IDEMPOTENCY_TOKEN)
+        let event_id = header_id(headers, IDEMPOTENCY_TOKEN)
             .filter(|token| !token.is_empty())
             .unwrap_or_else(|| format!("sha256:{}", hex::encode(Sha256::digest(body))));
         let event_type = match json {

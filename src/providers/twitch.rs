@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::family::text_keys_only;
-use super::mac::{any_matches, header_text, hex_tags, json_text, matched, required_header};
+use super::mac::{
+    any_matches, header_id, header_text, hex_tags, json_text, matched, required_header,
+};
 use super::mac::{tag_of, Clock};
 use super::{
     Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError, Refusal, Settings,
@@ -82,7 +84,7 @@ impl Provider for Twitch {
 
     fn identify(&self, headers: &dyn Headers, json: Option<&serde_json::Value>) -> Identity {
         Identity {
-            event_id: header_text(headers, ID),
+            event_id: header_id(headers, ID),
             event_type: json_text(json, "/subscription/type"),
         }
     }

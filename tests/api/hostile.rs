@@ -251,7 +251,17 @@ fn cases(app: &TestApp) -> Vec<Case> {
                 github_body,
             ),
             400,
-            Some("missing_event_id"),
+            Some("invalid_event_id"),
+        ),
+        case(
+            "an event id header in Latin-1",
+            post(
+                "github",
+                &with(&github("x"), "X-GitHub-Delivery", b"caf\xe9", false),
+                github_body,
+            ),
+            400,
+            Some("invalid_event_id"),
         ),
         case(
             "a header name that is not a token",
