@@ -249,8 +249,7 @@ pub fn main() -> ExitCode {
         Command::Serve(arg) => load(arg.config.as_deref())
             .and_then(|config| {
                 config
-                    .check_admin_token()
-                    .and_then(|()| config.check_listen())
+                    .check_listen()
                     .map_err(|e| usage(format_args!("config error: {e}")))?;
                 Ok(config)
             })

@@ -34,8 +34,8 @@ pub struct Config {
     pub retention: RetentionConfig,
     /// `[admin]`: the bearer token, when the variable `token_env` names is set and not empty.
     pub admin_token: Option<Secret>,
-    /// `[admin].token_env`, when given: `serve` refuses to start while it names a variable
-    /// that is unset or empty (see [`Config::check_admin_token`]).
+    /// `[admin].token_env`, when given: while it names a variable that is unset or empty, the
+    /// admin API is off as without it, and `serve` says so (see [`Config::unset_admin_token`]).
     pub admin_token_env: Option<String>,
     /// `[sources.NAME]`, in name order.
     pub sources: Vec<SourceConfig>,
@@ -290,20 +290,19 @@ impl<F: Fn(&str) -> Option<String>> Env for F {
 }
 
 impl Config {
-    /// For `serve`: an `[admin].token_env` that names an unset or empty variable is a config
-    /// error naming the variable, as for `secrets_env`, rather than an admin API silently off.
-    /// (The other commands never use the token, so they do not ask for it.)
-    pub fn check_admin_token(&self) -> Result<(), ConfigError> {
+    /// When `[admin].token_env` names a variable that is unset or empty: the sentence `serve`
+    /// logs as a WARN at its start. The contract keeps the admin API off (404) then, as without
+    /// token_env; the warning makes sure it is not off silently. (The other commands never use
+    /// the token.)
+    pub fn unset_admin_token(&self) -> Option<String> {
         match (&self.admin_token_env, &self.admin_token) {
-            (Some(var), None) => Err(ConfigError::at(
-                "admin.token_env",
-                format!(
-                    "the environment variable {} is not set (or is empty); set it to the \
-                     admin token, or remove token_env to run with the admin API and console off",
-                    crate::redact::variable_name(var)
-                ),
+            (Some(var), None) => Some(format!(
+                "admin.token_env names the environment variable {}, which is not set (or is \
+                 empty): the admin API and console are off (404) until it holds the admin \
+                 token and hookbox is restarted",
+                crate::redact::variable_name(var)
             )),
-            _ => Ok(()),
+            _ => None,
         }
     }
 
@@ -1930,27 +1929,28 @@ mod tests {
     }
 
     #[test]
-    fn an_admin_token_env_naming_an_unset_variable_is_refused_for_serve() {
+    fn an_admin_token_env_naming_an_unset_variable_leaves_the_admin_api_off_and_says_so() {
         let text = "[admin]\ntoken_env = \"HOOKBOX_NOPE_UNSET\"\n";
-        let config = Config::parse(text, &no_env).expect("other commands need no token");
-        let message = config.check_admin_token().expect_err("serve refuses").0;
+        let config = Config::parse(text, &no_env).expect("valid");
+        assert!(config.admin_token.is_none());
+        let message = config.unset_admin_token().expect("a warning");
         assert!(
-            message.starts_with("admin.token_env:") && message.contains("HOOKBOX_NOPE_UNSET"),
+            message.starts_with("admin.token_env") && message.contains("HOOKBOX_NOPE_UNSET"),
             "{message}"
         );
         let empty = |name: &str| (name == "HOOKBOX_NOPE_UNSET").then(String::new);
         let config = Config::parse(text, &empty).expect("valid");
-        assert!(
-            config.check_admin_token().is_err(),
-            "an empty token is no token"
-        );
+        assert!(config.admin_token.is_none(), "an empty token is no token");
+        assert!(config.unset_admin_token().is_some());
         let set = |name: &str| (name == "HOOKBOX_NOPE_UNSET").then(|| "tok".to_owned());
         let config = Config::parse(text, &set).expect("valid");
-        assert!(config.check_admin_token().is_ok());
+        assert!(config.admin_token.is_some());
+        assert_eq!(config.unset_admin_token(), None);
         let config = Config::parse("", &no_env).expect("valid");
-        assert!(
-            config.check_admin_token().is_ok(),
-            "no token_env: admin off"
+        assert_eq!(
+            config.unset_admin_token(),
+            None,
+            "no token_env: off, quietly"
         );
     }
 
@@ -2272,7 +2272,7 @@ mod tests {
         }
         let config = Config::parse("[admin]\ntoken_env = \"tok-TOPSECRET1\"\n", &no_env)
             .expect("valid for the other commands");
-        let message = config.check_admin_token().expect_err("unset").0;
+        let message = config.unset_admin_token().expect("unset");
         assert!(!message.contains("TOPSECRET1"), "{message}");
         // A name written like one is shown, to say which variable to set.
         let message = error(&format!("{stripe}secrets_env = \"HOOKBOX_TEST_UNSET_1\"\n"));

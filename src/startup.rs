@@ -56,7 +56,6 @@ impl Application {
     /// Applies migrations (and each handler's setup), builds the pool and binds the listen
     /// address; with port 0, a free port is picked (tests do this).
     pub fn build(config: Config, handlers: Handlers) -> anyhow::Result<Application> {
-        config.check_admin_token()?;
         config.check_listen()?;
         let sources = state::sources(&config, &handlers)?;
         let pool = open_database(&config, &handlers)?;
@@ -95,6 +94,8 @@ impl Application {
         );
         if state.admin_token.is_some() {
             tracing::info!("admin API on at /admin (bearer token), console at /console");
+        } else if let Some(warning) = config.unset_admin_token() {
+            tracing::warn!("{warning}");
         } else {
             tracing::info!(
                 "admin API and console off (set [admin].token_env to a variable holding a token)"

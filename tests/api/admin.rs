@@ -21,6 +21,31 @@ async fn the_admin_api_is_404_while_no_token_is_configured() {
 }
 
 #[actix_web::test]
+async fn a_token_env_naming_an_unset_variable_leaves_the_admin_api_off_with_a_warning() {
+    // The contract: "the admin API is off (404) unless this names a set variable".
+    let db = TestDb::create();
+    let text = config_text(&db.url, "").replace("TEST_ADMIN_TOKEN", "HOOKBOX_TEST_TOKEN_NOT_SET");
+    let server = Process::serve(&text);
+    for (path, token) in [
+        ("/admin/events", None),
+        ("/admin/events", Some(ADMIN_TOKEN)),
+        ("/console", None),
+    ] {
+        let answer = get(&server.address, path, token).await;
+        assert_eq!(answer.status, 404, "{path} {token:?}: {}", answer.text());
+    }
+    let log = server.log();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("WARN") && line.contains("admin.token_env"))
+        .unwrap_or_else(|| panic!("a WARN naming admin.token_env:\n{log}"));
+    assert!(
+        warning.contains("HOOKBOX_TEST_TOKEN_NOT_SET") && warning.contains("off"),
+        "{warning}"
+    );
+}
+
+#[actix_web::test]
 async fn a_wrong_or_missing_token_is_401_without_a_hint() {
     let app = TestApp::spawn().await;
     let near_miss = &ADMIN_TOKEN[..ADMIN_TOKEN.len() - 1];

@@ -64,10 +64,6 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
             "[sources.s]\nscheme = \"stripe\"\nsecrets_env = \"HOOKBOX_TEST_NOT_SET\"\n",
             "sources.s.secrets_env",
         ),
-        (
-            "[admin]\ntoken_env = \"HOOKBOX_TEST_TOKEN_NOT_SET\"\n",
-            "admin.token_env: the environment variable HOOKBOX_TEST_TOKEN_NOT_SET is not set",
-        ),
         ("[retention]\nwindow = \"-1h\"\n", "retention.window"),
         (
             "[database]\nurl = \"mysql://hookbox:hunter2@db/hookbox\"\n",
