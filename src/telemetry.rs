@@ -31,6 +31,10 @@ const CONNECTION_TARGETS: [&str; 2] = ["actix_http::h1::dispatcher", "actix_http
 /// error`), a peer that stopped reading (`write zero`), a chunked body that never ends.
 const CLIENT_MISTAKES: [&str; 3] = ["stream error", "write zero", "MAX_BUFFER_SIZE"];
 
+/// Where the RabbitMQ client logs a message the broker returned (unroutable), at WARN, with the
+/// message's body and headers.
+const RETURNED_MESSAGES: &str = "lapin::returned_messages";
+
 /// At most one WARN about clients' mistakes per this long.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -43,7 +47,9 @@ pub fn init() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
-        .with_filter(filter_fn(|metadata| !is_connection_error(metadata)));
+        .with_filter(filter_fn(|metadata| {
+            !is_connection_error(metadata) && !may_carry_a_body(metadata)
+        }));
     let (sender, receiver) = sync_channel(256);
     let installed = tracing_subscriber::registry()
         .with(filter)
@@ -105,6 +111,17 @@ pub fn catch_panic<T>(work: impl FnOnce() -> T) -> Result<T, String> {
 /// An ERROR of actix-http about one connection: kept out of the log lines, see [`report`].
 fn is_connection_error(metadata: &Metadata<'_>) -> bool {
     *metadata.level() == Level::ERROR && CONNECTION_TARGETS.contains(&metadata.target())
+}
+
+/// Lines of a library that would print a webhook's body, whatever `RUST_LOG` says: logs never
+/// hold bodies. The RabbitMQ client logs every returned (unroutable) message whole, and its
+/// trace lines print frames; hookbox records an unroutable publish in the delivery's
+/// `last_error` itself.
+fn may_carry_a_body(metadata: &Metadata<'_>) -> bool {
+    let target = metadata.target();
+    target == RETURNED_MESSAGES
+        || ((target.starts_with("lapin::") || target.starts_with("amq_protocol"))
+            && *metadata.level() == Level::TRACE)
 }
 
 /// Hands actix-http's connection errors to [`report`].
