@@ -260,6 +260,14 @@ impl ConfigError {
         ConfigError(format!("{key}: {problem}"))
     }
 
+    /// Whether the problem is with a value the environment gave (`DATABASE_URL`,
+    /// `HOOKBOX_LISTEN`), which the config file's name must not be put in front of.
+    fn is_about_the_environment(&self) -> bool {
+        ["DATABASE_URL: ", "HOOKBOX_LISTEN: "]
+            .iter()
+            .any(|key| self.0.starts_with(key))
+    }
+
     /// Whether the problem is a `*_env` key naming a variable that is not set: every such error
     /// says "the environment variable NAME is not set".
     fn names_an_unset_variable(&self) -> bool {
@@ -370,9 +378,10 @@ impl Config {
             None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
         };
         match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                parse(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
-            }
+            Ok(text) => parse(&text).map_err(|e| match e.is_about_the_environment() {
+                true => e,
+                false => ConfigError(format!("{}: {}", path.display(), e.0)),
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => parse(""),
             Err(e) => Err(ConfigError(format!(
                 "{}: cannot read the config file: {e} (pass --config FILE or set HOOKBOX_CONFIG)",
@@ -1033,6 +1042,12 @@ fn check_listen(listen: &str) -> Result<(), String> {
     if listen.parse::<std::net::SocketAddr>().is_ok() {
         return Ok(());
     }
+    if !listen.is_empty() && listen.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "{listen:?} is a port alone: write it as HOST:PORT, e.g. \"127.0.0.1:{listen}\" \
+             (or \"0.0.0.0:{listen}\" to listen on every interface)"
+        ));
+    }
     let Some((host, port)) = listen.rsplit_once(':') else {
         return Err(format!(
             "{listen:?} is not an address to listen on: it names no port; {form}"
@@ -1189,15 +1204,27 @@ impl RawConfig {
         }
         within("server.in_flight_wait", server.in_flight_wait, HOUR)?;
         within("server.request_timeout", server.request_timeout, HOUR)?;
-        let configured = env.var("DATABASE_URL").or(self.database.url);
+        let from_env = env.var("DATABASE_URL");
+        let url_key = if from_env.is_some() {
+            "DATABASE_URL"
+        } else {
+            "database.url"
+        };
+        let configured = from_env.or(self.database.url);
         let url = configured
             .clone()
             .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
         let store = Store::parse(&url).map_err(|e| {
-            ConfigError::at(
-                "database.url",
-                format!("{:?} {e}", crate::redact::database_url(&url)),
-            )
+            // Quoted only when it is a URL, whose password can be masked: a libpq key=value
+            // string (`host=h password=pw`) or anything else is not echoed at all.
+            if url.contains("://") {
+                ConfigError::at(
+                    url_key,
+                    format!("{:?} {e}", crate::redact::database_url(&url)),
+                )
+            } else {
+                ConfigError::at(url_key, format!("the value {e}"))
+            }
         })?;
         let database = DatabaseConfig {
             configured: configured.is_some(),
@@ -1470,6 +1497,34 @@ mod tests {
         .expect("valid");
         assert_eq!(config.server.listen, "0.0.0.0:9000");
         assert_eq!(config.database.url, "postgres://other/db");
+    }
+
+    #[test]
+    fn a_bad_database_url_names_where_it_came_from_and_never_echoes_a_key_value_password() {
+        let file = std::env::temp_dir().join(format!("hookbox-dsn-{}.toml", std::process::id()));
+        std::fs::write(&file, "[database]\nurl = \"host=h password=FILEPW1\"\n").expect("write");
+        let from_file = Config::load(Some(&file), &no_env).expect_err("not a URL").0;
+        let dsn =
+            |name: &str| (name == "DATABASE_URL").then(|| "host=h password=ENVPW1".to_owned());
+        let from_env = Config::load(Some(&file), &dsn).expect_err("not a URL").0;
+        let mysql = |name: &str| (name == "DATABASE_URL").then(|| "mysql://u:MYPW1@h/d".to_owned());
+        let masked = Config::load(Some(&file), &mysql)
+            .expect_err("not hookbox's")
+            .0;
+        std::fs::remove_file(&file).expect("remove");
+        assert!(
+            from_file.starts_with(&format!("{}: database.url: ", file.display()))
+                && from_file.contains("key=value"),
+            "{from_file}"
+        );
+        assert!(
+            from_env.starts_with("DATABASE_URL: ") && from_env.contains("key=value"),
+            "the environment's value, not the file's: {from_env}"
+        );
+        assert!(masked.contains("mysql://u:***@h/d"), "{masked}");
+        for message in [&from_file, &from_env, &masked] {
+            assert!(!message.contains("PW1"), "{message}");
+        }
     }
 
     #[test]
@@ -2008,6 +2063,7 @@ mod tests {
             "::1:8080",
             "[::1]:x",
             "[nohost]:8080",
+            "18300",
         ] {
             let message = error(&format!("[server]\nlisten = {bad:?}\n"));
             assert!(message.starts_with("server.listen: "), "{bad:?}: {message}");
@@ -2018,6 +2074,11 @@ mod tests {
                 "{bad:?}: {message}"
             );
         }
+        let message = error("[server]\nlisten = \"18300\"\n");
+        assert!(
+            message.contains("a port alone") && message.contains("\"127.0.0.1:18300\""),
+            "{message}"
+        );
         for good in [
             "127.0.0.1:0",
             "0.0.0.0:8080",

@@ -79,17 +79,49 @@ pub fn target_url(url: &str) -> String {
     database_url(url)
 }
 
+/// A secret shorter than this is masked only where it stands alone (between characters that
+/// are not letters or digits): masked inside words, a password `e` made `conn***ction` of every
+/// message, and the stars said what the password was.
+const SHORT_SECRET: usize = 8;
+
 /// `message` (an error about connecting to `url`) with `url` shown redacted and every secret
-/// value of `url` (as written, and percent-decoded) replaced with `***`, wherever it appears.
+/// value of `url` (as written, and percent-decoded) replaced with `***` wherever else it appears
+/// (a short one where it stands alone; see [`SHORT_SECRET`]). The redacted URL itself is left
+/// as it is: its host and port are not a password's hiding place.
 pub fn message_about(message: &str, url: &str) -> String {
-    let mut message = message.replace(url, &database_url(url));
     let mut secrets = secrets(url);
     // Longest first, so a secret that contains another is masked whole.
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    for secret in secrets {
-        message = message.replace(&secret, MASK);
+    let shown_url = database_url(url);
+    let pieces: Vec<String> = message
+        .split(url)
+        .map(|piece| {
+            secrets
+                .iter()
+                .fold(piece.to_owned(), |piece, secret| masked(&piece, secret))
+        })
+        .collect();
+    pieces.join(&shown_url)
+}
+
+/// `text` with `secret` replaced by `***`: everywhere when it is long enough to be no word's
+/// part by chance, else only where it stands alone.
+fn masked(text: &str, secret: &str) -> String {
+    if secret.len() >= SHORT_SECRET {
+        return text.replace(secret, MASK);
     }
-    message
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(secret) {
+        let (before, after) = (&rest[..at], &rest[at + secret.len()..]);
+        let alone = !word(before.chars().next_back()) && !word(after.chars().next());
+        out.push_str(before);
+        out.push_str(if alone { MASK } else { secret });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Every secret value `url` holds, as written and percent-decoded; no empty ones.
@@ -256,6 +288,29 @@ mod tests {
         assert!(
             scrubbed.contains("postgres://u:***@h/db?sslpassword=***"),
             "{scrubbed}"
+        );
+    }
+
+    #[test]
+    fn a_short_secret_is_masked_where_it_stands_alone_and_never_inside_the_shown_url() {
+        let url = "postgres://u:e@127.0.0.1:5432/db";
+        let message = format!("connection to server at {url} failed: password \"e\" refused");
+        assert_eq!(
+            message_about(&message, url),
+            "connection to server at postgres://u:***@127.0.0.1:5432/db failed: password \"***\" \
+             refused"
+        );
+        let url = "http://user:1@127.0.0.1:18320/";
+        let message = format!("{url} is refused: 1 is not a port");
+        assert_eq!(
+            message_about(&message, url),
+            "http://user:***@127.0.0.1:18320/ is refused: *** is not a port"
+        );
+        let url = "postgres://u:TCP@h/db";
+        assert_eq!(
+            message_about("TCP/IP connections refused", url),
+            "***/IP connections refused",
+            "standing alone, a short secret is masked all the same"
         );
     }
 }

@@ -43,6 +43,13 @@ impl Store {
             }
             return Ok(Store::SqliteFile(path.to_owned()));
         }
+        if !url.contains("://") && url.contains('=') {
+            return Err(
+                "is a libpq key=value string (host=... dbname=...); hookbox takes a URL \
+                 instead: postgres://USER:PASSWORD@HOST:5432/DBNAME"
+                    .to_owned(),
+            );
+        }
         Err("is not a postgres:// URL, a sqlite://PATH or sqlite::memory:".to_owned())
     }
 
@@ -149,5 +156,10 @@ mod tests {
         for bad in ["sqlite://", "mysql://h/db", "hookbox.db", ""] {
             assert!(Store::parse(bad).is_err(), "{bad:?}");
         }
+        let keywords = Store::parse("host=h password=pw dbname=x").expect_err("not a URL");
+        assert!(
+            keywords.contains("key=value") && keywords.contains("postgres://"),
+            "{keywords}"
+        );
     }
 }
