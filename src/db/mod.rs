@@ -123,32 +123,72 @@ pub struct Migrated {
     pub unknown: Vec<String>,
 }
 
+/// The versions of the migrations this binary carries for the connection's backend.
+fn known_versions(conn: &AnyConnection) -> Vec<String> {
+    fn of<DB: diesel::backend::Backend>(source: &EmbeddedMigrations) -> Vec<String> {
+        diesel::migration::MigrationSource::<DB>::migrations(source)
+            .map(|all| all.iter().map(|m| m.name().version().to_string()).collect())
+            .unwrap_or_default()
+    }
+    match conn {
+        AnyConnection::Postgres(_) => of::<diesel::pg::Pg>(&PG_MIGRATIONS),
+        AnyConnection::Sqlite(_) => of::<diesel::sqlite::Sqlite>(&SQLITE_MIGRATIONS),
+    }
+}
+
+/// The versions the database records as applied, read with a plain `SELECT`. diesel's own
+/// harness creates the table first if it is missing, a `CREATE` that a role which may only
+/// read and write rows is refused even when nothing is left to apply; this read needs no such
+/// right.
+fn applied_versions(conn: &mut AnyConnection) -> QueryResult<Vec<String>> {
+    #[derive(diesel::QueryableByName)]
+    struct Applied {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        version: String,
+    }
+    diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
+        .load::<Applied>(conn)
+        .map(|rows| rows.into_iter().map(|row| row.version).collect())
+}
+
+/// Whether the error says the migrations table is not there: a database never migrated.
+fn is_missing_table(error: &DieselError) -> bool {
+    let message = error.to_string();
+    message.contains("does not exist") || message.contains("no such table")
+}
+
 /// Applies the backend's pending migrations, and lists the applied ones this binary lacks.
+/// When none is pending nothing but a read is done, so a role without the right to create
+/// tables can start a server on a database its owner migrated.
 fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Migrated> {
-    fn run<DB: diesel::backend::Backend>(
-        harness: &mut impl MigrationHarness<DB>,
-        source: EmbeddedMigrations,
-    ) -> diesel::migration::Result<Migrated> {
-        use diesel::migration::MigrationSource;
-        let known: Vec<String> = MigrationSource::<DB>::migrations(&source)?
-            .iter()
-            .map(|m| m.name().version().to_string())
-            .collect();
-        let applied = harness.run_pending_migrations(source)?;
-        let applied: Vec<String> = applied.iter().map(ToString::to_string).collect();
-        let unknown = harness
-            .applied_migrations()?
+    let known = known_versions(conn);
+    // Unreadable for any reason: the harness is left to apply, or to say what is wrong.
+    let before = applied_versions(conn).ok();
+    let pending = before
+        .as_ref()
+        .is_none_or(|applied| known.iter().any(|version| !applied.contains(version)));
+    let applied: Vec<String> = if pending {
+        let applied = match conn {
+            AnyConnection::Postgres(pg) => pg.run_pending_migrations(PG_MIGRATIONS),
+            AnyConnection::Sqlite(sqlite) => sqlite.run_pending_migrations(SQLITE_MIGRATIONS),
+        };
+        applied
+            .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?
             .iter()
             .map(ToString::to_string)
-            .filter(|version| !known.contains(version))
-            .collect();
-        Ok(Migrated { applied, unknown })
-    }
-    let migrated = match conn {
-        AnyConnection::Postgres(pg) => run(pg, PG_MIGRATIONS),
-        AnyConnection::Sqlite(sqlite) => run(sqlite, SQLITE_MIGRATIONS),
+            .collect()
+    } else {
+        Vec::new()
     };
-    migrated.map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+    let recorded = match pending {
+        true => applied_versions(conn).unwrap_or_default(),
+        false => before.unwrap_or_default(),
+    };
+    let unknown = recorded
+        .into_iter()
+        .filter(|version| !known.contains(version))
+        .collect();
+    Ok(Migrated { applied, unknown })
 }
 
 /// How long a request waits for a pooled connection before it is answered 503. Short, so a
@@ -656,15 +696,15 @@ impl From<DieselError> for MigrateError {
     }
 }
 
-/// Whether every embedded migration has been applied: what `/readyz` needs.
+/// Whether every embedded migration has been applied: what `/readyz` needs. A read alone (see
+/// [`applied_versions`]): a database never migrated is not migrated, not an error.
 pub fn is_migrated(conn: &mut AnyConnection) -> anyhow::Result<bool> {
-    let pending = match conn {
-        AnyConnection::Postgres(pg) => pg.has_pending_migration(PG_MIGRATIONS),
-        AnyConnection::Sqlite(sqlite) => sqlite.has_pending_migration(SQLITE_MIGRATIONS),
-    };
-    pending
-        .map(|pending| !pending)
-        .map_err(|e| anyhow::anyhow!("cannot read the migrations table: {e}"))
+    let known = known_versions(conn);
+    match applied_versions(conn) {
+        Ok(applied) => Ok(known.iter().all(|version| applied.contains(version))),
+        Err(e) if is_missing_table(&e) => Ok(false),
+        Err(e) => Err(anyhow::anyhow!("cannot read the migrations table: {e}")),
+    }
 }
 
 /// Whether the error says a delivery waited on another transaction past the in-flight wait:

@@ -94,3 +94,67 @@ async fn after_revoke_insert_readyz_is_not_ready_and_a_delivery_says_permission(
     let ready = app.get("/readyz", None).await;
     assert_eq!(ready.status, 200, "{}", ready.text());
 }
+
+#[actix_web::test]
+async fn a_role_that_may_only_read_and_write_rows_serves_and_migrates_a_migrated_database() {
+    // The usual split: the owner migrates (a deploy step), the app's role only reads and
+    // writes rows. PostgreSQL 15 grants no CREATE on `public` to other roles.
+    if skip_on_sqlite(
+        "a_role_that_may_only_read_and_write_rows_serves_and_migrates_a_migrated_database",
+        "SQLite has no roles",
+    ) {
+        return;
+    }
+    let server = server_url();
+    if !server.contains("://postgres@") {
+        eprintln!("skipped: DATABASE_URL does not name the postgres user");
+        return;
+    }
+    // Declared first, so it is dropped after the database its grants are in.
+    let role = Role::create(&unique_id("hb_rows_only").to_lowercase());
+    let db = TestDb::create();
+    let owner_config = TempFile::new(&config_text(&db.url, ""));
+    let (code, _, stderr) = run_hookbox_async(&["migrate", "--config", &owner_config.path()]).await;
+    assert_eq!(code, 0, "{stderr}");
+    for statement in [
+        "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned(),
+        format!("GRANT USAGE ON SCHEMA public TO {}", role.0),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}",
+            role.0
+        ),
+        format!(
+            "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {}",
+            role.0
+        ),
+    ] {
+        as_superuser(&db, &statement);
+    }
+    let url = with_database(&server, &db.name).replace("://postgres@", &format!("://{}@", role.0));
+    let text = config_text(&url, "");
+
+    let rows_only = TempFile::new(&text);
+    let (code, stdout, stderr) =
+        run_hookbox_async(&["migrate", "--config", &rows_only.path()]).await;
+    assert_eq!(
+        code, 0,
+        "nothing to apply, nothing to create: {stdout}{stderr}"
+    );
+
+    let process = Process::serve(&text);
+    let ready = get(&process.address, "/readyz", None).await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    let config = parse_config(&text);
+    let id = unique_id("evt_rows_only");
+    let delivery = delivery_for(
+        &config,
+        "stripe",
+        &stripe_event(&id, "charge.succeeded", 1),
+        &id,
+        unix_now(),
+    );
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 200, "{}\n{}", answer.text(), process.log());
+    drop(process);
+    assert_eq!(db.count("events"), 1);
+}
