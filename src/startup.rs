@@ -58,10 +58,12 @@ impl Application {
     pub fn build(config: Config, handlers: Handlers) -> anyhow::Result<Application> {
         config.check_listen()?;
         let sources = state::sources(&config, &handlers)?;
+        // Bound before the database is touched: an instance that cannot serve (its port is
+        // taken) fails the start cleanly, and never migrates a shared schema.
+        let listeners = listen(&config)?;
         let pool = open_database(&config, &handlers)?;
         let state = web::Data::new(AppState::new(&config, sources, pool));
-        // Bound before anything else starts, so a taken port fails the start cleanly.
-        let (server, address) = bind(&config, state.clone())?;
+        let (server, address) = serve_on(listeners, &config, state.clone())?;
         log_store(&config, state.claims.writers());
         log_sources(&config);
 
@@ -212,31 +214,77 @@ fn open_database(config: &Config, handlers: &Handlers) -> anyhow::Result<DbPool>
 
 /// The HTTP server over `state`, bound to `[server].listen`, and its address. It serves once
 /// polled (see [`Application::run_until_stopped`]).
-fn bind(config: &Config, state: web::Data<AppState>) -> anyhow::Result<(Server, SocketAddr)> {
-    // A provider catching up after an outage opens many connections at once: the default
-    // backlog of 128 would drop their SYNs and stall them for seconds.
-    let server = HttpServer::new(move || {
+/// A provider catching up after an outage opens many connections at once: the default backlog
+/// of 128 would drop their SYNs and stall them for seconds.
+const BACKLOG: i32 = 1024;
+
+/// Binds `server.listen`: every address its host resolves to, as actix would (one that cannot
+/// be bound is skipped while another is), with address reuse and a [`BACKLOG`].
+fn listen(config: &Config) -> anyhow::Result<Vec<std::net::TcpListener>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::net::ToSocketAddrs;
+    let context = || {
+        format!(
+            "cannot listen on {} (set [server].listen or HOOKBOX_LISTEN)",
+            config.server.listen
+        )
+    };
+    let bind = |address: SocketAddr| -> std::io::Result<std::net::TcpListener> {
+        let socket = Socket::new(
+            Domain::for_address(address),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&address.into())?;
+        socket.listen(BACKLOG)?;
+        Ok(socket.into())
+    };
+    let mut listeners = Vec::new();
+    let mut last_error = None;
+    for address in config
+        .server
+        .listen
+        .to_socket_addrs()
+        .with_context(context)?
+    {
+        match bind(address) {
+            Ok(listener) => listeners.push(listener),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    match (listeners.is_empty(), last_error) {
+        (true, Some(e)) => Err(anyhow::Error::new(e).context(context())),
+        (true, None) => Err(anyhow::anyhow!("it resolves to no address")).context(context()),
+        (false, _) => Ok(listeners),
+    }
+}
+
+/// The HTTP server on the `listeners` [`listen`] bound, and the first one's address.
+fn serve_on(
+    listeners: Vec<std::net::TcpListener>,
+    config: &Config,
+    state: web::Data<AppState>,
+) -> anyhow::Result<(Server, SocketAddr)> {
+    let mut server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
             .configure(http::routes)
             .wrap(actix_web::middleware::from_fn(http::answer_with_id))
             .wrap(tracing_actix_web::TracingLogger::<http::RequestSpan>::new())
     })
-    .backlog(1024)
     // A client dribbling its headers is cut off with a 408 (the body and the database work
     // then have request_timeout, see http/webhook.rs).
     .client_request_timeout(config.server.request_timeout.min(HEAD_TIMEOUT))
     .shutdown_timeout(STOP_WAIT.as_secs())
     // Signals are taken here rather than by actix, so they are in place before the
     // "listening" line: a SIGTERM right after it still shuts down gracefully.
-    .disable_signals()
-    .bind(&config.server.listen)
-    .with_context(|| {
-        format!(
-            "cannot listen on {} (set [server].listen or HOOKBOX_LISTEN)",
-            config.server.listen
-        )
-    })?;
+    .disable_signals();
+    for listener in listeners {
+        server = server
+            .listen(listener)
+            .context("cannot serve on the bound address")?;
+    }
     let address = *server
         .addrs()
         .first()

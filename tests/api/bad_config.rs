@@ -226,13 +226,17 @@ fn a_bad_listen_address_exits_2_naming_the_key_before_the_migrations() {
 }
 
 #[test]
-fn a_listen_port_already_taken_is_a_runtime_failure() {
+fn a_listen_port_already_taken_is_a_runtime_failure_before_the_database_is_touched() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let port = taken.local_addr().expect("its address").port();
-    let (code, stderr, _) =
+    let (code, stderr, migrated) =
         serve_in_scratch("", &[("HOOKBOX_LISTEN", &format!("127.0.0.1:{port}"))]);
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("cannot listen on"), "{stderr}");
+    assert!(
+        !migrated,
+        "an instance that cannot serve never migrates a (shared) schema: {stderr}"
+    );
 }
 
 #[test]
