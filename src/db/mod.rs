@@ -628,23 +628,41 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<D
     })
 }
 
+/// What to check when PostgreSQL refused or never answered a connection, from libpq's words.
+fn connect_hint(message: &str) -> &'static str {
+    if message.contains("database") && message.contains("does not exist") {
+        "create it (createdb NAME) or fix the database name in DATABASE_URL or [database].url"
+    } else if message.contains("role") && message.contains("does not exist") {
+        "the user in the URL does not exist on that server: fix it, or create the role"
+    } else if message.contains("password authentication failed")
+        || message.contains("no password supplied")
+    {
+        "check the user and password in DATABASE_URL or [database].url"
+    } else if message.contains("timeout expired") {
+        "nothing answered within connect_timeout: is the host reachable, and is it PostgreSQL?"
+    } else {
+        "is PostgreSQL running? set DATABASE_URL or [database].url"
+    }
+}
+
 /// Connects once, outside the pool, with an error that says what to check.
 pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
     match &config.store {
-        Store::Postgres(url) => PgConnection::establish(url)
+        Store::Postgres(url) => PgConnection::establish(&pg::with_connect_timeout(url))
             .map(AnyConnection::Postgres)
-            .map_err(|e| anyhow::anyhow!(crate::redact::message_about(&e.to_string(), url)))
-            .with_context(|| {
-                format!(
-                    "cannot connect to the database at {} (is PostgreSQL running? set DATABASE_URL or [database].url)",
-                    config.display_url()
+            .map_err(|e| {
+                let message = crate::redact::message_about(&e.to_string(), url);
+                anyhow::anyhow!(
+                    "cannot connect to the database at {} ({}): {message}",
+                    config.display_url(),
+                    connect_hint(&message)
                 )
             }),
         Store::SqliteFile(path) => sqlite::connect(path, Duration::from_secs(5))
             .map(AnyConnection::Sqlite)
             .with_context(|| {
                 format!(
-                    "cannot open the SQLite store {} (is its directory there and writable?)",
+                    "cannot open the SQLite store {} (is its directory there and writable, and the file a SQLite database?)",
                     config.display_url()
                 )
             }),

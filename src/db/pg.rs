@@ -19,10 +19,29 @@ const MIGRATION_LOCK_KEY: i64 = 0x686f_6f6b_626f_7801;
 /// Any number, as long as every hookbox uses the same one.
 const PURGE_LOCK_KEY: i64 = 0x686f_6f6b_626f_7802;
 
+/// How long a connection attempt may take when the URL does not say (libpq's
+/// `connect_timeout`, seconds): without one, a host that accepts the TCP connection and never
+/// answers (a frozen server, a firewall that swallows packets) holds `serve`, `migrate` or
+/// `purge` forever, silently.
+const CONNECT_TIMEOUT_SECS: u32 = 10;
+
+/// `url` with `connect_timeout` added when it sets none.
+pub fn with_connect_timeout(url: &str) -> std::borrow::Cow<'_, str> {
+    let query = url.split_once('?').map_or("", |(_, query)| query);
+    let set = query
+        .split('&')
+        .any(|pair| pair.split('=').next() == Some("connect_timeout"));
+    if set {
+        return url.into();
+    }
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joiner}connect_timeout={CONNECT_TIMEOUT_SECS}").into()
+}
+
 /// Opens a session set up for hookbox's transactions.
 pub fn connect(url: &str, lock_timeout: Duration) -> Result<PgConnection, diesel::r2d2::Error> {
     // libpq's message may quote a piece of the URL, a password among them.
-    let mut pg = PgConnection::establish(url).map_err(|e| {
+    let mut pg = PgConnection::establish(&with_connect_timeout(url)).map_err(|e| {
         diesel::r2d2::Error::ConnectionError(diesel::ConnectionError::BadConnection(
             crate::redact::message_about(&e.to_string(), url),
         ))
@@ -97,4 +116,30 @@ pub fn unlock_purge(conn: &mut PgConnection) -> QueryResult<()> {
 pub fn is_lock_timeout(error: &DieselError) -> bool {
     matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
         if info.message().contains("lock timeout"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connect_timeout_is_added_only_where_the_url_sets_none() {
+        for (url, with) in [
+            ("postgres://h/db", "postgres://h/db?connect_timeout=10"),
+            (
+                "postgres://h/db?sslmode=require",
+                "postgres://h/db?sslmode=require&connect_timeout=10",
+            ),
+            (
+                "postgres://h/db?connect_timeout=3",
+                "postgres://h/db?connect_timeout=3",
+            ),
+            (
+                "postgres://h/db?a=1&connect_timeout=0",
+                "postgres://h/db?a=1&connect_timeout=0",
+            ),
+        ] {
+            assert_eq!(with_connect_timeout(url), with, "{url}");
+        }
+    }
 }

@@ -193,6 +193,50 @@ fn an_unreachable_database_is_exit_1_with_what_to_check() {
     );
 }
 
+#[test]
+fn a_database_that_is_not_there_or_never_answers_is_named_for_what_it_is() {
+    if store_is_sqlite() {
+        return;
+    }
+    // A database name that does not exist on a running server: not "is PostgreSQL running?".
+    let missing = with_database(&server_url(), "hookbox_no_such_database");
+    let (code, _, stderr) = run_hookbox(
+        &["migrate", "--config", "/dev/null"],
+        &[("DATABASE_URL", &missing)],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("createdb"), "{stderr}");
+    assert!(!stderr.contains("is PostgreSQL running"), "{stderr}");
+
+    // A host that takes the connection and never answers: without a connect_timeout in the
+    // URL, hookbox's own (10 s) ends the wait, instead of waiting forever in silence.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = silent.local_addr().expect("its address").port();
+    let held = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming().flatten().take(4) {
+            held.push(stream);
+        }
+        held
+    });
+    let started = std::time::Instant::now();
+    let (code, _, stderr) = run_hookbox(
+        &["migrate", "--config", "/dev/null"],
+        &[(
+            "DATABASE_URL",
+            &format!("postgres://postgres@127.0.0.1:{port}/x"),
+        )],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("connect_timeout"), "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    drop(held);
+}
+
 /// `hookbox serve` with `config` and its events in an SQLite file of a directory of its own:
 /// (exit code, stderr, whether the database file was made, which is the migrations' first step).
 fn serve_in_scratch(config: &str, env: &[(&str, &str)]) -> (i32, String, bool) {
