@@ -38,16 +38,25 @@ pub struct Application {
     stop: futures_util::future::BoxFuture<'static, &'static str>,
 }
 
-/// Resolves with the signal's name on the first SIGTERM or SIGINT. The handlers are installed
-/// when this is called, not when it is first polled.
+/// Resolves with the signal's name on the first SIGTERM or SIGINT. A SIGHUP (an operator
+/// expecting a reload, a terminal closed) is logged and ignored: by default it would end the
+/// process at once, with no graceful stop. The handlers are installed when this is called, not
+/// when it is first polled.
 fn shutdown_signal() -> std::io::Result<futures_util::future::BoxFuture<'static, &'static str>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     Ok(Box::pin(async move {
-        tokio::select! {
-            _ = terminate.recv() => "SIGTERM",
-            _ = interrupt.recv() => "SIGINT",
+        loop {
+            tokio::select! {
+                _ = terminate.recv() => return "SIGTERM",
+                _ = interrupt.recv() => return "SIGINT",
+                _ = hangup.recv() => tracing::warn!(
+                    "SIGHUP ignored: hookbox does not reload its config; to apply a changed one, \
+                     restart it (SIGTERM stops it gracefully)"
+                ),
+            }
         }
     }))
 }

@@ -686,10 +686,21 @@ impl Dispatcher {
     /// `deadline` at the latest. Says whether it ended by then; if not, the attempts still
     /// under way are abandoned with the process, and their rows are sent again, with the same
     /// key, by whichever instance takes them back.
+    /// A wait of more than a second is announced, so the stop is not silent while a slow
+    /// target's attempts end.
     pub async fn finish(self, deadline: tokio::time::Instant) -> bool {
-        tokio::time::timeout_at(deadline, self.running)
-            .await
-            .is_ok()
+        let mut running = self.running;
+        let soon = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
+        if tokio::time::timeout_at(soon, &mut running).await.is_ok() {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        tracing::info!(
+            "waiting up to {} s more for the forward attempts still under way to end and be \
+             recorded",
+            left.as_secs_f64().ceil()
+        );
+        tokio::time::timeout_at(deadline, running).await.is_ok()
     }
 }
 

@@ -635,6 +635,10 @@ async fn a_stop_waits_for_the_attempt_under_way_and_records_it_so_it_is_not_sent
     );
     assert_eq!(downstream.for_key(&format!("stripe:{id}")).len(), 1);
     assert!(!log.contains("abandoned"), "{log}");
+    assert!(
+        log.contains("waiting up to") && log.contains("forward attempts still under way"),
+        "a stop that waits more than a second says so:\n{log}"
+    );
 }
 
 #[actix_web::test]

@@ -474,6 +474,8 @@ proptest! {
             Err(EventIdError::TooLong)
         } else if id.chars().any(char::is_control) {
             Err(EventIdError::ControlCharacter)
+        } else if id.contains(char::REPLACEMENT_CHARACTER) {
+            Err(EventIdError::NotText)
         } else if id.trim() != id {
             Err(EventIdError::OuterWhitespace)
         } else {

@@ -816,8 +816,13 @@ impl Process {
 
     /// Sends it SIGTERM.
     pub fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends it the signal named (`TERM`, `HUP`, ...).
+    pub fn signal(&self, name: &str) {
         let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .expect("run kill");
         assert!(status.success());

@@ -133,6 +133,35 @@ async fn sigterm_lets_an_in_flight_delivery_finish_then_exits_cleanly() {
 }
 
 #[actix_web::test]
+async fn a_sighup_is_logged_and_ignored_and_the_server_goes_on() {
+    // By default SIGHUP (a closed terminal, an operator expecting a reload) ends a process at
+    // once, with no graceful stop.
+    let db = TestDb::create();
+    let text = config_text(&db.url, "");
+    let mut process = Process::serve(&text);
+    process.signal("HUP");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !process.log().contains("SIGHUP ignored") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no word of the SIGHUP:\n{}",
+            process.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let health = get(&process.address, "/healthz", None).await;
+    assert_eq!(health.status, 200, "{}", health.text());
+    assert!(
+        !process.log().contains("shutting down"),
+        "{}",
+        process.log()
+    );
+    process.terminate();
+    let exit = process.wait_exit(std::time::Duration::from_secs(20));
+    assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
+}
+
+#[actix_web::test]
 async fn after_a_clean_stop_the_sqlite_file_alone_holds_every_event() {
     if !store_is_sqlite() {
         eprintln!("after_a_clean_stop_the_sqlite_file_alone_holds_every_event: SQLite only");
