@@ -732,6 +732,16 @@ pub fn is_lock_timeout(error: &DieselError) -> bool {
     pg::is_lock_timeout(error) || sqlite::is_busy(error)
 }
 
+/// After a lock timeout on PostgreSQL: whether it was a table lock another session holds (see
+/// [`pg::tables_locked_by_another`]) rather than a duplicate's claim. Never on SQLite, whose
+/// busy store is its own answer.
+pub fn tables_locked(conn: &mut AnyConnection) -> bool {
+    match conn {
+        AnyConnection::Postgres(pg) => pg::tables_locked_by_another(pg).unwrap_or(false),
+        AnyConnection::Sqlite(_) => false,
+    }
+}
+
 /// Takes the purge lock if no other instance holds it. On SQLite there is none to take: the
 /// store is one machine's file, and each purge batch is a write of its own, so two passes at
 /// once only share the work.

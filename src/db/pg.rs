@@ -118,6 +118,26 @@ pub fn is_lock_timeout(error: &DieselError) -> bool {
         if info.message().contains("lock timeout"))
 }
 
+/// After a lock timeout: whether another session holds one of hookbox's tables in a mode that
+/// blocks writing rows (a migration's `ALTER`, a `LOCK TABLE`, an index built without
+/// `CONCURRENTLY`), rather than a duplicate's uncommitted claim holding the event's row.
+pub fn tables_locked_by_another(conn: &mut PgConnection) -> QueryResult<bool> {
+    #[derive(diesel::QueryableByName)]
+    struct Locked {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        locked: bool,
+    }
+    diesel::sql_query(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks \
+         WHERE granted AND pid <> pg_backend_pid() AND locktype = 'relation' \
+         AND relation IN (to_regclass('events'), to_regclass('deliveries')) \
+         AND mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', \
+         'AccessExclusiveLock')) AS locked",
+    )
+    .get_result::<Locked>(conn)
+    .map(|row| row.locked)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

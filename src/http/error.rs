@@ -57,6 +57,10 @@ pub enum ApiError {
     /// 503 `unavailable`, with `Retry-After`.
     #[error("the database is unreachable; nothing was stored, retry later")]
     Unavailable,
+    /// 503 `unavailable`, with `Retry-After`: the claim waited past the in-flight wait for a
+    /// table another session holds locked, not for a duplicate.
+    #[error("hookbox's tables are locked by another database session (a migration, a LOCK TABLE); nothing was stored, retry later")]
+    TablesLocked,
     /// 503 `unavailable`, with `Retry-After`: the database took the claim but did not answer
     /// within the request timeout. Its transaction may still commit, so the sentence does not
     /// say that nothing was stored.
@@ -149,6 +153,7 @@ impl ApiError {
             ApiError::InProgress(_) | ApiError::StoreBusy(_) => "in_progress",
             ApiError::ProcessingFailed => "processing_failed",
             ApiError::Unavailable
+            | ApiError::TablesLocked
             | ApiError::Unanswered
             | ApiError::NotFetched(_)
             | ApiError::Database(_) => "unavailable",
@@ -166,6 +171,7 @@ impl ApiError {
         match self {
             ApiError::InProgress(wait) | ApiError::StoreBusy(wait) => Some(wait.as_secs().max(1)),
             ApiError::Unavailable
+            | ApiError::TablesLocked
             | ApiError::Unanswered
             | ApiError::NotFetched(_)
             | ApiError::Database(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
@@ -199,6 +205,7 @@ impl ResponseError for ApiError {
             }
             ApiError::ProcessingFailed => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable
+            | ApiError::TablesLocked
             | ApiError::Unanswered
             | ApiError::NotFetched(_)
             | ApiError::Database(_) => StatusCode::SERVICE_UNAVAILABLE,

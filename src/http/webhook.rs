@@ -304,6 +304,7 @@ async fn answer(
         }
         Outcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait).into()),
         Outcome::Busy => Err(ApiError::StoreBusy(state.in_flight_wait).into()),
+        Outcome::Locked => Err(ApiError::TablesLocked.into()),
         Outcome::Mismatch => Err(ApiError::EventIdReused.into()),
     }
 }
@@ -406,6 +407,7 @@ async fn batch(
         }
         BatchOutcome::InFlight => Err(ApiError::InProgress(state.in_flight_wait).into()),
         BatchOutcome::Busy => Err(ApiError::StoreBusy(state.in_flight_wait).into()),
+        BatchOutcome::Locked => Err(ApiError::TablesLocked.into()),
         BatchOutcome::Mismatch => Err(ApiError::EventIdReused.into()),
     }
 }

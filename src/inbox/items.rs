@@ -29,6 +29,8 @@ pub enum BatchOutcome {
     InFlight,
     /// On SQLite: the write lock stayed with another writer past the in-flight wait.
     Busy,
+    /// On PostgreSQL: the wait was for a table another session holds locked.
+    Locked,
     /// An item's id is stored with another payload (or repeats in the delivery with another
     /// payload): nothing of the delivery is stored.
     Mismatch,
@@ -80,7 +82,10 @@ pub fn claim_batch(
                     return Ok(BatchOutcome::Busy)
                 }
                 Err(Abort::Failed(ClaimError::Database(e))) if db::is_lock_timeout(&e) => {
-                    return Ok(BatchOutcome::InFlight)
+                    return Ok(match db::tables_locked(conn) {
+                        true => BatchOutcome::Locked,
+                        false => BatchOutcome::InFlight,
+                    })
                 }
                 Err(Abort::Failed(e)) => return Err(e),
             }

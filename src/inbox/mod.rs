@@ -116,6 +116,9 @@ pub enum Outcome {
     /// On SQLite: the write lock (or this process's turn at it) stayed with another writer
     /// past the in-flight wait. It may be another delivery of this event, or any other write.
     Busy,
+    /// On PostgreSQL: the wait past the in-flight wait was for a table another session holds
+    /// locked (a migration, a `LOCK TABLE`), not for a duplicate.
+    Locked,
     /// The event id is stored with a different payload.
     Mismatch,
 }
@@ -180,7 +183,10 @@ fn claim_within(
             Ok(None) => continue,
             Err(ClaimError::Database(e)) if db::sqlite::is_busy(&e) => return Ok(Outcome::Busy),
             Err(ClaimError::Database(e)) if db::is_lock_timeout(&e) => {
-                return Ok(Outcome::InFlight)
+                return Ok(match db::tables_locked(conn) {
+                    true => Outcome::Locked,
+                    false => Outcome::InFlight,
+                })
             }
             Err(e) => return Err(e),
         }

@@ -188,3 +188,59 @@ async fn a_forwarding_batch_that_falls_back_to_claims_one_by_one_queues_each_sto
     }
     assert_eq!(app.db.count("deliveries"), 11);
 }
+
+/// `LOCK TABLE {table} IN {mode} MODE`, held by a session of the test's own until dropped.
+struct HeldTableLock(AnyConnection);
+
+impl HeldTableLock {
+    fn take(url: &str, table: &str, mode: &str) -> HeldTableLock {
+        let mut conn = connect_url(url);
+        conn.batch_execute(&format!("BEGIN; LOCK TABLE {table} IN {mode} MODE"))
+            .expect("lock the table");
+        HeldTableLock(conn)
+    }
+}
+
+impl Drop for HeldTableLock {
+    fn drop(&mut self) {
+        let _ = self.0.batch_execute("ROLLBACK");
+    }
+}
+
+#[actix_web::test]
+async fn a_fresh_delivery_behind_a_locked_table_is_503_unavailable_not_409_in_progress() {
+    // A migration's ALTER, a LOCK TABLE or an index built without CONCURRENTLY: no duplicate is
+    // in flight, so "another delivery of this event is still being processed" would be false.
+    if skip_on_sqlite(
+        "a_fresh_delivery_behind_a_locked_table_is_503_unavailable_not_409_in_progress",
+        "SQLite's busy store is already answered as such",
+    ) {
+        return;
+    }
+    let app = spawn("", Handlers::default()).await;
+    for (table, mode) in [("events", "SHARE"), ("events", "ACCESS EXCLUSIVE")] {
+        let warm = unique_id("evt_warm");
+        let answer = app
+            .send(&app.delivery("stripe", &sample_body("stripe", &warm), &warm))
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+
+        let id = unique_id("evt_locked");
+        let body = sample_body("stripe", &id);
+        let held = HeldTableLock::take(&app.db.url, table, mode);
+        let answer = app.send(&app.delivery("stripe", &body, &id)).await;
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (503, "unavailable"),
+            "{table}: {}",
+            answer.text()
+        );
+        assert!(answer.message().contains("locked"), "{}", answer.text());
+        assert!(answer.header("retry-after").is_some(), "{table}");
+
+        drop(held);
+        let retried = app.send(&app.delivery("stripe", &body, &id)).await;
+        assert_eq!(retried.status, 200, "{table}: {}", retried.text());
+        assert!(!retried.replayed(), "{table}");
+    }
+}
