@@ -105,6 +105,15 @@ fn parse_args() -> Args {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            eprintln!(
+                "usage: loadgen --secret S | --config FILE [--to URL] [--source NAME] \
+                 [--connections N] [--seconds N] [--mode MODE] [--rate N] [--while-pid PID] \
+                 [--serve-cert ADDR] [--prebuilt N] [--key PEM] [--stamp-ids]\n\
+                 The benchmarks' load generator: bench/*.sh show its uses."
+            );
+            std::process::exit(0);
+        }
         if flag == "--stamp-ids" {
             args.stamp_ids = true;
             continue;

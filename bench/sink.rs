@@ -154,7 +154,15 @@ fn main() {
     while let Some(flag) = args.next() {
         match (flag.as_str(), args.next()) {
             ("--listen", Some(address)) => listen = address,
-            _ => panic!("usage: sink --listen ADDRESS"),
+            (flag, _) => {
+                let help = matches!(flag, "--help" | "-h");
+                eprintln!(
+                    "usage: sink [--listen ADDRESS]  (default 127.0.0.1:9000)\n\
+                     A fast local HTTP sink for the benchmarks: answers every request 200 at \
+                     once and counts them."
+                );
+                std::process::exit(if help { 0 } else { 2 });
+            }
         }
     }
     let runtime = tokio::runtime::Builder::new_current_thread()

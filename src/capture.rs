@@ -274,6 +274,23 @@ pub fn write_whole<T>(
     written
 }
 
+/// Whether [`write_whole`] can write `path`, found by making (and removing) the partial file it
+/// would write: checked before a long export begins, so a path it cannot write is refused at
+/// once, named as given. What is there and is not a regular file (a FIFO, `/dev/stdout`) is
+/// left to [`write_whole`]: opening a FIFO to check it would wait for its reader.
+///
+/// # Errors
+/// The system's reason (no such directory, permission denied, ...).
+pub fn check_writable(path: &Path) -> Result<(), String> {
+    if std::fs::metadata(path).is_ok_and(|meta| !meta.is_file()) {
+        return Ok(());
+    }
+    let (partial, file) = create_partial(path).map_err(|e| e.root_cause().to_string())?;
+    drop(file);
+    let _ = std::fs::remove_file(&partial);
+    Ok(())
+}
+
 /// A new file `NAME.<16 random hex digits>.partial` beside `path`, made by this call alone.
 fn create_partial(path: &Path) -> anyhow::Result<(PathBuf, File)> {
     use anyhow::Context;

@@ -432,6 +432,14 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
 
 fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
     let config = load(args.config.config.as_deref())?;
+    if let Some(path) = &args.out {
+        capture::check_writable(path).map_err(|e| {
+            usage(format_args!(
+                "--out: cannot write {}: {e}; nothing was exported",
+                path.display()
+            ))
+        })?;
+    }
     let filter = ExportFilter {
         source: args.source.map(|s| s.as_str().to_owned()),
         since: args.since,

@@ -24,6 +24,9 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
+/// What is logged when `RUST_LOG` is not set.
+const DEFAULT_FILTER: &str = "info,actix_server=warn";
+
 /// Where actix-http logs what goes wrong on one HTTP/1 connection.
 const CONNECTION_TARGETS: [&str; 2] = ["actix_http::h1::dispatcher", "actix_http::h1::decoder"];
 
@@ -42,7 +45,10 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 /// nothing.
 pub fn init() {
     install_panic_hook();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Without RUST_LOG: hookbox's own lines at info, not actix-server's ("starting 2 workers",
+    // "Actix runtime found", "starting service"), which repeat what hookbox says in its words.
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())

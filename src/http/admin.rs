@@ -38,6 +38,14 @@ fn given(value: Option<String>) -> Option<String> {
     value.filter(|v| !v.trim().is_empty())
 }
 
+/// The 404 of an admin route naming an event: which one is not stored, and where to look.
+fn no_event(source: &str, event_id: &str) -> ApiError {
+    ApiError::NotStored(format!(
+        "no event {event_id:?} of source {source:?} is stored (never received, or purged; \
+         GET /admin/events?source={source} lists what is)"
+    ))
+}
+
 /// `GET /admin/events?source=&since=&limit=`: newest first.
 pub async fn list_events(
     state: web::Data<AppState>,
@@ -87,7 +95,7 @@ pub async fn get_event(
         move |conn| db::events::find(conn, &source, &event_id)
     })
     .await?
-    .ok_or(ApiError::NotFound)?;
+    .ok_or_else(|| no_event(&source, &event_id))?;
     let mut event = serde_json::json!({
         "source": source,
         "event_id": event_id,
@@ -123,11 +131,12 @@ pub async fn event_deliveries(
     _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
+    let missing = no_event(&source, &event_id);
     let found = with_db(&state, "admin query", move |conn| {
         deliveries_of(conn, &source, &event_id)
     })
     .await?;
-    let deliveries = found.ok_or(ApiError::NotFound)?;
+    let deliveries = found.ok_or(missing)?;
     Ok(HttpResponse::Ok().json(serde_json::json!({ "deliveries": deliveries })))
 }
 
@@ -159,10 +168,11 @@ pub async fn redeliver_event(
     query: web::Query<RedeliverQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
+    let missing = no_event(&source, &event_id);
     let target = given(query.into_inner().target);
     let requeued = redeliver(&state, source, event_id, target, "the admin API")
         .await?
-        .ok_or(ApiError::NotFound)?;
+        .ok_or(missing)?;
     Ok(HttpResponse::Accepted().json(serde_json::json!({ "requeued": requeued })))
 }
 
@@ -287,9 +297,13 @@ pub async fn requeue_delivery(
     path: web::Path<String>,
     _: Admin<Bearer>,
 ) -> Result<HttpResponse, ApiError> {
-    let id: i64 = path.into_inner().parse().map_err(|_| ApiError::NotFound)?;
+    let text = path.into_inner();
+    let missing = || {
+        ApiError::NotStored(format!("no delivery {text:?} is stored (a delivery's id is the number the deliveries list shows)"))
+    };
+    let id: i64 = text.parse().map_err(|_| missing())?;
     match requeue(&state, id, "the admin API").await? {
-        None => Err(ApiError::NotFound),
+        None => Err(missing()),
         Some(Err(state)) => Err(ApiError::NotDead(state)),
         Some(Ok(delivery)) => Ok(HttpResponse::Ok().json(delivery)),
     }

@@ -84,6 +84,9 @@ pub enum ApiError {
     /// 404 `not_found`.
     #[error("nothing is here")]
     NotFound,
+    /// 404 `not_found` from the admin API: the sentence names what is not stored.
+    #[error("{0}")]
+    NotStored(String),
     /// 404 `not_found`: a redeliver names a target the source's config does not have (a
     /// delivery queued to it would wait for a target no instance sends to). The sentence says
     /// which targets there are.
@@ -159,7 +162,7 @@ impl ApiError {
             | ApiError::Database(_) => "unavailable",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
-            ApiError::NotFound | ApiError::UnknownTarget(_) => "not_found",
+            ApiError::NotFound | ApiError::NotStored(_) | ApiError::UnknownTarget(_) => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::NotDead(_) => "not_dead",
@@ -184,9 +187,10 @@ impl ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::UnknownSource | ApiError::NotFound | ApiError::UnknownTarget(_) => {
-                StatusCode::NOT_FOUND
-            }
+            ApiError::UnknownSource
+            | ApiError::NotFound
+            | ApiError::NotStored(_)
+            | ApiError::UnknownTarget(_) => StatusCode::NOT_FOUND,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,

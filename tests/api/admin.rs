@@ -220,4 +220,10 @@ async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
         (missing.status, missing.error().as_str()),
         (404, "not_found")
     );
+    // It says what is not there, not just "nothing is here".
+    let message = missing.message();
+    assert!(
+        message.contains("\"nope\"") && message.contains("\"github\""),
+        "{message}"
+    );
 }

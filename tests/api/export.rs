@@ -409,3 +409,40 @@ fn export_of_a_source_neither_configured_nor_stored_says_so_and_a_removed_one_st
         "{stderr}"
     );
 }
+
+#[test]
+fn export_out_to_a_place_it_cannot_write_exits_2_naming_it_before_any_work() {
+    let (_db, config) = stored_events(2);
+    let dir = TempDir::new();
+    let missing = dir.0.join("no-such-dir").join("capture.ndjson");
+    let missing_arg = missing.to_string_lossy().into_owned();
+    let (code, _, stderr) = run_hookbox(
+        &["export", "--config", &config.path(), "--out", &missing_arg],
+        &[],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("--out: cannot write {missing_arg}")),
+        "named as given: {stderr}"
+    );
+    assert!(!stderr.contains(".partial"), "{stderr}");
+    assert!(stderr.contains("nothing was exported"), "{stderr}");
+    // A directory that can be written leaves no probe behind.
+    let out = dir.0.join("capture.ndjson");
+    let out_arg = out.to_string_lossy().into_owned();
+    let (code, _, stderr) = run_hookbox(
+        &["export", "--config", &config.path(), "--out", &out_arg],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let names: Vec<String> = std::fs::read_dir(&dir.0)
+        .expect("list the directory")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(names, ["capture.ndjson"], "{names:?}");
+}

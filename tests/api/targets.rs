@@ -481,6 +481,12 @@ async fn odd_admin_requests_get_their_contract_answers_and_never_a_5xx() {
             (404, &serde_json::json!("not_found")),
             "{path}"
         );
+        assert!(
+            body["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("no delivery")),
+            "{path}: {body}"
+        );
         let unauthorised = awc::Client::new()
             .post(format!("{}{path}", app.address))
             .insert_header(("Authorization", "Bearer nope"))
