@@ -147,7 +147,8 @@ struct KeyArgs {
     config: Option<PathBuf>,
     /// Sign with this scheme instead of a config source's, with --secret (or --key for
     /// discord, sendgrid and standard's v1a, --key and --cert-url for sns): stripe, standard,
-    /// github, shopify, slack, discord, ... (hmac, hmac-sha256 and paypal need a config)
+    /// github, shopify, slack, discord, ... (hmac, hmac-sha256, paypal, square, braintree and
+    /// twilio sign with keys of their source: give --config)
     #[arg(long, value_name = "SCHEME")]
     scheme: Option<String>,
     /// The secret to sign with, with --scheme. For replay, --secret alone signs each capture
@@ -190,7 +191,8 @@ struct ReplayArgs {
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
-    /// Start deliveries at this steady rate at most: 50/s, 600/m
+    /// Start deliveries at this steady rate at most: 50/s, 600/m or 60/h (from 1/h to
+    /// 1000000/s)
     #[arg(long, value_name = "N/s")]
     rate: Option<Rate>,
     /// Print each delivery as it would be sent (URL, headers, body size); send nothing
@@ -213,8 +215,8 @@ struct SendArgs {
     #[command(flatten)]
     keys: KeyArgs,
     /// The event id, for schemes whose id travels in a header (standard, github, shopify,
-    /// hmac or hmac-sha256 with a header id) [default: a new evt_... each time]. Send the same id
-    /// twice to see the replay.
+    /// razorpay, gitlab, bitbucket, linear, twitch, twilio, and hmac or hmac-sha256 with a
+    /// header id) [default: a new evt_... each time]. Send the same id twice to see the replay.
     #[arg(long, value_name = "ID")]
     event_id: Option<String>,
     /// The event type, for schemes whose type travels in a header (github, shopify, gitlab,
@@ -260,12 +262,10 @@ pub fn main() -> ExitCode {
         Command::Export(args) => export(args),
         Command::Replay(args) => replay(args),
         Command::Send(args) => send(args),
-        Command::Purge(args) => {
-            load(args.config.config.as_deref()).and_then(|c| match purge(&c, &args) {
-                Ok(Pass::Interrupted) => Ok(ExitCode::from(INTERRUPTED)),
-                other => finish(other.map(drop)),
-            })
-        }
+        Command::Purge(args) => load_for_purge(&args).and_then(|c| match purge(&c, &args) {
+            Ok(Pass::Interrupted) => Ok(ExitCode::from(INTERRUPTED)),
+            other => finish(other.map(drop)),
+        }),
     };
     outcome.unwrap_or_else(|code| code)
 }
@@ -280,6 +280,45 @@ fn usage(message: impl std::fmt::Display) -> Exit {
 
 fn load(path: Option<&Path>) -> Result<Config, Exit> {
     Config::load(path, &ProcessEnv).map_err(|e| usage(format_args!("config error: {e}")))
+}
+
+/// Connects to the store for a command that only reads or removes what is there (`export`,
+/// `purge`): an SQLite file that is not there is not made (an empty one, left behind in
+/// whatever directory the command ran in, would hide the mistake), and the error says where it
+/// looked and where the URL came from.
+fn connect_existing(config: &Config, nothing: &str) -> anyhow::Result<crate::db::AnyConnection> {
+    if let crate::db::Store::SqliteFile(path) = &config.database.store {
+        if !Path::new(path).exists() {
+            let here = std::env::current_dir()
+                .map(|dir| format!(" (in {})", dir.display()))
+                .unwrap_or_default();
+            let whence = if config.database.configured {
+                "as [database].url or DATABASE_URL says"
+            } else {
+                "the default, as neither a config file's [database].url nor DATABASE_URL names one"
+            };
+            anyhow::bail!(
+                "no SQLite store at {path}{here}, {whence}; {nothing}. Pass --config FILE or set \
+                 DATABASE_URL to the store serve uses"
+            );
+        }
+    }
+    crate::db::connect(&config.database)
+}
+
+/// The config for `purge`, which uses no secret: a source's secret variable left unset (a cron
+/// job's environment) is let pass with `--older-than`, one window for every source. Without it
+/// each source's own window is needed, so `[sources]` must be read, secrets and all.
+fn load_for_purge(args: &PurgeArgs) -> Result<Config, Exit> {
+    let (config, unread) = Config::load_without_secrets(args.config.config.as_deref(), &ProcessEnv)
+        .map_err(|e| usage(format_args!("config error: {e}")))?;
+    match unread {
+        Some(e) if args.older_than.is_none() => Err(usage(format_args!(
+            "config error: {e}; purge reads [sources] for each source's retention window: set \
+             the variable, or give one window for every source with --older-than"
+        ))),
+        _ => Ok(config),
+    }
 }
 
 fn finish(result: anyhow::Result<()>) -> Result<ExitCode, Exit> {
@@ -373,7 +412,7 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         Some(window) => Plan::older_than(window),
         None => Plan::from_config(config),
     };
-    let mut conn = crate::db::connect(&config.database)?;
+    let mut conn = connect_existing(config, "nothing to purge")?;
     let started = Instant::now();
     let hint = "is the schema there? run hookbox migrate";
     let (report, verb) = if args.dry_run {
@@ -431,7 +470,9 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
 }
 
 fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
-    let config = load(args.config.config.as_deref())?;
+    // export uses no secret: a source's secret variable left unset is let pass.
+    let (config, unread) = Config::load_without_secrets(args.config.config.as_deref(), &ProcessEnv)
+        .map_err(|e| usage(format_args!("config error: {e}")))?;
     if let Some(path) = &args.out {
         capture::check_writable(path).map_err(|e| {
             usage(format_args!(
@@ -446,7 +487,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
         until: args.until,
     };
     finish((|| {
-        let mut conn = crate::db::connect(&config.database)?;
+        let mut conn = connect_existing(&config, "nothing to export")?;
         // A long export says how far it is, every few seconds, on stderr.
         let mut last = std::time::Instant::now();
         let mut progress = |written: u64| {
@@ -471,7 +512,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
         eprintln!("hookbox: exported {count} event(s) to {place}");
         // Events of a source since removed from the config are still exported; a name that is
         // neither configured nor stored is most likely a typo.
-        if let Some(source) = filter.source.as_deref() {
+        if let (Some(source), None) = (filter.source.as_deref(), &unread) {
             let configured: Vec<&str> = config.sources.iter().map(|s| s.name.as_str()).collect();
             if count == 0 && !configured.contains(&source) {
                 eprintln!(

@@ -349,9 +349,22 @@ impl Config {
     /// that a secret's variable that is not set is let pass: a deploy step that migrates need
     /// not hold the sources' secrets. Then `[sources]` is left unread.
     pub fn load_for_migrate(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
+        Config::load_without_secrets(path, env).map(|(config, _)| config)
+    }
+
+    /// [`Config::load_for_migrate`], and whether `[sources]` was read (`false`: a secret's
+    /// variable is not set, so the config's sources are empty; the error that would have been
+    /// is returned with it). For `export` and `purge`, which use no secret: `export` then cannot
+    /// say which sources are configured, and `purge` cannot know each source's window.
+    pub fn load_without_secrets(
+        path: Option<&Path>,
+        env: &dyn Env,
+    ) -> Result<(Config, Option<ConfigError>), ConfigError> {
         match Config::load(path, env) {
-            Err(e) if e.names_an_unset_variable() => Config::load_without_sources(path, env),
-            loaded => loaded,
+            Err(e) if e.names_an_unset_variable() => {
+                Config::load_without_sources(path, env).map(|config| (config, Some(e)))
+            }
+            loaded => loaded.map(|config| (config, None)),
         }
     }
 

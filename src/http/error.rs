@@ -35,6 +35,10 @@ pub enum ApiError {
     /// (Braintree's `bt_challenge`); the sentence says which.
     #[error("{0}")]
     MalformedHandshake(&'static str),
+    /// 400 `malformed_payload`: the body itself could not be read (a broken chunked encoding),
+    /// whatever the scheme.
+    #[error("the body could not be read: its chunked encoding is broken or it was cut short")]
+    UnreadableBody,
     /// 400 `missing_event_id`.
     #[error("the delivery carries no event id")]
     MissingEventId,
@@ -147,7 +151,9 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::InvalidSignature => "invalid_signature",
             ApiError::StaleTimestamp => "stale_timestamp",
-            ApiError::MalformedPayload | ApiError::MalformedHandshake(_) => "malformed_payload",
+            ApiError::MalformedPayload
+            | ApiError::MalformedHandshake(_)
+            | ApiError::UnreadableBody => "malformed_payload",
             ApiError::MissingEventId | ApiError::InvalidEventId(EventIdError::Missing) => {
                 "missing_event_id"
             }
@@ -200,6 +206,7 @@ impl ResponseError for ApiError {
             }
             ApiError::MalformedPayload
             | ApiError::MalformedHandshake(_)
+            | ApiError::UnreadableBody
             | ApiError::MissingEventId
             | ApiError::InvalidEventId(_)
             | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,

@@ -585,7 +585,7 @@ async fn read_body(
     let mut body =
         web::BytesMut::with_capacity(announced.map_or(8 * 1024, |length| length as usize));
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|_| ApiError::MalformedPayload)?;
+        let chunk = chunk.map_err(|_| ApiError::UnreadableBody)?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::PayloadTooLarge(limit));
         }

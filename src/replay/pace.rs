@@ -24,13 +24,13 @@ impl FromStr for Rate {
         let text = text.trim();
         let (count, per) = match text.split_once('/') {
             Some((count, unit)) => {
-                let seconds = match unit.trim() {
+                let seconds = match unit.trim().to_ascii_lowercase().as_str() {
                     "s" | "sec" | "second" => 1.0,
                     "m" | "min" | "minute" => 60.0,
                     "h" | "hour" => 3600.0,
                     other => {
                         return Err(format!(
-                            "unknown rate unit {other:?}; write it like 50/s or 600/m"
+                            "unknown rate unit {other:?}; write it like 50/s, 600/m or 60/h"
                         ))
                     }
                 };
@@ -40,7 +40,7 @@ impl FromStr for Rate {
         };
         let count: f64 = count
             .parse()
-            .map_err(|_| format!("{text:?} is not a rate; write it like 50/s or 600/m"))?;
+            .map_err(|_| format!("{text:?} is not a rate; write it like 50/s, 600/m or 60/h"))?;
         let per_second = count / per;
         // Slower than one an hour is a typo; faster than a million a second cannot be paced.
         if !(per_second.is_finite() && (1.0 / 3600.0..=1e6).contains(&per_second)) {
@@ -106,6 +106,12 @@ mod tests {
         assert_eq!(interval("50/s"), Ok(Duration::from_millis(20)));
         assert_eq!(interval("120/m"), Ok(Duration::from_millis(500)));
         assert_eq!(interval("4"), Ok(Duration::from_millis(250)));
+        assert_eq!(interval("60/h"), Ok(Duration::from_secs(60)));
+        assert_eq!(
+            interval("50/S"),
+            Ok(Duration::from_millis(20)),
+            "either case"
+        );
         for bad in ["", "fast", "0/s", "-5/s", "10/fortnight", "inf"] {
             assert!(bad.parse::<Rate>().is_err(), "{bad:?}");
         }

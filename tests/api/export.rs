@@ -446,3 +446,54 @@ fn export_out_to_a_place_it_cannot_write_exits_2_naming_it_before_any_work() {
         .collect();
     assert_eq!(names, ["capture.ndjson"], "{names:?}");
 }
+
+#[test]
+fn export_and_purge_with_older_than_need_no_source_secret_but_purge_by_window_does() {
+    // An ops box or a cron job holds the database URL, not every webhook secret.
+    let (db, _) = stored_events(2);
+    let unset = "HOOKBOX_TEST_SECRET_NOT_ON_THIS_BOX";
+    let config = TempFile::new(&format!(
+        "[database]\nurl = \"{}\"\n[sources.stripe]\nscheme = \"stripe\"\nsecrets_env = \"{unset}\"\n",
+        db.url
+    ));
+    let (code, stdout, stderr) = run_hookbox(&["export", "--config", &config.path()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(ids(&parse_capture(&stdout)), ["evt_0", "evt_1"]);
+
+    let (code, _, stderr) = run_hookbox(&["purge", "--config", &config.path(), "--dry-run"], &[]);
+    assert_eq!(code, 2, "each source's window is in [sources]: {stderr}");
+    assert!(
+        stderr.contains(unset) && stderr.contains("--older-than"),
+        "says which variable, and the way round it: {stderr}"
+    );
+    let (code, stdout, stderr) = run_hookbox(
+        &["purge", "--config", &config.path(), "--older-than", "0s"],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("removed 2 in total"), "{stdout}");
+    assert_eq!(db.count("events"), 0);
+}
+
+#[test]
+fn export_and_purge_with_no_store_there_say_where_they_looked_and_make_no_file() {
+    // No config file, no DATABASE_URL: the default SQLite file, which is not there.
+    let dir = TempDir::new();
+    for (args, nothing) in [
+        (&["export"][..], "nothing to export"),
+        (&["purge", "--dry-run"][..], "nothing to purge"),
+    ] {
+        let (code, _, stderr) = run_hookbox_in(args, &[], Some(&dir.0));
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("no SQLite store at hookbox.db")
+                && stderr.contains("the default")
+                && stderr.contains(nothing),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !dir.0.join("hookbox.db").exists(),
+            "{args:?}: an empty store was made"
+        );
+    }
+}

@@ -616,3 +616,42 @@ async fn a_client_dribbling_bytes_is_timed_out_while_others_are_served() {
         "nothing of the slow ones is stored"
     );
 }
+
+#[actix_web::test]
+async fn a_broken_chunked_body_is_400_saying_the_body_could_not_be_read_not_that_it_is_not_json() {
+    // GitHub's scheme needs no JSON: "could not be read as the JSON this scheme needs" would
+    // send the operator looking at the payload, not the framing.
+    let app = TestApp::spawn().await;
+    let body = br#"{"zen":"hi"}"#;
+    let mut request = chunked(
+        "github",
+        &signed(&app, "github", body, &unique_id("gh")),
+        body,
+        4,
+    );
+    // A chunk size that is not hex, where the next chunk's size line should be.
+    let at = request
+        .windows(5)
+        .position(|w| w == b"0\r\n\r\n")
+        .expect("the last chunk");
+    request.splice(at..at, b"zz\r\nnope\r\n".iter().copied());
+    let address = app.address.clone();
+    let answer = actix_web::rt::task::spawn_blocking(move || {
+        raw::exchange(&address, &request, Duration::from_secs(15))
+    })
+    .await
+    .expect("the request's thread")
+    .expect("an answer");
+    assert_eq!(
+        (answer.status, answer.code().as_deref()),
+        (400, Some("malformed_payload")),
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let text = String::from_utf8_lossy(&answer.body).into_owned();
+    assert!(
+        text.contains("could not be read") && !text.contains("JSON"),
+        "{text}"
+    );
+    assert_eq!(app.db.count("events"), 0);
+}
