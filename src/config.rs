@@ -384,11 +384,14 @@ impl Config {
         parse: impl Fn(&str) -> Result<Config, ConfigError>,
     ) -> Result<Config, ConfigError> {
         let named = path
-            .map(Path::to_path_buf)
-            .or_else(|| env.var("HOOKBOX_CONFIG").map(PathBuf::from));
-        let (path, required) = match named {
-            Some(path) => (path, true),
-            None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
+            .map(|path| (path.to_path_buf(), "named by --config"))
+            .or_else(|| {
+                env.var("HOOKBOX_CONFIG")
+                    .map(|path| (PathBuf::from(path), "named by HOOKBOX_CONFIG"))
+            });
+        let (path, required, whence) = match named {
+            Some((path, whence)) => (path, true, whence),
+            None => (PathBuf::from(DEFAULT_CONFIG_FILE), false, "the default"),
         };
         match std::fs::read_to_string(&path) {
             Ok(text) => parse(&text).map_err(|e| match e.is_about_the_environment() {
@@ -397,7 +400,8 @@ impl Config {
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => parse(""),
             Err(e) => Err(ConfigError(format!(
-                "{}: cannot read the config file: {e} (pass --config FILE or set HOOKBOX_CONFIG)",
+                "{}: cannot read the config file ({whence}): {e} (pass --config FILE \
+                 or set HOOKBOX_CONFIG)",
                 path.display()
             ))),
         }
@@ -1510,6 +1514,18 @@ mod tests {
         .expect("valid");
         assert_eq!(config.server.listen, "0.0.0.0:9000");
         assert_eq!(config.database.url, "postgres://other/db");
+    }
+
+    #[test]
+    fn a_config_file_that_cannot_be_read_says_what_named_it() {
+        let missing = Path::new("/nonexistent/hookbox-test.toml");
+        let named = Config::load(Some(missing), &no_env).expect_err("missing").0;
+        assert!(named.contains("named by --config"), "{named}");
+        let env = |name: &str| {
+            (name == "HOOKBOX_CONFIG").then(|| "/nonexistent/hookbox-test.toml".to_owned())
+        };
+        let from_env = Config::load(None, &env).expect_err("missing").0;
+        assert!(from_env.contains("named by HOOKBOX_CONFIG"), "{from_env}");
     }
 
     #[test]

@@ -206,10 +206,9 @@ pub fn run(files: Vec<InputFile>, options: &Options) -> anyhow::Result<Tally> {
     if options.dry_run {
         dry_run(Entries::new(files), options, &mut tally);
     } else {
-        let total = std::io::stderr()
-            .is_terminal()
-            .then(|| Entries::count(&files));
-        let mut progress = Progress::new(total);
+        // Counted up front (a read of every capture), so progress says "of how many".
+        let total = Entries::count(&files);
+        let mut progress = Progress::new(total, std::io::stderr().is_terminal());
         actix_web::rt::System::new().block_on(send_all(
             Entries::new(files),
             options,

@@ -19,14 +19,17 @@ pub enum Progress {
     Plain {
         /// When the last line was printed.
         last: Instant,
+        /// The entries counted up front.
+        total: u64,
     },
 }
 
 impl Progress {
-    /// A bar over `total` entries, when stderr is a terminal; plain lines otherwise.
-    pub fn new(total: Option<u64>) -> Progress {
-        match total {
-            Some(total) => {
+    /// A bar over `total` entries, on a terminal; plain lines saying how many of `total` are
+    /// done otherwise.
+    pub fn new(total: u64, terminal: bool) -> Progress {
+        match terminal {
+            true => {
                 let bar = ProgressBar::new(total);
                 bar.set_style(
                     ProgressStyle::with_template("{elapsed:>4} [{bar:24}] {pos}/{len} {wide_msg}")
@@ -35,8 +38,9 @@ impl Progress {
                 );
                 Progress::Bar(bar)
             }
-            None => Progress::Plain {
+            false => Progress::Plain {
                 last: Instant::now(),
+                total,
             },
         }
     }
@@ -49,9 +53,9 @@ impl Progress {
                 bar.set_message(tally.outcomes());
                 bar.set_position(tally.done());
             }
-            Progress::Plain { last } => {
+            Progress::Plain { last, total } => {
                 if last.elapsed() >= PLAIN_EVERY {
-                    eprintln!("replay: {}", tally.progress_line());
+                    eprintln!("replay: {}", tally.progress_line(*total));
                     *last = Instant::now();
                 }
             }

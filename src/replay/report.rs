@@ -201,9 +201,14 @@ impl Tally {
         )
     }
 
-    /// One line of progress.
-    pub fn progress_line(&self) -> String {
-        format!("{} sent: {}", self.sent, self.outcomes())
+    /// One line of progress, out of `total` entries.
+    pub fn progress_line(&self, total: u64) -> String {
+        format!(
+            "{} of {total} done, {} sent: {}",
+            self.done(),
+            self.sent,
+            self.outcomes()
+        )
     }
 
     /// The summary printed at the end.
@@ -283,6 +288,21 @@ mod tests {
     use actix_web::web::Bytes;
 
     use super::*;
+
+    #[test]
+    fn a_progress_line_says_how_many_of_all_are_done() {
+        let tally = Tally {
+            sent: 3,
+            processed: 2,
+            replayed: 1,
+            skipped: 1,
+            ..Tally::default()
+        };
+        assert_eq!(
+            tally.progress_line(6000),
+            "4 of 6000 done, 3 sent: 2 processed, 1 replayed, 0 rejected, 0 failed"
+        );
+    }
 
     fn answer(status: u16, replayed: bool, body: &'static str, ms: u64) -> Answer {
         Answer {
