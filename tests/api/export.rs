@@ -263,6 +263,21 @@ fn stored_events_at(times: &[&str]) -> (TestDb, TempFile) {
     (db, config)
 }
 
+/// The names of what `dir` holds, sorted.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("list the directory")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 #[test]
 fn export_out_never_writes_through_a_link_planted_at_a_partial_path() {
     let (_db, config) = stored_events(3);
@@ -290,16 +305,7 @@ fn export_out_never_writes_through_a_link_planted_at_a_partial_path() {
         .is_symlink());
     let written = std::fs::read_to_string(&out).expect("the capture");
     assert_eq!(ids(&parse_capture(&written)), ["evt_0", "evt_1", "evt_2"]);
-    let mut left: Vec<String> = std::fs::read_dir(&dir.0)
-        .expect("list the directory")
-        .map(|e| {
-            e.expect("an entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    left.sort();
+    let left = names_in(&dir.0);
     assert_eq!(
         left,
         ["capture.ndjson", "capture.ndjson.partial", "victim"],
@@ -435,16 +441,7 @@ fn export_out_to_a_place_it_cannot_write_exits_2_naming_it_before_any_work() {
         &[],
     );
     assert_eq!(code, 0, "{stderr}");
-    let names: Vec<String> = std::fs::read_dir(&dir.0)
-        .expect("list the directory")
-        .map(|e| {
-            e.expect("an entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    assert_eq!(names, ["capture.ndjson"], "{names:?}");
+    assert_eq!(names_in(&dir.0), ["capture.ndjson"]);
 }
 
 #[test]

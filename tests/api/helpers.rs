@@ -814,6 +814,19 @@ impl Process {
         self.stderr.lock().expect("log lock").clone()
     }
 
+    /// Waits until its log says `text`, at most 10 s.
+    pub fn wait_for_log(&self, text: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !self.log().contains(text) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log never said {text:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends it SIGTERM.
     pub fn terminate(&self) {
         self.signal("TERM");

@@ -105,15 +105,7 @@ async fn sigterm_lets_an_in_flight_delivery_finish_then_exits_cleanly() {
     std::thread::sleep(std::time::Duration::from_millis(200));
 
     process.terminate();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !process.log().contains("shutting down") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no shutdown began:\n{}",
-            process.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    process.wait_for_log("shutting down");
     stream
         .write_all(second_half)
         .expect("write the rest of the body");
@@ -140,15 +132,7 @@ async fn a_sighup_is_logged_and_ignored_and_the_server_goes_on() {
     let text = config_text(&db.url, "");
     let mut process = Process::serve(&text);
     process.signal("HUP");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !process.log().contains("SIGHUP ignored") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no word of the SIGHUP:\n{}",
-            process.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    process.wait_for_log("SIGHUP ignored");
     let health = get(&process.address, "/healthz", None).await;
     assert_eq!(health.status, 200, "{}", health.text());
     assert!(
