@@ -1154,26 +1154,44 @@ pub fn dead(conn: &mut AnyConnection) -> QueryResult<i64> {
         .get_result(c))
 }
 
-/// Pending rows by (source, target), for the per-target gauge.
-pub fn pending_by_target(conn: &mut AnyConnection) -> QueryResult<Vec<(String, String, i64)>> {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = Text)]
-        source: String,
-        #[diesel(sql_type = Text)]
-        target: String,
-        #[diesel(sql_type = BigInt)]
-        n: i64,
+/// One (source, target)'s pending rows, as [`pending_by_target`] counts them.
+#[derive(Debug, QueryableByName)]
+pub struct PendingCount {
+    /// The source's name.
+    #[diesel(sql_type = Text)]
+    pub source: String,
+    /// The target's name.
+    #[diesel(sql_type = Text)]
+    pub target: String,
+    /// Pending rows.
+    #[diesel(sql_type = BigInt)]
+    pub pending: i64,
+    /// Of those, the ones leased now (taken by a dispatcher or handed to it by a claim, their
+    /// lease, which `next_attempt_at` ends, still running: the attempt under way or about to
+    /// be). An ordered lane has at most one, whichever instance sends it.
+    #[diesel(sql_type = BigInt)]
+    pub leased: i64,
+}
+
+/// Pending rows by (source, target), for the per-target gauge, and how many of each are leased.
+pub fn pending_by_target(conn: &mut AnyConnection) -> QueryResult<Vec<PendingCount>> {
+    match conn {
+        AnyConnection::Postgres(c) => diesel::sql_query(
+            "SELECT source, target, count(*) AS pending, \
+                    count(*) FILTER (WHERE leased_by IS NOT NULL AND next_attempt_at > now()) \
+                        AS leased \
+             FROM deliveries WHERE state = 'pending' GROUP BY source, target",
+        )
+        .load(c),
+        AnyConnection::Sqlite(c) => diesel::sql_query(
+            "SELECT source, target, count(*) AS pending, \
+                    coalesce(sum(CASE WHEN leased_by IS NOT NULL AND next_attempt_at > ?1 \
+                                      THEN 1 ELSE 0 END), 0) AS leased \
+             FROM deliveries WHERE state = 'pending' GROUP BY source, target",
+        )
+        .bind::<super::sqlite::Instant, _>(now())
+        .load(c),
     }
-    let query = diesel::sql_query(
-        "SELECT source, target, count(*) AS n FROM deliveries \
-         WHERE state = 'pending' GROUP BY source, target",
-    );
-    let rows: Vec<Row> = on_backend!(conn, c => query.load(c))?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.source, r.target, r.n))
-        .collect())
 }
 
 /// The ids re-queued at once by one UPDATE (SQLite caps the bound values of a statement).

@@ -245,6 +245,9 @@ pub struct Outbox {
     index: Arc<HashMap<(String, String), usize>>,
     /// Lanes with pending rows that no configured target matches, already warned about.
     orphans_warned: Arc<Mutex<HashSet<(String, String)>>>,
+    /// Ordered lanes seen with several rows leased at once (another instance sends them
+    /// unordered), already warned about.
+    disorder_warned: Arc<Mutex<HashSet<usize>>>,
     /// Rows claims handed straight over (see [`Handover`]), with their lanes and the latest
     /// each may start ([`Lane::start_by`]), not yet started.
     handed: Arc<Mutex<Vec<(usize, Due, tokio::time::Instant)>>>,
@@ -285,6 +288,7 @@ impl Outbox {
             lanes: Arc::new(lanes),
             index: Arc::new(index),
             orphans_warned: Arc::default(),
+            disorder_warned: Arc::default(),
             handed: Arc::default(),
             unread: Arc::default(),
             store,
@@ -476,9 +480,13 @@ impl Outbox {
             }
             Err(_) => return,
         };
+        self.warn_of_disorder(&by_target);
         let by_target: Vec<(String, String, u64)> = by_target
             .into_iter()
-            .map(|(source, target, n)| (source, target, u64::try_from(n).unwrap_or(0)))
+            .map(|count| {
+                let n = u64::try_from(count.pending).unwrap_or(0);
+                (count.source, count.target, n)
+            })
             .collect();
         // Every pending row is in one (source, target): their sum is the total, without
         // reading the pending rows a second time.
@@ -499,6 +507,34 @@ impl Outbox {
                     "deliveries are pending to a forward target this instance does not have in \
                      its config; they wait for an instance that does (configure the target \
                      again to send them)"
+                );
+            }
+        }
+    }
+}
+
+impl Outbox {
+    /// An ordered lane has at most one row leased, whichever instance sends it; more means an
+    /// instance sharing the database sends the target unordered (its config says `ordered =
+    /// false`, during a rolling change say), and the order this one keeps is not kept. Said
+    /// once per lane, as a WARN.
+    fn warn_of_disorder(&self, counts: &[deliveries::PendingCount]) {
+        let mut warned = self
+            .disorder_warned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for count in counts.iter().filter(|count| count.leased > 1) {
+            let Some(lane) = self.lane_of(&count.source, &count.target) else {
+                continue;
+            };
+            if self.lanes[lane].target.config.ordered && warned.insert(lane) {
+                tracing::warn!(
+                    source = %count.source,
+                    target = %count.target,
+                    leased = count.leased,
+                    "this target is ordered here, but several of its deliveries are being sent \
+                     at once: an instance sharing the database sends it unordered. Set ordered \
+                     = true for it on every instance; until then its order is not kept"
                 );
             }
         }

@@ -425,6 +425,55 @@ async fn an_ordered_target_gets_events_in_received_order_across_two_processes() 
     // Which process sends is up to scheduling: the one whose attempt just settled is often the
     // first to see the next head, so one process may send all of them. The order is the promise.
     assert_in_order(&downstream, &ids);
+    for process in [&one, &two] {
+        assert!(
+            !process.log().contains("sends it unordered"),
+            "instances that agree are not warned:\n{}",
+            process.log()
+        );
+    }
+}
+
+#[actix_web::test]
+async fn an_instance_that_sends_an_ordered_target_unordered_is_warned_of() {
+    // The order is kept only if every instance orders the target; one that does not (a rolling
+    // change of `ordered`) sends several at once, and the one that orders says so.
+    let downstream = Downstream::start(|_, _| (200, Duration::from_millis(2000)));
+    let db = TestDb::create();
+    let ordered = config_text(
+        &db.url,
+        &target("ledger", &downstream.url, "ordered = true"),
+    );
+    let unordered = config_text(
+        &db.url,
+        &target(
+            "ledger",
+            &downstream.url,
+            "ordered = false\nconcurrency = 8",
+        ),
+    );
+    let keeper = Process::serve(&ordered);
+    let other = Process::serve(&unordered);
+    // 48 events, 8 at a time for 2 s each: the other instance has several under way for 12 s,
+    // more than two of the keeper's counts of the outbox (every 5 s).
+    send_all(&other.address, &parse_config(&unordered), &ids(48), 16).await;
+    let leased = || db.count("deliveries WHERE state = 'pending' AND leased_by IS NOT NULL");
+    poll_until(
+        "several are under way at once",
+        Duration::from_secs(10),
+        || leased() > 1,
+    )
+    .await;
+    keeper.wait_for_log_within("sends it unordered", Duration::from_secs(30));
+    let log = keeper.log();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("sends it unordered"))
+        .expect("the warning");
+    assert!(
+        warning.contains("WARN") && warning.contains("target=ledger"),
+        "{warning}"
+    );
 }
 
 #[actix_web::test]

@@ -816,7 +816,12 @@ impl Process {
 
     /// Waits until its log says `text`, at most 10 s.
     pub fn wait_for_log(&self, text: &str) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        self.wait_for_log_within(text, Duration::from_secs(10));
+    }
+
+    /// Waits until its log says `text`, at most `limit`.
+    pub fn wait_for_log_within(&self, text: &str, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
         while !self.log().contains(text) {
             assert!(
                 std::time::Instant::now() < deadline,
