@@ -28,6 +28,22 @@ impl Drop for Role {
     }
 }
 
+/// The server's URL, when `test` can swap a role of its own in: on PostgreSQL, connected as
+/// the postgres user. `None` (the test is skipped, and says why) otherwise.
+fn server_for_roles(test: &str) -> Option<String> {
+    if skip_on_sqlite(test, "SQLite has no roles") {
+        return None;
+    }
+    let server = server_url();
+    if !server.contains("://postgres@") {
+        eprintln!(
+            "skipped: DATABASE_URL does not name the postgres user, so no role can be swapped in"
+        );
+        return None;
+    }
+    Some(server)
+}
+
 /// `statement`, run by the superuser in the test's database.
 fn as_superuser(db: &TestDb, statement: &str) {
     let mut conn =
@@ -39,19 +55,11 @@ fn as_superuser(db: &TestDb, statement: &str) {
 
 #[actix_web::test]
 async fn after_revoke_insert_readyz_is_not_ready_and_a_delivery_says_permission() {
-    if skip_on_sqlite(
-        "after_revoke_insert_readyz_is_not_ready_and_a_delivery_says_permission",
-        "SQLite has no roles to revoke a privilege from",
-    ) {
+    let Some(server) =
+        server_for_roles("after_revoke_insert_readyz_is_not_ready_and_a_delivery_says_permission")
+    else {
         return;
-    }
-    let server = server_url();
-    if !server.contains("://postgres@") {
-        eprintln!(
-            "skipped: DATABASE_URL does not name the postgres user, so no role can be swapped in"
-        );
-        return;
-    }
+    };
     let db = TestDb::create();
     // Dropped after the app's database, which is dropped with the app, declared later.
     let role = Role::create(&format!("{}_role", db.name));
@@ -99,17 +107,11 @@ async fn after_revoke_insert_readyz_is_not_ready_and_a_delivery_says_permission(
 async fn a_role_that_may_only_read_and_write_rows_serves_and_migrates_a_migrated_database() {
     // The usual split: the owner migrates (a deploy step), the app's role only reads and
     // writes rows. PostgreSQL 15 grants no CREATE on `public` to other roles.
-    if skip_on_sqlite(
+    let Some(server) = server_for_roles(
         "a_role_that_may_only_read_and_write_rows_serves_and_migrates_a_migrated_database",
-        "SQLite has no roles",
-    ) {
+    ) else {
         return;
-    }
-    let server = server_url();
-    if !server.contains("://postgres@") {
-        eprintln!("skipped: DATABASE_URL does not name the postgres user");
-        return;
-    }
+    };
     // Declared first, so it is dropped after the database its grants are in.
     let role = Role::create(&unique_id("hb_rows_only").to_lowercase());
     let db = TestDb::create();
