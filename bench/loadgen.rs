@@ -336,7 +336,7 @@ fn signer(args: &Args, run: &str) -> (Verifier, Option<(std::net::TcpListener, S
         Some(path) => {
             let config = Config::load(Some(Path::new(path)), &ProcessEnv)
                 .unwrap_or_else(|e| panic!("--config: {e}"));
-            let signer = Signer::from_config(&config, &signing).expect("a signer");
+            let signer = Signer::from_config(&config, Vec::new(), &signing).expect("a signer");
             signer
                 .for_source(&args.source)
                 .unwrap_or_else(|e| panic!("--source {}: {e}", args.source))

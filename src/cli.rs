@@ -556,8 +556,9 @@ fn signer(keys: KeyArgs, detect: bool) -> Result<Signer, Exit> {
             "--secret needs --scheme NAME: the scheme to sign the body with",
         )),
         (None, _) => {
-            let config = load(keys.config.as_deref())?;
-            Signer::from_config(&config, &signing).map_err(usage)
+            let (config, unset) = Config::load_for_signing(keys.config.as_deref(), &ProcessEnv)
+                .map_err(|e| usage(format_args!("config error: {e}")))?;
+            Signer::from_config(&config, unset, &signing).map_err(usage)
         }
     }
 }

@@ -368,6 +368,45 @@ impl Config {
         }
     }
 
+    /// [`Config::load`] for `send` and `replay`, which sign for the sources they are given: a
+    /// source whose secret's variable is not set is left out, and returned with its error, so
+    /// that sending to one source needs that source's secret only (the tools tell the error
+    /// when a delivery of that source is to be signed). Any other error is an error as for
+    /// `serve`.
+    pub fn load_for_signing(
+        path: Option<&Path>,
+        env: &dyn Env,
+    ) -> Result<(Config, Vec<(String, ConfigError)>), ConfigError> {
+        match Config::load(path, env) {
+            Err(e) if e.names_an_unset_variable() => {}
+            loaded => return loaded.map(|config| (config, Vec::new())),
+        }
+        let registry = Registry::builtin();
+        Config::load_parsed(path, env, |text| {
+            let table: toml::Table = text
+                .parse()
+                .map_err(|e: toml::de::Error| syntax_error(text, &e))?;
+            let names: Vec<String> = match table.get("sources") {
+                Some(toml::Value::Table(sources)) => sources.keys().cloned().collect(),
+                _ => Vec::new(),
+            };
+            let mut unset = Vec::new();
+            for name in names {
+                let alone = Config::parse_table(text, env, &registry, |table| {
+                    retain_sources(table, |key| key == name);
+                });
+                match alone {
+                    Err(e) if e.names_an_unset_variable() => unset.push((name, e)),
+                    _ => {}
+                }
+            }
+            let config = Config::parse_table(text, env, &registry, |table| {
+                retain_sources(table, |key| !unset.iter().any(|(name, _)| name == key));
+            })?;
+            Ok((config, unset))
+        })
+    }
+
     /// [`Config::load`] without `[sources]`: the rest is read and checked as `serve` reads it.
     fn load_without_sources(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
         Config::load_parsed(path, env, |text| {
@@ -378,11 +417,11 @@ impl Config {
     }
 
     /// Finds the config file as [`Config::load`] says, and reads it with `parse`.
-    fn load_parsed(
+    fn load_parsed<T>(
         path: Option<&Path>,
         env: &dyn Env,
-        parse: impl Fn(&str) -> Result<Config, ConfigError>,
-    ) -> Result<Config, ConfigError> {
+        parse: impl Fn(&str) -> Result<T, ConfigError>,
+    ) -> Result<T, ConfigError> {
         let named = path
             .map(|path| (path.to_path_buf(), "named by --config"))
             .or_else(|| {
@@ -449,6 +488,13 @@ impl Config {
                 }
             })?;
         raw.validate(env, registry)
+    }
+}
+
+/// Keeps the `[sources]` entries whose name `keep` accepts.
+fn retain_sources(table: &mut toml::Table, keep: impl Fn(&str) -> bool) {
+    if let Some(toml::Value::Table(sources)) = table.get_mut("sources") {
+        sources.retain(|name, _| keep(name));
     }
 }
 

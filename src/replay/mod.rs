@@ -184,9 +184,10 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
                 }
             }
             // `--secret` without `--scheme` on a line whose scheme its headers do not show,
-            // or whose scheme cannot use the secret: the command line must change, for every
-            // line alike, so nothing is sent.
-            Job::Fail(origin, "unknown_scheme" | "unusable_secret", message) => {
+            // or whose scheme cannot use the secret, or a source whose secret's variable is not
+            // set here: the command line or the environment must change, for every line alike,
+            // so nothing is sent.
+            Job::Fail(origin, "unknown_scheme" | "unusable_secret" | "secret_not_set", message) => {
                 return Err(format!("{}: {message}; nothing was sent", origin.place()));
             }
             Job::Skip | Job::Fail(..) => {}
@@ -208,6 +209,7 @@ pub fn run(files: Vec<InputFile>, options: &Options) -> anyhow::Result<Tally> {
     } else {
         // Counted up front (a read of every capture), so progress says "of how many".
         let total = Entries::count(&files);
+        tally.total = Some(total);
         let mut progress = Progress::new(total, std::io::stderr().is_terminal());
         actix_web::rt::System::new().block_on(send_all(
             Entries::new(files),
@@ -445,9 +447,9 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
                 );
             };
             origin.source = Some(source.to_string());
-            let verifier = match signer.for_source(source.as_str()) {
+            let verifier = match signer.for_entry(source.as_str()) {
                 Ok(verifier) => verifier,
-                Err(message) => return Job::Fail(origin, "source_not_configured", message),
+                Err((code, message)) => return Job::Fail(origin, code, message),
             };
             // A body file carries no id header; one derived from its bytes makes a second
             // replay of the same file a redelivery of the same event, as it should be.

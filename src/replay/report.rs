@@ -45,7 +45,8 @@ pub struct Failure {
     /// The receiver's status; `None` when it never answered or nothing was sent.
     pub status: Option<u16>,
     /// The receiver's error code (`stale_timestamp`, ...), or the tool's own: `network`,
-    /// `invalid_capture`, `source_not_configured`.
+    /// `invalid_capture`, `source_not_configured` (`secret_not_set`, `unknown_scheme` and
+    /// `unusable_secret` stop a replay before anything is sent).
     pub error: String,
     /// One line saying what happened.
     pub message: String,
@@ -71,6 +72,8 @@ pub struct Tally {
     /// Deliveries still in flight when an interrupted replay stopped waiting: sent, but their
     /// answers never came back (not counted in `sent`).
     pub abandoned: u64,
+    /// Entries in the captures, when they were counted before sending (not on a dry run).
+    pub total: Option<u64>,
     rejected_by_code: BTreeMap<String, u64>,
     failed_by_error: BTreeMap<String, u64>,
     latencies_ms: Vec<f64>,
@@ -178,6 +181,9 @@ impl Tally {
         if self.interrupted {
             report["interrupted"] = serde_json::json!(true);
             report["abandoned_in_flight"] = serde_json::json!(self.abandoned);
+            if let Some(not_sent) = self.not_sent() {
+                report["not_sent"] = serde_json::json!(not_sent);
+            }
         }
         report
     }
@@ -191,6 +197,13 @@ impl Tally {
         text.push('\n');
         std::fs::write(path, text)
             .map_err(|e| anyhow::anyhow!("cannot write the report {}: {e}", path.display()))
+    }
+
+    /// Entries an interrupted replay never posted: neither answered, failed, skipped nor in
+    /// flight when it stopped. `None` when it was not interrupted or the total is unknown.
+    pub fn not_sent(&self) -> Option<u64> {
+        let total = self.total.filter(|_| self.interrupted)?;
+        Some(total.saturating_sub(self.done() + self.abandoned))
     }
 
     /// How the deliveries so far went, in one short line.
@@ -251,6 +264,14 @@ impl Tally {
                 out,
                 "  {:<10} {:>7}  (in flight when the wait ended; their answers are unknown)",
                 "abandoned", self.abandoned
+            );
+        }
+        if let Some(not_sent) = self.not_sent() {
+            let _ = writeln!(
+                out,
+                "  {:<10} {not_sent:>7}  (never posted: replay the same captures again; what was \
+                 stored answers as a replay)",
+                "not sent"
             );
         }
         if let (Some(p50), Some(p99)) = self.latency() {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::providers::{
     self, Identity, Provider, ProviderError, Registry, Scheme, Signed, Signing,
 };
@@ -21,7 +21,12 @@ pub enum Signer {
     /// From the config: each source's scheme and its first secret, or why that source cannot
     /// sign (told only when a delivery of that source is to be signed, so a PayPal source
     /// without `--key` does not stop `send` to another source).
-    Config(HashMap<String, Result<Verifier, String>>),
+    Config {
+        verifiers: HashMap<String, Result<Verifier, String>>,
+        /// Sources whose secret's variable is not set here, each with its error: the
+        /// environment must change before any of their deliveries can be signed.
+        unset: HashMap<String, String>,
+    },
     /// From `--scheme` and `--secret`: the same for whatever source a delivery names.
     Flags(Verifier),
     /// From `--secret` alone (`replay`): each capture line is signed by the scheme its kept
@@ -53,10 +58,27 @@ impl Signer {
     /// scheme that signs with a private key takes it, and its certificate's URL, from
     /// `signing` (`--key`, `--cert-url`).
     ///
+    /// `unset` are the sources [`Config::load_for_signing`] left out, each with its error: a
+    /// source whose secret's variable is not set cannot sign, and says so when asked.
+    ///
     /// # Errors
     /// None today: a source that cannot sign says why when it is asked to
     /// ([`Signer::for_source`]).
-    pub fn from_config(config: &Config, signing: &Signing) -> Result<Signer, String> {
+    pub fn from_config(
+        config: &Config,
+        unset: Vec<(String, ConfigError)>,
+        signing: &Signing,
+    ) -> Result<Signer, String> {
+        let unset = unset
+            .into_iter()
+            .map(|(name, e)| {
+                let why = format!(
+                    "config error: {e} (set it to sign for source {name:?}, or give --scheme \
+                     and --secret)"
+                );
+                (name, why)
+            })
+            .collect();
         let verifiers = config
             .sources
             .iter()
@@ -78,7 +100,7 @@ impl Signer {
                 (source.name.as_str().to_owned(), verifier)
             })
             .collect();
-        Ok(Signer::Config(verifiers))
+        Ok(Signer::Config { verifiers, unset })
     }
 
     /// A signer from `--scheme` and `--secret`, or `--key` (and `--cert-url`) where the scheme
@@ -137,7 +159,7 @@ impl Signer {
     /// scheme the headers show.
     ///
     /// # Errors
-    /// `source_not_configured` as [`Signer::for_source`]; `unknown_scheme` when the headers
+    /// As [`Signer::for_entry`]; `unknown_scheme` when the headers
     /// show no one scheme; `unusable_secret` when the scheme they show cannot use the secret.
     pub fn for_capture(
         &self,
@@ -147,9 +169,7 @@ impl Signer {
         event_id: &str,
     ) -> Result<&Verifier, Unsigned> {
         let Signer::Detect(schemes) = self else {
-            return self
-                .for_source(source)
-                .map_err(|why| ("source_not_configured", why));
+            return self.for_entry(source);
         };
         let fits: Vec<&Detectable> = schemes
             .iter()
@@ -195,6 +215,23 @@ impl Signer {
         }
     }
 
+    /// [`Signer::for_source`] for a replay's entry, with the tool's error code:
+    /// `secret_not_set` when the source's secret variable is not set here,
+    /// `source_not_configured` otherwise.
+    ///
+    /// # Errors
+    /// As [`Signer::for_source`].
+    pub fn for_entry(&self, source: &str) -> Result<&Verifier, Unsigned> {
+        match self {
+            Signer::Config { unset, .. } if unset.contains_key(source) => {
+                Err(("secret_not_set", unset[source].clone()))
+            }
+            _ => self
+                .for_source(source)
+                .map_err(|why| ("source_not_configured", why)),
+        }
+    }
+
     /// The verifier that signs `source`'s deliveries.
     ///
     /// # Errors
@@ -208,9 +245,10 @@ impl Signer {
                  scheme: add --scheme NAME"
                     .to_owned(),
             ),
-            Signer::Config(verifiers) => match verifiers.get(source) {
+            Signer::Config { verifiers, unset } => match verifiers.get(source) {
                 Some(Ok(verifier)) => Ok(verifier),
                 Some(Err(why)) => Err(why.clone()),
+                None if unset.contains_key(source) => Err(unset[source].clone()),
                 None => Err(format!(
                     "the config has no source {source:?} to sign with (give --config FILE, or \
                      --scheme and --secret)"

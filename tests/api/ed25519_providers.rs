@@ -99,7 +99,8 @@ fn signed(
         key_pem: seed.map(|seed| Secret::new(pem(seed))),
         cert_url: None,
     };
-    let signer = Signer::from_config(&app.config, &signing).expect("the test config signs");
+    let signer =
+        Signer::from_config(&app.config, Vec::new(), &signing).expect("the test config signs");
     let verifier = signer
         .for_source(source)
         .unwrap_or_else(|e| panic!("{source} signs: {e}"));

@@ -49,7 +49,8 @@ fn signed_with(
     body: &[u8],
     event_id: &str,
 ) -> Signed {
-    let signer = Signer::from_config(config, &Signing::default()).expect("the test config signs");
+    let signer = Signer::from_config(config, Vec::new(), &Signing::default())
+        .expect("the test config signs");
     let verifier = signer.for_source(source).expect("a configured source");
     let identity = Identity {
         event_id: Some(event_id.to_owned()),

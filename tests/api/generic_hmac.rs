@@ -448,8 +448,8 @@ fn signed_by_hookbox(
     event_id: &str,
     event_type: Option<&str>,
 ) -> Request {
-    let signer =
-        Signer::from_config(&app.config, &Signing::default()).expect("the test config signs");
+    let signer = Signer::from_config(&app.config, Vec::new(), &Signing::default())
+        .expect("the test config signs");
     let verifier = signer.for_source(source).expect("a configured source");
     let identity = signing::identity(verifier, body.as_bytes(), Some(event_id), event_type);
     let signed = signing::signed(

@@ -101,7 +101,7 @@ fn signed_for(
         key_pem: Some(Secret::new(key.key_pem.clone())),
         cert_url: Some(cert_url.to_owned()),
     };
-    let signer = Signer::from_config(config, &signing).expect("the test config signs");
+    let signer = Signer::from_config(config, Vec::new(), &signing).expect("the test config signs");
     let verifier = signer
         .for_source("paypal")
         .expect("the paypal source signs");

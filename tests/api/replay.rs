@@ -949,4 +949,11 @@ async fn ctrl_c_stops_sending_waits_for_what_is_in_flight_and_still_reports_it()
     assert!((3..40).contains(&sent), "stopped early: {report}");
     assert_eq!(report["counts"], counts(arrived, arrived, 0, 0, 0));
     assert_eq!(report["abandoned_in_flight"], 0);
+    // The rest of the 40 were never posted, and the summary says how many.
+    assert_eq!(report["not_sent"], 40 - sent, "{report}");
+    let not_sent = stdout.lines().any(|line| {
+        line.split_whitespace().take(3).collect::<Vec<_>>()
+            == ["not", "sent", &(40 - sent).to_string()]
+    });
+    assert!(not_sent, "the summary: {stdout}");
 }

@@ -60,8 +60,8 @@ fn signed_at(
     event_type: Option<&str>,
     timestamp: i64,
 ) -> Request {
-    let signer =
-        Signer::from_config(&app.config, &Signing::default()).expect("the test config signs");
+    let signer = Signer::from_config(&app.config, Vec::new(), &Signing::default())
+        .expect("the test config signs");
     let verifier = signer.for_source(source).expect("a configured source");
     let identity = Identity {
         event_id: Some(event_id.to_owned()),

@@ -39,6 +39,70 @@ async fn sending_the_same_body_twice_is_processed_then_a_replay() {
 }
 
 #[actix_web::test]
+async fn send_and_replay_need_only_the_secret_of_the_source_they_sign_for() {
+    // A laptop with the Stripe secret, and not every other source's: what it signs for works,
+    // and the source whose variable is unset says which variable when asked to sign.
+    let app = TestApp::spawn().await;
+    let unset = "HOOKBOX_TEST_LEDGER_SECRET_NOT_HERE";
+    let config = TempFile::new(&format!(
+        "{}\n[sources.ledger]\nscheme = \"github\"\nsecrets_env = \"{unset}\"\n",
+        config_text(&app.db.url, "")
+    ));
+    let id = unique_id("evt");
+    let body =
+        TempFile::with_extension(stripe_event(&id, "charge.succeeded", 1).as_bytes(), "json");
+
+    let args = ["--source", "stripe", "--config", &config.path()];
+    let (code, out, stderr) = send_body(&app, &args, &body).await;
+    assert_eq!(code, 0, "{out}{stderr}");
+    assert!(out.contains("200 OK: processed"), "{out}");
+
+    let (code, out, stderr) = run_hookbox_async(&[
+        "replay",
+        "--to",
+        &app.address,
+        "--config",
+        &config.path(),
+        "--source",
+        "stripe",
+        &body.path(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{stderr}");
+    let replayed = format!("{out}{stderr}")
+        .lines()
+        .any(|line| line.split_whitespace().collect::<Vec<_>>() == ["replayed", "1"]);
+    assert!(replayed, "{out}{stderr}");
+
+    let args = ["--source", "ledger", "--config", &config.path()];
+    let (code, out, stderr) = send_body(&app, &args, &body).await;
+    assert_eq!(code, 2, "{out}{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "sources.ledger.secrets_env: the environment variable {unset} is not set"
+        )),
+        "{stderr}"
+    );
+    let (code, out, stderr) = run_hookbox_async(&[
+        "replay",
+        "--to",
+        &app.address,
+        "--config",
+        &config.path(),
+        "--source",
+        "ledger",
+        &body.path(),
+    ])
+    .await;
+    assert_eq!(code, 2, "the environment must change first: {out}{stderr}");
+    assert!(
+        stderr.contains(unset) && stderr.contains("nothing was sent"),
+        "{stderr}"
+    );
+    assert_eq!(app.db.count("events"), 1);
+}
+
+#[actix_web::test]
 async fn a_header_id_scheme_takes_event_id_or_a_fresh_one_and_a_wrong_secret_exits_1() {
     let app = TestApp::spawn().await;
     let body = TempFile::with_extension(sample_body("github", "").as_bytes(), "json");

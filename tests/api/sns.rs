@@ -179,7 +179,8 @@ fn signed_for(
         key_pem: Some(Secret::new(key.key_pem.clone())),
         cert_url: Some(cert_url.to_owned()),
     };
-    let signer = Signer::from_config(&app.config, &signing).expect("the test config signs");
+    let signer =
+        Signer::from_config(&app.config, Vec::new(), &signing).expect("the test config signs");
     let verifier = signer.for_source(source).expect("the sns source signs");
     let identity = signing::identity(verifier, body.as_bytes(), None, None);
     let signed = signing::signed(
