@@ -292,10 +292,11 @@ fn connect_existing(config: &Config, nothing: &str) -> anyhow::Result<crate::db:
             let here = std::env::current_dir()
                 .map(|dir| format!(" (in {})", dir.display()))
                 .unwrap_or_default();
-            let whence = if config.database.configured {
-                "as [database].url or DATABASE_URL says"
-            } else {
-                "the default, as neither a config file's [database].url nor DATABASE_URL names one"
+            let whence = match config.database.url_from {
+                crate::store::UrlFrom::Default => "the default, as neither a config file's \
+                     [database].url nor DATABASE_URL names one"
+                    .to_owned(),
+                from => format!("as {} says", from.describe()),
             };
             anyhow::bail!(
                 "no SQLite store at {path}{here}, {whence}; {nothing}. Pass --config FILE or set \

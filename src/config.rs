@@ -15,7 +15,7 @@ use crate::ids::SourceName;
 use crate::routing::{Kind, Template};
 use crate::secret::Secret;
 pub use crate::store::DatabaseConfig;
-use crate::store::Store;
+use crate::store::{Store, UrlFrom};
 use std::sync::Arc;
 
 use crate::providers::{Provider, ProviderError, Registry, Scheme, Standard};
@@ -1273,6 +1273,13 @@ impl RawConfig {
         } else {
             "database.url"
         };
+        let url_from = match (&from_env, &self.database.url) {
+            (Some(_), file) => UrlFrom::Environment {
+                over_file: file.is_some(),
+            },
+            (None, Some(_)) => UrlFrom::File,
+            (None, None) => UrlFrom::Default,
+        };
         let configured = from_env.or(self.database.url);
         let url = configured
             .clone()
@@ -1290,7 +1297,7 @@ impl RawConfig {
             }
         })?;
         let database = DatabaseConfig {
-            configured: configured.is_some(),
+            url_from,
             store,
             url,
             pool_size: self.database.pool_size.unwrap_or(16),

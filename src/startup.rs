@@ -114,6 +114,11 @@ impl Application {
         }
 
         let stop = shutdown_signal().context("cannot listen for SIGTERM")?;
+        if config.server.listen_key == "HOOKBOX_LISTEN" {
+            tracing::info!(
+                "the listen address is HOOKBOX_LISTEN's (a [server].listen in the config file is not used)"
+            );
+        }
         tracing::info!("hookbox listening on http://{address}");
         Ok(Application {
             port: address.port(),
@@ -308,6 +313,7 @@ fn log_store(config: &Config, claim_writers: usize) {
     match &config.database.store {
         db::Store::Postgres(_) => tracing::info!(
             database = %database,
+            url_from = config.database.url_from.describe(),
             pool_size = config.database.pool_size,
             claim_writers,
             "database ready: PostgreSQL"
@@ -316,13 +322,14 @@ fn log_store(config: &Config, claim_writers: usize) {
             database = %database,
             "database ready: SQLite in memory, gone when hookbox stops (for trying things out)"
         ),
-        db::Store::SqliteFile(path) if !config.database.configured => tracing::info!(
+        db::Store::SqliteFile(path) if !config.database.configured() => tracing::info!(
             database = %database,
             "no database configured: keeping events in the SQLite file {path} in the working \
              directory (set [database].url or DATABASE_URL to choose; postgres:// for several instances)"
         ),
         db::Store::SqliteFile(path) => tracing::info!(
             database = %database,
+            url_from = config.database.url_from.describe(),
             "database ready: SQLite file {path}"
         ),
     }

@@ -79,13 +79,43 @@ pub struct DatabaseConfig {
     pub url: String,
     /// The store `url` names, read once when the config is loaded.
     pub store: Store,
-    /// Whether the URL came from the config or the environment, rather than the default.
-    pub configured: bool,
+    /// Where the URL came from.
+    pub url_from: UrlFrom,
     /// The most connections this process opens.
     pub pool_size: u32,
 }
 
+/// Where [`DatabaseConfig::url`] came from, for the startup log and errors about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UrlFrom {
+    /// Neither the config file nor the environment names one.
+    Default,
+    /// `[database].url`.
+    File,
+    /// `DATABASE_URL`; `over_file` when the config file names one too, which it overrides.
+    Environment { over_file: bool },
+}
+
+impl UrlFrom {
+    /// Where it came from, in words: `DATABASE_URL (over [database].url)`, ...
+    pub fn describe(self) -> &'static str {
+        match self {
+            UrlFrom::Default => "the default",
+            UrlFrom::File => "[database].url",
+            UrlFrom::Environment { over_file: false } => "DATABASE_URL",
+            UrlFrom::Environment { over_file: true } => {
+                "DATABASE_URL, which overrides the config file's [database].url"
+            }
+        }
+    }
+}
+
 impl DatabaseConfig {
+    /// Whether the URL came from the config or the environment, rather than the default.
+    pub fn configured(&self) -> bool {
+        self.url_from != UrlFrom::Default
+    }
+
     /// The URL with any password replaced, for logs and error messages.
     pub fn display_url(&self) -> String {
         crate::redact::database_url(&self.url)

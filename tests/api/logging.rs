@@ -212,3 +212,44 @@ async fn every_answer_carries_a_request_id_of_its_own() {
         );
     }
 }
+
+#[actix_web::test]
+async fn the_startup_log_says_when_the_environment_overrides_the_config_file() {
+    // An SRE reading the log must see that the file's database and listen address are not the
+    // ones in use: the file names a database nothing listens for.
+    let db = TestDb::create();
+    let unused = "postgres://postgres@127.0.0.1:9/named_by_the_file";
+    let config = config_text(unused, "");
+    let process = Process::serve_with_env(
+        &config,
+        &[("DATABASE_URL", &db.url), ("HOOKBOX_LISTEN", "127.0.0.1:0")],
+    );
+    let answer = get(&process.address, "/readyz", None).await;
+    assert_eq!(
+        answer.status,
+        200,
+        "DATABASE_URL's store is used: {}",
+        answer.text()
+    );
+    let log = process.log();
+    assert!(
+        log.lines().any(|l| l.contains("database ready")
+            && l.contains("DATABASE_URL, which overrides the config file's [database].url")),
+        "{log}"
+    );
+    assert!(
+        log.contains("the listen address is HOOKBOX_LISTEN's"),
+        "{log}"
+    );
+    assert!(!log.contains("named_by_the_file"), "{log}");
+
+    // Without them, the line names the file's key.
+    let process = Process::serve(&config_text(&db.url, ""));
+    let log = process.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("database ready") && l.contains("[database].url")),
+        "{log}"
+    );
+    assert!(!log.contains("HOOKBOX_LISTEN"), "{log}");
+}
