@@ -51,5 +51,6 @@ mod sns;
 mod storable;
 mod stores;
 mod targets;
+mod upgrade;
 mod vectors;
 mod webdriver;
