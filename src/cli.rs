@@ -534,7 +534,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
 /// The signer `--config` or `--scheme`/`--secret` describe, with `--key` and `--cert-url`.
 /// `--secret` alone is refused unless `detect` (replay, whose capture lines' headers tell each
 /// line's scheme).
-fn signer(keys: KeyArgs, detect: bool) -> Result<Signer, Exit> {
+fn signer(keys: KeyArgs, detect: bool, to: &Target) -> Result<Signer, Exit> {
     let key_pem = match &keys.key {
         None => None,
         Some(path) => Some(Secret::new(std::fs::read_to_string(path).map_err(|e| {
@@ -544,6 +544,7 @@ fn signer(keys: KeyArgs, detect: bool) -> Result<Signer, Exit> {
     let signing = Signing {
         key_pem,
         cert_url: keys.cert_url,
+        to_query: to.query().map(str::to_owned),
     };
     match (keys.scheme, keys.secret) {
         (Some(_), None) if signing.key_pem.is_none() => Err(usage(
@@ -594,7 +595,7 @@ fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
     let mode = if args.as_is {
         Mode::AsIs
     } else {
-        Mode::Resign(signer(args.keys, true)?)
+        Mode::Resign(signer(args.keys, true, &to)?)
     };
     let options = ReplayOptions {
         to,
@@ -629,10 +630,11 @@ fn send(args: SendArgs) -> Result<ExitCode, Exit> {
             ))
         })?
     };
+    let signer = signer(args.keys, false, &to)?;
     let options = SendOptions {
         to,
         source: args.source,
-        signer: signer(args.keys, false)?,
+        signer,
         event_id: args.event_id,
         event_type: args.event_type,
         body,

@@ -352,6 +352,7 @@ mod tests {
         let signing = |seed: u8| Signing {
             key_pem: Some(Secret::new(pem(seed))),
             cert_url: None,
+            to_query: None,
         };
         let signer = scheme
             .build_signer(&[], Duration::ZERO, &signing(4))

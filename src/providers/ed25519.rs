@@ -238,6 +238,7 @@ mod tests {
         let signing = Signing {
             key_pem: Some(Secret::new(pem.as_str())),
             cert_url: None,
+            to_query: None,
         };
         let read = PrivateKey::given(&signing, "discord")
             .expect("a PEM key")

@@ -523,6 +523,9 @@ pub struct Signing {
     pub key_pem: Option<Secret>,
     /// The URL the receiver fetches the certificate from.
     pub cert_url: Option<String>,
+    /// The query `--to` puts on every request, before what a delivery adds: a provider that
+    /// signs the request's query (Twilio) signs it as it is sent.
+    pub to_query: Option<String>,
 }
 
 impl fmt::Debug for Signing {
@@ -530,6 +533,7 @@ impl fmt::Debug for Signing {
         f.debug_struct("Signing")
             .field("key_pem", &self.key_pem.as_ref().map(|_| "<set>"))
             .field("cert_url", &self.cert_url)
+            .field("to_query", &self.to_query)
             .finish()
     }
 }

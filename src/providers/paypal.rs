@@ -275,6 +275,7 @@ mod tests {
                 &Signing {
                     key_pem: Some(Secret::new(pem)),
                     cert_url: Some(cert_url.to_owned()),
+                    to_query: None,
                 },
             )
             .expect("a signer")
@@ -463,6 +464,7 @@ mod tests {
                 "-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n",
             )),
             cert_url: Some("https://api.paypal.com/c".into()),
+            to_query: None,
         };
         assert_eq!(build(&not_a_key), "--key");
         let (key, _) = key_and_cert(NOW, NOW + 1);
@@ -470,6 +472,7 @@ mod tests {
         let no_url = Signing {
             key_pem: Some(Secret::new(pem)),
             cert_url: None,
+            to_query: None,
         };
         assert_eq!(build(&no_url), "--cert-url");
         assert!(receiver().sign(BODY, NOW, "x", None).is_empty());

@@ -320,6 +320,7 @@ mod tests {
                 &Signing {
                     key_pem: Some(Secret::new(pem.as_str())),
                     cert_url: None,
+                    to_query: None,
                 },
             )
             .expect("a signer")
@@ -560,6 +561,7 @@ mod tests {
                 &Signing {
                     key_pem: pem.map(Secret::new),
                     cert_url: None,
+                    to_query: None,
                 },
             )
         };
@@ -595,6 +597,7 @@ mod tests {
         let signing = Signing {
             key_pem: Some(Secret::new(pem.as_str())),
             cert_url: None,
+            to_query: None,
         };
         let listed = |keys: &[&SigningKey]| {
             let list: Vec<String> = keys.iter().map(|k| format!("{:?}", shown(k))).collect();

@@ -458,6 +458,7 @@ mod tests {
                 &Signing {
                     key_pem: Some(Secret::new(pem)),
                     cert_url: Some(cert_url.to_owned()),
+                    to_query: None,
                 },
             )
             .expect("a signer")
@@ -708,6 +709,7 @@ mod tests {
         let no_url = Signing {
             key_pem: Some(Secret::new(pem)),
             cert_url: None,
+            to_query: None,
         };
         assert_eq!(build(&no_url), "--cert-url");
         let shown = format!(

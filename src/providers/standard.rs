@@ -597,6 +597,7 @@ mod tests {
         let other = super::super::Signing {
             key_pem: Some(Secret::new("-----BEGIN RSA PRIVATE KEY-----")),
             cert_url: None,
+            to_query: None,
         };
         assert!(built("", &[SECRET], Some(&other)).is_ok());
         let error = built(PUBLIC, &[SECRET], Some(&other)).unwrap_err();

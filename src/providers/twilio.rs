@@ -32,6 +32,9 @@ type HmacSha1 = Hmac<Sha1>;
 pub struct Twilio {
     keys: Keys,
     url: PublicUrl,
+    /// Built to sign: the query the request already carries (`--to`'s), which the receiver
+    /// checks in place of `public_url`'s.
+    to_query: Option<String>,
 }
 
 /// The source's own keys.
@@ -50,6 +53,10 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
     Ok(Arc::new(Twilio {
         keys: Keys::as_text(settings.scheme, settings.secrets)?,
         url: PublicUrl::parse(text).map_err(|problem| ProviderError::at("public_url", problem))?,
+        to_query: settings
+            .signing
+            .and_then(|signing| signing.to_query.clone())
+            .filter(|query| !query.is_empty()),
     }))
 }
 
@@ -131,17 +138,25 @@ impl Provider for Twilio {
         _event_type: Option<&str>,
     ) -> Signed {
         let is_json = serde_json::from_slice::<serde_json::Value>(body).is_ok();
-        let (query, content_type) = if is_json {
-            let hash = format!("bodySHA256={}", hex::encode(Sha256::digest(body)));
-            let query = match &self.url.query {
-                Some(own) if !own.is_empty() => format!("{own}&{hash}"),
-                _ => hash,
-            };
-            (Some(query), None)
-        } else {
-            (self.url.query.clone(), Some(FORM))
+        // The receiver checks the request's query when it has one, else `public_url`'s; a
+        // request sent where `--to` has a query of its own carries that one, not
+        // `public_url`'s, with what is added here after it.
+        let own = match &self.to_query {
+            Some(_) => None,
+            None => self.url.query.clone().filter(|query| !query.is_empty()),
         };
-        let url = self.url.as_written(query.as_deref().unwrap_or(""));
+        let (added, content_type) = if is_json {
+            let hash = format!("bodySHA256={}", hex::encode(Sha256::digest(body)));
+            (Some(joined(own.as_deref(), &hash)), None)
+        } else {
+            (own, Some(FORM))
+        };
+        let sent = match (&self.to_query, &added) {
+            (Some(given), Some(added)) => joined(Some(given), added),
+            (Some(given), None) => given.clone(),
+            (None, added) => added.clone().unwrap_or_default(),
+        };
+        let url = self.url.as_written(&sent);
         let fields = if is_json {
             Vec::new()
         } else {
@@ -154,7 +169,7 @@ impl Provider for Twilio {
         }
         Signed {
             body: body.to_vec(),
-            query,
+            query: added,
             headers,
             content_type,
         }
@@ -232,6 +247,14 @@ const KEPT_HEADERS: &[&str] = &["x-twilio-signature", "i-twilio-idempotency-toke
 
 /// The form fields that name what happened, in the order they are looked for.
 const STATUS_FIELDS: &[&str] = &["MessageStatus", "CallStatus", "SmsStatus"];
+
+/// `first&second`, or `second` alone.
+fn joined(first: Option<&str>, second: &str) -> String {
+    match first {
+        Some(first) if !first.is_empty() => format!("{first}&{second}"),
+        _ => second.to_owned(),
+    }
+}
 
 /// A form's fields as Twilio signs them: by name, then each distinct value in order.
 fn sorted_fields(body: &[u8]) -> Vec<(String, String)> {
@@ -460,6 +483,48 @@ mod tests {
         let identity = provider.identify_body(&headers(&[]), json, Some(&parsed));
         assert_eq!(identity.event_id, Some(format!("sha256:{hash}")));
         assert_eq!(identity.event_type, None);
+    }
+
+    #[test]
+    fn send_to_a_url_with_a_query_signs_that_query_as_the_request_carries_it() {
+        // `send --to 'http://host:8080?tenant=a'` posts to `/webhooks/twilio?tenant=a` (and
+        // `&bodySHA256=...` for JSON): the receiver checks the request's query, so that is
+        // the one to sign, whatever `public_url`'s is.
+        for public_url in [
+            "https://hooks.example.com/webhooks/twilio",
+            "https://hooks.example.com/webhooks/twilio?own=1",
+        ] {
+            let mut table = toml::Table::new();
+            table.insert("public_url".into(), toml::Value::String(public_url.into()));
+            let signing = super::super::Signing {
+                to_query: Some("tenant=a".to_owned()),
+                ..Default::default()
+            };
+            let sender = Registry::builtin()
+                .scheme("twilio", Some(table))
+                .expect("built in")
+                .build_signer(&[Secret::new(TOKEN)], Duration::ZERO, &signing)
+                .expect("valid");
+            let receiver = twilio(public_url, &[TOKEN]);
+
+            let form = b"MessageSid=SM1&MessageStatus=delivered";
+            let signed = sender.sign_delivery(form, 0, "tok-1", None);
+            assert_eq!(signed.query, None, "{public_url}: --to's query alone");
+            assert!(
+                receive(&receiver, "tenant=a", &signed.headers, form).is_ok(),
+                "{public_url}"
+            );
+
+            let json = br#"{"type":"com.twilio.messaging.message.delivered"}"#;
+            let signed = sender.sign_delivery(json, 0, "", None);
+            let added = signed.query.clone().expect("bodySHA256");
+            assert!(added.starts_with("bodySHA256="), "{added}");
+            let sent = format!("tenant=a&{added}");
+            assert!(
+                receive(&receiver, &sent, &signed.headers, json).is_ok(),
+                "{public_url}: {sent}"
+            );
+        }
     }
 
     #[test]

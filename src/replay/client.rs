@@ -39,6 +39,11 @@ pub struct Target {
 }
 
 impl Target {
+    /// The query every delivery is posted with, before any a signed delivery adds.
+    pub fn query(&self) -> Option<&str> {
+        self.url.split_once('?').map(|(_, query)| query)
+    }
+
     /// The URL a delivery for `source` is posted to: `http://host:8080?q=1` posts to
     /// `http://host:8080/webhooks/{source}?q=1`.
     pub fn url_for(&self, source: &str) -> String {

@@ -98,6 +98,7 @@ fn signed(
     let signing = Signing {
         key_pem: seed.map(|seed| Secret::new(pem(seed))),
         cert_url: None,
+        to_query: None,
     };
     let signer =
         Signer::from_config(&app.config, Vec::new(), &signing).expect("the test config signs");

@@ -401,6 +401,8 @@ async fn send_then_export_then_replay_round_trips_both_schemes_into_a_second_ser
         ("twilio", &form, Some(&form_id)),
         ("twilio", &json, Some(&json_id)),
     ];
+    // A query on --to stays on the request, and Twilio signs the request's query.
+    let to = format!("{}?tenant=a", app.address);
     for (source, body, event_id) in cases {
         for verdict in ["processed", "replayed"] {
             let config_path = config.path();
@@ -408,7 +410,7 @@ async fn send_then_export_then_replay_round_trips_both_schemes_into_a_second_ser
             let mut args = vec![
                 "send",
                 "--to",
-                &app.address,
+                &to,
                 "--source",
                 source,
                 "--config",
@@ -434,7 +436,8 @@ async fn send_then_export_then_replay_round_trips_both_schemes_into_a_second_ser
     assert!(lines.contains("bt_signature=btpublickey1%7C"), "{lines}");
 
     let other = TestApp::spawn_with(SOURCES, Default::default()).await;
-    for (to, processed, replayed) in [(&other.address, 3, 0), (&app.address, 0, 3)] {
+    let other_with_query = format!("{}?tenant=b", other.address);
+    for (to, processed, replayed) in [(&other_with_query, 3, 0), (&app.address, 0, 3)] {
         let report = TempFile::with_extension(b"", "json");
         let (code, out, err) = run_hookbox_async(&[
             "replay",

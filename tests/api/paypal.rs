@@ -100,6 +100,7 @@ fn signed_for(
     let signing = Signing {
         key_pem: Some(Secret::new(key.key_pem.clone())),
         cert_url: Some(cert_url.to_owned()),
+        to_query: None,
     };
     let signer = Signer::from_config(config, Vec::new(), &signing).expect("the test config signs");
     let verifier = signer
