@@ -92,14 +92,25 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
 
 /// A verification key as SendGrid shows it: base64 of the DER SubjectPublicKeyInfo. The same
 /// wrapped in PEM armour (`-----BEGIN PUBLIC KEY-----`) is taken too, since SendGrid's own
-/// libraries wrap it so before loading it.
+/// libraries wrap it so before loading it: its base64 on one line, as they leave it, or
+/// wrapped at 64 columns, as `openssl` writes it.
 fn public_key(text: &str) -> Result<VerifyingKey, String> {
     let text = text.trim();
-    if text.starts_with("-----BEGIN") {
-        return VerifyingKey::from_public_key_pem(text)
-            .map_err(|_| "not a PEM P-256 public key".to_owned());
-    }
-    let compact: String = text.split_whitespace().collect();
+    let base64 = match text.strip_prefix("-----BEGIN PUBLIC KEY-----") {
+        Some(armoured) => armoured
+            .strip_suffix("-----END PUBLIC KEY-----")
+            .ok_or_else(|| {
+                "not a PEM P-256 public key: it has no -----END PUBLIC KEY----- line".to_owned()
+            })?,
+        None if text.starts_with("-----BEGIN") => {
+            return Err(
+                "not a PEM P-256 public key: the block must be -----BEGIN PUBLIC KEY-----"
+                    .to_owned(),
+            )
+        }
+        None => text,
+    };
+    let compact: String = base64.split_whitespace().collect();
     let der = base64::engine::general_purpose::STANDARD
         .decode(compact)
         .map_err(|_| {
@@ -550,6 +561,27 @@ mod tests {
         let body = format!("[{EVENT}]\r\n");
         let signed = signer(&key(1)).sign(body.as_bytes(), NOW, "", None);
         assert_eq!(provider.verify(&signed, body.as_bytes(), NOW), Ok(()));
+        // As SendGrid's own libraries build it (`convert_public_key_to_ecdsa`): the base64 on
+        // one line, not wrapped at 64 columns.
+        let der = key(1).verifying_key().to_public_key_der().expect("der");
+        let one_line = format!(
+            "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----",
+            base64::engine::general_purpose::STANDARD.encode(der.as_bytes())
+        );
+        let provider = scheme(&format!("public_keys = [{one_line:?}]"))
+            .build(&[], Duration::from_secs(300))
+            .expect("a receiver");
+        assert_eq!(provider.verify(&signed, body.as_bytes(), NOW), Ok(()));
+        // Another block, or one cut short, is refused and says why.
+        for bad in [
+            pem.replace("PUBLIC KEY", "PRIVATE KEY"),
+            pem.replace("-----END PUBLIC KEY-----", ""),
+        ] {
+            let error = scheme(&format!("public_keys = [{bad:?}]"))
+                .build(&[], Duration::from_secs(300))
+                .expect_err("refused");
+            assert!(error.to_string().contains("PUBLIC KEY-----"), "{error}");
+        }
     }
 
     #[test]
