@@ -16,6 +16,10 @@ use tracing_actix_web::{RequestId, RootSpanBuilder};
 /// The response header that carries the request id.
 pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
+/// The most of a request's path a log line shows, in characters: enough for any of hookbox's
+/// own paths with an event id, and a 60 KB path cannot make each of its lines 60 KB.
+const MAX_LOGGED_PATH: usize = 400;
+
 /// Builds the `request` span: the request id, the method and the path, and nothing else, since
 /// every log line of the request repeats its span's fields.
 pub struct RequestSpan;
@@ -29,7 +33,7 @@ impl RootSpanBuilder for RequestSpan {
             "request",
             request_id = %id.map(|id| id.to_string()).unwrap_or_default(),
             method = %request.method(),
-            path = %request.path(),
+            path = %crate::telemetry::ClientText::new(request.path(), MAX_LOGGED_PATH),
         )
     }
 

@@ -116,7 +116,10 @@ impl Failed {
     name = "webhook",
     level = "error",
     skip_all,
-    fields(source = %path.as_str(), event.id = tracing::field::Empty)
+    fields(
+        source = %crate::telemetry::ClientText::new(path.as_str(), 64),
+        event.id = tracing::field::Empty
+    )
 )]
 pub async fn receive(
     state: web::Data<AppState>,

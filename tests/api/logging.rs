@@ -253,3 +253,43 @@ async fn the_startup_log_says_when_the_environment_overrides_the_config_file() {
     );
     assert!(!log.contains("HOOKBOX_LISTEN"), "{log}");
 }
+
+#[actix_web::test]
+async fn a_path_a_client_chose_cannot_forge_a_log_line_or_flood_the_log() {
+    let db = TestDb::create();
+    let process = Process::serve(&config_text(&db.url, ""));
+    let forged = "x%0a2026-12-05T00:00:00.000000Z%20ERROR%20FORGED%1b%5b31m";
+    let long = "y".repeat(20_000);
+    let mut ids = Vec::new();
+    for name in [forged, long.as_str()] {
+        let answer = client()
+            .post(format!("{}/webhooks/{name}", process.address))
+            .send_body("{}")
+            .await
+            .expect("the server answers");
+        let answer = read(answer).await;
+        assert_eq!(answer.status, 404, "{}", answer.text());
+        ids.push(request_id(&answer));
+    }
+    barrier(&process).await;
+    let log = process.log();
+    assert!(
+        !log.contains('\u{1b}'),
+        "a terminal escape reached the log:\n{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.starts_with("2026-12-05T00:00:00.000000Z")),
+        "a forged line:\n{log}"
+    );
+    let refused = lines_of(&process, &ids[0]);
+    assert_eq!(refused.len(), 1, "{log}");
+    assert!(
+        refused[0].contains(r"source=x\n2026-12-05T00:00:00.000000Z ERROR FORGED\u{1b}[31m"),
+        "the name is shown, escaped: {}",
+        refused[0]
+    );
+    let long_line = lines_of(&process, &ids[1]);
+    assert_eq!(long_line.len(), 1, "{log}");
+    assert!(long_line[0].len() < 2_000, "{} bytes", long_line[0].len());
+}
