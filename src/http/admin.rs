@@ -14,6 +14,40 @@ use crate::http::auth::{Admin, Bearer};
 use crate::http::{with_db, ApiError};
 use crate::state::AppState;
 
+/// A POST route's empty body. The admin API's POST routes take what they act on in the path
+/// and the query string only; a request with a body is refused (400 `invalid_query`) rather
+/// than served, since filters sent as JSON or a form would be ignored and a bulk requeue would
+/// widen to every dead delivery.
+pub struct NoBody;
+
+impl actix_web::FromRequest for NoBody {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, ApiError>>;
+
+    fn from_request(
+        request: &actix_web::HttpRequest,
+        _: &mut actix_web::dev::Payload,
+    ) -> Self::Future {
+        use actix_web::http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+        let headers = request.headers();
+        let length = headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        let body = length > 0 || headers.contains_key(TRANSFER_ENCODING);
+        std::future::ready(if body {
+            Err(ApiError::InvalidQuery(
+                "this endpoint takes no body: give its parameters in the query string \
+                 (?source=&target=&since=); nothing was done"
+                    .to_owned(),
+            ))
+        } else {
+            Ok(NoBody)
+        })
+    }
+}
+
 const DEFAULT_LIMIT: i64 = 100;
 const MAX_LIMIT: i64 = 1000;
 
@@ -165,6 +199,7 @@ pub async fn redeliver_event(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
     _: Admin<Bearer>,
+    _: NoBody,
     query: web::Query<RedeliverQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
@@ -263,6 +298,7 @@ pub struct RequeueQuery {
 pub async fn requeue_dead(
     state: web::Data<AppState>,
     _: Admin<Bearer>,
+    _: NoBody,
     query: web::Query<RequeueQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
@@ -296,6 +332,7 @@ pub async fn requeue_delivery(
     state: web::Data<AppState>,
     path: web::Path<String>,
     _: Admin<Bearer>,
+    _: NoBody,
 ) -> Result<HttpResponse, ApiError> {
     let text = path.into_inner();
     let missing = || {

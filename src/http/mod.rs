@@ -58,38 +58,60 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(readable("/healthz", ops::healthz, anyone("GET, HEAD")))
     .service(readable("/readyz", ops::readyz, anyone("GET, HEAD")))
     .service(readable("/metrics", ops::metrics, anyone("GET, HEAD")))
-    .service(readable(
-        "/admin/events",
-        admin::list_events,
-        admins("GET, HEAD"),
-    ))
-    .service(readable(
-        "/admin/events/{source}/{event_id}",
-        admin::get_event,
-        admins("GET, HEAD"),
-    ))
-    .service(readable(
-        "/admin/events/{source}/{event_id}/deliveries",
-        admin::event_deliveries,
-        admins("GET, HEAD"),
-    ))
-    .service(post_only(
-        "/admin/events/{source}/{event_id}/redeliver",
-        admin::redeliver_event,
-        admins("POST"),
-    ))
-    .service(post_only(
-        "/admin/deliveries/requeue",
-        admin::requeue_dead,
-        admins("POST"),
-    ))
-    .service(post_only(
-        "/admin/deliveries/{id}/requeue",
-        admin::requeue_delivery,
-        admins("POST"),
-    ))
+    .service(
+        readable("/admin/events", admin::list_events, admins("GET, HEAD")).wrap(admin_headers()),
+    )
+    .service(
+        readable(
+            "/admin/events/{source}/{event_id}",
+            admin::get_event,
+            admins("GET, HEAD"),
+        )
+        .wrap(admin_headers()),
+    )
+    .service(
+        readable(
+            "/admin/events/{source}/{event_id}/deliveries",
+            admin::event_deliveries,
+            admins("GET, HEAD"),
+        )
+        .wrap(admin_headers()),
+    )
+    .service(
+        post_only(
+            "/admin/events/{source}/{event_id}/redeliver",
+            admin::redeliver_event,
+            admins("POST"),
+        )
+        .wrap(admin_headers()),
+    )
+    .service(
+        post_only(
+            "/admin/deliveries/requeue",
+            admin::requeue_dead,
+            admins("POST"),
+        )
+        .wrap(admin_headers()),
+    )
+    .service(
+        post_only(
+            "/admin/deliveries/{id}/requeue",
+            admin::requeue_delivery,
+            admins("POST"),
+        )
+        .wrap(admin_headers()),
+    )
     .configure(console::routes)
     .default_service(web::to(not_found));
+}
+
+/// The headers of every admin API answer: they hold payloads, kept signatures and delivery
+/// errors, so no cache keeps one, and no browser reads one as another type.
+fn admin_headers() -> actix_web::middleware::DefaultHeaders {
+    use actix_web::http::header::{CACHE_CONTROL, X_CONTENT_TYPE_OPTIONS};
+    actix_web::middleware::DefaultHeaders::new()
+        .add((CACHE_CONTROL, "no-store"))
+        .add((X_CONTENT_TYPE_OPTIONS, "nosniff"))
 }
 
 /// `path` answered by `handler` for `GET` and `HEAD` (a load balancer's health check may use

@@ -227,3 +227,87 @@ async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
         "{message}"
     );
 }
+
+/// `POST {path}` to the admin API with `token` and, when given, a body of `content_type`.
+async fn post_with(
+    app: &TestApp,
+    path: &str,
+    token: Option<&str>,
+    body: Option<(&str, &str)>,
+) -> Answer {
+    let mut request = client().post(format!("{}{path}", app.address));
+    if let Some(token) = token {
+        request = request.insert_header(("Authorization", format!("Bearer {token}")));
+    }
+    let sent = match body {
+        Some((content_type, body)) => {
+            request
+                .insert_header(("Content-Type", content_type))
+                .send_body(body.to_owned())
+                .await
+        }
+        None => request.send().await,
+    };
+    read(sent.expect("the admin API answers")).await
+}
+
+#[actix_web::test]
+async fn an_admin_post_with_a_body_does_nothing_and_admin_answers_are_never_cached() {
+    let app = TestApp::spawn().await;
+    // Filters sent in a body would be ignored, and a bulk requeue would widen to every dead
+    // delivery: refused, whatever the route, once the token is shown.
+    let bodies = [
+        (
+            "application/json",
+            r#"{"source":"nosuch","target":"nosuch"}"#,
+        ),
+        ("application/x-www-form-urlencoded", "target=nosuch"),
+    ];
+    for path in [
+        "/admin/deliveries/requeue",
+        "/admin/deliveries/1/requeue",
+        "/admin/events/github/nope/redeliver",
+    ] {
+        for body in bodies {
+            let answer = post_with(&app, path, Some(ADMIN_TOKEN), Some(body)).await;
+            assert_eq!(
+                (answer.status, answer.error().as_str()),
+                (400, "invalid_query"),
+                "{path} {body:?}: {}",
+                answer.text()
+            );
+            assert!(
+                answer.message().contains("query string"),
+                "{}",
+                answer.text()
+            );
+            let anonymous = post_with(&app, path, None, Some(body)).await;
+            assert_eq!(anonymous.status, 401, "{path}: the token first");
+        }
+    }
+    let plain = post_with(
+        &app,
+        "/admin/deliveries/requeue?source=nosuch",
+        Some(ADMIN_TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(plain.status, 202, "{}", plain.text());
+    assert_eq!(plain.json(), serde_json::json!({"requeued": 0}));
+
+    // Answers hold payloads and kept signatures: no cache keeps them, refusals included.
+    for (path, token) in [
+        ("/admin/events", Some(ADMIN_TOKEN)),
+        ("/admin/events/github/nope", Some(ADMIN_TOKEN)),
+        ("/admin/events", None),
+    ] {
+        let answer = app.get(path, token).await;
+        assert_eq!(answer.header("Cache-Control"), Some("no-store"), "{path}");
+        assert_eq!(
+            answer.header("X-Content-Type-Options"),
+            Some("nosniff"),
+            "{path}"
+        );
+    }
+    assert_eq!(plain.header("Cache-Control"), Some("no-store"));
+}
