@@ -35,8 +35,10 @@ pub struct Config {
     /// `[admin]`: the bearer token, when the variable `token_env` names is set and not empty.
     pub admin_token: Option<Secret>,
     /// `[admin].token_env`, when given: while it names a variable that is unset or empty, the
-    /// admin API is off as without it, and `serve` says so (see [`Config::unset_admin_token`]).
+    /// admin API is off as without it, and `serve` says so (see [`Config::admin_token_warning`]).
     pub admin_token_env: Option<String>,
+    /// Why the variable `token_env` names gives no token, when it does not.
+    admin_token_off: Option<&'static str>,
     /// `[sources.NAME]`, in name order.
     pub sources: Vec<SourceConfig>,
 }
@@ -298,16 +300,15 @@ impl<F: Fn(&str) -> Option<String>> Env for F {
 }
 
 impl Config {
-    /// When `[admin].token_env` names a variable that is unset or empty: the sentence `serve`
-    /// logs as a WARN at its start. The contract keeps the admin API off (404) then, as without
-    /// token_env; the warning makes sure it is not off silently. (The other commands never use
-    /// the token.)
-    pub fn unset_admin_token(&self) -> Option<String> {
-        match (&self.admin_token_env, &self.admin_token) {
-            (Some(var), None) => Some(format!(
-                "admin.token_env names the environment variable {}, which is not set (or is \
-                 empty): the admin API and console are off (404) until it holds the admin \
-                 token and hookbox is restarted",
+    /// When `[admin].token_env` names a variable that gives no token (unset, empty, or holding
+    /// what no `Authorization` header can carry): the sentence `serve` logs as a WARN at its
+    /// start. The contract keeps the admin API off (404) then, as without token_env; the
+    /// warning makes sure it is not off silently. (The other commands never use the token.)
+    pub fn admin_token_warning(&self) -> Option<String> {
+        match (&self.admin_token_env, self.admin_token_off) {
+            (Some(var), Some(why)) => Some(format!(
+                "admin.token_env names the environment variable {}, {why}: the admin API and \
+                 console are off (404) until it holds the admin token and hookbox is restarted",
                 crate::redact::variable_name(var)
             )),
             _ => None,
@@ -488,6 +489,30 @@ impl Config {
                 }
             })?;
         raw.validate(env, registry)
+    }
+}
+
+/// The admin token a variable holds, or why it gives none. Whitespace around it is not part of
+/// it (a secret mounted from a file ends with a newline, and an HTTP header's value is read
+/// without it); what is left must be printable ASCII, which is all an `Authorization` header
+/// carries.
+fn admin_token(value: Option<String>) -> (Option<Secret>, Option<&'static str>) {
+    let Some(value) = value else {
+        return (None, Some("which is not set"));
+    };
+    let token = value.trim();
+    if token.is_empty() {
+        (None, Some("which is empty (or only whitespace)"))
+    } else if !token.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+        (
+            None,
+            Some(
+                "whose token holds characters an HTTP Authorization header cannot carry (use \
+                 printable ASCII)",
+            ),
+        )
+    } else {
+        (Some(Secret::new(token)), None)
     }
 }
 
@@ -1317,9 +1342,9 @@ impl RawConfig {
         };
         within("retention.purge_interval", retention.purge_interval, YEAR)?;
         check_window(retention.window).map_err(|e| ConfigError::at("retention.window", e))?;
-        let admin_token = match &self.admin.token_env {
-            Some(name) => env.var(name).filter(|v| !v.is_empty()).map(Secret::new),
-            None => None,
+        let (admin_token, admin_token_off) = match &self.admin.token_env {
+            Some(name) => admin_token(env.var(name)),
+            None => (None, None),
         };
         let sources = self
             .sources
@@ -1332,6 +1357,7 @@ impl RawConfig {
             retention,
             admin_token,
             admin_token_env: self.admin.token_env,
+            admin_token_off,
             sources,
         })
     }
@@ -2070,7 +2096,7 @@ mod tests {
         let text = "[admin]\ntoken_env = \"HOOKBOX_NOPE_UNSET\"\n";
         let config = Config::parse(text, &no_env).expect("valid");
         assert!(config.admin_token.is_none());
-        let message = config.unset_admin_token().expect("a warning");
+        let message = config.admin_token_warning().expect("a warning");
         assert!(
             message.starts_with("admin.token_env") && message.contains("HOOKBOX_NOPE_UNSET"),
             "{message}"
@@ -2078,14 +2104,26 @@ mod tests {
         let empty = |name: &str| (name == "HOOKBOX_NOPE_UNSET").then(String::new);
         let config = Config::parse(text, &empty).expect("valid");
         assert!(config.admin_token.is_none(), "an empty token is no token");
-        assert!(config.unset_admin_token().is_some());
+        assert!(config.admin_token_warning().is_some());
         let set = |name: &str| (name == "HOOKBOX_NOPE_UNSET").then(|| "tok".to_owned());
         let config = Config::parse(text, &set).expect("valid");
         assert!(config.admin_token.is_some());
-        assert_eq!(config.unset_admin_token(), None);
+        assert_eq!(config.admin_token_warning(), None);
+        // A secret mounted from a file ends with a newline, which is not part of the token.
+        let from_a_file = |name: &str| (name == "HOOKBOX_NOPE_UNSET").then(|| " tok\n".to_owned());
+        let config = Config::parse(text, &from_a_file).expect("valid");
+        assert_eq!(config.admin_token.as_ref().map(Secret::expose), Some("tok"));
+        assert_eq!(config.admin_token_warning(), None);
+        for (value, why) in [("  \n", "only whitespace"), ("tökén", "printable ASCII")] {
+            let odd = |name: &str| (name == "HOOKBOX_NOPE_UNSET").then(|| value.to_owned());
+            let config = Config::parse(text, &odd).expect("valid");
+            assert!(config.admin_token.is_none(), "{value:?}");
+            let message = config.admin_token_warning().expect("a warning");
+            assert!(message.contains(why), "{message}");
+        }
         let config = Config::parse("", &no_env).expect("valid");
         assert_eq!(
-            config.unset_admin_token(),
+            config.admin_token_warning(),
             None,
             "no token_env: off, quietly"
         );
@@ -2415,7 +2453,7 @@ mod tests {
         }
         let config = Config::parse("[admin]\ntoken_env = \"tok-TOPSECRET1\"\n", &no_env)
             .expect("valid for the other commands");
-        let message = config.unset_admin_token().expect("unset");
+        let message = config.admin_token_warning().expect("unset");
         assert!(!message.contains("TOPSECRET1"), "{message}");
         // A name written like one is shown, to say which variable to set.
         let message = error(&format!("{stripe}secrets_env = \"HOOKBOX_TEST_UNSET_1\"\n"));

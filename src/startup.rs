@@ -105,7 +105,7 @@ impl Application {
         );
         if state.admin_token.is_some() {
             tracing::info!("admin API on at /admin (bearer token), console at /console");
-        } else if let Some(warning) = config.unset_admin_token() {
+        } else if let Some(warning) = config.admin_token_warning() {
             tracing::warn!("{warning}");
         } else {
             tracing::info!(
