@@ -599,7 +599,9 @@ async fn read_body(
 
 /// The headers kept with the event: the scheme's and `Content-Type`, lowercase names. A header
 /// sent on several lines is kept folded into one, comma-separated (RFC 9110 5.3), so a replay
-/// carries every value.
+/// carries every value. A value in UTF-8 is kept as it came, letters beyond ASCII included (an
+/// event id `café_1` the event is stored under); one that is not UTF-8 cannot be kept as text,
+/// and is left out.
 fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     let kept = source
         .kept_headers
@@ -607,7 +609,7 @@ fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
         .filter_map(|name| {
             let values = headers
                 .get_all(name.as_str())
-                .map(|value| value.to_str().ok())
+                .map(|value| std::str::from_utf8(value.as_bytes()).ok())
                 .collect::<Option<Vec<&str>>>()?;
             (!values.is_empty())
                 .then(|| (name.clone(), serde_json::Value::String(values.join(", "))))

@@ -494,3 +494,42 @@ fn export_and_purge_with_no_store_there_say_where_they_looked_and_make_no_file()
         );
     }
 }
+
+#[actix_web::test]
+async fn an_id_header_beyond_ascii_is_kept_so_export_and_replay_as_is_carry_it() {
+    // GitHub's delivery id travels in a header; one with letters beyond ASCII (UTF-8) is the
+    // id the event is stored under, so the capture must carry it for an as-is replay.
+    let app = TestApp::spawn().await;
+    let id = format!("café_{}", unique_id("gh"));
+    let body = r#"{"zen":"non-ascii ids"}"#;
+    let signed = delivery_for(&app.config, "github", body, "placeholder", unix_now());
+    let mut request = client().post(format!("{}/webhooks/github", app.address));
+    for (name, value) in &signed.headers {
+        let value = if name.eq_ignore_ascii_case("X-GitHub-Delivery") {
+            id.as_str()
+        } else {
+            value.as_str()
+        };
+        let value = awc::http::header::HeaderValue::from_bytes(value.as_bytes()).expect("bytes");
+        request = request.insert_header((name.as_str(), value));
+    }
+    let answer = read(request.send_body(body).await.expect("answered")).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+
+    let config = TempFile::new(&config_text(&app.db.url, ""));
+    let lines = export(&config, &["--source", "github"]).await;
+    assert_eq!(ids(&lines), [id.as_str()]);
+    assert_eq!(
+        lines[0]["headers"]["x-github-delivery"],
+        id.as_str(),
+        "{}",
+        lines[0]
+    );
+
+    let other = TestApp::spawn().await;
+    let capture = TempFile::with_extension(format!("{}\n", lines[0]).as_bytes(), "ndjson");
+    let (code, out, err) =
+        run_hookbox_async(&["replay", &capture.path(), "--as-is", "--to", &other.address]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(other.db.count("events"), 1);
+}
