@@ -39,10 +39,22 @@ pub(crate) async fn with_db<T: Send + 'static>(
         })
 }
 
+/// What is wrong with a query string, in the words of the parser underneath (`unknown field
+/// `soruce``, `duplicate field `source``), without actix's own prefix for it.
+pub(crate) fn query_problem(error: &actix_web::error::QueryPayloadError) -> String {
+    let text = error.to_string();
+    text.strip_prefix("Query deserialize error: ")
+        .map_or_else(|| text.clone(), str::to_owned)
+}
+
 /// Mounts every route.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.app_data(web::QueryConfig::default().error_handler(|e, _| {
-        ApiError::InvalidQuery(format!("the query string is not valid: {e}")).into()
+        ApiError::InvalidQuery(format!(
+            "the query string is not valid: {}",
+            query_problem(&e)
+        ))
+        .into()
     }))
     .service(
         web::resource("/webhooks/{source}")

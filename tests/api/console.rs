@@ -140,6 +140,17 @@ async fn an_address_the_console_never_makes_gets_a_console_page_with_its_headers
             400,
             "not one the console makes",
         ),
+        // A filter the form never sends is refused, not ignored: the list would look filtered.
+        (
+            get_page(&app, "/console/events?soruce=stripe", Some(&cookie)).await,
+            400,
+            "unknown field `soruce`",
+        ),
+        (
+            get_page(&app, "/console/events?source=a&source=b", Some(&cookie)).await,
+            400,
+            "(duplicate field `source`)",
+        ),
     ] {
         assert_eq!(answer.status, status, "{}", answer.text());
         assert_eq!(answer.header("Content-Security-Policy"), Some(CSP));

@@ -22,6 +22,7 @@ use crate::state::AppState;
 
 /// `GET /console/event` query: which event, and the outcome of a re-queue just made.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Which {
     #[serde(default)]
     source: String,

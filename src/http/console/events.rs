@@ -23,8 +23,10 @@ use crate::state::AppState;
 /// Events per page.
 const PAGE_SIZE: i64 = 50;
 
-/// The filters, as the form sends them (empty fields mean "any").
+/// The filters, as the form sends them (empty fields mean "any"). A parameter the form never
+/// sends is refused, not ignored: a list that skipped a misspelt filter would look filtered.
 #[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Filters {
     #[serde(default)]
     source: String,

@@ -36,7 +36,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             )
             .app_data(
                 web::QueryConfig::default()
-                    .error_handler(|e, request| not_made(e.to_string(), request)),
+                    .error_handler(|e, request| not_made(crate::http::query_problem(&e), request)),
             )
             .default_service(web::to(no_page))
             .route("", web::get().to(overview::show))
