@@ -110,6 +110,19 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// The least a start may come after its booked moment, and the least a booking's answer may
+/// take before its moments are too rough to keep: half an interval, but never under this. A
+/// booking knows its moments only as closely as the store's answer takes to come (a round
+/// trip), and a timer wakes within a millisecond or so; at a fast rate half an interval is
+/// less than either, and no booking could ever be kept (a target at 5000/s started nothing,
+/// found by a black-box run). So up to 100/s a window of the rate's length holds N + 1 starts
+/// at most, as before; faster, N and the starts of 6 ms more (a start may also come a timer's
+/// grain early there, see [`Pace::grain`]): N + 6 at 1000/s.
+const LEAST_SLACK: Duration = Duration::from_millis(5);
+
+/// What a timer's wait is rounded up to (tokio's timer wheel ticks each millisecond).
+const TIMER_GRAIN: Duration = Duration::from_millis(1);
+
 /// After a booking failed, how long this process waits before it books again.
 pub const RETRY_BOOKING_AFTER: Duration = Duration::from_millis(250);
 
@@ -136,6 +149,23 @@ impl Pace {
     /// The least time between two starts.
     pub fn interval(&self) -> Duration {
         self.interval
+    }
+
+    /// How late after its moment a start may come: half an interval, or [`LEAST_SLACK`].
+    fn slack(&self) -> Duration {
+        (self.interval / 2).max(LEAST_SLACK)
+    }
+
+    /// How early before its moment a start may come: none, but at a fast rate (an interval
+    /// under [`LEAST_SLACK`]) a timer's grain, since a timer wakes on a millisecond's grain and
+    /// cannot wait out a shorter interval: every start would wait for the next millisecond,
+    /// and a rate of 100000/s would start a thousand a second.
+    fn grain(&self) -> Duration {
+        if self.interval < LEAST_SLACK {
+            TIMER_GRAIN
+        } else {
+            Duration::ZERO
+        }
     }
 
     /// The furthest ahead a booking reaches: a row taken waits at most this for its turn, and
@@ -179,7 +209,9 @@ impl Pace {
                     }
                 },
             };
-            tokio::time::sleep_until(turn.at).await;
+            if turn.at > Instant::now() + self.grain() {
+                tokio::time::sleep_until(turn.at).await;
+            }
             // Woken too late (the machine was busy, or the process stopped a while): the
             // moment is not this process's any more, as another instance's may be near.
             if Instant::now() < turn.until {
@@ -242,21 +274,23 @@ impl Pace {
             let after = got.first_in.saturating_sub(self.reach());
             return Booking::Later(after.max(self.interval));
         }
-        // Not before the moment counted from the answer (never early), and only within half an
-        // interval of it counted from the question (never late).
+        // Not before the moment counted from the answer (never early), and only within the
+        // slack (half an interval, or 5 ms at a fast rate) of it counted from the question.
         let (as_of, sent) = (Instant::from_std(got.as_of), Instant::from_std(got.sent));
-        let half = self.interval / 2;
-        if as_of.saturating_duration_since(sent) >= half && !rough {
+        let slack = self.slack();
+        if as_of.saturating_duration_since(sent) >= slack && !rough {
             return Booking::Again;
         }
         // A rough booking may start later, but always less than an interval after its moment
-        // (counted from the question, where the moment is earliest here): so a window of the
-        // rate's length never holds more than one start beyond the rate. One answered an
-        // interval or more late cannot be kept at all.
+        // (counted from the question, where the moment is earliest here; at a fast rate, the
+        // least slack): so a window of the rate's length never holds more than one start beyond
+        // the rate (or the least slack's worth). One answered later than that cannot be kept.
         let late = if rough {
-            self.interval.saturating_sub(Duration::from_micros(1))
+            self.interval
+                .saturating_sub(Duration::from_micros(1))
+                .max(LEAST_SLACK)
         } else {
-            half
+            slack
         };
         booked.moments.extend((0..got.count).map(|i| Moment {
             at: as_of + got.first_in + self.interval * i,
@@ -305,9 +339,9 @@ impl Pace {
 
     /// When to start on the next moment booked that is still this process's to use: the
     /// moment itself, or an interval after this process's last start if that is later (so its
-    /// own starts are never closer than an interval). A moment that would be started half an
-    /// interval late or more is dropped (the next moment, perhaps another instance's, is an
-    /// interval after it).
+    /// own starts are never closer than an interval). A moment that would be started its slack
+    /// late or more is dropped (the next moment, perhaps another instance's, is an interval
+    /// after it).
     fn next_booked(&self, booked: &mut Gate) -> Option<Moment> {
         let now = Instant::now();
         while let Some(moment) = booked.moments.pop_front() {
@@ -506,6 +540,40 @@ mod tests {
             schedule.next() >= begin + Duration::from_millis(270),
             "the second booking's moment is now, not the one missed"
         );
+    }
+
+    #[tokio::test]
+    async fn a_fast_rate_starts_at_its_rate_though_each_booking_takes_a_round_trip() {
+        // At 5000/s an interval is 200 µs: a booking answered 1 ms after it was asked (a
+        // database on another host) could never be kept within half of one, and nothing
+        // started. With the least slack it starts as fast as asked, and never faster.
+        for rate in ["5000/s", "100000/s"] {
+            let pace = Pace::new(rate.parse().expect("a rate"));
+            let schedule = &Schedule::new(&pace);
+            let book = move |want| async move {
+                let sent = std::time::Instant::now();
+                let mut got = schedule.book(want).await?;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                got.sent = sent;
+                got.as_of = std::time::Instant::now();
+                Ok::<_, String>(got)
+            };
+            let begin = Instant::now();
+            let turns =
+                futures_util::future::join_all((0..200).map(|_| pace.start("s", "t", book))).await;
+            assert!(
+                turns.iter().all(|turn| *turn == Turn::Now),
+                "{rate}: {turns:?}"
+            );
+            let took = begin.elapsed();
+            // 200 starts at 5000/s take 40 ms (at 100000/s, 2 ms); a booking at a time, each
+            // a round trip, adds some.
+            assert!(took < Duration::from_millis(500), "{rate}: {took:?}");
+            assert!(
+                took + TIMER_GRAIN + LEAST_SLACK >= pace.interval() * 199,
+                "{rate}: never faster than the rate and its grain: {took:?}"
+            );
+        }
     }
 
     #[tokio::test]

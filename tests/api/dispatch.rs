@@ -93,6 +93,26 @@ async fn a_target_with_rate_twenty_per_second_gets_a_hundred_events_over_five_se
     assert_twenty_a_second(&downstream, &ids).await;
 }
 
+#[actix_web::test]
+async fn a_fast_rate_sends_at_least_as_fast_as_a_slow_one() {
+    // An interval of 10 µs is shorter than any booking's round trip and any timer's grain; a
+    // rate that high once sent nothing at all.
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let app = TestApp::spawn_with(
+        &target("fast", &downstream.url, "rate = \"100000/s\""),
+        Handlers::default(),
+    )
+    .await;
+    let ids = ids(200);
+    send_all(&app.address, &app.config, &ids, 25).await;
+    poll_until(
+        "every event reached the sink",
+        Duration::from_secs(20),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+}
+
 /// Waits until every event of `ids` (100) reached the sink, then asserts it got one attempt
 /// each, at 20 a second: over at least 4.5 s, and no one-second window starting more than 21.
 async fn assert_twenty_a_second(downstream: &Downstream, ids: &[String]) {
