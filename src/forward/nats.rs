@@ -135,6 +135,25 @@ impl Nats {
         ))
     }
 
+    /// Waits (within the target's timeout) for the connection to be up before a publish.
+    /// Only then does the client know the server's `max_payload`: before, it takes the usual
+    /// 1 MiB, so a message too large for a server that allows less was sent, the server closed
+    /// the connection, and every publish in flight on it waited out its timeout. Once up, such
+    /// a message is refused before it is sent (dead at once, as the docs say).
+    async fn connected(&self, client: &async_nats::Client) -> Result<(), Failure> {
+        use async_nats::connection::State;
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        while client.connection_state() != State::Connected {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Failure::Retry(
+                    "the connection to the NATS server is not up (is it running?)".to_owned(),
+                ));
+            }
+            tokio::time::sleep(CONNECTED_EVERY).await;
+        }
+        Ok(())
+    }
+
     /// One attempt: publish the event and wait for the stream's acknowledgement. The
     /// dispatcher bounds it by the target's timeout, as the JetStream context bounds the wait
     /// for the acknowledgement.
@@ -164,6 +183,7 @@ impl Nats {
         }
         let published = async {
             let jetstream = self.jetstream().await.map_err(Failure::Retry)?;
+            self.connected(&jetstream.client()).await?;
             jetstream
                 .publish_with_headers(subject.clone(), headers, due.payload.clone().into())
                 .await
@@ -197,6 +217,9 @@ impl Nats {
         }
     }
 }
+
+/// How often an attempt looks whether the connection is up, while it is not.
+const CONNECTED_EVERY: Duration = Duration::from_millis(5);
 
 /// Shared by the target and every dispatcher thread's lane: one connection.
 impl Transport for Arc<Nats> {

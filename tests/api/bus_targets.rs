@@ -835,6 +835,55 @@ async fn dead_deliveries(address: &str, id: &str) -> serde_json::Value {
 }
 
 #[actix_web::test]
+async fn an_event_too_large_for_the_nats_server_is_dead_at_once_even_on_a_fresh_connection() {
+    // A server that takes at most 2 KB a message. Before the connection is up the client does
+    // not know that: a larger message was sent, the server closed the connection, and every
+    // publish in flight on it waited out its timeout.
+    let config_file = TempFile::new("max_payload: 2048\n");
+    let nats = PrivateNats::start_with(&["-c", &config_file.path()]);
+    let stream = Stream::create(&nats.url()).await;
+    let subject = format!("{}.{{source}}", stream.prefix);
+    let db = TestDb::create();
+    let config = config_text(&db.url, &nats_target("bus", &nats.url(), &subject));
+    let parsed = parse_config(&config);
+    let server = Process::serve(&config);
+    let mut events = make_events(3);
+    let big_id = events[1].0.clone();
+    let padding = "x".repeat(5_000);
+    events[1].2 = stripe_event(&big_id, "charge.refunded", 1).replacen(
+        "\"object\"",
+        &format!("\"padding\": \"{padding}\", \"object\""),
+        1,
+    );
+    assert!(events[1].2.contains(&padding), "the big body is padded");
+    assert_eq!(deliver(&parsed, &server.address, &events).await, 3);
+
+    let shown = dead_deliveries(&server.address, &big_id).await;
+    assert_eq!(
+        shown[0]["attempts"], 1,
+        "dead at its first attempt: {shown}"
+    );
+    let error = shown[0]["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("Payload size limit"), "{shown}");
+    // The small ones beside it went out at their first attempt, not after a timeout.
+    stream.until_holds(2, Duration::from_secs(20)).await;
+    for (id, _, _) in [&events[0], &events[2]] {
+        let answer = get(
+            &server.address,
+            &format!("/admin/events/stripe/{id}/deliveries"),
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+        let shown = answer.json()["deliveries"].clone();
+        assert_eq!(
+            (&shown[0]["state"], &shown[0]["attempts"]),
+            (&serde_json::json!("delivered"), &serde_json::json!(1)),
+            "{shown}"
+        );
+    }
+}
+
+#[actix_web::test]
 async fn a_nats_login_refused_is_named_in_the_deliverys_last_error() {
     let nats = PrivateNats::start_with(&["--user", "hookbox", "--pass", "right-Pa55"]);
     let url = format!("nats://hookbox:wr0ng-Pa55@127.0.0.1:{}", nats.port);
