@@ -275,7 +275,10 @@ fn settle_of(handoff: Handoff, attempt: i32, max_attempts: u32) -> Settle {
         Handoff::Refused { status, error } => Settle::Dead { status, error },
         Handoff::Failed { status, error, .. } if last => Settle::Dead {
             status,
-            error: format!("{error}; gave up after {attempt} attempts"),
+            error: match attempt {
+                1 => format!("{error}; gave up after 1 attempt"),
+                _ => format!("{error}; gave up after {attempt} attempts"),
+            },
         },
         Handoff::Failed {
             status,

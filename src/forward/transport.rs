@@ -102,6 +102,11 @@ impl Transports {
             .limit(connections.max(100));
         let http = awc::Client::builder()
             .connector(connector)
+            // Named, as providers name their own (`Stripe/1.0`), for the downstream's logs.
+            .add_default_header((
+                actix_web::http::header::USER_AGENT,
+                concat!("hookbox/", env!("CARGO_PKG_VERSION")),
+            ))
             .disable_redirects()
             // The dispatcher bounds each attempt by its target's own timeout.
             .disable_timeout()

@@ -150,6 +150,11 @@ async fn a_stored_event_is_forwarded_once_signed_with_its_key_and_a_redelivery_q
     assert_eq!(got.header("webhook-id"), key);
     assert_eq!(got.header("content-type"), "application/json");
     assert_eq!(got.header("x-hookbox-source"), "stripe");
+    assert!(
+        got.header("user-agent").starts_with("hookbox/"),
+        "{:?}",
+        got.headers
+    );
     assert_eq!(got.header("x-hookbox-event-id"), id);
     assert_eq!(
         got.header("x-hookbox-event-type"),
