@@ -366,8 +366,25 @@ fn print_delivery(out: &mut dyn Write, pending: &Pending<'_>) -> std::io::Result
         o.source.as_deref().unwrap_or("-"),
         o.event_id.as_deref().unwrap_or("-")
     )?;
+    // A signed delivery may carry a secret as it is (GitLab's token, Adyen's Basic auth): only
+    // what the scheme keeps with a stored event (a signature, an id) and `Content-Type` are
+    // shown, the rest masked. Captured headers were kept, so they are shown.
+    let shown = |name: &str| match &pending.headers {
+        Headers::Captured(_) => true,
+        Headers::Sign { verifier, .. } => {
+            name.eq_ignore_ascii_case("content-type")
+                || verifier
+                    .kept_headers()
+                    .iter()
+                    .any(|kept| kept.eq_ignore_ascii_case(name))
+        }
+    };
     for (name, value) in &request.headers {
-        writeln!(out, "  {name}: {value}")?;
+        if shown(name) {
+            writeln!(out, "  {name}: {value}")?;
+        } else {
+            writeln!(out, "  {name}: *** (not shown: it may hold a secret)")?;
+        }
     }
     writeln!(out, "  ({} bytes of body)", request.body.len())
 }

@@ -957,3 +957,34 @@ async fn ctrl_c_stops_sending_waits_for_what_is_in_flight_and_still_reports_it()
     });
     assert!(not_sent, "the summary: {stdout}");
 }
+
+#[actix_web::test]
+async fn a_dry_run_never_prints_a_secret_a_scheme_sends_as_it_is() {
+    // GitLab sends its secret token itself in X-Gitlab-Token: a dry run shows the delivery,
+    // not the token.
+    let body = TempFile::with_extension(br#"{"object_kind":"push"}"#, "json");
+    let (code, out, err) = run_hookbox_async(&[
+        "replay",
+        &body.path(),
+        "--to",
+        "http://127.0.0.1:9",
+        "--source",
+        "gl",
+        "--scheme",
+        "gitlab",
+        "--secret",
+        "SEKRETgitlab19",
+        "--dry-run",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        !out.contains("SEKRETgitlab19") && !err.contains("SEKRETgitlab19"),
+        "{out}{err}"
+    );
+    assert!(out.contains("X-Gitlab-Token: ***"), "{out}");
+    assert!(
+        out.contains("X-Gitlab-Event-UUID: "),
+        "the rest is shown: {out}"
+    );
+}
