@@ -336,10 +336,72 @@ pub enum InputKind {
 /// A file `replay` reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputFile {
-    /// Where it is.
+    /// Where it is, as given (what messages name).
     pub path: PathBuf,
     /// What it holds.
     pub kind: InputKind,
+    /// For a pipe, the copy of it that is read instead.
+    spool: Option<std::sync::Arc<Spool>>,
+}
+
+impl InputFile {
+    /// A regular file at `path`.
+    pub fn new(path: PathBuf, kind: InputKind) -> InputFile {
+        InputFile {
+            path,
+            kind,
+            spool: None,
+        }
+    }
+
+    /// Where its bytes are read from: the file, or the copy of a pipe.
+    fn read_from(&self) -> &Path {
+        self.spool.as_ref().map_or(&self.path, |spool| &spool.0)
+    }
+}
+
+/// A pipe given to `replay` (`-` for stdin, `<(hookbox export ...)`, a named FIFO), copied once
+/// into a file of its own in the temporary directory: `replay` reads its inputs more than once
+/// (to check them, to count them, to send them), and a pipe gives its bytes only once (read
+/// again, it gave nothing, and the replay sent nothing and said it was done). Removed when the
+/// last [`InputFile`] of it goes.
+#[derive(Debug, PartialEq, Eq)]
+struct Spool(PathBuf);
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Copies the pipe at `path` (`-`: stdin) into a spool file, readable by this user alone.
+fn spool(path: &Path) -> Result<Spool, String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let failed = |e: io::Error| format!("cannot read {}: {e}", path.display());
+    let file = std::env::temp_dir().join(format!(
+        "hookbox-replay-{}-{}.spool",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut copy = options.open(&file).map_err(|e| {
+        format!(
+            "cannot copy {} into {} to read it: {e}",
+            path.display(),
+            file.display()
+        )
+    })?;
+    let spooled = Spool(file);
+    if path.as_os_str() == "-" {
+        io::copy(&mut io::stdin().lock(), &mut copy).map_err(failed)?;
+    } else {
+        io::copy(&mut File::open(path).map_err(failed)?, &mut copy).map_err(failed)?;
+    }
+    Ok(spooled)
 }
 
 /// The files behind `replay`'s arguments: a `.json` file is one body, any other file a capture,
@@ -350,18 +412,32 @@ pub struct InputFile {
 pub fn input_files(paths: &[PathBuf]) -> Result<Vec<InputFile>, String> {
     let mut files = Vec::new();
     for path in paths {
-        let metadata =
-            std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if !metadata.is_dir() {
-            let kind = if has_extension(path, &["json"]) {
-                InputKind::Body
-            } else {
-                InputKind::Capture
-            };
+        let kind = if has_extension(path, &["json"]) {
+            InputKind::Body
+        } else {
+            InputKind::Capture
+        };
+        let stdin = path.as_os_str() == "-";
+        let metadata = match stdin {
+            true => None,
+            false => Some(
+                std::fs::metadata(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+            ),
+        };
+        if metadata
+            .as_ref()
+            .is_none_or(|m| !m.is_dir() && !m.is_file())
+        {
             files.push(InputFile {
                 path: path.clone(),
                 kind,
+                spool: Some(std::sync::Arc::new(spool(path)?)),
             });
+            continue;
+        }
+        if metadata.as_ref().is_some_and(std::fs::Metadata::is_file) {
+            files.push(InputFile::new(path.clone(), kind));
             continue;
         }
         let mut inside: Vec<InputFile> = std::fs::read_dir(path)
@@ -377,7 +453,7 @@ pub fn input_files(paths: &[PathBuf]) -> Result<Vec<InputFile>, String> {
                 } else {
                     return None;
                 };
-                Some(InputFile { path, kind })
+                Some(InputFile::new(path, kind))
             })
             .collect();
         if inside.is_empty() {
@@ -442,7 +518,7 @@ impl Entries {
             .iter()
             .map(|file| match file.kind {
                 InputKind::Body => 1,
-                InputKind::Capture => File::open(&file.path).map_or(1, |f| {
+                InputKind::Capture => File::open(file.read_from()).map_or(1, |f| {
                     BufReader::new(f)
                         .split(b'\n')
                         .map_while(Result::ok)
@@ -495,7 +571,7 @@ impl Iterator for Entries {
                 return Some(entry);
             }
             let file = self.files.next()?;
-            match (file.kind, File::open(&file.path)) {
+            match (file.kind, File::open(file.read_from())) {
                 (InputKind::Body, Ok(mut f)) => {
                     let mut body = Vec::new();
                     let item = io::Read::read_to_end(&mut f, &mut body)

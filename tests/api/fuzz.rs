@@ -546,7 +546,7 @@ proptest! {
             .split(|b| *b == b'\n')
             .filter(|line| !line.trim_ascii().is_empty())
             .count();
-        let files = vec![InputFile { path: file.0.clone(), kind: InputKind::Capture }];
+        let files = vec![InputFile::new(file.0.clone(), InputKind::Capture)];
         prop_assert_eq!(Entries::count(&files), expected as u64);
         prop_assert_eq!(Entries::new(files).count(), expected);
     }

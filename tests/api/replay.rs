@@ -988,3 +988,78 @@ async fn a_dry_run_never_prints_a_secret_a_scheme_sends_as_it_is() {
         "the rest is shown: {out}"
     );
 }
+
+#[actix_web::test]
+async fn a_capture_from_a_pipe_or_a_fifo_is_read_once_and_replayed_whole() {
+    // `hookbox export | hookbox replay -` and `replay <(hookbox export)`: a pipe gives its
+    // bytes once, and replay reads its inputs more than once (to check, to count, to send).
+    let (url, counter) = receiver(Counter::default());
+    let text = std::fs::read(github_capture(5).0.clone()).expect("the capture");
+    let run = |input: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+            .args([
+                "replay", input, "--to", &url, "--scheme", "github", "--secret", "s3cret",
+            ])
+            .env_remove("DATABASE_URL")
+            .env_remove("HOOKBOX_CONFIG")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start hookbox replay")
+    };
+
+    let mut child = run("-");
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), &text).expect("write");
+    let output = actix_web::rt::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("the waiting thread")
+        .expect("replay ends");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(counter.arrivals.lock().expect("lock").len(), 5, "{stdout}");
+
+    let dir = TempDir::new();
+    let fifo = dir.0.join("capture.ndjson");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let writer = {
+        let (fifo, text) = (fifo.clone(), text.clone());
+        std::thread::spawn(move || std::fs::write(fifo, text).expect("write the fifo"))
+    };
+    let child = run(&fifo.to_string_lossy());
+    let pid = child.id();
+    let output = actix_web::rt::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("the waiting thread")
+        .expect("replay ends");
+    writer.join().expect("the writer");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Replayed again: the receiver counts every arrival.
+    assert_eq!(counter.arrivals.lock().expect("lock").len(), 10, "{stdout}");
+    // Its copy is gone with it.
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .expect("the temp dir")
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("hookbox-replay-{pid}-"))
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
