@@ -25,7 +25,7 @@ use actix_web::web::Bytes;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use crate::capture::{Entries, Entry, InputFile, Item};
+use crate::capture::{Entries, Entry, InputFile, InputKind, Item};
 use crate::ids::SourceName;
 use crate::providers::{unix_now, Identity};
 use signing::{ContentType, Verifier};
@@ -174,7 +174,15 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
                 )
             })?;
     }
+    // The sources the capture lines name: a `--source` none of them names is a typo, not a
+    // replay with every line skipped.
+    let mut sources = std::collections::BTreeSet::new();
     for entry in Entries::new(files.to_vec()) {
+        if let Ok(Item::Line(line)) = &entry.item {
+            if !sources.contains(&line.source) {
+                sources.insert(line.source.clone());
+            }
+        }
         match job(entry, options) {
             Job::Send(pending) => {
                 for (name, value) in &pending.request(unix_now()).headers {
@@ -191,6 +199,17 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
                 return Err(format!("{}: {message}; nothing was sent", origin.place()));
             }
             Job::Skip | Job::Fail(..) => {}
+        }
+    }
+    let only_captures = files.iter().all(|f| f.kind == InputKind::Capture);
+    if let Some(only) = options.source.as_ref().filter(|_| only_captures) {
+        if !sources.is_empty() && !sources.contains(only.as_str()) {
+            let named: Vec<&str> = sources.iter().map(String::as_str).collect();
+            return Err(format!(
+                "--source {only}: no capture line is from that source (the captures hold {}); \
+                 nothing was sent",
+                named.join(", ")
+            ));
         }
     }
     Ok(())

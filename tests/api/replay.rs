@@ -1063,3 +1063,28 @@ async fn a_capture_from_a_pipe_or_a_fifo_is_read_once_and_replayed_whole() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn a_source_no_capture_line_is_from_is_a_usage_error_naming_the_ones_there() {
+    // `--source stripee`: every line would be skipped, and the replay would say it was done.
+    let file = github_capture(2);
+    let path = file.path();
+    let (code, stdout, stderr) = run_hookbox(
+        &[
+            "replay",
+            &path,
+            "--to",
+            "http://127.0.0.1:9",
+            "--as-is",
+            "--source",
+            "githb",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("--source githb") && stderr.contains("the captures hold github"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("nothing was sent"), "{stderr}");
+}
