@@ -61,9 +61,11 @@ impl fmt::Display for Rate {
 /// How far behind its schedule a pacer may catch up, in intervals (and at most [`MAX_SLACK`]):
 /// a hiccup of a few milliseconds on a busy machine is made good, so the rate holds over a
 /// run, while a long stall (a slow receiver holding every place in flight) is not followed by
-/// a burst.
+/// a burst: what is made up is 50 ms at most, so a window of a second never holds more than
+/// the rate and the starts of 50 ms more (at 20/s, one; a second's worth, as before, let 30
+/// start in a second after a stall).
 const CATCH_UP_INTERVALS: u32 = 10;
-const MAX_SLACK: Duration = Duration::from_secs(1);
+const MAX_SLACK: Duration = Duration::from_millis(50);
 
 /// Hands out start times one `interval` apart, from the first delivery on.
 #[derive(Debug)]
@@ -128,12 +130,20 @@ mod tests {
         // A little late: the missed slot is taken at once, and the schedule keeps its beat.
         assert_eq!(pacer.slot(start + ms(350)), start + ms(300));
         assert_eq!(pacer.slot(start + ms(350)), start + ms(400));
-        // Ready long after its slot: at most one second's worth (the slack) is caught up.
-        assert_eq!(pacer.slot(start + ms(5000)), start + ms(4000));
+        // Ready long after its slot: at most 50 ms (the slack) is caught up, one slot here.
+        assert_eq!(pacer.slot(start + ms(5000)), start + ms(4950));
+        assert_eq!(
+            pacer.slot(start + ms(5000)),
+            start + ms(5050),
+            "then the beat again"
+        );
+        // At 1000/s the slack is ten intervals: ten slots come at once after a stall, no more.
+        let mut fast = Pacer::new("1000/s".parse().expect("valid"));
+        fast.slot(start);
         let mut burst = 0;
-        while pacer.slot(start + ms(5000)) < start + ms(5000) {
+        while fast.slot(start + ms(5000)) < start + ms(5000) {
             burst += 1;
         }
-        assert_eq!(burst, 9, "the catch-up is bounded");
+        assert_eq!(burst, 10, "the catch-up is bounded");
     }
 }
