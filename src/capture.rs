@@ -260,18 +260,43 @@ pub fn write_whole<T>(
         return Ok(value);
     }
     let (partial, file) = create_partial(path)?;
+    *lock_in_progress() = Some(partial.clone());
     let mut out = io::BufWriter::new(file);
     let written = write(&mut out).and_then(|value| {
         let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
         file.sync_all()?;
+        // A capture holds payloads: one that replaces a file keeps that file's mode (a 0600
+        // capture stays 0600), rather than taking the default a new file gets.
+        if let Ok(old) = std::fs::metadata(path) {
+            let _ = std::fs::set_permissions(&partial, old.permissions());
+        }
         std::fs::rename(&partial, path)
             .with_context(|| format!("cannot write {}", path.display()))?;
         Ok(value)
     });
+    *lock_in_progress() = None;
     if written.is_err() {
         let _ = std::fs::remove_file(&partial);
     }
     written
+}
+
+/// The partial file [`write_whole`] is writing, while it is.
+static IN_PROGRESS: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+fn lock_in_progress() -> std::sync::MutexGuard<'static, Option<PathBuf>> {
+    IN_PROGRESS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Removes the partial file [`write_whole`] is writing, if it is writing one: for an export
+/// interrupted (Ctrl-C, SIGTERM) before it finished, which then exits. Whether there was one.
+pub fn abandon_partial() -> bool {
+    match lock_in_progress().take() {
+        Some(partial) => std::fs::remove_file(partial).is_ok(),
+        None => false,
+    }
 }
 
 /// Whether [`write_whole`] can write `path`, found by making (and removing) the partial file it

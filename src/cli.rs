@@ -380,6 +380,34 @@ enum Pass {
     Interrupted,
 }
 
+/// At Ctrl-C (SIGINT) or SIGTERM, runs `cleanup` and exits 130: for a command that leaves
+/// something behind if it is killed where it stands (`export --out`'s partial file).
+fn exit_on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot watch for Ctrl-C")?;
+    let (mut interrupts, mut terminations) = {
+        let _entered = runtime.enter();
+        (
+            signal(SignalKind::interrupt()).context("cannot watch for Ctrl-C")?,
+            signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?,
+        )
+    };
+    std::thread::spawn(move || {
+        runtime.block_on(async {
+            tokio::select! {
+                _ = interrupts.recv() => {}
+                _ = terminations.recv() => {}
+            }
+        });
+        cleanup();
+        std::process::exit(i32::from(INTERRUPTED));
+    });
+    Ok(())
+}
+
 /// Sets `stop` at the first Ctrl-C (SIGINT), so a purge ends after the batch it is in and
 /// says what it removed; a second Ctrl-C exits at once (the batch in progress rolls back).
 /// SIGINT is caught from the moment this returns.
@@ -481,6 +509,20 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
                 path.display()
             ))
         })?;
+    }
+    if let Some(path) = &args.out {
+        let shown = path.display().to_string();
+        exit_on_interrupt(move || {
+            if capture::abandon_partial() {
+                eprintln!(
+                    "\nhookbox: export interrupted: nothing was written to {shown} (a file there \
+                     is as it was)"
+                );
+            } else {
+                eprintln!("\nhookbox: export interrupted");
+            }
+        })
+        .map_err(|e| usage(format_args!("{e:#}")))?;
     }
     let filter = ExportFilter {
         source: args.source.map(|s| s.as_str().to_owned()),

@@ -533,3 +533,65 @@ async fn an_id_header_beyond_ascii_is_kept_so_export_and_replay_as_is_carry_it()
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(other.db.count("events"), 1);
 }
+
+#[test]
+fn an_export_out_stopped_by_ctrl_c_or_sigterm_leaves_no_partial_file_and_the_old_capture() {
+    if skip_on_sqlite(
+        "an_export_out_stopped_by_ctrl_c_or_sigterm_leaves_no_partial_file_and_the_old_capture",
+        "the export is held mid-way by a table lock, which SQLite has not",
+    ) {
+        return;
+    }
+    let (db, config) = stored_events(3);
+    let dir = TempDir::new();
+    let out = dir.0.join("capture.ndjson");
+    for signal in ["-INT", "-TERM"] {
+        std::fs::write(&out, "the capture before\n").expect("an old capture");
+        // The export's read waits behind the lock, its partial file made.
+        let lock = HeldTableLock::take(&db.url, "events", "ACCESS EXCLUSIVE");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+            .args(["export", "--config", &config.path(), "--out"])
+            .arg(&out)
+            .env_remove("DATABASE_URL")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start hookbox export");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while db.count(
+            "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' \
+             AND query LIKE '%events%'",
+        ) == 0
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the export never waited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(
+            names_in(&dir.0)
+                .iter()
+                .any(|name| name.ends_with(".partial")),
+            "{:?}",
+            names_in(&dir.0)
+        );
+        let sent = std::process::Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success());
+        let output = child.wait_with_output().expect("export ends");
+        drop(lock);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(130), "{signal}: {stderr}");
+        assert!(
+            stderr.contains("nothing was written to"),
+            "{signal}: {stderr}"
+        );
+        assert_eq!(names_in(&dir.0), ["capture.ndjson"], "{signal}");
+        assert_eq!(
+            std::fs::read_to_string(&out).expect("the capture"),
+            "the capture before\n"
+        );
+    }
+}

@@ -1043,3 +1043,24 @@ pub async fn export_and_replay_signed(
     .await;
     assert_eq!(code, 0, "{stdout}\n{stderr}");
 }
+
+/// `LOCK TABLE {table} IN {mode} MODE` (PostgreSQL), held by a session of the test's own until
+/// dropped.
+pub struct HeldTableLock(AnyConnection);
+
+impl HeldTableLock {
+    pub fn take(url: &str, table: &str, mode: &str) -> HeldTableLock {
+        use diesel::connection::SimpleConnection;
+        let mut conn = connect_url(url);
+        conn.batch_execute(&format!("BEGIN; LOCK TABLE {table} IN {mode} MODE"))
+            .expect("lock the table");
+        HeldTableLock(conn)
+    }
+}
+
+impl Drop for HeldTableLock {
+    fn drop(&mut self) {
+        use diesel::connection::SimpleConnection;
+        let _ = self.0.batch_execute("ROLLBACK");
+    }
+}

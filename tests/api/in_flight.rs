@@ -189,24 +189,6 @@ async fn a_forwarding_batch_that_falls_back_to_claims_one_by_one_queues_each_sto
     assert_eq!(app.db.count("deliveries"), 11);
 }
 
-/// `LOCK TABLE {table} IN {mode} MODE`, held by a session of the test's own until dropped.
-struct HeldTableLock(AnyConnection);
-
-impl HeldTableLock {
-    fn take(url: &str, table: &str, mode: &str) -> HeldTableLock {
-        let mut conn = connect_url(url);
-        conn.batch_execute(&format!("BEGIN; LOCK TABLE {table} IN {mode} MODE"))
-            .expect("lock the table");
-        HeldTableLock(conn)
-    }
-}
-
-impl Drop for HeldTableLock {
-    fn drop(&mut self) {
-        let _ = self.0.batch_execute("ROLLBACK");
-    }
-}
-
 #[actix_web::test]
 async fn a_fresh_delivery_behind_a_locked_table_is_503_unavailable_not_409_in_progress() {
     // A migration's ALTER, a LOCK TABLE or an index built without CONCURRENTLY: no duplicate is
