@@ -595,3 +595,33 @@ fn an_export_out_stopped_by_ctrl_c_or_sigterm_leaves_no_partial_file_and_the_old
         );
     }
 }
+
+#[test]
+fn an_export_out_over_a_private_capture_keeps_it_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_db, config) = stored_events(2);
+    let dir = TempDir::new();
+    let out = dir.0.join("capture.ndjson");
+    std::fs::write(&out, "").expect("a capture");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let (code, _, stderr) = run_hookbox(
+        &[
+            "export",
+            "--config",
+            &config.path(),
+            "--out",
+            &out.to_string_lossy(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let mode = std::fs::metadata(&out)
+        .expect("the capture")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    assert_eq!(
+        std::fs::read_to_string(&out).expect("read").lines().count(),
+        2
+    );
+}
