@@ -163,6 +163,7 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
     // anything is sent, not after the deliveries it was meant to record. Opened to append, so
     // a report already there stays until the new one replaces it.
     if let Some(path) = &options.report {
+        let there = path.exists();
         std::fs::OpenOptions::new()
             .append(true)
             .create(true)
@@ -173,6 +174,11 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
                     path.display()
                 )
             })?;
+        // Made only to try: an empty report left by a replay that then stopped would read as
+        // one that ran. The report is written when the replay ends.
+        if !there {
+            let _ = std::fs::remove_file(path);
+        }
     }
     // The sources the capture lines name: a `--source` none of them names is a typo, not a
     // replay with every line skipped.
@@ -306,36 +312,56 @@ async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progre
     let mut results = std::pin::pin!(results);
     let mut ticker = actix_web::rt::time::interval(progress::PLAIN_EVERY);
     let mut interrupt = std::pin::pin!(tokio::signal::ctrl_c());
+    // A supervisor's stop (`timeout`, systemd) is SIGTERM: taken as a Ctrl-C, so the summary and
+    // the report still say what was sent.
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut deadline: Option<tokio::time::Instant> = None;
     loop {
-        tokio::select! {
+        let signalled = tokio::select! {
             done = results.next() => match done {
                 Some(done) => {
                     count(tally, done);
                     progress.update(tally);
+                    false
                 }
                 None => break,
             },
-            _ = ticker.tick() => progress.update(tally),
-            _ = &mut interrupt => {
-                if stop.replace(true) {
-                    // A second Ctrl-C: wait no longer.
-                    break;
-                }
-                tally.interrupted = true;
-                deadline = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
-                interrupt.set(tokio::signal::ctrl_c());
-                eprintln!(
-                    "\nhookbox: interrupted: sending no more; waiting up to {} s for the {} \
-                     delivery(ies) in flight (Ctrl-C again to stop waiting)",
-                    INTERRUPT_GRACE.as_secs(),
-                    in_flight.get()
-                );
+            _ = ticker.tick() => {
+                progress.update(tally);
+                false
             }
+            _ = &mut interrupt => {
+                interrupt.set(tokio::signal::ctrl_c());
+                true
+            }
+            Some(()) = recv_some(terminate.as_mut()) => true,
             () = sleep_until_some(deadline) => break,
+        };
+        if signalled {
+            if stop.replace(true) {
+                // A second Ctrl-C (or SIGTERM): wait no longer.
+                break;
+            }
+            tally.interrupted = true;
+            deadline = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+            eprintln!(
+                "\nhookbox: interrupted: sending no more; waiting up to {} s for the {} \
+                 delivery(ies) in flight (Ctrl-C again to stop waiting)",
+                INTERRUPT_GRACE.as_secs(),
+                in_flight.get()
+            );
         }
     }
     tally.abandoned = in_flight.get();
+}
+
+/// The next signal of `signal`, or never when it could not be watched.
+async fn recv_some(signal: Option<&mut tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Sleeps until `deadline`, or forever when there is none.

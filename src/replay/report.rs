@@ -236,7 +236,7 @@ impl Tally {
         };
         let mut out = if self.interrupted {
             format!(
-                "replay interrupted (Ctrl-C) after {:.1}s: what was sent until then\n",
+                "replay interrupted (Ctrl-C or SIGTERM) after {:.1}s: what was sent until then\n",
                 duration.as_secs_f64()
             )
         } else {

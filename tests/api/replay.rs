@@ -895,17 +895,28 @@ async fn a_replayed_line_carries_its_captured_content_type_or_none_when_it_had_n
     );
 }
 
-/// Sends SIGINT to `pid`, as Ctrl-C in a terminal does.
-fn interrupt(pid: u32) {
+/// Sends `signal` (`-INT`, as Ctrl-C in a terminal does; `-TERM`, as a supervisor does) to
+/// `pid`.
+fn interrupt(pid: u32, signal: &str) {
     let status = std::process::Command::new("kill")
-        .args(["-INT", &pid.to_string()])
+        .args([signal, &pid.to_string()])
         .status()
         .expect("run kill");
-    assert!(status.success(), "kill -INT {pid}");
+    assert!(status.success(), "kill {signal} {pid}");
 }
 
 #[actix_web::test]
 async fn ctrl_c_stops_sending_waits_for_what_is_in_flight_and_still_reports_it() {
+    interrupted_replay("-INT").await;
+}
+
+#[actix_web::test]
+async fn sigterm_is_taken_as_ctrl_c_and_the_summary_and_report_still_come() {
+    interrupted_replay("-TERM").await;
+}
+
+/// Replays 40 deliveries to a slow receiver and stops it with `signal` after a few arrived.
+async fn interrupted_replay(signal: &str) {
     let (url, counter) = receiver(Counter {
         delay: Duration::from_millis(400),
         ..Counter::default()
@@ -931,7 +942,7 @@ async fn ctrl_c_stops_sending_waits_for_what_is_in_flight_and_still_reports_it()
         actix_web::rt::time::sleep(Duration::from_millis(20)).await;
     }
 
-    interrupt(child.id());
+    interrupt(child.id(), signal);
     let output = actix_web::rt::task::spawn_blocking(move || child.wait_with_output())
         .await
         .expect("the waiting thread")
@@ -1069,6 +1080,8 @@ fn a_source_no_capture_line_is_from_is_a_usage_error_naming_the_ones_there() {
     // `--source stripee`: every line would be skipped, and the replay would say it was done.
     let file = github_capture(2);
     let path = file.path();
+    let dir = TempDir::new();
+    let report = dir.0.join("report.json");
     let (code, stdout, stderr) = run_hookbox(
         &[
             "replay",
@@ -1078,10 +1091,14 @@ fn a_source_no_capture_line_is_from_is_a_usage_error_naming_the_ones_there() {
             "--as-is",
             "--source",
             "githb",
+            "--report",
+            &report.to_string_lossy(),
         ],
         &[],
     );
     assert_eq!(code, 2, "{stdout}{stderr}");
+    // No empty report is left to read as a replay that ran.
+    assert!(!report.exists(), "a report was left behind");
     assert!(
         stderr.contains("--source githb") && stderr.contains("the captures hold github"),
         "{stderr}"
