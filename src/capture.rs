@@ -49,13 +49,31 @@ pub struct CaptureLine {
     pub body: Vec<u8>,
 }
 
+/// A time as a capture writes it: RFC 3339 in UTC, always to the microsecond
+/// (`2026-12-02T09:00:00.123400Z`), so that lines sort by time as text too (chrono's own form
+/// drops trailing zeros, and `.347Z` sorted after `.874570Z`).
+fn in_microseconds<S: serde::Serializer>(
+    at: &Option<DateTime<Utc>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match at {
+        Some(at) => {
+            serializer.serialize_str(&at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+        }
+        None => serializer.serialize_none(),
+    }
+}
+
 /// A capture line as it is written: the body as text, or as base64 when it is not UTF-8.
 #[derive(Serialize)]
 struct LineOut<'a> {
     source: &'a str,
     event_id: &'a str,
     event_type: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "in_microseconds"
+    )]
     received_at: Option<DateTime<Utc>>,
     headers: &'a BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -658,7 +676,7 @@ mod tests {
         assert_eq!(
             text,
             "{\"source\":\"stripe\",\"event_id\":\"evt_1\",\"event_type\":\"charge.succeeded\",\
-             \"received_at\":\"2026-12-02T09:00:00Z\",\"headers\":{\"content-type\":\"application/json\",\
+             \"received_at\":\"2026-12-02T09:00:00.000000Z\",\"headers\":{\"content-type\":\"application/json\",\
              \"stripe-signature\":\"t=1,v1=ab\"},\"body\":\"{\\\"id\\\": \\\"evt_1\\\"}\\n\"}\n"
         );
         assert_eq!(CaptureLine::parse(text.trim_end().as_bytes()), Ok(original));
