@@ -380,6 +380,15 @@ enum Pass {
     Interrupted,
 }
 
+/// Whether `error` comes from writing to a pipe whose reader has gone.
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// At Ctrl-C (SIGINT) or SIGTERM, runs `cleanup` and exits 130: for a command that leaves
 /// something behind if it is killed where it stands (`export --out`'s partial file).
 fn exit_on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> anyhow::Result<()> {
@@ -542,7 +551,11 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
         let count = match &args.out {
             None => {
                 let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-                capture::export(&mut conn, &filter, &mut out, &mut progress)?
+                match capture::export(&mut conn, &filter, &mut out, &mut progress) {
+                    // The reader stopped early (`| head`): not a failure, as with replay.
+                    Err(e) if is_broken_pipe(&e) => return Ok(()),
+                    written => written?,
+                }
             }
             Some(path) => capture::write_whole(path, |out| {
                 capture::export(&mut conn, &filter, out, &mut progress)

@@ -625,3 +625,12 @@ fn an_export_out_over_a_private_capture_keeps_it_private() {
         2
     );
 }
+
+#[test]
+fn an_export_whose_reader_stops_early_ends_quietly() {
+    // `hookbox export | head -1`: the reader's choice, not a failure of the export.
+    let (_db, config) = stored_events(600);
+    let (code, stderr) = run_into_a_closed_pipe(&["export", "--config", &config.path()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("error"), "{stderr}");
+}

@@ -1064,3 +1064,21 @@ impl Drop for HeldTableLock {
         let _ = self.0.batch_execute("ROLLBACK");
     }
 }
+
+/// Runs `hookbox ARGS` with stdout a pipe whose reader is already gone, as `| head` leaves it.
+pub fn run_into_a_closed_pipe(args: &[&str]) -> (i32, String) {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("HOOKBOX_CONFIG")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run hookbox");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

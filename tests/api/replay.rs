@@ -677,24 +677,6 @@ fn a_to_url_that_would_not_be_sent_as_written_is_a_usage_error() {
     }
 }
 
-/// Runs `hookbox ARGS` with stdout a pipe whose reader is already gone, as `| head` leaves it.
-fn run_into_a_closed_pipe(args: &[&str]) -> (i32, String) {
-    let (reader, writer) = std::io::pipe().expect("a pipe");
-    drop(reader);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
-        .args(args)
-        .env_remove("DATABASE_URL")
-        .env_remove("HOOKBOX_CONFIG")
-        .stdout(writer)
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .expect("run hookbox");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 #[actix_web::test]
 async fn a_closed_stdout_ends_the_printing_quietly_not_in_a_panic() {
     let (url, _, seen) = recorder();
