@@ -541,10 +541,30 @@ fn syntax_error(text: &str, error: &toml::de::Error) -> ConfigError {
         .count()
         + 1;
     let at = format!("line {line}, column {column}");
-    match key_on_line(text, line) {
+    match key_on_line(text, line).or_else(|| table_on_line(text, line)) {
         Some(key) => ConfigError(format!("{at}: {key}: not valid TOML: {message}")),
         None => ConfigError(format!("{at}: not valid TOML: {message}")),
     }
+}
+
+/// The table a `[table]` or `[[table]]` header on line `line` (from 1) opens, as `[table]`:
+/// what a duplicate table's error names.
+fn table_on_line(text: &str, line: usize) -> Option<String> {
+    let header = text.lines().nth(line.checked_sub(1)?)?.trim();
+    let name = header
+        .strip_prefix("[[")
+        .and_then(|rest| rest.split("]]").next())
+        .or_else(|| {
+            header
+                .strip_prefix('[')
+                .and_then(|rest| rest.split(']').next())
+        })?
+        .trim();
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-. ".contains(&b));
+    plain.then(|| format!("[{name}]"))
 }
 
 /// The largest char boundary of `text` at or before `index`.
@@ -2494,6 +2514,15 @@ mod tests {
             (
                 "[database]\nurl = \"postgres://u:TOPSECRET1@h/db\nx\n".to_owned(),
                 "line ",
+            ),
+            // A table opened twice names the table.
+            (
+                "[server]\nlisten = \"127.0.0.1:1\"\n[server]\nmax_body_bytes = 1\n".to_owned(),
+                "line 3, column 2: [server]: not valid TOML: duplicate key",
+            ),
+            (
+                format!("{source}secrets = [\"TOPSECRET1\"]\n[sources.s]\n"),
+                "line 4, column 10: [sources.s]: not valid TOML: duplicate key",
             ),
             (
                 "[sources.s.forward]\nurl = \"amqp://guest:TOPSECRET1@mq/\\q\"\n".to_owned(),
