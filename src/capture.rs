@@ -51,14 +51,21 @@ pub struct CaptureLine {
 
 /// A time as a capture writes it: RFC 3339 in UTC, always to the microsecond
 /// (`2026-12-02T09:00:00.123400Z`), so that lines sort by time as text too (chrono's own form
-/// drops trailing zeros, and `.347Z` sorted after `.874570Z`).
+/// drops trailing zeros, and `.347Z` sorted after `.874570Z`). Both stores keep microseconds;
+/// a time read from a hand-written capture with nanoseconds keeps them.
 fn in_microseconds<S: serde::Serializer>(
     at: &Option<DateTime<Utc>>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
+    use chrono::Timelike;
     match at {
         Some(at) => {
-            serializer.serialize_str(&at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+            let digits = if at.nanosecond() % 1000 == 0 {
+                chrono::SecondsFormat::Micros
+            } else {
+                chrono::SecondsFormat::Nanos
+            };
+            serializer.serialize_str(&at.to_rfc3339_opts(digits, true))
         }
         None => serializer.serialize_none(),
     }
