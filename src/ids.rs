@@ -2,6 +2,46 @@
 
 use std::fmt;
 
+/// Text a client chose (a request's path, the name in `/webhooks/{name}`, an event id or type),
+/// as a log line or the console shows it: at most `max` characters (then `…`), and a character that could start a line of its own,
+/// restyle a terminal or read as another (a newline, an escape, a bidi override) written as an
+/// escape (`\n`, `\u{1b}`). Anything else is written as it is, so a configured source's name or
+/// an ordinary path reads unchanged.
+pub struct ClientText<'a> {
+    text: &'a str,
+    max: usize,
+}
+
+impl<'a> ClientText<'a> {
+    /// `text`, shown as a log line may show it.
+    pub fn new(text: &'a str, max: usize) -> Self {
+        ClientText { text, max }
+    }
+}
+
+impl std::fmt::Display for ClientText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        let plain = |b: u8| b.is_ascii_graphic() || b == b' ';
+        if self.text.len() <= self.max && self.text.bytes().all(plain) {
+            return f.write_str(self.text);
+        }
+        for (shown, c) in self.text.chars().enumerate() {
+            if shown == self.max {
+                return f.write_char('…');
+            }
+            if c.is_ascii_graphic() || c == ' ' {
+                f.write_char(c)?;
+            } else {
+                // Escapes control and format characters (bidi overrides, zero widths, line
+                // separators) and leaves printable letters as they are.
+                write!(f, "{}", c.escape_debug())?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The longest event id hookbox stores, in bytes (the contract's limit).
 pub const MAX_EVENT_ID_BYTES: usize = 255;
 
@@ -177,6 +217,23 @@ pub fn storable(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_text_cannot_start_a_line_restyle_a_terminal_or_run_long() {
+        let shown = |text: &str, max: usize| ClientText::new(text, max).to_string();
+        assert_eq!(shown("/webhooks/stripe", 64), "/webhooks/stripe");
+        assert_eq!(shown("café \"quoted\"", 64), "café \"quoted\"");
+        assert_eq!(
+            shown("x\n2026-12-05T00:00:00Z ERROR forged\u{1b}[31m", 64),
+            "x\\n2026-12-05T00:00:00Z ERROR forged\\u{1b}[31m"
+        );
+        assert_eq!(shown("evt_ab_\u{202e}4321", 64), "evt_ab_\\u{202e}4321");
+        assert_eq!(shown("a\u{200b}b\u{2028}c", 64), "a\\u{200b}b\\u{2028}c");
+        assert_eq!(
+            shown(&"y".repeat(70_000), 64),
+            format!("{}…", "y".repeat(64))
+        );
+    }
 
     #[test]
     fn event_types_keep_control_characters_json_style() {

@@ -33,7 +33,7 @@ impl RootSpanBuilder for RequestSpan {
             "request",
             request_id = %id.map(|id| id.to_string()).unwrap_or_default(),
             method = %request.method(),
-            path = %crate::telemetry::ClientText::new(request.path(), MAX_LOGGED_PATH),
+            path = %crate::ids::ClientText::new(request.path(), MAX_LOGGED_PATH),
         )
     }
 

@@ -117,7 +117,7 @@ impl Failed {
     level = "error",
     skip_all,
     fields(
-        source = %crate::telemetry::ClientText::new(path.as_str(), 64),
+        source = %crate::ids::ClientText::new(path.as_str(), 64),
         event.id = tracing::field::Empty
     )
 )]

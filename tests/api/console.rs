@@ -812,3 +812,49 @@ async fn the_event_page_shows_deliveries_per_target_and_redelivers_the_event() {
         .iter()
         .all(|r| r.header("idempotency-key") == key));
 }
+
+#[actix_web::test]
+async fn an_id_with_a_bidi_override_is_shown_with_it_escaped_not_reversed() {
+    // GitHub's delivery id is not signed: a captured delivery re-posted under
+    // `evt_ab_\u{202e}4321` would read as `evt_ab_1234` were the override rendered.
+    let app = TestApp::spawn().await;
+    let id = "evt_ab_\u{202e}4321";
+    let body = r#"{"zen":"bidi"}"#;
+    let signed = delivery_for(&app.config, "github", body, "placeholder", unix_now());
+    let mut request = client().post(format!("{}/webhooks/github", app.address));
+    for (name, value) in &signed.headers {
+        let value = if name.eq_ignore_ascii_case("X-GitHub-Delivery") {
+            id
+        } else {
+            value.as_str()
+        };
+        let value = awc::http::header::HeaderValue::from_bytes(value.as_bytes()).expect("bytes");
+        request = request.insert_header((name.as_str(), value));
+    }
+    let answer = read(request.send_body(body).await.expect("answered")).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+
+    let cookie = log_in(&app).await;
+    let list = get_page(&app, "/console/events", Some(&cookie))
+        .await
+        .text();
+    assert!(list.contains(r"evt_ab_\u{202e}4321"), "{list}");
+    assert!(!list.contains('\u{202e}'), "the override reached the page");
+    let page = get_page(
+        &app,
+        &format!(
+            "/console/event?source=github&id={}",
+            form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>()
+        ),
+        Some(&cookie),
+    )
+    .await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    // Its heading shows the escape (the redeliver form keeps the id itself, to post it back).
+    assert!(
+        page.text()
+            .contains(r#"id="event-id">evt_ab_\u{202e}4321<"#),
+        "{}",
+        page.text()
+    );
+}

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use maud::{html, Markup};
 
-use super::html::{link, page, redirect, respond, show_body, time};
+use super::html::{link, page, redirect, respond, show_body, time, visible};
 use super::{check_csrf, field, message, Refused, Session};
 use crate::db::deliveries::DeliveryView;
 use crate::db::events::{self, StoredEvent};
@@ -292,10 +292,10 @@ pub async fn show(
         @if let Some((ok, text)) = notice(&which, &session) {
             p class=(if ok { "notice" } else { "error" }) id="notice" { (text) }
         }
-        h1 id="event-id" { (which.id) }
+        h1 id="event-id" { (visible(&which.id)) }
         dl class="facts" {
             dt { "Source" } dd { (which.source) }
-            dt { "Type" } dd id="event-type" { (stored.event_type.as_deref().unwrap_or("")) }
+            dt { "Type" } dd id="event-type" { (visible(stored.event_type.as_deref().unwrap_or(""))) }
             dt { "Received" } dd { (time(stored.received_at)) }
             dt { "Stored status" } dd id="stored-status" { (status) }
             dt { "Replays" } dd id="replays" { (replays) }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use maud::{html, Markup};
 
-use super::html::{link, page, respond, time};
+use super::html::{link, page, respond, time, visible};
 use super::{Refused, Session};
 use crate::config::parse_time_or_ago;
 use crate::db::events::{self, Filter, Listed};
@@ -243,10 +243,10 @@ pub async fn list(
                             td {
                                 a class="event-link"
                                     href=(link("/console/event", &[("source", source), ("id", event_id)])) {
-                                    (event_id)
+                                    (visible(event_id))
                                 }
                             }
-                            td { (event_type.as_deref().unwrap_or("")) }
+                            td { (visible(event_type.as_deref().unwrap_or(""))) }
                             td class="num" { @if let Some(status) = status { (status) } }
                             td class="num" {
                                 (*replays as u64 + state.replay_counts.unflushed_replays(source, event_id))

@@ -218,6 +218,14 @@ pub fn guarded(mut builder: actix_web::HttpResponseBuilder) -> actix_web::HttpRe
     builder
 }
 
+/// An event id or type as the console shows it: a control or format character (a bidi
+/// override, a zero width, a line separator) written as its escape (`\u{202e}`), so two ids
+/// that read alike are told apart (`evt_ab_\u{202e}4321` is not `evt_ab_1234`). Letters of any
+/// script are shown as they are; maud escapes the HTML.
+pub fn visible(text: &str) -> String {
+    crate::ids::ClientText::new(text, usize::MAX).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
