@@ -88,6 +88,15 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
             )));
         }
     }
+    // A header HTTP cannot carry (a CR or LF in --event-id or --event-type) is the command
+    // line's to change, as replay says before it sends anything.
+    for (name, value) in &signed.headers {
+        client::header_pair(name, value).map_err(|e| {
+            SendError::Usage(format!(
+                "{e}: check --event-id and --event-type; nothing was sent"
+            ))
+        })?;
+    }
     let request = Request {
         url: signing::with_query(
             &options.to.url_for(options.source.as_str()),
