@@ -640,6 +640,10 @@ fn connect_hint(message: &str) -> &'static str {
         "check the user and password in DATABASE_URL or [database].url"
     } else if message.contains("timeout expired") {
         "nothing answered within connect_timeout: is the host reachable, and is it PostgreSQL?"
+    } else if message.contains("invalid ") {
+        // libpq's own reading of the URL: "invalid port number", "invalid sslmode value",
+        // "invalid connection option", "invalid URI query parameter".
+        "libpq cannot read the URL itself: fix it in DATABASE_URL or [database].url"
     } else {
         "is PostgreSQL running? set DATABASE_URL or [database].url"
     }
