@@ -502,19 +502,7 @@ async fn an_id_header_beyond_ascii_is_kept_so_export_and_replay_as_is_carry_it()
     let app = TestApp::spawn().await;
     let id = format!("café_{}", unique_id("gh"));
     let body = r#"{"zen":"non-ascii ids"}"#;
-    let signed = delivery_for(&app.config, "github", body, "placeholder", unix_now());
-    let mut request = client().post(format!("{}/webhooks/github", app.address));
-    for (name, value) in &signed.headers {
-        let value = if name.eq_ignore_ascii_case("X-GitHub-Delivery") {
-            id.as_str()
-        } else {
-            value.as_str()
-        };
-        let value = awc::http::header::HeaderValue::from_bytes(value.as_bytes()).expect("bytes");
-        request = request.insert_header((name.as_str(), value));
-    }
-    let answer = read(request.send_body(body).await.expect("answered")).await;
-    assert_eq!(answer.status, 200, "{}", answer.text());
+    send_github_as(&app, &id, body).await;
 
     let config = TempFile::new(&config_text(&app.db.url, ""));
     let lines = export(&config, &["--source", "github"]).await;

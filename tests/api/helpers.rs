@@ -1082,3 +1082,21 @@ pub fn run_into_a_closed_pipe(args: &[&str]) -> (i32, String) {
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
+
+/// Posts `body` to the `github` source of `app`, signed, under the delivery id `id` sent as its
+/// UTF-8 bytes (which a `&str` header value cannot carry beyond ASCII). Asserts it is 200.
+pub async fn send_github_as(app: &TestApp, id: &str, body: &str) {
+    let signed = delivery_for(&app.config, "github", body, "placeholder", unix_now());
+    let mut request = client().post(format!("{}/webhooks/github", app.address));
+    for (name, value) in &signed.headers {
+        let value = if name.eq_ignore_ascii_case("X-GitHub-Delivery") {
+            id
+        } else {
+            value.as_str()
+        };
+        let value = awc::http::header::HeaderValue::from_bytes(value.as_bytes()).expect("bytes");
+        request = request.insert_header((name.as_str(), value));
+    }
+    let answer = read(request.send_body(body.to_owned()).await.expect("answered")).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+}

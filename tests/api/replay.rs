@@ -982,6 +982,18 @@ async fn a_dry_run_never_prints_a_secret_a_scheme_sends_as_it_is() {
     );
 }
 
+/// Waits for `child` (off the test's thread), asserts it exited 0, and gives its stdout.
+async fn succeeded(child: std::process::Child) -> String {
+    let output = actix_web::rt::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("the waiting thread")
+        .expect("the command ends");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    stdout
+}
+
 #[actix_web::test]
 async fn a_capture_from_a_pipe_or_a_fifo_is_read_once_and_replayed_whole() {
     // `hookbox export | hookbox replay -` and `replay <(hookbox export)`: a pipe gives its
@@ -1004,17 +1016,7 @@ async fn a_capture_from_a_pipe_or_a_fifo_is_read_once_and_replayed_whole() {
 
     let mut child = run("-");
     std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), &text).expect("write");
-    let output = actix_web::rt::task::spawn_blocking(move || child.wait_with_output())
-        .await
-        .expect("the waiting thread")
-        .expect("replay ends");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = succeeded(child).await;
     assert_eq!(counter.arrivals.lock().expect("lock").len(), 5, "{stdout}");
 
     let dir = TempDir::new();
@@ -1030,18 +1032,8 @@ async fn a_capture_from_a_pipe_or_a_fifo_is_read_once_and_replayed_whole() {
     };
     let child = run(&fifo.to_string_lossy());
     let pid = child.id();
-    let output = actix_web::rt::task::spawn_blocking(move || child.wait_with_output())
-        .await
-        .expect("the waiting thread")
-        .expect("replay ends");
+    let stdout = succeeded(child).await;
     writer.join().expect("the writer");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     // Replayed again: the receiver counts every arrival.
     assert_eq!(counter.arrivals.lock().expect("lock").len(), 10, "{stdout}");
     // Its copy is gone with it.

@@ -52,22 +52,21 @@ async fn send_and_replay_need_only_the_secret_of_the_source_they_sign_for() {
     let body =
         TempFile::with_extension(stripe_event(&id, "charge.succeeded", 1).as_bytes(), "json");
 
+    let replay_body = |source: &'static str| {
+        let (address, config, body) = (app.address.clone(), config.path(), body.path());
+        async move {
+            run_hookbox_async(&[
+                "replay", "--to", &address, "--config", &config, "--source", source, &body,
+            ])
+            .await
+        }
+    };
     let args = ["--source", "stripe", "--config", &config.path()];
     let (code, out, stderr) = send_body(&app, &args, &body).await;
     assert_eq!(code, 0, "{out}{stderr}");
     assert!(out.contains("200 OK: processed"), "{out}");
 
-    let (code, out, stderr) = run_hookbox_async(&[
-        "replay",
-        "--to",
-        &app.address,
-        "--config",
-        &config.path(),
-        "--source",
-        "stripe",
-        &body.path(),
-    ])
-    .await;
+    let (code, out, stderr) = replay_body("stripe").await;
     assert_eq!(code, 0, "{out}{stderr}");
     let replayed = format!("{out}{stderr}")
         .lines()
@@ -83,17 +82,7 @@ async fn send_and_replay_need_only_the_secret_of_the_source_they_sign_for() {
         )),
         "{stderr}"
     );
-    let (code, out, stderr) = run_hookbox_async(&[
-        "replay",
-        "--to",
-        &app.address,
-        "--config",
-        &config.path(),
-        "--source",
-        "ledger",
-        &body.path(),
-    ])
-    .await;
+    let (code, out, stderr) = replay_body("ledger").await;
     assert_eq!(code, 2, "the environment must change first: {out}{stderr}");
     assert!(
         stderr.contains(unset) && stderr.contains("nothing was sent"),
