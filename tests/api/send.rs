@@ -104,6 +104,20 @@ async fn a_header_id_scheme_takes_event_id_or_a_fresh_one_and_a_wrong_secret_exi
         "--secret",
         "It's a Secret to Everybody",
     ];
+    // An id HTTP cannot carry is the command line's to change: nothing is sent.
+    let injected: Vec<&str> = keys
+        .iter()
+        .copied()
+        .chain(["--event-id", "a\r\nX-Injected: 1"])
+        .collect();
+    let (code, out, stderr) = send_body(&app, &injected, &body).await;
+    assert_eq!(code, 2, "{out}{stderr}");
+    assert!(
+        stderr.contains("--event-id") && stderr.contains("nothing was sent"),
+        "{stderr}"
+    );
+    assert_eq!(app.db.count("events"), 0);
+
     let with_id: Vec<&str> = keys
         .iter()
         .copied()
@@ -231,27 +245,4 @@ async fn an_id_or_type_flag_a_scheme_reads_from_the_body_is_a_usage_error_and_no
     let (code, stdout, stderr) = send_body(&app, &args, &body).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert_eq!(app.db.count("events"), 1);
-}
-
-#[actix_web::test]
-async fn an_event_id_http_cannot_carry_is_a_usage_error_and_nothing_is_sent() {
-    let app = TestApp::spawn().await;
-    let body = TempFile::with_extension(sample_body("github", "").as_bytes(), "json");
-    let args = [
-        "--source",
-        "github",
-        "--scheme",
-        "github",
-        "--secret",
-        "It's a Secret to Everybody",
-        "--event-id",
-        "a\r\nX-Injected: 1",
-    ];
-    let (code, out, stderr) = send_body(&app, &args, &body).await;
-    assert_eq!(code, 2, "{out}{stderr}");
-    assert!(
-        stderr.contains("--event-id") && stderr.contains("nothing was sent"),
-        "{stderr}"
-    );
-    assert_eq!(app.db.count("events"), 0);
 }
