@@ -846,3 +846,16 @@ async fn an_id_with_a_bidi_override_is_shown_with_it_escaped_not_reversed() {
         page.text()
     );
 }
+
+#[actix_web::test]
+async fn a_form_past_the_body_limit_is_refused_with_the_consoles_headers() {
+    // The HTTP library's own 413 for a body past its limit: no console code builds it, and it
+    // still carries every console header.
+    let app = TestApp::spawn().await;
+    let huge = "x".repeat(3 * 1024 * 1024);
+    let answer = post_form(&app, "/console/login", None, &[("token", &huge)]).await;
+    assert_eq!(answer.status, 413, "{}", answer.text());
+    assert_eq!(answer.header("Content-Security-Policy"), Some(CSP));
+    assert_eq!(answer.header("Cache-Control"), Some("no-store"));
+    assert_eq!(answer.header("X-Frame-Options"), Some("DENY"));
+}

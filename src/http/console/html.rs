@@ -206,16 +206,31 @@ pub fn redirect(location: &str) -> HttpResponse {
         .finish()
 }
 
-/// Adds the headers every console answer carries: no script, no framing, no caching of
-/// event contents, and no referrer leaking event ids.
+/// The headers every console answer carries: no script, no framing, no caching of event
+/// contents, and no referrer leaking event ids.
+const GUARDS: [(header::HeaderName, &str); 5] = [
+    (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    (header::X_FRAME_OPTIONS, "DENY"),
+    (header::REFERRER_POLICY, "no-referrer"),
+    (header::CACHE_CONTROL, "no-store"),
+];
+
+/// Adds the headers every console answer carries ([`GUARDS`]).
 pub fn guarded(mut builder: actix_web::HttpResponseBuilder) -> actix_web::HttpResponseBuilder {
+    for guard in GUARDS {
+        builder.insert_header(guard);
+    }
     builder
-        .insert_header((header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY))
-        .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
-        .insert_header((header::X_FRAME_OPTIONS, "DENY"))
-        .insert_header((header::REFERRER_POLICY, "no-referrer"))
-        .insert_header((header::CACHE_CONTROL, "no-store"));
-    builder
+}
+
+/// The same headers on whatever else the console's scope answers: the HTTP library's own
+/// refusals (a form body past its limit is its 413), which no console code builds.
+pub fn guards() -> actix_web::middleware::DefaultHeaders {
+    GUARDS.into_iter().fold(
+        actix_web::middleware::DefaultHeaders::new(),
+        |headers, guard| headers.add(guard),
+    )
 }
 
 /// An event id or type as the console shows it: a control or format character (a bidi

@@ -28,6 +28,7 @@ use html::{guarded, page, redirect, respond};
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::scope("/console")
+            .wrap(html::guards())
             // Every console answer is a console page, with its headers: a path or query the
             // console never makes too, and a path under it that names no page.
             .app_data(
