@@ -892,7 +892,7 @@ impl RawForward {
                 ConfigError::at(
                     key("url_env"),
                     format!(
-                        "the environment variable {} is not set",
+                        "the environment variable {} is not set (or is empty)",
                         crate::redact::variable_name(&var)
                     ),
                 )
@@ -1040,7 +1040,7 @@ fn http_secret(
             ConfigError::at(
                 key("secret_env"),
                 format!(
-                    "the environment variable {} is not set",
+                    "the environment variable {} is not set (or is empty)",
                     crate::redact::variable_name(&var)
                 ),
             )
@@ -2146,6 +2146,20 @@ mod tests {
             config.admin_token_warning(),
             None,
             "no token_env: off, quietly"
+        );
+    }
+
+    #[test]
+    fn a_forward_secret_env_naming_an_empty_variable_says_it_may_be_empty() {
+        let text = "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\n\
+                    [sources.s.forward]\nurl = \"http://127.0.0.1:9/\"\nsecret_env = \"HOOKBOX_EMPTY\"\n";
+        let empty = |name: &str| (name == "HOOKBOX_EMPTY").then(String::new);
+        let message = Config::parse(text, &empty)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            message.contains("HOOKBOX_EMPTY is not set (or is empty)"),
+            "{message}"
         );
     }
 
