@@ -98,7 +98,10 @@ impl EventId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum EventIdError {
     /// The delivery carries no id, or an empty one.
-    #[error("the delivery carries no event id")]
+    #[error(
+        "the delivery carries no event id where this scheme reads it (a string, or a \
+         whole number that fits in 64 bits)"
+    )]
     Missing,
     /// Longer than [`MAX_EVENT_ID_BYTES`].
     #[error("the event id is longer than 255 bytes")]

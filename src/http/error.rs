@@ -40,7 +40,10 @@ pub enum ApiError {
     #[error("the body could not be read: its chunked encoding is broken or it was cut short")]
     UnreadableBody,
     /// 400 `missing_event_id`.
-    #[error("the delivery carries no event id")]
+    #[error(
+        "the delivery carries no event id where this scheme reads it (a string, or a \
+         whole number that fits in 64 bits)"
+    )]
     MissingEventId,
     /// 400 `invalid_event_id`.
     #[error("{0}")]

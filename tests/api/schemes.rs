@@ -280,3 +280,28 @@ async fn a_source_with_rotated_secrets_accepts_either() {
     let answer = app.send(&old_key).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
 }
+
+#[actix_web::test]
+async fn a_body_id_that_is_no_string_nor_a_64_bit_number_says_what_an_id_can_be() {
+    // `"id": 10^30` is a number, but no id hookbox can store as the provider sent it.
+    let app = TestApp::spawn().await;
+    for body in [
+        r#"{"id": 1000000000000000000000000000000, "type": "x"}"#,
+        r#"{"id": 1.5, "type": "x"}"#,
+        r#"{"type": "x"}"#,
+    ] {
+        let delivery = delivery_for(&app.config, "acmejson", body, "", unix_now());
+        let answer = app.send(&delivery).await;
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (400, "missing_event_id"),
+            "{body}"
+        );
+        assert!(
+            answer.message().contains("fits in 64 bits"),
+            "{}",
+            answer.text()
+        );
+    }
+    assert_eq!(app.db.count("events"), 0);
+}
