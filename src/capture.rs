@@ -406,21 +406,44 @@ impl InputFile {
 
     /// Where its bytes are read from: the file, or the copy of a pipe.
     fn read_from(&self) -> &Path {
-        self.spool.as_ref().map_or(&self.path, |spool| &spool.0)
+        self.spool
+            .as_ref()
+            .map_or(&self.path, |spool| &spool.read_at)
     }
 }
 
 /// A pipe given to `replay` (`-` for stdin, `<(hookbox export ...)`, a named FIFO), copied once
 /// into a file of its own in the temporary directory: `replay` reads its inputs more than once
 /// (to check them, to count them, to send them), and a pipe gives its bytes only once (read
-/// again, it gave nothing, and the replay sent nothing and said it was done). Removed when the
-/// last [`InputFile`] of it goes.
-#[derive(Debug, PartialEq, Eq)]
-struct Spool(PathBuf);
+/// again, it gave nothing, and the replay sent nothing and said it was done).
+///
+/// On Linux the file is unlinked as soon as it is made and read through this process's handle
+/// to it (`/proc/self/fd/N` opens it afresh): the kernel frees it when the process ends,
+/// however it ends, so a Ctrl-C while the pipe is still being read leaves no copy of the
+/// capture behind. Elsewhere it is removed when the last [`InputFile`] of it goes.
+#[derive(Debug)]
+struct Spool {
+    /// Kept open: on Linux, the only way to the file.
+    _file: File,
+    /// Where the file is opened again to be read.
+    read_at: PathBuf,
+    /// The file's name, while it has one.
+    named: Option<PathBuf>,
+}
+
+impl PartialEq for Spool {
+    fn eq(&self, other: &Self) -> bool {
+        self.read_at == other.read_at
+    }
+}
+
+impl Eq for Spool {}
 
 impl Drop for Spool {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if let Some(named) = &self.named {
+            let _ = std::fs::remove_file(named);
+        }
     }
 }
 
@@ -429,29 +452,43 @@ fn spool(path: &Path) -> Result<Spool, String> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let failed = |e: io::Error| format!("cannot read {}: {e}", path.display());
-    let file = std::env::temp_dir().join(format!(
+    let name = std::env::temp_dir().join(format!(
         "hookbox-replay-{}-{}.spool",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
+    options.read(true).write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut copy = options.open(&file).map_err(|e| {
+    let mut copy = options.open(&name).map_err(|e| {
         format!(
             "cannot copy {} into {} to read it: {e}",
             path.display(),
-            file.display()
+            name.display()
         )
     })?;
-    let spooled = Spool(file);
+    #[cfg(target_os = "linux")]
+    let (read_at, named) = {
+        use std::os::fd::AsRawFd;
+        let _ = std::fs::remove_file(&name);
+        (
+            PathBuf::from(format!("/proc/self/fd/{}", copy.as_raw_fd())),
+            None,
+        )
+    };
+    #[cfg(not(target_os = "linux"))]
+    let (read_at, named) = (name.clone(), Some(name));
     if path.as_os_str() == "-" {
         io::copy(&mut io::stdin().lock(), &mut copy).map_err(failed)?;
     } else {
         io::copy(&mut File::open(path).map_err(failed)?, &mut copy).map_err(failed)?;
     }
-    Ok(spooled)
+    Ok(Spool {
+        _file: copy,
+        read_at,
+        named,
+    })
 }
 
 /// The files behind `replay`'s arguments: a `.json` file is one body, any other file a capture,

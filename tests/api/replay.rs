@@ -1079,3 +1079,59 @@ fn a_source_no_capture_line_is_from_is_a_usage_error_naming_the_ones_there() {
     );
     assert!(stderr.contains("nothing was sent"), "{stderr}");
 }
+
+#[test]
+fn a_replay_stopped_while_it_reads_a_pipe_leaves_no_copy_of_the_capture() {
+    // Ctrl-C while stdin is still being copied: the copy (bodies and signatures) must not stay
+    // in the temporary directory.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args([
+            "replay",
+            "-",
+            "--to",
+            "http://127.0.0.1:9",
+            "--scheme",
+            "github",
+        ])
+        .args(["--secret", "s3cret"])
+        .env_remove("DATABASE_URL")
+        .env_remove("HOOKBOX_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start hookbox replay");
+    let mut stdin = child.stdin.take().expect("stdin");
+    std::io::Write::write_all(&mut stdin, b"{\"source\":\"github\",").expect("write");
+    // Its copy is open (and, on Linux, already nameless) while the pipe is read.
+    let fds = format!("/proc/{}/fd", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let copying = || {
+        std::fs::read_dir(&fds)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                std::fs::read_link(fd.path())
+                    .is_ok_and(|to| to.to_string_lossy().contains("hookbox-replay-"))
+            })
+    };
+    while !copying() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the copy was never made"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let prefix = format!("hookbox-replay-{}-", child.id());
+    interrupt(child.id(), "-INT");
+    let _ = child.wait();
+    drop(stdin);
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .expect("the temp dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
