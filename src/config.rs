@@ -372,8 +372,9 @@ impl Config {
     /// [`Config::load`] for `send` and `replay`, which sign for the sources they are given: a
     /// source whose secret's variable is not set is left out, and returned with its error, so
     /// that sending to one source needs that source's secret only (the tools tell the error
-    /// when a delivery of that source is to be signed). Any other error is an error as for
-    /// `serve`.
+    /// when a delivery of that source is to be signed). When some variable is unset, the
+    /// sources are read without their forward targets, which signing never uses. Any other
+    /// error is an error as for `serve`.
     pub fn load_for_signing(
         path: Option<&Path>,
         env: &dyn Env,
@@ -391,9 +392,21 @@ impl Config {
                 Some(toml::Value::Table(sources)) => sources.keys().cloned().collect(),
                 _ => Vec::new(),
             };
+            // Signing needs no forward target: a target's own `secret_env` or `url_env` left
+            // unset here does not keep its source from signing.
+            let without_forwarding = |table: &mut toml::Table| {
+                if let Some(toml::Value::Table(sources)) = table.get_mut("sources") {
+                    for (_, source) in sources.iter_mut() {
+                        if let toml::Value::Table(source) = source {
+                            source.remove("forward");
+                        }
+                    }
+                }
+            };
             let mut unset = Vec::new();
             for name in names {
                 let alone = Config::parse_table(text, env, &registry, |table| {
+                    without_forwarding(table);
                     retain_sources(table, |key| key == name);
                 });
                 match alone {
@@ -402,6 +415,7 @@ impl Config {
                 }
             }
             let config = Config::parse_table(text, env, &registry, |table| {
+                without_forwarding(table);
                 retain_sources(table, |key| !unset.iter().any(|(name, _)| name == key));
             })?;
             Ok((config, unset))
@@ -1414,7 +1428,7 @@ impl RawSource {
                 ))
             }
             (Some(list), None) => list,
-            (None, Some(var)) => match env.var(&var) {
+            (None, Some(var)) => match env.var(&var).filter(|v| !v.trim().is_empty()) {
                 Some(value) => value
                     .split(',')
                     .map(str::trim)
@@ -1425,7 +1439,7 @@ impl RawSource {
                     return Err(ConfigError::at(
                         key("secrets_env"),
                         format!(
-                            "the environment variable {} is not set",
+                            "the environment variable {} is not set (or is empty)",
                             crate::redact::variable_name(&var)
                         ),
                     ))
@@ -2146,6 +2160,30 @@ mod tests {
             config.admin_token_warning(),
             None,
             "no token_env: off, quietly"
+        );
+    }
+
+    #[test]
+    fn signing_leaves_out_sources_whose_secret_is_unset_or_empty_and_needs_no_forward_secret() {
+        let text = "[sources.a]\nscheme = \"github\"\nsecrets_env = \"HOOKBOX_EMPTY\"\n\
+                    [sources.b]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\n\
+                    [sources.b.forward]\nurl = \"http://127.0.0.1:9/\"\n\
+                    secret_env = \"HOOKBOX_NOPE_UNSET\"\n";
+        let dir = std::env::temp_dir().join(format!("hookbox-signing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let file = dir.join("hookbox.toml");
+        std::fs::write(&file, text).expect("the config");
+        let empty = |name: &str| (name == "HOOKBOX_EMPTY").then(|| "  ".to_owned());
+        let (config, unset) = Config::load_for_signing(Some(&file), &empty).expect("loaded");
+        let _ = std::fs::remove_dir_all(&dir);
+        let names: Vec<&str> = config.sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["b"], "b signs without its forward target's secret");
+        assert_eq!(unset.len(), 1);
+        assert_eq!(unset[0].0, "a");
+        let message = unset[0].1.to_string();
+        assert!(
+            message.contains("HOOKBOX_EMPTY is not set (or is empty)"),
+            "{message}"
         );
     }
 

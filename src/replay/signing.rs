@@ -73,8 +73,8 @@ impl Signer {
             .into_iter()
             .map(|(name, e)| {
                 let why = format!(
-                    "config error: {e} (set it to sign for source {name:?}, or give --scheme \
-                     and --secret)"
+                    "config error: {e} (set it to sign for source {name:?}, or sign without \
+                     --config: --scheme NAME --secret S)"
                 );
                 (name, why)
             })
