@@ -38,8 +38,8 @@ impl actix_web::FromRequest for NoBody {
         let body = length > 0 || headers.contains_key(TRANSFER_ENCODING);
         std::future::ready(if body {
             Err(ApiError::InvalidQuery(
-                "this endpoint takes no body: give its parameters in the query string \
-                 (?source=&target=&since=); nothing was done"
+                "this endpoint takes no body: give its parameters in the path and the query \
+                 string; nothing was done"
                     .to_owned(),
             ))
         } else {

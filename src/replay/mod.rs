@@ -235,6 +235,11 @@ pub fn run(files: Vec<InputFile>, options: &Options) -> anyhow::Result<Tally> {
         // Counted up front (a read of every capture), so progress says "of how many".
         let total = Entries::count(&files);
         tally.total = Some(total);
+        if total == 0 {
+            // An export that failed into a pipe, or a window with no events: say so, since a
+            // summary of zeros reads like a replay that ran.
+            eprintln!("hookbox: the inputs hold no capture line and no body: nothing to replay");
+        }
         let mut progress = Progress::new(total, std::io::stderr().is_terminal());
         actix_web::rt::System::new().block_on(send_all(
             Entries::new(files),

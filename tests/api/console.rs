@@ -838,6 +838,13 @@ async fn an_id_with_a_bidi_override_is_shown_with_it_escaped_not_reversed() {
     )
     .await;
     assert_eq!(page.status, 200, "{}", page.text());
+    // The tab's title too.
+    assert!(
+        page.text()
+            .contains(r"<title>evt_ab_\u{202e}4321 · hookbox</title>"),
+        "{}",
+        page.text()
+    );
     // Its heading shows the escape (the redeliver form keeps the id itself, to post it back).
     assert!(
         page.text()

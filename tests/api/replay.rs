@@ -1135,3 +1135,21 @@ fn a_replay_stopped_while_it_reads_a_pipe_leaves_no_copy_of_the_capture() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn an_empty_input_says_there_was_nothing_to_replay() {
+    // `hookbox export ... | hookbox replay -` where the export failed: not a silent success.
+    let empty = TempFile::with_extension(b"", "ndjson");
+    let (code, stdout, stderr) = run_hookbox(
+        &[
+            "replay",
+            &empty.path(),
+            "--to",
+            "http://127.0.0.1:9",
+            "--as-is",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "an empty capture is no failure: {stdout}{stderr}");
+    assert!(stderr.contains("nothing to replay"), "{stderr}");
+}

@@ -332,7 +332,7 @@ pub async fn show(
     };
     Ok(respond(
         StatusCode::OK,
-        page(&which.id, Some(&session), main),
+        page(&visible(&which.id), Some(&session), main),
     ))
 }
 
