@@ -295,8 +295,14 @@ pub fn write_whole<T>(
         if let Ok(old) = std::fs::metadata(path) {
             let _ = std::fs::set_permissions(&partial, old.permissions());
         }
+        // Renamed under the lock an interruption takes (see `abandon_partial`): the file is
+        // either renamed whole or never, and an interruption can tell which.
+        let mut in_progress = lock_in_progress();
+        anyhow::ensure!(in_progress.is_some(), "interrupted");
         std::fs::rename(&partial, path)
             .with_context(|| format!("cannot write {}", path.display()))?;
+        *in_progress = None;
+        FINISHED.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(value)
     });
     *lock_in_progress() = None;
@@ -309,18 +315,37 @@ pub fn write_whole<T>(
 /// The partial file [`write_whole`] is writing, while it is.
 static IN_PROGRESS: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
 
+/// Whether [`write_whole`] has renamed its file into place.
+static FINISHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn lock_in_progress() -> std::sync::MutexGuard<'static, Option<PathBuf>> {
     IN_PROGRESS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// What [`abandon_partial`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abandoned {
+    /// The partial file was being written, and is removed: nothing was written.
+    Removed,
+    /// The file was already renamed into place, whole.
+    Finished,
+    /// No partial file was made yet.
+    NotStarted,
+}
+
 /// Removes the partial file [`write_whole`] is writing, if it is writing one: for an export
-/// interrupted (Ctrl-C, SIGTERM) before it finished, which then exits. Whether there was one.
-pub fn abandon_partial() -> bool {
-    match lock_in_progress().take() {
-        Some(partial) => std::fs::remove_file(partial).is_ok(),
-        None => false,
+/// interrupted (Ctrl-C, SIGTERM) before it finished, which then exits.
+pub fn abandon_partial() -> Abandoned {
+    let mut in_progress = lock_in_progress();
+    match in_progress.take() {
+        Some(partial) => {
+            let _ = std::fs::remove_file(partial);
+            Abandoned::Removed
+        }
+        None if FINISHED.load(std::sync::atomic::Ordering::SeqCst) => Abandoned::Finished,
+        None => Abandoned::NotStarted,
     }
 }
 

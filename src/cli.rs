@@ -389,9 +389,10 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
     })
 }
 
-/// At Ctrl-C (SIGINT) or SIGTERM, runs `cleanup` and exits 130: for a command that leaves
+/// At Ctrl-C (SIGINT) or SIGTERM, runs `cleanup` and exits 130 if it says so (`true`; `false`:
+/// the work is done, and the command ends as it would have): for a command that leaves
 /// something behind if it is killed where it stands (`export --out`'s partial file).
-fn exit_on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> anyhow::Result<()> {
+fn exit_on_interrupt(cleanup: impl FnOnce() -> bool + Send + 'static) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -411,8 +412,9 @@ fn exit_on_interrupt(cleanup: impl FnOnce() + Send + 'static) -> anyhow::Result<
                 _ = terminations.recv() => {}
             }
         });
-        cleanup();
-        std::process::exit(i32::from(INTERRUPTED));
+        if cleanup() {
+            std::process::exit(i32::from(INTERRUPTED));
+        }
     });
     Ok(())
 }
@@ -521,14 +523,19 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
     }
     if let Some(path) = &args.out {
         let shown = path.display().to_string();
-        exit_on_interrupt(move || {
-            if capture::abandon_partial() {
+        exit_on_interrupt(move || match capture::abandon_partial() {
+            capture::Abandoned::Removed => {
                 eprintln!(
                     "\nhookbox: export interrupted: nothing was written to {shown} (a file there \
                      is as it was)"
                 );
-            } else {
-                eprintln!("\nhookbox: export interrupted");
+                true
+            }
+            // Written whole already: the export ends as it would have.
+            capture::Abandoned::Finished => false,
+            capture::Abandoned::NotStarted => {
+                eprintln!("\nhookbox: export interrupted: nothing was written to {shown}");
+                true
             }
         })
         .map_err(|e| usage(format_args!("{e:#}")))?;
