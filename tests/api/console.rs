@@ -151,6 +151,11 @@ async fn an_address_the_console_never_makes_gets_a_console_page_with_its_headers
             400,
             "(duplicate field `source`)",
         ),
+        (
+            get_page(&app, "/console?source=stripe", Some(&cookie)).await,
+            400,
+            "unknown field `source`",
+        ),
     ] {
         assert_eq!(answer.status, status, "{}", answer.text());
         assert_eq!(answer.header("Content-Security-Policy"), Some(CSP));

@@ -16,10 +16,17 @@ use crate::metrics::UNKNOWN_SOURCE;
 use crate::purge::PurgeResult;
 use crate::state::AppState;
 
+/// The overview takes no query: one is an address the console never makes (400), as on the
+/// other pages, not a page that looks filtered and is not.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoQuery {}
+
 /// `GET /console`.
 pub async fn show(
     state: web::Data<AppState>,
     Admin(session): Admin<Session>,
+    _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
     let outbox = with_db(&state, "console outbox count", deliveries::counts).await;
     let now = current_minute();
