@@ -74,8 +74,8 @@ enum Command {
     Export(ExportArgs),
     /// Re-send captured deliveries, re-signed with a fresh timestamp like a provider's retry.
     ///
-    /// Takes NDJSON captures (from `hookbox export`), plain .json files holding one body each
-    /// (with --source), or directories of them. Each delivery is posted to
+    /// Takes NDJSON captures (from `hookbox export`; `-` for stdin), plain .json files holding
+    /// one body each (with --source), or directories of them. Each delivery is posted to
     /// {to}/webhooks/{source} and signed with the first secret of its source in the config (or
     /// --scheme and --secret; or --secret alone, each line signed by the scheme its captured
     /// signature headers show), under its captured event id and type; --as-is sends the
@@ -85,8 +85,8 @@ enum Command {
     /// Prints a summary (sent, processed, replayed, rejected by error code, failed, latency
     /// p50/p99, and each delivery that did not get a 2xx). Exit 0 when every delivery got a
     /// 2xx, 1 when any was rejected or failed (or a line could not be read), 2 on bad usage.
-    /// Ctrl-C stops sending, waits up to 5 s for the deliveries in flight, prints the summary
-    /// and writes the report so far (marked "interrupted"), and exits 130.
+    /// Ctrl-C (or SIGTERM) stops sending, waits up to 5 s for the deliveries in flight, prints
+    /// the summary and writes the report so far (marked "interrupted"), and exits 130.
     ///
     /// Example: hookbox replay stripe.ndjson --to http://127.0.0.1:8080 --report replay.json
     Replay(ReplayArgs),
@@ -169,7 +169,8 @@ struct KeyArgs {
 
 #[derive(Args, Debug)]
 struct ReplayArgs {
-    /// NDJSON captures, .json body files (with --source), or directories of them
+    /// NDJSON captures, .json body files (with --source), or directories of them; `-` for
+    /// a capture on stdin
     #[arg(value_name = "CAPTURE", required = true)]
     captures: Vec<PathBuf>,
     /// The receiver's base URL (http://127.0.0.1:8080); deliveries go to
