@@ -897,6 +897,22 @@ async fn sigterm_is_taken_as_ctrl_c_and_the_summary_and_report_still_come() {
     interrupted_replay("-TERM").await;
 }
 
+/// Starts `hookbox replay ARGS`, signed by `--scheme github --secret s3cret`, with no config
+/// and stdin, stdout and stderr piped.
+fn replay_child(args: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .arg("replay")
+        .args(args)
+        .args(["--scheme", "github", "--secret", "s3cret"])
+        .env_remove("DATABASE_URL")
+        .env_remove("HOOKBOX_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start hookbox replay")
+}
+
 /// Replays 40 deliveries to a slow receiver and stops it with `signal` after a few arrived.
 async fn interrupted_replay(signal: &str) {
     let (url, counter) = receiver(Counter {
@@ -905,16 +921,17 @@ async fn interrupted_replay(signal: &str) {
     });
     let file = github_capture(40);
     let report = TempFile::with_extension(b"", "json");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
-        .args(["replay", &file.path(), "--to", &url, "--concurrency", "2"])
-        .args(["--scheme", "github", "--secret", "s3cret"])
-        .args(["--report", &report.path()])
-        .env_remove("DATABASE_URL")
-        .env_remove("HOOKBOX_CONFIG")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start hookbox replay");
+    let path = file.path();
+    let report_path = report.path();
+    let child = replay_child(&[
+        &path,
+        "--to",
+        &url,
+        "--concurrency",
+        "2",
+        "--report",
+        &report_path,
+    ]);
     let started = Instant::now();
     while counter.arrivals.lock().expect("lock").len() < 3 {
         assert!(
@@ -1000,19 +1017,7 @@ async fn a_capture_from_a_pipe_or_a_fifo_is_read_once_and_replayed_whole() {
     // bytes once, and replay reads its inputs more than once (to check, to count, to send).
     let (url, counter) = receiver(Counter::default());
     let text = std::fs::read(github_capture(5).0.clone()).expect("the capture");
-    let run = |input: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
-            .args([
-                "replay", input, "--to", &url, "--scheme", "github", "--secret", "s3cret",
-            ])
-            .env_remove("DATABASE_URL")
-            .env_remove("HOOKBOX_CONFIG")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start hookbox replay")
-    };
+    let run = |input: &str| replay_child(&[input, "--to", &url]);
 
     let mut child = run("-");
     std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), &text).expect("write");
@@ -1084,23 +1089,7 @@ fn a_source_no_capture_line_is_from_is_a_usage_error_naming_the_ones_there() {
 fn a_replay_stopped_while_it_reads_a_pipe_leaves_no_copy_of_the_capture() {
     // Ctrl-C while stdin is still being copied: the copy (bodies and signatures) must not stay
     // in the temporary directory.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
-        .args([
-            "replay",
-            "-",
-            "--to",
-            "http://127.0.0.1:9",
-            "--scheme",
-            "github",
-        ])
-        .args(["--secret", "s3cret"])
-        .env_remove("DATABASE_URL")
-        .env_remove("HOOKBOX_CONFIG")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start hookbox replay");
+    let mut child = replay_child(&["-", "--to", "http://127.0.0.1:9"]);
     let mut stdin = child.stdin.take().expect("stdin");
     std::io::Write::write_all(&mut stdin, b"{\"source\":\"github\",").expect("write");
     // Its copy is open (and, on Linux, already nameless) while the pipe is read.
