@@ -22,27 +22,26 @@ pub struct NoBody;
 
 impl actix_web::FromRequest for NoBody {
     type Error = ApiError;
-    type Future = std::future::Ready<Result<Self, ApiError>>;
+    type Future = futures_util::future::LocalBoxFuture<'static, Result<Self, ApiError>>;
 
+    /// Reads what body there is, and refuses any byte of one: a client may send an empty body
+    /// chunked (`Transfer-Encoding: chunked` and no chunk), which is no body.
     fn from_request(
-        request: &actix_web::HttpRequest,
-        _: &mut actix_web::dev::Payload,
+        _: &actix_web::HttpRequest,
+        payload: &mut actix_web::dev::Payload,
     ) -> Self::Future {
-        use actix_web::http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-        let headers = request.headers();
-        let length = headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-        let body = length > 0 || headers.contains_key(TRANSFER_ENCODING);
-        std::future::ready(if body {
-            Err(ApiError::InvalidQuery(
-                "this endpoint takes no body: give its parameters in the path and the query \
-                 string; nothing was done"
-                    .to_owned(),
-            ))
-        } else {
+        use futures_util::StreamExt;
+        let mut payload = payload.take();
+        Box::pin(async move {
+            while let Some(chunk) = payload.next().await {
+                if !matches!(chunk, Ok(bytes) if bytes.is_empty()) {
+                    return Err(ApiError::InvalidQuery(
+                        "this endpoint takes no body: give its parameters in the path and the \
+                         query string; nothing was done"
+                            .to_owned(),
+                    ));
+                }
+            }
             Ok(NoBody)
         })
     }

@@ -171,6 +171,15 @@ async fn not_allowed(allow: &'static str) -> Result<actix_web::HttpResponse, Api
 }
 
 /// The answer to a path or method no route takes: 404 `not_found`.
-async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::NotFound)
+async fn not_found(request: actix_web::HttpRequest) -> actix_web::HttpResponse {
+    use actix_web::http::header::{HeaderValue, CACHE_CONTROL, X_CONTENT_TYPE_OPTIONS};
+    use actix_web::ResponseError;
+    let mut answer = ApiError::NotFound.error_response();
+    // A path under /admin that is no route is answered as the admin API's answers are.
+    if request.path() == "/admin" || request.path().starts_with("/admin/") {
+        let headers = answer.headers_mut();
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    }
+    answer
 }

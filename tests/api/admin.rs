@@ -295,11 +295,32 @@ async fn an_admin_post_with_a_body_does_nothing_and_admin_answers_are_never_cach
     assert_eq!(plain.status, 202, "{}", plain.text());
     assert_eq!(plain.json(), serde_json::json!({"requeued": 0}));
 
+    // Sent chunked, a body is refused as well; an empty chunked body (no chunk at all) is
+    // no body, and is served.
+    for (chunks, status) in [(vec!["target=nosuch"], 400), (vec![], 202)] {
+        let stream = futures_util::stream::iter(chunks.into_iter().map(|chunk| {
+            Ok::<_, std::io::Error>(actix_web::web::Bytes::from_static(chunk.as_bytes()))
+        }));
+        let sent = client()
+            .post(format!(
+                "{}/admin/deliveries/requeue?source=nosuch",
+                app.address
+            ))
+            .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+            .send_stream(stream)
+            .await
+            .expect("the admin API answers");
+        let answer = read(sent).await;
+        assert_eq!(answer.status, status, "{}", answer.text());
+    }
+
     // Answers hold payloads and kept signatures: no cache keeps them, refusals included.
     for (path, token) in [
         ("/admin/events", Some(ADMIN_TOKEN)),
         ("/admin/events/github/nope", Some(ADMIN_TOKEN)),
         ("/admin/events", None),
+        ("/admin/nosuch", Some(ADMIN_TOKEN)),
+        ("/admin", None),
     ] {
         let answer = app.get(path, token).await;
         assert_eq!(answer.header("Cache-Control"), Some("no-store"), "{path}");
