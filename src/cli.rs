@@ -328,7 +328,9 @@ fn finish(result: anyhow::Result<()>) -> Result<ExitCode, Exit> {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("hookbox: error: {e:#}");
-            Ok(ExitCode::from(1))
+            // A URL libpq cannot read is bad config, whichever command found it.
+            let config = e.downcast_ref::<crate::db::UnreadableUrl>().is_some();
+            Ok(ExitCode::from(if config { USAGE } else { 1 }))
         }
     }
 }

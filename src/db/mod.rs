@@ -628,6 +628,10 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<D
     })
 }
 
+/// [`connect_hint`]'s words for a URL libpq cannot read.
+const UNREADABLE_URL: &str =
+    "libpq cannot read the URL itself: fix it in DATABASE_URL or [database].url";
+
 /// What to check when PostgreSQL refused or never answered a connection, from libpq's words.
 fn connect_hint(message: &str) -> &'static str {
     if message.contains("database") && message.contains("does not exist") {
@@ -643,11 +647,18 @@ fn connect_hint(message: &str) -> &'static str {
     } else if message.contains("invalid ") {
         // libpq's own reading of the URL: "invalid port number", "invalid sslmode value",
         // "invalid connection option", "invalid URI query parameter".
-        "libpq cannot read the URL itself: fix it in DATABASE_URL or [database].url"
+        UNREADABLE_URL
     } else {
         "is PostgreSQL running? set DATABASE_URL or [database].url"
     }
 }
+
+/// A database URL that libpq itself cannot read (a port that is no number, an unknown
+/// `sslmode`): a config error, which the command line answers with exit 2, not a failure to
+/// reach a server that a retry could mend.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UnreadableUrl(String);
 
 /// Connects once, outside the pool, with an error that says what to check.
 pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
@@ -656,10 +667,19 @@ pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
             .map(AnyConnection::Postgres)
             .map_err(|e| {
                 let message = crate::redact::message_about(&e.to_string(), url);
+                let hint = connect_hint(&message);
+                if hint == UNREADABLE_URL {
+                    // Where to fix it is known: where the URL came from.
+                    return anyhow::Error::new(UnreadableUrl(format!(
+                        "cannot connect to the database at {} (libpq cannot read the URL \
+                         itself: fix it in {}): {message}",
+                        config.display_url(),
+                        config.url_from.describe(),
+                    )));
+                }
                 anyhow::anyhow!(
-                    "cannot connect to the database at {} ({}): {message}",
+                    "cannot connect to the database at {} ({hint}): {message}",
                     config.display_url(),
-                    connect_hint(&message)
                 )
             }),
         Store::SqliteFile(path) => sqlite::connect(path, Duration::from_secs(5))

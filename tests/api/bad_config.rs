@@ -208,15 +208,22 @@ fn a_database_that_is_not_there_or_never_answers_is_named_for_what_it_is() {
     assert!(stderr.contains("createdb"), "{stderr}");
     assert!(!stderr.contains("is PostgreSQL running"), "{stderr}");
 
-    // A URL libpq cannot read (a bad sslmode): the URL is named, not the server.
-    let unreadable = format!("{}?sslmode=sometimes", with_database(&server_url(), "x"));
-    let (code, _, stderr) = run_hookbox(
-        &["migrate", "--config", "/dev/null"],
-        &[("DATABASE_URL", &unreadable)],
-    );
-    assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains("cannot read the URL"), "{stderr}");
-    assert!(!stderr.contains("is PostgreSQL running"), "{stderr}");
+    // A URL libpq cannot read (a bad sslmode, a port that is none): the URL is named, not
+    // the server, and it is bad config (exit 2), which no retry mends.
+    for unreadable in [
+        format!("{}?sslmode=sometimes", with_database(&server_url(), "x")),
+        "postgres://postgres@127.0.0.1:99999/x".to_owned(),
+    ] {
+        for command in ["migrate", "export", "purge"] {
+            let (code, _, stderr) = run_hookbox(
+                &[command, "--config", "/dev/null"],
+                &[("DATABASE_URL", &unreadable)],
+            );
+            assert_eq!(code, 2, "{command} {unreadable}: {stderr}");
+            assert!(stderr.contains("cannot read the URL"), "{stderr}");
+            assert!(!stderr.contains("is PostgreSQL running"), "{stderr}");
+        }
+    }
 
     // A host that takes the connection and never answers: without a connect_timeout in the
     // URL, hookbox's own (10 s) ends the wait, instead of waiting forever in silence.

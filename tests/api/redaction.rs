@@ -59,10 +59,11 @@ fn connection_errors_show_no_password_even_where_libpq_quotes_one() {
     );
     let malformed = format!("postgres://postgres@127.0.0.1:1/db?password={SECRET}%zz");
     let malformed_userinfo = format!("postgres://postgres:{SECRET}%zz@127.0.0.1:1/db");
-    for url in [unreachable, malformed, malformed_userinfo] {
+    // A URL libpq cannot read is bad config (exit 2); one it reads and cannot reach, 1.
+    for (url, exit) in [(unreachable, 1), (malformed, 2), (malformed_userinfo, 2)] {
         for command in ["migrate", "export"] {
             let (code, stdout, stderr) = run_hookbox(&[command], &[("DATABASE_URL", &url)]);
-            assert_eq!(code, 1, "{command} with {url}: {stdout}{stderr}");
+            assert_eq!(code, exit, "{command} with {url}: {stdout}{stderr}");
             assert!(stderr.contains("cannot connect"), "{command}: {stderr}");
             assert_redacted(&stdout);
             assert_redacted(&stderr);
