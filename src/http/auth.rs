@@ -34,8 +34,12 @@ pub struct Admin<P>(pub P);
 /// The admin API's way: `Authorization: Bearer <token>`.
 pub struct Bearer;
 
-/// The console's login form: the token in its `token` field.
-pub struct Login;
+/// The console's login form: the token in its `token` field, and where to go once logged in
+/// (its `next` field: the console address the browser was sent away from, if it was one).
+pub struct Login {
+    /// A console address ([`super::console::back_to`]), or none for the overview.
+    pub next: Option<String>,
+}
 
 /// Whether `given` is the admin token. The comparison is over SHA-256 digests with `subtle`,
 /// so it takes the same time whatever the token's length or first wrong byte.
@@ -88,13 +92,16 @@ impl FromRequest for Admin<Session> {
         if state.admin_token.is_none() {
             return ready(Err(Refused::Off));
         }
-        ready(
-            state
-                .sessions
-                .find(request)
-                .map(Admin)
-                .ok_or(Refused::LoggedOut),
-        )
+        ready(state.sessions.find(request).map(Admin).ok_or_else(|| {
+            // A page asked for (a link from an alert, a bookmark) is where the login leads.
+            let asked = request.uri().path_and_query().map(|a| a.as_str());
+            let back = (request.method() == actix_web::http::Method::GET)
+                .then_some(asked)
+                .flatten()
+                .and_then(super::console::back_to)
+                .map(str::to_owned);
+            Refused::LoggedOut(back)
+        }))
     }
 }
 
@@ -110,16 +117,22 @@ impl FromRequest for Admin<Login> {
                 return Err(Refused::Off.into());
             };
             let body = body.await?;
-            let given = form_urlencoded::parse(&body)
-                .find(|(name, _)| name == "token")
-                .map(|(_, value)| value.into_owned())
-                .unwrap_or_default();
+            let field = |wanted: &str| {
+                form_urlencoded::parse(&body)
+                    .find(|(name, _)| name == wanted)
+                    .map(|(_, value)| value.into_owned())
+            };
+            let given = field("token").unwrap_or_default();
+            let next = field("next")
+                .as_deref()
+                .and_then(super::console::back_to)
+                .map(str::to_owned);
             // As the configured token, whitespace around it is not part of it (a paste).
             if is_admin_token(&expected, given.trim()) {
-                Ok(Admin(Login))
+                Ok(Admin(Login { next }))
             } else {
                 tracing::warn!("console login refused: wrong token");
-                Err(Refused::WrongToken.into())
+                Err(Refused::WrongToken(next).into())
             }
         })
     }

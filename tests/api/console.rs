@@ -178,16 +178,20 @@ async fn without_a_session_every_page_redirects_to_the_login_form() {
     let app = TestApp::spawn().await;
     let forged = "hookbox_console=not-a-session";
     for cookie in [None, Some(forged)] {
-        for path in [
-            "/console",
-            "/console/",
-            "/console/events",
-            "/console/event?source=stripe&id=x",
+        // The login leads back to the page asked for (the overview needs no `next`).
+        for (path, login) in [
+            ("/console", "/console/login"),
+            ("/console/", "/console/login"),
+            ("/console/events", "/console/login?next=%2Fconsole%2Fevents"),
+            (
+                "/console/event?source=stripe&id=x",
+                "/console/login?next=%2Fconsole%2Fevent%3Fsource%3Dstripe%26id%3Dx",
+            ),
         ] {
             let answer = get_page(&app, path, cookie).await;
             assert_eq!(
                 (answer.status, answer.header("Location")),
-                (303, Some("/console/login")),
+                (303, Some(login)),
                 "{path} {cookie:?}"
             );
         }
@@ -207,6 +211,65 @@ async fn without_a_session_every_page_redirects_to_the_login_form() {
     assert_eq!(form.status, 200);
     assert!(form.text().contains("name=\"token\""));
     assert_eq!(form.header("Content-Security-Policy"), Some(CSP));
+}
+
+#[actix_web::test]
+async fn a_link_to_a_page_leads_there_through_the_login() {
+    // An operator paged at night follows a link to an event's page: after the login, that
+    // page, not the overview, and still after a mistyped token first.
+    let app = TestApp::spawn().await;
+    let page = "/console/event?source=stripe&id=evt_linked";
+    let sent_away = get_page(&app, page, None).await;
+    let login = sent_away
+        .header("Location")
+        .expect("to the login")
+        .to_owned();
+    let form = get_page(&app, &login, None).await;
+    assert_eq!(form.status, 200);
+    let hidden = format!("name=\"next\" value=\"{}\"", page.replace('&', "&amp;"));
+    assert!(form.text().contains(&hidden), "{}", form.text());
+
+    let mistyped = post_form(
+        &app,
+        "/console/login",
+        None,
+        &[("token", "nope"), ("next", page)],
+    )
+    .await;
+    assert_eq!(mistyped.status, 401);
+    assert!(mistyped.text().contains(&hidden), "{}", mistyped.text());
+
+    let logged_in = post_form(
+        &app,
+        "/console/login",
+        None,
+        &[("token", ADMIN_TOKEN), ("next", page)],
+    )
+    .await;
+    assert_eq!(
+        (logged_in.status, logged_in.header("Location")),
+        (303, Some(page))
+    );
+    // Logged in already, the form's link goes straight on.
+    let cookie = log_in(&app).await;
+    let again = get_page(&app, &login, Some(&cookie)).await;
+    assert_eq!((again.status, again.header("Location")), (303, Some(page)));
+
+    // Never anywhere but a console page, whatever the link says.
+    for elsewhere in ["//evil.example/", "https://evil.example/", "/admin/events"] {
+        let answer = post_form(
+            &app,
+            "/console/login",
+            None,
+            &[("token", ADMIN_TOKEN), ("next", elsewhere)],
+        )
+        .await;
+        assert_eq!(
+            (answer.status, answer.header("Location")),
+            (303, Some("/console")),
+            "{elsewhere}"
+        );
+    }
 }
 
 #[actix_web::test]

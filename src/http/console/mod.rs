@@ -58,12 +58,14 @@ pub enum Refused {
     /// No admin token is configured: 404, as if there were no console.
     #[error("the console is off")]
     Off,
-    /// No live session: 303 to the login form.
+    /// No live session: 303 to the login form, which leads back to the console address
+    /// asked for, if any.
     #[error("not logged in")]
-    LoggedOut,
-    /// A login with a token that is not the admin token: 401 and the form again.
+    LoggedOut(Option<String>),
+    /// A login with a token that is not the admin token: 401 and the form again (still leading
+    /// to the address it was to lead to).
     #[error("the token was not accepted")]
-    WrongToken,
+    WrongToken(Option<String>),
     /// A POST without the session's CSRF token: 403.
     #[error("the form's CSRF token is missing or wrong")]
     Forged,
@@ -83,8 +85,8 @@ impl ResponseError for Refused {
     fn status_code(&self) -> StatusCode {
         match self {
             Refused::Off => StatusCode::NOT_FOUND,
-            Refused::LoggedOut => StatusCode::SEE_OTHER,
-            Refused::WrongToken => StatusCode::UNAUTHORIZED,
+            Refused::LoggedOut(_) => StatusCode::SEE_OTHER,
+            Refused::WrongToken(_) => StatusCode::UNAUTHORIZED,
             Refused::Forged => StatusCode::FORBIDDEN,
             Refused::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -93,10 +95,16 @@ impl ResponseError for Refused {
     fn error_response(&self) -> HttpResponse {
         match self {
             Refused::Off => ApiError::NotFound.error_response(),
-            Refused::LoggedOut => redirect("/console/login"),
-            Refused::WrongToken => {
-                login_page(self.status_code(), Some("That token was not accepted."))
-            }
+            Refused::LoggedOut(None) => redirect("/console/login"),
+            Refused::LoggedOut(Some(back)) => redirect(&format!(
+                "/console/login?next={}",
+                form_urlencoded::byte_serialize(back.as_bytes()).collect::<String>()
+            )),
+            Refused::WrongToken(next) => login_page(
+                self.status_code(),
+                Some("That token was not accepted."),
+                next.as_deref(),
+            ),
             Refused::Forged => message(
                 self.status_code(),
                 "Refused",
@@ -170,13 +178,37 @@ fn message(status: StatusCode, title: &str, text: &str) -> HttpResponse {
     respond(status, page(title, None, main))
 }
 
-fn login_page(status: StatusCode, error: Option<&str>) -> HttpResponse {
+/// The console address `address` (a path and query, as a browser asked for it) names, to be
+/// led back to after logging in; none for the overview itself or an address that is not the
+/// console's own (only a path under `/console` is ever a redirect's target, so a link cannot
+/// lead a login elsewhere).
+pub(crate) fn back_to(address: &str) -> Option<&str> {
+    /// Longer is no address the console makes (and would make the login's own URL long).
+    const LONGEST: usize = 2048;
+    let (path, query) = address.split_once('?').unwrap_or((address, ""));
+    let page = path.strip_prefix("/console/")?;
+    // The console's page names are letters, digits and `/-_`: no dot segment, escaped or not,
+    // that a browser would resolve to elsewhere, and no `//`.
+    let named = !page.is_empty()
+        && !page.starts_with("login")
+        && !path.contains("//")
+        && page
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_'));
+    let plain_query = query.bytes().all(|b| b.is_ascii_graphic() && b != b'\\');
+    (named && plain_query && address.len() <= LONGEST).then_some(address)
+}
+
+fn login_page(status: StatusCode, error: Option<&str>, next: Option<&str>) -> HttpResponse {
     let main = html! {
         h1 { "hookbox console" }
         @if let Some(error) = error {
             p class="error" id="login-error" { (error) }
         }
         form class="login" method="post" action="/console/login" {
+            @if let Some(next) = next {
+                input type="hidden" name="next" value=(next);
+            }
             label {
                 "Admin token"
                 input type="password" name="token" id="token" autocomplete="current-password"
@@ -192,11 +224,19 @@ fn login_page(status: StatusCode, error: Option<&str>) -> HttpResponse {
     respond(status, page("Log in", None, main))
 }
 
-/// `GET /console/login`: the form, or on to the overview when already logged in.
-async fn login_form(session: Result<Admin<Session>, Refused>) -> Result<HttpResponse, Refused> {
+/// `GET /console/login[?next=ADDRESS]`: the form, or on to the overview (or `next`) when
+/// already logged in.
+async fn login_form(
+    request: HttpRequest,
+    session: Result<Admin<Session>, Refused>,
+) -> Result<HttpResponse, Refused> {
+    let next = form_urlencoded::parse(request.query_string().as_bytes())
+        .find(|(name, _)| name == "next")
+        .map(|(_, value)| value.into_owned());
+    let next = next.as_deref().and_then(back_to);
     match session {
-        Ok(_) => Ok(redirect("/console")),
-        Err(Refused::LoggedOut) => Ok(login_page(StatusCode::OK, None)),
+        Ok(_) => Ok(redirect(next.unwrap_or("/console"))),
+        Err(Refused::LoggedOut(_)) => Ok(login_page(StatusCode::OK, None, next)),
         Err(refused) => Err(refused),
     }
 }
@@ -206,13 +246,20 @@ fn over_https(request: &HttpRequest) -> bool {
     request.connection_info().scheme() == "https"
 }
 
-/// `POST /console/login` with `token=...`: a session cookie and the overview; a wrong token
-/// gets 401 and the form again ([`Admin<Login>`]).
-async fn login(state: web::Data<AppState>, request: HttpRequest, _: Admin<Login>) -> HttpResponse {
+/// `POST /console/login` with `token=...` (and `next=ADDRESS`): a session cookie and the
+/// overview (or `next`); a wrong token gets 401 and the form again ([`Admin<Login>`]).
+async fn login(
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    Admin(login): Admin<Login>,
+) -> HttpResponse {
     let id = state.sessions.start();
     tracing::info!("console login");
     guarded(HttpResponse::SeeOther())
-        .insert_header((header::LOCATION, "/console"))
+        .insert_header((
+            header::LOCATION,
+            login.next.as_deref().unwrap_or("/console"),
+        ))
         .cookie(session::cookie(id, over_https(&request)))
         .finish()
 }
@@ -230,4 +277,42 @@ async fn logout(
         .insert_header((header::LOCATION, "/console/login"))
         .cookie(session::removal_cookie(over_https(&request)))
         .finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::back_to;
+
+    #[test]
+    fn a_login_leads_back_only_to_a_console_page() {
+        for page in [
+            "/console/events",
+            "/console/events?source=stripe&before=2026-12-05T10%3A00%3A00Z",
+            "/console/event?source=stripe&id=evt_1",
+        ] {
+            assert_eq!(back_to(page), Some(page), "{page}");
+        }
+        for elsewhere in [
+            "/console",
+            "/console/",
+            "/console?x=1",
+            "/console/login",
+            "/console/login?next=/console/events",
+            "//evil.example/console/events",
+            "https://evil.example/console/events",
+            "/console//evil.example",
+            "/console/../admin/events",
+            "/console/%2e%2e/admin/events",
+            "/consoleevil",
+            "/admin/events",
+            "/console/event?id=a\\b",
+            "/console/event?id=a b",
+        ] {
+            assert_eq!(back_to(elsewhere), None, "{elsewhere}");
+        }
+        assert_eq!(
+            back_to(&format!("/console/event?id={}", "x".repeat(3000))),
+            None
+        );
+    }
 }
