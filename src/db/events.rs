@@ -535,43 +535,23 @@ pub fn find(
         .optional())
 }
 
-/// An event in the admin API's list: source, event id, type, received time, stored status.
-pub type Summary = (String, String, Option<String>, DateTime<Utc>, Option<i16>);
-
-/// The admin API's list: up to `limit` events, newest first, of `source` (or all) received at
-/// or after `since`.
-pub fn recent(
-    conn: &mut AnyConnection,
-    source: Option<&str>,
-    since: Option<DateTime<Utc>>,
-    limit: i64,
-) -> QueryResult<Vec<Summary>> {
-    if source.is_some_and(|s| !storable(s)) {
-        return Ok(Vec::new());
-    }
-    on_backend!(conn, c => {
-        let mut select = events::table
-            .select((
-                events::source,
-                events::event_id,
-                events::event_type,
-                events::received_at,
-                events::response_status,
-            ))
-            .order((events::received_at.desc(), events::id.desc()))
-            .limit(limit)
-            .into_boxed();
-        if let Some(source) = source {
-            select = select.filter(events::source.eq(source.to_owned()));
-        }
-        if let Some(since) = since {
-            select = select.filter(events::received_at.ge(since));
-        }
-        select.load(c)
-    })
+/// A place in the newest-first list of events, for the next page (the console's `before`,
+/// the admin API's `before` and `next_before`): the `(received_at, row)` of the last event
+/// listed, written `{received_at in µs}.{row}`.
+pub fn cursor(received_at: DateTime<Utc>, row: i64) -> String {
+    format!("{}.{row}", received_at.timestamp_micros())
 }
 
-/// Which events the console lists (`None`: any).
+/// Reads a [`cursor`]; `None` when it is not one.
+pub fn parse_cursor(text: &str) -> Option<(DateTime<Utc>, i64)> {
+    let (micros, row) = text.trim().split_once('.')?;
+    Some((
+        DateTime::from_timestamp_micros(micros.parse().ok()?)?,
+        row.parse().ok()?,
+    ))
+}
+
+/// Which events the console and the admin API list (`None`: any).
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     /// Only this source's.
@@ -590,7 +570,7 @@ pub struct Filter {
     pub before: Option<(DateTime<Utc>, i64)>,
 }
 
-/// An event in the console's list: row, source, event id, type, received time, stored status,
+/// An event in a list: row, source, event id, type, received time, stored status,
 /// replays flushed.
 pub type Listed = (
     i64,
@@ -602,7 +582,8 @@ pub type Listed = (
     i64,
 );
 
-/// The console's list: up to `limit` events that `filter` selects, newest first.
+/// The console's and the admin API's list: up to `limit` events that `filter` selects, newest
+/// first.
 pub fn page(conn: &mut AnyConnection, filter: Filter, limit: i64) -> QueryResult<Vec<Listed>> {
     if [&filter.source, &filter.event_id]
         .into_iter()

@@ -58,6 +58,8 @@ pub struct ListQuery {
     source: Option<String>,
     since: Option<String>,
     limit: Option<String>,
+    /// The `next_before` of the page before: the events listed after it.
+    before: Option<String>,
 }
 
 /// Parses `since`: an RFC 3339 time, or a duration meaning that long ago.
@@ -79,14 +81,14 @@ fn no_event(source: &str, event_id: &str) -> ApiError {
     ))
 }
 
-/// `GET /admin/events?source=&since=&limit=`: newest first.
+/// `GET /admin/events?source=&since=&limit=[&before=]`: newest first, with `next_before`
+/// naming where the next page starts (`null` on the last page).
 pub async fn list_events(
     state: web::Data<AppState>,
     _: Admin<Bearer>,
     query: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
-    let source = given(query.source);
     let since = given(query.since).as_deref().map(parse_since).transpose()?;
     let limit = match given(query.limit) {
         None => DEFAULT_LIMIT,
@@ -97,23 +99,50 @@ pub async fn list_events(
             "limit must be between 1 and {MAX_LIMIT}"
         )));
     }
-    let rows = with_db(&state, "admin query", move |conn| {
-        db::events::recent(conn, source.as_deref(), since, limit)
+    let before = match given(query.before) {
+        None => None,
+        Some(text) => Some(db::events::parse_cursor(&text).ok_or_else(|| {
+            ApiError::InvalidQuery(
+                "before: not a next_before this API gave; leave it out to start from the newest"
+                    .to_owned(),
+            )
+        })?),
+    };
+    let filter = db::events::Filter {
+        source: given(query.source),
+        since,
+        before,
+        ..Default::default()
+    };
+    // One more than asked, to tell whether there is a next page.
+    let mut rows = with_db(&state, "admin query", move |conn| {
+        db::events::page(conn, filter.clone(), limit + 1)
     })
     .await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(usize::try_from(limit).expect("limit checked positive above"));
+    let next_before = rows
+        .last()
+        .filter(|_| more)
+        .map(|(row, _, _, _, received_at, _, _)| db::events::cursor(*received_at, *row));
     let events: Vec<_> = rows
         .into_iter()
-        .map(|(source, event_id, event_type, received_at, status)| {
-            serde_json::json!({
-                "source": source,
-                "event_id": event_id,
-                "event_type": event_type,
-                "received_at": received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-                "status": status,
-            })
-        })
+        .map(
+            |(_, source, event_id, event_type, received_at, status, _)| {
+                serde_json::json!({
+                    "source": source,
+                    "event_id": event_id,
+                    "event_type": event_type,
+                    "received_at": received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                    "status": status,
+                })
+            },
+        )
         .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "events": events })))
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "events": events,
+        "next_before": next_before,
+    })))
 }
 
 /// `GET /admin/events/{source}/{event_id}`: the stored event and its stored answer.

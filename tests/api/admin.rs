@@ -185,6 +185,7 @@ async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
     assert_eq!(anonymous.status, 401, "{}", anonymous.text());
     for query in [
         "since=yesterday-ish",
+        "before=yesterday",
         "limit=lots",
         "limit=0",
         "limit=1001",
@@ -226,6 +227,46 @@ async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
         message.contains("\"nope\"") && message.contains("\"github\""),
         "{message}"
     );
+}
+
+#[actix_web::test]
+async fn the_admin_list_pages_past_its_limit_with_next_before() {
+    // A list of more events than one page holds is read whole, page by page, each event
+    // once, newest first: beyond the newest 1000 too.
+    let app = TestApp::spawn().await;
+    let ids: Vec<String> = (0..5).map(|_| unique_id("evt")).collect();
+    for id in &ids {
+        let delivery = app.delivery("stripe", &stripe_event(id, "charge.succeeded", 1), id);
+        assert_eq!(app.send(&delivery).await.status, 200);
+    }
+    let mut listed = Vec::new();
+    let mut query = "/admin/events?source=stripe&limit=2".to_owned();
+    let mut pages = 0;
+    loop {
+        let page = app.get(&query, Some(ADMIN_TOKEN)).await;
+        assert_eq!(page.status, 200, "{}", page.text());
+        let page = page.json();
+        pages += 1;
+        for event in page["events"].as_array().expect("events") {
+            listed.push(event["event_id"].as_str().expect("an id").to_owned());
+        }
+        match page["next_before"].as_str() {
+            Some(next) => query = format!("/admin/events?source=stripe&limit=2&before={next}"),
+            None => {
+                assert!(page["next_before"].is_null(), "{page}");
+                break;
+            }
+        }
+    }
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(listed, newest_first);
+    assert_eq!(pages, 3);
+    // A page that is exactly the rest says it is the last.
+    let whole = app
+        .get("/admin/events?source=stripe&limit=5", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert!(whole["next_before"].is_null(), "{whole}");
 }
 
 /// `POST {path}` to the admin API with `token` and, when given, a body of `content_type`.

@@ -88,14 +88,10 @@ fn parse_when(name: &str, text: &str) -> Result<Option<DateTime<Utc>>, String> {
 }
 
 fn parse_cursor(text: &str) -> Result<Option<(DateTime<Utc>, i64)>, String> {
-    let Some(text) = given(text) else {
+    if given(text).is_none() {
         return Ok(None);
-    };
-    text.split_once('.')
-        .and_then(|(micros, id)| {
-            let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
-            Some((at, id.parse().ok()?))
-        })
+    }
+    events::parse_cursor(text)
         .map(Some)
         .ok_or_else(|| "the page cursor is not valid; start from the newest".to_owned())
 }
@@ -211,7 +207,7 @@ pub async fn list(
     rows.truncate(PAGE_SIZE as usize);
     let older = match (more, rows.last()) {
         (true, Some((id, .., received_at, _, _))) => {
-            let cursor = format!("{}.{id}", received_at.timestamp_micros());
+            let cursor = events::cursor(*received_at, *id);
             let mut pairs = filters.pairs().to_vec();
             pairs.push(("before", &cursor));
             Some(link("/console/events", &pairs))
