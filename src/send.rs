@@ -59,6 +59,19 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
             verifier.scheme()
         )));
     }
+    // An empty id (`--event-id "$(uuidgen)"` where uuidgen is missing) is refused here, not
+    // sent for the receiver to refuse.
+    if options
+        .event_id
+        .as_deref()
+        .is_some_and(|id| id.trim().is_empty())
+    {
+        return Err(SendError::Usage(
+            "--event-id is empty: give an id, or leave the flag out for a fresh one; nothing \
+             was sent"
+                .to_owned(),
+        ));
+    }
     let event_id = options.event_id.clone().unwrap_or_else(generated_id);
     let identity = signing::identity(
         verifier,

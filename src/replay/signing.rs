@@ -249,10 +249,24 @@ impl Signer {
                 Some(Ok(verifier)) => Ok(verifier),
                 Some(Err(why)) => Err(why.clone()),
                 None if unset.contains_key(source) => Err(unset[source].clone()),
-                None => Err(format!(
-                    "the config has no source {source:?} to sign with (give --config FILE, or \
-                     --scheme and --secret)"
+                None if verifiers.is_empty() && unset.is_empty() => Err(format!(
+                    "no source {source:?} to sign with: the config read has no sources at all \
+                     (without --config it is $HOOKBOX_CONFIG, then ./hookbox.toml, which may not \
+                     be there): give --config FILE, or --scheme and --secret"
                 )),
+                None => {
+                    let mut names: Vec<&str> = verifiers
+                        .keys()
+                        .chain(unset.keys())
+                        .map(String::as_str)
+                        .collect();
+                    names.sort_unstable();
+                    Err(format!(
+                        "the config has no source {source:?} to sign with (it has {}): give \
+                         the right --config FILE, or --scheme and --secret",
+                        names.join(", ")
+                    ))
+                }
             },
         }
     }

@@ -117,6 +117,12 @@ async fn a_header_id_scheme_takes_event_id_or_a_fresh_one_and_a_wrong_secret_exi
         "{stderr}"
     );
     assert_eq!(app.db.count("events"), 0);
+    // An empty id (`--event-id "$(uuidgen)"` without uuidgen) is the command line's too.
+    let empty: Vec<&str> = keys.iter().copied().chain(["--event-id", ""]).collect();
+    let (code, out, stderr) = send_body(&app, &empty, &body).await;
+    assert_eq!(code, 2, "{out}{stderr}");
+    assert!(stderr.contains("--event-id is empty"), "{stderr}");
+    assert_eq!(app.db.count("events"), 0);
 
     let with_id: Vec<&str> = keys
         .iter()
@@ -245,4 +251,46 @@ async fn an_id_or_type_flag_a_scheme_reads_from_the_body_is_a_usage_error_and_no
     let (code, stdout, stderr) = send_body(&app, &args, &body).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert_eq!(app.db.count("events"), 1);
+}
+
+#[test]
+fn a_source_no_config_names_is_told_apart_from_no_config_at_all() {
+    let body = TempFile::with_extension(b"{}", "json");
+    let body = body.path();
+    // No --config, no HOOKBOX_CONFIG, no ./hookbox.toml: the tool says no sources were read.
+    let empty = TempDir::new();
+    let (code, _, stderr) = run_hookbox_in(
+        &[
+            "send",
+            "--to",
+            "http://127.0.0.1:9",
+            "--source",
+            "stripe",
+            &body,
+        ],
+        &[],
+        Some(&empty.0),
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("no sources at all") && stderr.contains("./hookbox.toml"),
+        "{stderr}"
+    );
+    // A config with other sources: they are named.
+    let config = TempFile::new("[sources.github]\nscheme = \"github\"\nsecrets = [\"s\"]\n");
+    let (code, _, stderr) = run_hookbox(
+        &[
+            "send",
+            "--to",
+            "http://127.0.0.1:9",
+            "--config",
+            &config.path(),
+            "--source",
+            "stripe",
+            &body,
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("(it has github)"), "{stderr}");
 }
