@@ -5,6 +5,13 @@
 //! source's `public_url` as registered with Twilio, never the request's `Host`: behind a proxy
 //! hookbox cannot know what Twilio called, so it is told. Only the query is the request's own,
 //! byte for byte, since Twilio adds to it.
+//!
+//! Twilio's newer SharedKey signing (`X-Twilio-Webhooks-Signature-Settings:
+//! key=<id>,algorithm=HMAC_SHA256`) signs the same text with HMAC-SHA256 keyed by the
+//! SharedKey's secret, which then goes in `secrets` beside (or instead of) the auth token. The
+//! header names the algorithm, as the twilio SDK's `get_signature_algorithm` reads it: without
+//! one, HMAC-SHA1; an algorithm it does not know never matches. `send` and `replay` sign with
+//! HMAC-SHA1, as the contract has it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -25,6 +32,38 @@ use super::{
 };
 
 type HmacSha1 = Hmac<Sha1>;
+type HmacSha256 = Hmac<Sha256>;
+
+/// The MAC a delivery's signature was made with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Algorithm {
+    /// The auth token's, and what a delivery without a settings header is signed with.
+    Sha1,
+    /// A SharedKey's.
+    Sha256,
+}
+
+impl Algorithm {
+    /// What `X-Twilio-Webhooks-Signature-Settings` names (the twilio SDK's
+    /// `get_signature_algorithm`: the first non-empty `algorithm=` among its comma-separated
+    /// parts, in any case); `None` for an algorithm it does not know.
+    fn of(headers: &dyn Headers) -> Option<Algorithm> {
+        let settings = match headers.get(SIGNATURE_SETTINGS) {
+            None => "",
+            Some(value) => std::str::from_utf8(value).ok()?,
+        };
+        let named = settings.split(',').find_map(|part| {
+            let (name, value) = part.split_once('=')?;
+            (name.trim() == "algorithm" && !value.trim().is_empty()).then(|| value.trim())
+        });
+        match named {
+            None => Some(Algorithm::Sha1),
+            Some(name) if name.eq_ignore_ascii_case("HMAC_SHA1") => Some(Algorithm::Sha1),
+            Some(name) if name.eq_ignore_ascii_case("HMAC_SHA256") => Some(Algorithm::Sha256),
+            Some(_) => None,
+        }
+    }
+}
 
 /// A Twilio source: its auth tokens (several while one is being rotated) and the URL Twilio
 /// signs.
@@ -202,6 +241,7 @@ impl Twilio {
     /// URL alone and the body's hash.
     fn check(&self, headers: &dyn Headers, body: &[u8], query: &str) -> Result<(), SignatureError> {
         let signature = required_header(headers, SIGNATURE)?;
+        let algorithm = Algorithm::of(headers).ok_or(SignatureError::Invalid)?;
         let tag = STANDARD
             .decode(signature)
             .map_err(|_| SignatureError::Invalid)?;
@@ -228,7 +268,10 @@ impl Twilio {
         let tags = [tag];
         let signed = urls.iter().any(|url| {
             let parts = signed_parts(url.as_bytes(), &fields);
-            any_matches_with::<HmacSha1>(self.keys.all(), &parts, &tags)
+            match algorithm {
+                Algorithm::Sha1 => any_matches_with::<HmacSha1>(self.keys.all(), &parts, &tags),
+                Algorithm::Sha256 => any_matches_with::<HmacSha256>(self.keys.all(), &parts, &tags),
+            }
         });
         if signed && body_ok {
             Ok(())
@@ -239,11 +282,16 @@ impl Twilio {
 }
 
 const SIGNATURE: &str = "X-Twilio-Signature";
+const SIGNATURE_SETTINGS: &str = "X-Twilio-Webhooks-Signature-Settings";
 const IDEMPOTENCY_TOKEN: &str = "I-Twilio-Idempotency-Token";
 const FORM: &str = "application/x-www-form-urlencoded";
 
 /// What a capture keeps.
-const KEPT_HEADERS: &[&str] = &["x-twilio-signature", "i-twilio-idempotency-token"];
+const KEPT_HEADERS: &[&str] = &[
+    "x-twilio-signature",
+    "i-twilio-idempotency-token",
+    "x-twilio-webhooks-signature-settings",
+];
 
 /// The form fields that name what happened, in the order they are looked for.
 const STATUS_FIELDS: &[&str] = &["MessageStatus", "CallStatus", "SmsStatus"];
