@@ -501,7 +501,8 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
             ("were", "went with them")
         };
         println!(
-            "{} forward deliveries of those events {were} still pending and {go}, never sent",
+            "{} forward deliveries of those events {were} still pending and {go}, not sent \
+             (but for any a dispatcher had already taken)",
             report.pending_forwards
         );
     }

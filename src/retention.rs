@@ -83,7 +83,8 @@ pub struct Report {
     pub removed: BTreeMap<String, u64>,
     /// Whether the pass stopped early because the server is shutting down.
     pub interrupted: bool,
-    /// Forward deliveries of those events still pending: removed with them, never sent.
+    /// Forward deliveries of those events still pending: removed with them, not sent (but for
+    /// attempts a dispatcher had already taken).
     pub pending_forwards: u64,
 }
 
@@ -243,8 +244,9 @@ pub fn purge_logged(
                 tracing::warn!(
                     pending_forwards = report.pending_forwards,
                     "the purge removed events whose forward deliveries were still pending; \
-                     they will not be sent (a window shorter than a target's retries, or a \
-                     target that has been failing for that long)"
+                     they will not be sent, but for attempts a dispatcher had already taken (a \
+                     window shorter than a target's retries, or a target that has been failing \
+                     for that long)"
                 );
             }
         }
