@@ -479,7 +479,13 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         };
         (report, "removed")
     };
-    for (source, n) in &report.removed {
+    // Every configured source has its line, those with nothing to remove too (a script reads
+    // one per source); a source no longer configured has one when it had events to remove.
+    let mut removed = report.removed.clone();
+    for source in &config.sources {
+        removed.entry(source.name.as_str().to_owned()).or_insert(0);
+    }
+    for (source, n) in &removed {
         println!("{verb} {n} from {source}");
     }
     println!(

@@ -147,8 +147,8 @@ fn purge_dry_run_counts_without_deleting_and_purge_removes_exactly_those() {
         assert!(stdout.contains(line), "{line} in {stdout}");
     }
     assert!(
-        !stdout.contains("from standard"),
-        "standard keeps 30 days: {stdout}"
+        stdout.contains("would remove 0 from standard"),
+        "standard keeps 30 days, and says so: {stdout}"
     );
     assert_eq!(db.count("events"), 15, "a dry run deletes nothing");
 
