@@ -544,6 +544,13 @@ const DUE_COLUMNS_PG: &str =
 /// row twice. An ordered lane's head is found without locking and then locked with SKIP LOCKED
 /// and checked again: a head another dispatcher holds, or has leased or settled meanwhile,
 /// yields nothing rather than the row behind it.
+///
+/// The ordered lanes' take also holds each lane's lock ([`lock_lanes_pg`]) until it commits.
+/// Without it, two dispatchers taking at once each saw the lane as the other's uncommitted
+/// lease left it: one leased the newest event while the older one behind it was not yet
+/// committed (so it was the head), the other then leased that older one, whose check for a
+/// leased row could not see the first lease, and both were sent at once (found by a black-box
+/// run, in a few of a hundred bursts of two events on an idle lane over two instances).
 fn take_due_pg(
     conn: &mut diesel::PgConnection,
     wants: &[Want],
@@ -557,13 +564,39 @@ fn take_due_pg(
         }
         let lanes = LanesPg::of(&lanes, holder);
         let taken: Vec<Due> = if ordered {
-            TakeHeadsPg(lanes).load(conn)?
+            conn.transaction(|conn| {
+                lock_lanes_pg(conn, &lanes)?;
+                TakeHeadsPg(lanes).load(conn)
+            })?
         } else {
             TakeDuePg(lanes).load(conn)?
         };
         due.extend(taken);
     }
     Ok(due)
+}
+
+/// Locks the lanes of a take until the transaction ends (an advisory lock per lane, keyed by
+/// a hash of its source and target), in one order, so two takes of one lane go one after the
+/// other and each sees what the one before leased.
+fn lock_lanes_pg(conn: &mut diesel::PgConnection, lanes: &LanesPg<'_>) -> QueryResult<()> {
+    use sha2::{Digest, Sha256};
+    let mut keys: Vec<i64> = lanes
+        .sources
+        .iter()
+        .zip(&lanes.targets)
+        .map(|(source, target)| {
+            let digest = Sha256::digest(format!("hookbox lane\0{source}\0{target}"));
+            i64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 is 32 bytes"))
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    // `unnest` yields the keys in the array's order, which the locks are taken in.
+    diesel::sql_query("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS k")
+        .bind::<Array<BigInt>, _>(&keys)
+        .execute(conn)
+        .map(drop)
 }
 
 /// The lanes of a take on PostgreSQL, a column at a time: each column is bound as one array

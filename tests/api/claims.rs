@@ -597,6 +597,64 @@ fn an_ordered_lane_gives_nothing_while_any_of_its_rows_is_leased_even_one_behind
 }
 
 #[test]
+fn two_takes_of_an_ordered_lane_at_once_never_lease_two_of_its_rows() {
+    // SQLite takes under its one write lock, so takes go one at a time there by construction.
+    if store_is_sqlite() {
+        return;
+    }
+    use diesel::Connection;
+    let (db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let t = to(&["t"]);
+    let at = db::now();
+    let ordered = [lane_t(true)];
+    // "second" is stored first, so it is the lane's head while "first" is not there yet.
+    events::claim_and_queue(&mut conn, &[(row("second", None, at, &headers), &t[..])])
+        .expect("stored");
+    let mut b = db.connect();
+    let (by_b, other) = b
+        .transaction(|b| {
+            // Instance B leases "second"; its take has not committed yet.
+            let by_b = deliveries::take_due(b, &ordered, 8)?;
+            // "first", received before it, commits now, and instance A takes the lane.
+            let earlier = at - chrono::Duration::milliseconds(1);
+            events::claim_and_queue(
+                &mut conn,
+                &[(row("first", None, earlier, &headers), &t[..])],
+            )
+            .expect("stored");
+            let url = db.url.clone();
+            let by_a = std::thread::spawn(move || {
+                let mut a = connect_url(&url);
+                deliveries::take_due(&mut a, &ordered, 7).expect("the take runs")
+            });
+            // B commits once A's take is under way: ended, or waiting for B's.
+            let started = std::time::Instant::now();
+            while !by_a.is_finished()
+                && db.count(
+                    "pg_stat_activity WHERE datname = current_database() \
+                     AND wait_event = 'advisory'",
+                ) == 0
+            {
+                assert!(started.elapsed() < std::time::Duration::from_secs(10));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Ok::<_, diesel::result::Error>((by_b, by_a))
+        })
+        .expect("B's take commits");
+    let by_a = other.join().expect("A's take ends");
+    assert_eq!(
+        by_b.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(),
+        ["second"]
+    );
+    assert!(
+        by_a.is_empty(),
+        "A leased {:?} while B's lease of \"second\" was under way: two attempts at once",
+        by_a.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>()
+    );
+}
+
+#[test]
 fn a_purge_takes_its_events_outbox_rows_and_no_others_and_a_purged_event_queues_nothing() {
     let (db, mut conn) = migrated();
     let headers = serde_json::json!({});
