@@ -321,6 +321,17 @@ impl Metrics {
         let mut out = String::with_capacity(8192);
         let rows = || self.labels.iter().zip(&self.series);
 
+        // Which build answers, for a rolling deploy with old and new instances side by side.
+        out.push_str(
+            "# HELP hookbox_build_info The hookbox version this process runs (always 1).\n",
+        );
+        out.push_str("# TYPE hookbox_build_info gauge\n");
+        let _ = writeln!(
+            out,
+            "hookbox_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+
         out.push_str("# HELP hookbox_webhooks_total Webhook requests by source and outcome.\n");
         out.push_str("# TYPE hookbox_webhooks_total counter\n");
         for (label, series) in rows() {

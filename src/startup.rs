@@ -65,15 +65,22 @@ impl Application {
     /// Applies migrations (and each handler's setup), builds the pool and binds the listen
     /// address; with port 0, a free port is picked (tests do this).
     pub fn build(config: Config, handlers: Handlers) -> anyhow::Result<Application> {
+        // Which build this is, for a rolling deploy of old and new side by side.
+        tracing::info!(version = env!("CARGO_PKG_VERSION"), "hookbox starting");
         config.check_listen()?;
         let sources = state::sources(&config, &handlers)?;
         // Bound before the database is touched: an instance that cannot serve (its port is
         // taken) fails the start cleanly, and never migrates a shared schema.
         let listeners = listen(&config)?;
+        // Whether the SQLite file was there before: a new one is said so in the log.
+        let sqlite_existed = match &config.database.store {
+            db::Store::SqliteFile(path) => std::path::Path::new(path).exists(),
+            _ => true,
+        };
         let pool = open_database(&config, &handlers)?;
         let state = web::Data::new(AppState::new(&config, sources, pool));
         let (server, address) = serve_on(listeners, &config, state.clone())?;
-        log_store(&config, state.claims.writers());
+        log_store(&config, state.claims.writers(), sqlite_existed);
         log_sources(&config);
 
         let outbox = Outbox::new(
@@ -99,9 +106,10 @@ impl Application {
             config.retention.purge_interval,
         );
         tracing::info!(
-            window = %humantime::format_duration(config.retention.window),
+            default_window = %humantime::format_duration(config.retention.window),
             every = %humantime::format_duration(config.retention.purge_interval),
-            "retention purge scheduled"
+            "retention purge scheduled (each source's window is on its `source live` line; \
+             default_window covers the others)"
         );
         if state.admin_token.is_some() {
             tracing::info!("admin API on at /admin (bearer token), console at /console");
@@ -308,8 +316,20 @@ fn serve_on(
 
 /// Logs which store holds the events (and, on PostgreSQL, how many threads batch the claims:
 /// `claim_writers`, from the pool and the cores).
-fn log_store(config: &Config, claim_writers: usize) {
+fn log_store(config: &Config, claim_writers: usize, sqlite_existed: bool) {
     let database = config.database.display_url();
+    // A relative SQLite path is the working directory's: the log names the file in full, and
+    // says when it was made just now (a service started from another directory gets a new,
+    // empty store, and every redelivery would be processed again).
+    let file = |path: &str| {
+        let full =
+            std::path::absolute(path).map_or_else(|_| path.to_owned(), |p| p.display().to_string());
+        if sqlite_existed {
+            full
+        } else {
+            format!("{full} (created now: a new, empty store)")
+        }
+    };
     match &config.database.store {
         db::Store::Postgres(_) => tracing::info!(
             database = %database,
@@ -324,13 +344,15 @@ fn log_store(config: &Config, claim_writers: usize) {
         ),
         db::Store::SqliteFile(path) if !config.database.configured() => tracing::info!(
             database = %database,
-            "no database configured: keeping events in the SQLite file {path} in the working \
-             directory (set [database].url or DATABASE_URL to choose; postgres:// for several instances)"
+            "no database configured: keeping events in the SQLite file {} (set [database].url \
+             or DATABASE_URL to choose; postgres:// for several instances)",
+            file(path)
         ),
         db::Store::SqliteFile(path) => tracing::info!(
             database = %database,
             url_from = config.database.url_from.describe(),
-            "database ready: SQLite file {path}"
+            "database ready: SQLite file {}",
+            file(path)
         ),
     }
 }

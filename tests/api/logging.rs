@@ -203,7 +203,14 @@ async fn every_answer_carries_a_request_id_of_its_own() {
             "{source} in {log}"
         );
     }
-    if !store_is_sqlite() {
+    if store_is_sqlite() {
+        // The file in full, whatever the working directory.
+        assert!(
+            log.lines()
+                .any(|l| l.contains("database ready: SQLite file /")),
+            "{log}"
+        );
+    } else {
         // pool_size = 4: one claim writer, whatever the cores.
         assert!(
             log.lines()

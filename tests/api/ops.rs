@@ -43,6 +43,11 @@ async fn metrics_count_each_outcome_per_source_and_time_requests() {
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }
+    let build = format!(
+        "hookbox_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.contains(&build), "missing {build} in\n{text}");
     assert!(!text.contains("whsec_"), "no secret in /metrics");
 }
 
@@ -52,6 +57,11 @@ async fn a_started_server_says_where_it_listens_and_which_sources_are_live() {
     let process = Process::serve(&config_text(&db.url, ""));
     let log = process.log();
     assert!(log.contains("listening on http://127.0.0.1:"), "{log}");
+    // Which build it is, for a rolling deploy of old and new side by side.
+    assert!(
+        log.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))),
+        "{log}"
+    );
     for source in SOURCES {
         assert!(
             log.contains(&format!("POST /webhooks/{source}")),
@@ -59,6 +69,10 @@ async fn a_started_server_says_where_it_listens_and_which_sources_are_live() {
         );
     }
     assert!(log.contains("admin API on"), "{log}");
+    assert!(
+        log.contains("default_window=3days"),
+        "the purge's window is named as the default: {log}"
+    );
     for secret in [
         "whsec_test_secret",
         "It's a Secret to Everybody",
