@@ -323,6 +323,20 @@ fn load_for_purge(args: &PurgeArgs) -> Result<Config, Exit> {
     }
 }
 
+/// `error` with what to do when it says the store has no hookbox tables (a database never
+/// migrated, or not the one `serve` uses): the database's words alone name a table.
+fn no_schema_hint(error: anyhow::Error) -> anyhow::Error {
+    let text = format!("{error:#}");
+    if text.contains("relation \"events\" does not exist") || text.contains("no such table") {
+        error.context(
+            "this database has no hookbox tables: is it the one serve uses (--config, \
+             DATABASE_URL)? hookbox migrate makes them in a new one",
+        )
+    } else {
+        error
+    }
+}
+
 fn finish(result: anyhow::Result<()>) -> Result<ExitCode, Exit> {
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
@@ -550,6 +564,18 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
         })
         .map_err(|e| usage(format_args!("{e:#}")))?;
     }
+    // An empty window is a mistake (`--since 1h --until 2h` swapped), not a query.
+    if let (Some(since), Some(until)) = (args.since, args.until) {
+        if since >= until {
+            return Err(usage(format_args!(
+                "--since ({}) is not before --until ({}): the window holds nothing (swapped? \
+                 a duration counts back from now, so --since 2h --until 1h is the hour before \
+                 the last); nothing was exported",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )));
+        }
+    }
     let filter = ExportFilter {
         source: args.source.map(|s| s.as_str().to_owned()),
         since: args.since,
@@ -571,12 +597,13 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
                 match capture::export(&mut conn, &filter, &mut out, &mut progress) {
                     // The reader stopped early (`| head`): not a failure, as with replay.
                     Err(e) if is_broken_pipe(&e) => return Ok(()),
-                    written => written?,
+                    written => written.map_err(no_schema_hint)?,
                 }
             }
             Some(path) => capture::write_whole(path, |out| {
                 capture::export(&mut conn, &filter, out, &mut progress)
-            })?,
+            })
+            .map_err(no_schema_hint)?,
         };
         let place = args
             .out

@@ -192,6 +192,35 @@ fn export_refuses_a_bad_time_with_exit_2() {
     let (code, _, stderr) = run_hookbox(&["export", "--since", "last tuesday"], &[]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("RFC 3339"), "{stderr}");
+    // A window that holds nothing is a mistake (the two swapped), not an empty export.
+    for window in [
+        ["--since", "1h", "--until", "2h"],
+        ["--since", "2026-12-02", "--until", "2026-12-02"],
+    ] {
+        let args: Vec<&str> = ["export"].into_iter().chain(window).collect();
+        let (code, stdout, stderr) = run_hookbox(&args, &[]);
+        assert_eq!(code, 2, "{window:?}: {stderr}");
+        assert!(stderr.contains("is not before --until"), "{stderr}");
+        assert!(stdout.is_empty(), "{stdout}");
+    }
+}
+
+#[test]
+fn export_from_a_database_with_no_hookbox_tables_says_what_to_check() {
+    // A database that was never migrated (not the one serve uses, say).
+    let db = TestDb::create();
+    if let Some(file) = &db.sqlite_file {
+        std::fs::write(file, b"").expect("an empty SQLite file");
+    }
+    let (code, _, stderr) = run_hookbox(
+        &["export", "--config", "/dev/null"],
+        &[("DATABASE_URL", &db.url)],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("no hookbox tables") && stderr.contains("hookbox migrate"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -124,7 +124,7 @@ fn connect_server() -> PgConnection {
 pub struct TestDb {
     pub name: String,
     pub url: String,
-    sqlite_file: Option<std::path::PathBuf>,
+    pub sqlite_file: Option<std::path::PathBuf>,
 }
 
 impl TestDb {
