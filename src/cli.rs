@@ -205,6 +205,10 @@ struct ReplayArgs {
 }
 
 #[derive(Args, Debug)]
+// The shared --secret help speaks of replay's capture lines; send signs one body.
+#[command(mut_arg("secret", |arg| arg.help(
+    "The secret to sign with, with --scheme (instead of --config's source)"
+)))]
 struct SendArgs {
     /// The receiver's base URL (http://127.0.0.1:8080); the body goes to /webhooks/{source}
     /// under it, before any query it has. A URL with a path is used as it is.
@@ -514,6 +518,22 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
             ""
         }
     );
+    // A running serve remembers recent answers for its sources' own windows, and hears
+    // nothing of this pass: said here, where the operator is looking.
+    let shorter = args.older_than.is_some_and(|older_than| {
+        config
+            .sources
+            .iter()
+            .any(|source| retention::source_window(source, config.retention.window) > older_than)
+    });
+    if shorter && !args.dry_run && report.total() > 0 {
+        eprintln!(
+            "hookbox: note: --older-than is shorter than a source's retention window, and a \
+             serve running now may still answer an event this pass removed as a replay (from \
+             its memory of recent answers) without processing it; restart serve if those \
+             events must be processed anew"
+        );
+    }
     if report.pending_forwards > 0 {
         let (were, go) = if args.dry_run {
             ("are", "would go with them")

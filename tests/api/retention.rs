@@ -162,12 +162,18 @@ fn purge_dry_run_counts_without_deleting_and_purge_removes_exactly_those() {
         6
     );
 
-    let (code, stdout, _) = run_hookbox(
+    let (code, stdout, stderr) = run_hookbox(
         &["purge", "--config", &config_path, "--older-than", "5d"],
         &[],
     );
     assert_eq!(code, 0);
     assert!(stdout.contains("removed 4 from standard"), "{stdout}");
+    // Shorter than standard's 30 days: a running serve may still answer those as replays.
+    assert!(
+        stderr.contains("shorter than a source's retention window")
+            && stderr.contains("restart serve"),
+        "{stderr}"
+    );
     assert_eq!(db.count("events"), 2);
 }
 
