@@ -380,11 +380,13 @@ fn create_partial(path: &Path) -> anyhow::Result<(PathBuf, File)> {
         let mut partial_name = name.to_os_string();
         partial_name.push(format!(".{}.partial", hex::encode(random)));
         let partial = path.with_file_name(partial_name);
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&partial)
-        {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        // A capture holds payloads and whole signatures: readable by its owner only, as
+        // replay's own copies are (a file it replaces keeps that file's mode, below).
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        match options.open(&partial) {
             Ok(file) => return Ok((partial, file)),
             // Someone else's file (or link) by that name: draw another.
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}

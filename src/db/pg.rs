@@ -79,9 +79,24 @@ struct Locked {
 
 /// Waits for the migration lock.
 pub fn lock_migrations(conn: &mut PgConnection) -> anyhow::Result<()> {
-    diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
-        .execute(conn)
-        .map_err(|e| anyhow::anyhow!("cannot take the migration lock: {e}"))?;
+    let taken = |e| anyhow::anyhow!("cannot take the migration lock: {e}");
+    let free = diesel::sql_query(format!(
+        "SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY}) AS locked"
+    ))
+    .get_result::<Locked>(conn)
+    .map_err(taken)?
+    .locked;
+    if !free {
+        // Another instance is migrating (or a `migrate` hangs): say what this one waits for.
+        tracing::info!(
+            "waiting for the migration lock: another hookbox is applying migrations to this \
+             database (the wait ends when it finishes; a session that holds it is in \
+             pg_locks, locktype advisory)"
+        );
+        diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
+            .execute(conn)
+            .map_err(taken)?;
+    }
     Ok(())
 }
 

@@ -375,3 +375,52 @@ fn no_secret_shows_in_a_config_error() {
         assert!(!stderr.contains("TOPSECRET1"), "{stderr}");
     }
 }
+
+#[test]
+fn migrate_waiting_for_another_instances_migration_lock_says_so() {
+    use diesel::RunQueryDsl;
+    use std::io::BufRead;
+    if store_is_sqlite() {
+        return;
+    }
+    let db = TestDb::create();
+    // Another instance applying migrations holds the lock.
+    const MIGRATION_LOCK_KEY: i64 = 0x686f_6f6b_626f_7801;
+    let mut holder = db.connect();
+    diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
+        .execute(&mut holder)
+        .expect("the lock is taken");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(["migrate", "--config", "/dev/null"])
+        .env("DATABASE_URL", &db.url)
+        .env_remove("HOOKBOX_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("hookbox migrate starts");
+    let stderr = child.stderr.take().expect("piped");
+    let (lines, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines.send(line);
+        }
+    });
+    // It says what it waits for, rather than hanging silently.
+    loop {
+        let line = seen
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("a line saying what migrate waits for");
+        if line.contains("waiting for the migration lock") {
+            break;
+        }
+    }
+    diesel::sql_query(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"))
+        .execute(&mut holder)
+        .expect("the lock is let go");
+    let status = child.wait().expect("migrate ends");
+    assert!(status.success(), "{status}");
+    assert_eq!(db.count("events"), 0, "migrated once the lock was free");
+}

@@ -614,10 +614,29 @@ fn an_export_out_stopped_by_ctrl_c_or_sigterm_leaves_no_partial_file_and_the_old
 }
 
 #[test]
-fn an_export_out_over_a_private_capture_keeps_it_private() {
+fn an_export_out_over_a_private_capture_keeps_it_private_and_a_new_one_is_private() {
     use std::os::unix::fs::PermissionsExt;
     let (_db, config) = stored_events(2);
     let dir = TempDir::new();
+    // A new capture holds payloads and signatures: its owner's only.
+    let new = dir.0.join("new.ndjson");
+    let (code, _, stderr) = run_hookbox(
+        &[
+            "export",
+            "--config",
+            &config.path(),
+            "--out",
+            &new.to_string_lossy(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let mode = std::fs::metadata(&new)
+        .expect("the capture")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+
     let out = dir.0.join("capture.ndjson");
     std::fs::write(&out, "").expect("a capture");
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o600)).expect("chmod");
