@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -480,16 +480,46 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         let report = retention::dry_run(&mut conn, &plan).context(hint)?;
         (report, "would remove")
     } else {
-        let mut last_progress = Instant::now();
-        let mut progress = |so_far: &retention::Report| {
-            if last_progress.elapsed() >= Duration::from_secs(2) {
-                eprintln!("purging: {} removed so far", so_far.total());
-                last_progress = Instant::now();
+        // Progress every 2 s from a thread of its own, so a batch that waits (for rows another
+        // session holds locked) says so rather than going quiet.
+        let removed = Arc::new(AtomicU64::new(0));
+        let batch_began = Arc::new(std::sync::Mutex::new(Instant::now()));
+        let (done, ended) = std::sync::mpsc::channel::<()>();
+        let ticker = std::thread::spawn({
+            let (removed, batch_began) = (Arc::clone(&removed), Arc::clone(&batch_began));
+            move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    ended.recv_timeout(Duration::from_secs(2))
+                {
+                    let waited = batch_began
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .elapsed();
+                    let so_far = removed.load(Ordering::Relaxed);
+                    if waited >= Duration::from_secs(2) {
+                        eprintln!(
+                            "purging: {so_far} removed so far; the batch under way has taken \
+                             {} s (rows it removes may be locked by another session)",
+                            waited.as_secs()
+                        );
+                    } else {
+                        eprintln!("purging: {so_far} removed so far");
+                    }
+                }
             }
+        });
+        let mut progress = |so_far: &retention::Report| {
+            removed.store(so_far.total(), Ordering::Relaxed);
+            *batch_began
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
         };
         let stop = Arc::new(AtomicBool::new(false));
         stop_on_ctrl_c(Arc::clone(&stop))?;
-        let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut progress).context(hint)?;
+        let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut progress);
+        drop(done);
+        let _ = ticker.join();
+        let pass = pass.context(hint)?;
         let Some(report) = pass else {
             anyhow::bail!(
                 "another hookbox is purging right now; nothing was removed (try again in a moment)"
@@ -513,7 +543,7 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         if args.dry_run {
             "; dry run, nothing was deleted"
         } else if report.interrupted {
-            "; interrupted (Ctrl-C), the rest is left for the next pass"
+            "; interrupted (Ctrl-C), whatever is left goes in the next pass"
         } else {
             ""
         }
