@@ -231,6 +231,18 @@ fn open_database(config: &Config, handlers: &Handlers) -> anyhow::Result<DbPool>
     } else if migrated.unknown.is_empty() {
         tracing::info!("database schema is up to date");
     }
+    // What /readyz checks, once at the start: a store that cannot take a claim's writes (a
+    // role without INSERT or UPDATE, a read-only file) would answer every delivery 503.
+    if let Ok(mut conn) = pool.get() {
+        if let Err(e) = db::events::takes_writes(&mut conn) {
+            tracing::warn!(
+                error = %e,
+                "the database does not take hookbox's writes: every delivery will be answered \
+                 503 and /readyz says not ready until it does (check this role's grants, see \
+                 docs/stores.md, Roles, or that the SQLite file is writable)"
+            );
+        }
+    }
     Ok(pool)
 }
 

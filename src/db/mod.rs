@@ -173,7 +173,16 @@ fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Migrated> {
             AnyConnection::Sqlite(sqlite) => sqlite.run_pending_migrations(SQLITE_MIGRATIONS),
         };
         applied
-            .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?
+            .map_err(|e| {
+                let hint = if e.to_string().contains("permission denied") {
+                    " (this role may neither create hookbox's tables nor read the migrations \
+                     table: run hookbox migrate as the schema's owner, then grant this role \
+                     what docs/stores.md, Roles, lists)"
+                } else {
+                    ""
+                };
+                anyhow::anyhow!("applying migrations failed: {e}{hint}")
+            })?
             .iter()
             .map(ToString::to_string)
             .collect()

@@ -160,3 +160,46 @@ async fn a_role_that_may_only_read_and_write_rows_serves_and_migrates_a_migrated
     drop(process);
     assert_eq!(db.count("events"), 1);
 }
+
+#[actix_web::test]
+async fn a_role_without_the_grants_it_needs_is_told_what_to_grant_at_the_start() {
+    let Some(server) =
+        server_for_roles("a_role_without_the_grants_it_needs_is_told_what_to_grant_at_the_start")
+    else {
+        return;
+    };
+    // Declared first, so it is dropped after the database its grants are in.
+    let role = Role::create(&unique_id("hb_read_only").to_lowercase());
+    let db = TestDb::create();
+    let owner_config = TempFile::new(&config_text(&db.url, ""));
+    let (code, _, stderr) = run_hookbox_async(&["migrate", "--config", &owner_config.path()]).await;
+    assert_eq!(code, 0, "{stderr}");
+    as_superuser(&db, "REVOKE CREATE ON SCHEMA public FROM PUBLIC");
+    let url = with_database(&server, &db.name).replace("://postgres@", &format!("://{}@", role.0));
+    let text = config_text(&url, "");
+
+    // No grants at all: it cannot even read the migrations table, and is told who migrates.
+    let bare = TempFile::new(&text);
+    let (code, _, stderr) = run_hookbox_async(&["migrate", "--config", &bare.path()]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("as the schema's owner") && stderr.contains("docs/stores.md"),
+        "{stderr}"
+    );
+
+    // Reads only: serve starts, and says at once that deliveries will fail, and why.
+    as_superuser(&db, &format!("GRANT USAGE ON SCHEMA public TO {}", role.0));
+    as_superuser(
+        &db,
+        &format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}", role.0),
+    );
+    let process = Process::serve(&text);
+    let log = process.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("does not take hookbox's writes")),
+        "{log}"
+    );
+    let ready = get(&process.address, "/readyz", None).await;
+    assert_eq!(ready.status, 503, "{}", ready.text());
+}
