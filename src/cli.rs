@@ -475,9 +475,9 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
     };
     let mut conn = connect_existing(config, "nothing to purge")?;
     let started = Instant::now();
-    let hint = "is the schema there? run hookbox migrate";
     let (report, verb) = if args.dry_run {
-        let report = retention::dry_run(&mut conn, &plan).context(hint)?;
+        let report = retention::dry_run(&mut conn, &plan)
+            .map_err(|e| no_schema_hint(anyhow::Error::new(e)))?;
         (report, "would remove")
     } else {
         // Progress every 2 s from a thread of its own, so a batch that waits (for rows another
@@ -519,7 +519,7 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut progress);
         drop(done);
         let _ = ticker.join();
-        let pass = pass.context(hint)?;
+        let pass = pass.map_err(|e| no_schema_hint(anyhow::Error::new(e)))?;
         let Some(report) = pass else {
             anyhow::bail!(
                 "another hookbox is purging right now; nothing was removed (try again in a moment)"

@@ -733,8 +733,12 @@ pub fn migrate(
             }
             result
         }
-        AnyConnection::Sqlite(_) => write_transaction(conn, |conn| run(conn).map_err(MigrateError))
-            .map_err(|MigrateError(e)| e),
+        AnyConnection::Sqlite(sqlite) => {
+            sqlite::wait_for_write_lock(sqlite)
+                .map_err(|e| anyhow::anyhow!("cannot take the SQLite write lock: {e}"))?;
+            write_transaction(conn, |conn| run(conn).map_err(MigrateError))
+                .map_err(|MigrateError(e)| e)
+        }
     }
 }
 

@@ -51,6 +51,31 @@ pub fn connect(
     Ok(conn)
 }
 
+/// How long a migration waits for another process's write to end on SQLite, once it has
+/// said it waits (a purge's batch, another instance's migrations).
+const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(120);
+
+/// Waits for the file's write lock, before a migration takes it: at once when it is free (or
+/// within the connection's busy timeout); else it says what it waits for and waits up to
+/// [`MIGRATION_LOCK_WAIT`], as instances starting together on PostgreSQL wait their turn. A
+/// writer holding it longer than the busy timeout made `serve` give up at the start.
+pub fn wait_for_write_lock(conn: &mut SqliteConnection) -> QueryResult<()> {
+    match conn.batch_execute("BEGIN IMMEDIATE; ROLLBACK") {
+        Err(e) if is_busy(&e) => {
+            tracing::info!(
+                "waiting for the SQLite write lock: another process is writing to this file \
+                 (up to {} s)",
+                MIGRATION_LOCK_WAIT.as_secs()
+            );
+            conn.batch_execute(&format!(
+                "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE; ROLLBACK",
+                MIGRATION_LOCK_WAIT.as_millis()
+            ))
+        }
+        other => other,
+    }
+}
+
 /// What `PRAGMA wal_checkpoint` reports.
 #[derive(QueryableByName)]
 struct Checkpoint {
