@@ -304,12 +304,28 @@ fn connect_existing(config: &Config, nothing: &str) -> anyhow::Result<crate::db:
                 from => format!("as {} says", from.describe()),
             };
             anyhow::bail!(
-                "no SQLite store at {path}{here}, {whence}; {nothing}. Pass --config FILE or set \
-                 DATABASE_URL to the store serve uses"
+                "no SQLite store at {path}{here}, {whence}; {nothing}. Point --config or \
+                 DATABASE_URL at the store serve uses"
             );
         }
     }
-    crate::db::connect(&config.database)
+    // A database that is not there is never this command's to make: the store is elsewhere.
+    crate::db::connect(&config.database).map_err(|e| {
+        let text = format!("{e:#}");
+        if text.contains(crate::db::NO_DATABASE) {
+            anyhow::anyhow!(
+                "{}",
+                text.replace(
+                    crate::db::NO_DATABASE,
+                    &format!(
+                        "{nothing}: point --config or DATABASE_URL at the database serve uses"
+                    )
+                )
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// The config for `purge`, which uses no secret: a source's secret variable left unset (a cron

@@ -637,6 +637,10 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<D
     })
 }
 
+/// [`connect_hint`]'s words for a database the server does not have.
+pub const NO_DATABASE: &str =
+    "create it (createdb NAME) or fix the database name in DATABASE_URL or [database].url";
+
 /// [`connect_hint`]'s words for a URL libpq cannot read.
 const UNREADABLE_URL: &str =
     "libpq cannot read the URL itself: fix it in DATABASE_URL or [database].url";
@@ -644,7 +648,7 @@ const UNREADABLE_URL: &str =
 /// What to check when PostgreSQL refused or never answered a connection, from libpq's words.
 fn connect_hint(message: &str) -> &'static str {
     if message.contains("database") && message.contains("does not exist") {
-        "create it (createdb NAME) or fix the database name in DATABASE_URL or [database].url"
+        NO_DATABASE
     } else if message.contains("role") && message.contains("does not exist") {
         "the user in the URL does not exist on that server: fix it, or create the role"
     } else if message.contains("password authentication failed")

@@ -207,6 +207,22 @@ fn a_database_that_is_not_there_or_never_answers_is_named_for_what_it_is() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("createdb"), "{stderr}");
     assert!(!stderr.contains("is PostgreSQL running"), "{stderr}");
+    // export and purge read what is there: making a database is never their fix.
+    for (command, nothing) in [
+        ("export", "nothing to export"),
+        ("purge", "nothing to purge"),
+    ] {
+        let (code, _, stderr) = run_hookbox(
+            &[command, "--config", "/dev/null"],
+            &[("DATABASE_URL", &missing)],
+        );
+        assert_eq!(code, 1, "{stderr}");
+        assert!(
+            stderr.contains(nothing) && stderr.contains("the database serve uses"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("createdb"), "{stderr}");
+    }
 
     // A URL libpq cannot read (a bad sslmode, a port that is none): the URL is named, not
     // the server, and it is bad config (exit 2), which no retry mends.
