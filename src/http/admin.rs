@@ -333,24 +333,47 @@ pub async fn requeue_dead(
     let (source, target, since_text) =
         (given(query.source), given(query.target), given(query.since));
     let since = since_text.as_deref().map(parse_since).transpose()?;
+    let requeued = requeue_all_dead(
+        &state,
+        source,
+        target,
+        since.map(|since| (since, since_text.unwrap_or_default())),
+        "the admin API",
+    )
+    .await?;
+    Ok(HttpResponse::Accepted().json(serde_json::json!({ "requeued": requeued })))
+}
+
+/// Every dead delivery that matches (of `source`'s events, to targets named `target`, queued
+/// since then; each only if given) becomes pending again, logged as done `by` (the admin API,
+/// the console). Returns how many.
+pub(crate) async fn requeue_all_dead(
+    state: &web::Data<AppState>,
+    source: Option<String>,
+    target: Option<String>,
+    since: Option<(DateTime<Utc>, String)>,
+    by: &'static str,
+) -> Result<usize, ApiError> {
     let (logged_source, logged_target) = (source.clone(), target.clone());
+    let logged_since = since.as_ref().map(|(_, text)| text.clone());
+    let since = since.map(|(since, _)| since);
     // An attempt that just ended is dead once its outcome is written.
     state.forward.outcomes_written(None).await;
-    let requeued = with_db(&state, "bulk requeue", move |conn| {
+    let requeued = with_db(state, "bulk requeue", move |conn| {
         deliveries::requeue_dead(conn, source.as_deref(), target.as_deref(), since)
     })
     .await?;
     tracing::info!(
         source = logged_source.as_deref().unwrap_or("*"),
         target = logged_target.as_deref().unwrap_or("*"),
-        since = since_text.as_deref().unwrap_or("-"),
+        since = logged_since.as_deref().unwrap_or("-"),
         requeued,
-        "dead deliveries re-queued by the admin API"
+        "dead deliveries re-queued by {by}"
     );
     if requeued > 0 {
         state.forward.queued();
     }
-    Ok(HttpResponse::Accepted().json(serde_json::json!({ "requeued": requeued })))
+    Ok(requeued)
 }
 
 /// `POST /admin/deliveries/{id}/requeue`: a dead delivery becomes pending again, due now. An

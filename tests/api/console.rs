@@ -426,6 +426,80 @@ async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
     );
 }
 
+#[actix_web::test]
+async fn the_dead_filter_re_queues_every_dead_delivery_with_one_button() {
+    // After a downstream is mended, its dead deliveries go again from the list, not one event
+    // page at a time.
+    let downstream = Downstream::start(always(410));
+    let app = TestApp::spawn_with(
+        &forward_extra(&downstream.url, "5s", 3),
+        Handlers::default(),
+    )
+    .await;
+    for _ in 0..3 {
+        let id = unique_id("evt");
+        let sent = app
+            .send(&app.delivery("stripe", &stripe_event(&id, "charge.failed", 1), &id))
+            .await;
+        assert_eq!(sent.status, 200);
+    }
+    poll_until(
+        "the 410s dead-letter the deliveries",
+        Duration::from_secs(10),
+        || dead_deliveries(&app) == 3,
+    )
+    .await;
+    let cookie = log_in(&app).await;
+    let list = get_page(&app, "/console/events?source=stripe&dead=on", Some(&cookie)).await;
+    assert_eq!(list.status, 200, "{}", list.text());
+    assert!(
+        list.text().contains("id=\"requeue-all\""),
+        "{}",
+        list.text()
+    );
+    // Not offered where it would do nothing (no dead filter).
+    let plain = get_page(&app, "/console/events?source=stripe", Some(&cookie)).await;
+    assert!(!plain.text().contains("id=\"requeue-all\""));
+    let csrf = csrf_of(&list.text());
+
+    let forged = post_form(
+        &app,
+        "/console/deliveries/requeue",
+        Some(&cookie),
+        &[("source", "stripe"), ("csrf", "not-the-token")],
+    )
+    .await;
+    assert_eq!(forged.status, 403);
+    assert_eq!(dead_deliveries(&app), 3, "nothing was re-queued");
+
+    // The downstream is mended; then the button.
+    downstream.behave(always(200));
+    let done = post_form(
+        &app,
+        "/console/deliveries/requeue",
+        Some(&cookie),
+        &[("source", "stripe"), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.text());
+    assert!(
+        done.text()
+            .contains("3 dead deliveries of source stripe are pending again"),
+        "{}",
+        done.text()
+    );
+    assert_eq!(dead_deliveries(&app), 0, "re-queued");
+    poll_until("each is delivered again", Duration::from_secs(10), || {
+        downstream
+            .received()
+            .iter()
+            .filter(|r| r.status == 200)
+            .count()
+            == 3
+    })
+    .await;
+}
+
 /// The sums of one source's per-minute bars in the overview's SVG, by outcome.
 fn charted(overview: &str, source: &str) -> [u64; 4] {
     let start = overview

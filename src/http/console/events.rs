@@ -10,7 +10,7 @@ use serde::Deserialize;
 use maud::{html, Markup};
 
 use super::html::{link, page, respond, time, visible};
-use super::{Refused, Session};
+use super::{check_csrf, field, message, Refused, Session};
 use crate::config::parse_time_or_ago;
 use crate::db::events::{self, Filter, Listed};
 use crate::db::AnyConnection;
@@ -215,9 +215,30 @@ pub async fn list(
         _ => None,
     };
 
+    // With the dead filter on, one button re-queues them all (the admin API's bulk requeue):
+    // after a downstream is mended, rather than one event page at a time.
+    let dead_source = filters.source.trim().to_owned();
+    let requeue_all = (!filters.dead.is_empty() && !rows.is_empty()).then(|| {
+        html! {
+            form method="post" action="/console/deliveries/requeue" id="requeue-dead" {
+                input type="hidden" name="csrf" value=(session.csrf());
+                input type="hidden" name="source" value=(dead_source);
+                button type="submit" class="requeue" id="requeue-all" {
+                    @if dead_source.is_empty() {
+                        "Re-queue every dead delivery"
+                    } @else {
+                        "Re-queue every dead delivery of " (dead_source)
+                    }
+                }
+            }
+        }
+    });
     let main = html! {
         h1 { "Events" }
         (form)
+        @if let Some(requeue_all) = requeue_all {
+            (requeue_all)
+        }
         @if rows.is_empty() {
             p class="muted" id="no-events" { "No stored event matches." }
         } @else {
@@ -269,6 +290,30 @@ pub async fn list(
     Ok(respond(
         StatusCode::OK,
         page("Events", Some(&session), main),
+    ))
+}
+
+/// `POST /console/deliveries/requeue` with `csrf` and `source` (empty: every source): every
+/// dead delivery of those events becomes pending again; a page says how many.
+pub async fn requeue_dead(
+    state: web::Data<AppState>,
+    body: web::Bytes,
+    Admin(session): Admin<Session>,
+) -> Result<HttpResponse, Refused> {
+    check_csrf(&session, &body)?;
+    let source = Some(field(&body, "source")).filter(|s| !s.trim().is_empty());
+    let whose = source
+        .as_deref()
+        .map_or_else(|| "every source".to_owned(), |s| format!("source {s}"));
+    let requeued =
+        crate::http::admin::requeue_all_dead(&state, source, None, None, "the console").await?;
+    Ok(message(
+        StatusCode::OK,
+        "Re-queued",
+        &format!(
+            "{requeued} dead deliveries of {whose} are pending again; each is sent as its \
+             target takes it, with the same Idempotency-Key."
+        ),
     ))
 }
 

@@ -47,6 +47,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/logout", web::post().to(logout))
             .route("/events", web::get().to(events::list))
             .route("/event", web::get().to(event::show))
+            .route("/deliveries/requeue", web::post().to(events::requeue_dead))
             .route("/deliveries/{id}/requeue", web::post().to(event::requeue))
             .route("/events/redeliver", web::post().to(event::redeliver)),
     );
