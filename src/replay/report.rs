@@ -122,6 +122,15 @@ impl Tally {
         self.fail_row(origin, None, error.to_owned(), message);
     }
 
+    /// The failures by file and line, as the captures hold them: deliveries run concurrently
+    /// and end in any order, and a list in the order they ended read as shuffled.
+    fn failures_in_order(&self) -> Vec<&Failure> {
+        let mut failures: Vec<&Failure> = self.failures.iter().collect();
+        failures
+            .sort_by(|a, b| (&a.origin.file, a.origin.line).cmp(&(&b.origin.file, b.origin.line)));
+        failures
+    }
+
     fn fail_row(&mut self, origin: Origin, status: Option<u16>, error: String, message: String) {
         self.failures.push(Failure {
             origin,
@@ -176,7 +185,7 @@ impl Tally {
             "failed_by_error": self.failed_by_error,
             "latency_ms": { "p50": round(p50), "p99": round(p99) },
             "duration_ms": duration.as_millis() as u64,
-            "failures": self.failures,
+            "failures": self.failures_in_order(),
         });
         if self.interrupted {
             report["interrupted"] = serde_json::json!(true);
@@ -279,7 +288,7 @@ impl Tally {
         }
         if !self.failures.is_empty() {
             let _ = writeln!(out, "not 2xx:");
-            for failure in self.failures.iter().take(SUMMARY_FAILURES) {
+            for failure in self.failures_in_order().into_iter().take(SUMMARY_FAILURES) {
                 let o = &failure.origin;
                 let status = failure.status.map_or("-".to_owned(), |s| s.to_string());
                 let _ = writeln!(
@@ -341,6 +350,32 @@ mod tests {
             source: Some("stripe".into()),
             event_id: Some(format!("evt_{line}")),
         }
+    }
+
+    #[test]
+    fn failures_are_listed_by_line_whatever_order_they_ended_in() {
+        let mut tally = Tally::default();
+        for line in [12, 2, 7] {
+            tally.unanswered(origin(line), "no answer".into());
+        }
+        let report = tally.report(Duration::from_secs(1));
+        let lines: Vec<_> = report["failures"]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|f| f["line"].as_u64().expect("a line"))
+            .collect();
+        assert_eq!(lines, [2, 7, 12]);
+        let summary = tally.summary(Duration::from_secs(1));
+        let at = |place: &str| summary.find(place).expect("listed");
+        assert!(
+            at("capture.ndjson:2 ") < at("capture.ndjson:7 "),
+            "{summary}"
+        );
+        assert!(
+            at("capture.ndjson:7 ") < at("capture.ndjson:12 "),
+            "{summary}"
+        );
     }
 
     #[test]
