@@ -395,7 +395,6 @@ fn no_secret_shows_in_a_config_error() {
 #[test]
 fn migrate_waiting_for_another_instances_migration_lock_says_so() {
     use diesel::RunQueryDsl;
-    use std::io::BufRead;
     if store_is_sqlite() {
         return;
     }
@@ -406,45 +405,22 @@ fn migrate_waiting_for_another_instances_migration_lock_says_so() {
     diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))
         .execute(&mut holder)
         .expect("the lock is taken");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
-        .args(["migrate", "--config", "/dev/null"])
-        .env("DATABASE_URL", &db.url)
-        .env_remove("HOOKBOX_CONFIG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("hookbox migrate starts");
-    let stderr = child.stderr.take().expect("piped");
-    let (lines, seen) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = lines.send(line);
-        }
-    });
+    let migrate = Watched::start(
+        &["migrate", "--config", "/dev/null"],
+        &[("DATABASE_URL", &db.url)],
+    );
     // It says what it waits for, rather than hanging silently.
-    loop {
-        let line = seen
-            .recv_timeout(std::time::Duration::from_secs(20))
-            .expect("a line saying what migrate waits for");
-        if line.contains("waiting for the migration lock") {
-            break;
-        }
-    }
+    migrate.says("waiting for the migration lock");
     diesel::sql_query(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"))
         .execute(&mut holder)
         .expect("the lock is let go");
-    let status = child.wait().expect("migrate ends");
-    assert!(status.success(), "{status}");
+    assert!(migrate.succeeded());
     assert_eq!(db.count("events"), 0, "migrated once the lock was free");
 }
 
 #[test]
 fn migrate_on_sqlite_waits_for_another_process_write_and_says_so() {
     use diesel::connection::SimpleConnection;
-    use std::io::BufRead;
     if !store_is_sqlite() {
         return;
     }
@@ -459,38 +435,16 @@ fn migrate_on_sqlite_waits_for_another_process_write_and_says_so() {
     holder
         .batch_execute("BEGIN IMMEDIATE")
         .expect("the write lock is taken");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
-        .args(["migrate", "--config", "/dev/null"])
-        .env("DATABASE_URL", &db.url)
-        .env_remove("HOOKBOX_CONFIG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("hookbox migrate starts");
-    let stderr = child.stderr.take().expect("piped");
-    let (lines, seen) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = lines.send(line);
-        }
-    });
-    loop {
-        let line = seen
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("a line saying what migrate waits for");
-        if line.contains("waiting for the SQLite write lock") {
-            break;
-        }
-    }
+    let migrate = Watched::start(
+        &["migrate", "--config", "/dev/null"],
+        &[("DATABASE_URL", &db.url)],
+    );
+    migrate.says("waiting for the SQLite write lock");
     holder
         .batch_execute("ROLLBACK")
         .expect("the lock is let go");
-    let status = child.wait().expect("migrate ends");
     assert!(
-        status.success(),
-        "it waited its turn rather than failing: {status}"
+        migrate.succeeded(),
+        "it waited its turn rather than failing"
     );
 }

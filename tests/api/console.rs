@@ -354,25 +354,37 @@ async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
     );
 }
 
-#[actix_web::test]
-async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
+/// A server forwarding stripe to a downstream that answers 410, and `n` events whose
+/// deliveries that made dead: the downstream, the server and the events' ids.
+async fn with_dead_deliveries(n: usize) -> (Downstream, TestApp, Vec<String>) {
     let downstream = Downstream::start(always(410));
     let app = TestApp::spawn_with(
         &forward_extra(&downstream.url, "5s", 3),
         Handlers::default(),
     )
     .await;
-    let id = unique_id("evt");
-    let sent = app
-        .send(&app.delivery("stripe", &stripe_event(&id, "charge.failed", 1), &id))
-        .await;
-    assert_eq!(sent.status, 200);
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let id = unique_id("evt");
+        let sent = app
+            .send(&app.delivery("stripe", &stripe_event(&id, "charge.failed", 1), &id))
+            .await;
+        assert_eq!(sent.status, 200);
+        ids.push(id);
+    }
     poll_until(
-        "the 410 dead-letters the delivery",
+        "the 410s dead-letter the deliveries",
         Duration::from_secs(10),
-        || dead_deliveries(&app) == 1,
+        || dead_deliveries(&app) == n as i64,
     )
     .await;
+    (downstream, app, ids)
+}
+
+#[actix_web::test]
+async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
+    let (_downstream, app, ids) = with_dead_deliveries(1).await;
+    let id = ids[0].clone();
     let delivery_id = deliveries(&app, &id).await[0]["id"]
         .as_i64()
         .expect("a delivery id");
@@ -430,25 +442,7 @@ async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
 async fn the_dead_filter_re_queues_every_dead_delivery_with_one_button() {
     // After a downstream is mended, its dead deliveries go again from the list, not one event
     // page at a time.
-    let downstream = Downstream::start(always(410));
-    let app = TestApp::spawn_with(
-        &forward_extra(&downstream.url, "5s", 3),
-        Handlers::default(),
-    )
-    .await;
-    for _ in 0..3 {
-        let id = unique_id("evt");
-        let sent = app
-            .send(&app.delivery("stripe", &stripe_event(&id, "charge.failed", 1), &id))
-            .await;
-        assert_eq!(sent.status, 200);
-    }
-    poll_until(
-        "the 410s dead-letter the deliveries",
-        Duration::from_secs(10),
-        || dead_deliveries(&app) == 3,
-    )
-    .await;
+    let (downstream, app, _) = with_dead_deliveries(3).await;
     let cookie = log_in(&app).await;
     let list = get_page(&app, "/console/events?source=stripe&dead=on", Some(&cookie)).await;
     assert_eq!(list.status, 200, "{}", list.text());

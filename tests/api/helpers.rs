@@ -701,6 +701,58 @@ pub fn run_hookbox_in(
     )
 }
 
+/// A `hookbox` command left running, whose stderr the test reads a line at a time (to see it
+/// say it waits for something, then let it go on).
+pub struct Watched {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Watched {
+    /// Starts `hookbox ARGS` with `env` (and no DATABASE_URL or HOOKBOX_CONFIG of the test's).
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> Watched {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hookbox"))
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("HOOKBOX_CONFIG")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("hookbox starts");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = send.send(line);
+            }
+        });
+        Watched { child, lines }
+    }
+
+    /// Waits (up to 30 s) for a line of stderr holding `text`.
+    pub fn says(&self, text: &str) {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("hookbox never said {text:?}"));
+            if line.contains(text) {
+                return;
+            }
+        }
+    }
+
+    /// Waits for it to end, and says whether it succeeded.
+    pub fn succeeded(mut self) -> bool {
+        self.child.wait().expect("hookbox ends").success()
+    }
+}
+
 /// [`run_hookbox`] from an async test: on a blocking thread, so the servers the test runs on
 /// its own runtime keep answering while the command waits for them.
 pub async fn run_hookbox_async(args: &[&str]) -> (i32, String, String) {

@@ -546,7 +546,6 @@ fn ctrl_c_stops_a_purge_between_batches_and_it_prints_what_it_removed() {
 #[test]
 fn a_purge_batch_kept_waiting_by_a_locked_row_says_so_while_it_waits() {
     use diesel::{Connection, RunQueryDsl};
-    use std::io::BufRead;
     // SQLite's one writer: a held write lock is another wait, with its own timeout.
     if store_is_sqlite() {
         return;
@@ -555,44 +554,20 @@ fn a_purge_batch_kept_waiting_by_a_locked_row_says_so_while_it_waits() {
     let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
     insert_aged(&db, "stripe", "old", 3, "4 days");
     let mut holder = db.connect();
-    holder
+    let purge = holder
         .transaction(|holder| {
             // Another session holds one of the rows the pass removes.
             diesel::sql_query("SELECT id FROM events WHERE event_id = 'old_1' FOR UPDATE")
                 .execute(holder)?;
-            let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
-                .args(["purge", "--config", &config_path, "--older-than", "1d"])
-                .env_remove("DATABASE_URL")
-                .env_remove("HOOKBOX_CONFIG")
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("hookbox purge starts");
-            let stderr = child.stderr.take().expect("piped");
-            let (lines, seen) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                for line in std::io::BufReader::new(stderr)
-                    .lines()
-                    .map_while(Result::ok)
-                {
-                    let _ = lines.send(line);
-                }
-            });
-            loop {
-                let line = seen
-                    .recv_timeout(Duration::from_secs(20))
-                    .expect("a progress line while the batch waits");
-                if line.contains("the batch under way has taken") {
-                    break;
-                }
-            }
+            let purge = Watched::start(
+                &["purge", "--config", &config_path, "--older-than", "1d"],
+                &[],
+            );
+            purge.says("the batch under way has taken");
             // Let go: the pass goes on and ends.
-            Ok::<_, diesel::result::Error>(child)
-        })
-        .map(|mut child| {
-            let status = child.wait().expect("purge ends");
-            assert!(status.success(), "{status}");
+            Ok::<_, diesel::result::Error>(purge)
         })
         .expect("the holder's transaction ends");
+    assert!(purge.succeeded());
     assert_eq!(db.count("events WHERE event_id LIKE 'old_%'"), 0);
 }
