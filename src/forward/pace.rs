@@ -559,15 +559,16 @@ mod tests {
     async fn a_start_woken_late_does_not_push_the_next_back() {
         // A timer wakes a millisecond or so late; spacing each start from the one before's
         // wake-up slipped every start by that much, and `100/s` started about 80 a second.
-        // Here the first start is woken 40 ms late (of a 50 ms slack); the second must still
-        // come at its own moment, 100 ms after the first's, not 100 ms after the late start.
+        // Here the thread is held from well before the first moment (80 ms) to 110 ms, so the
+        // first start comes about 30 ms late (of a 50 ms slack); the second must still come at
+        // its own moment (180 ms), not 100 ms after the late start (210 ms).
         let pace = Pace::new("10/s".parse().expect("a rate"));
         let schedule = Schedule::new(&pace);
         let begin = Instant::now();
-        schedule.book_until(begin + Duration::from_millis(50));
+        schedule.book_until(begin + Duration::from_millis(80));
         let held = async {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            std::thread::sleep(Duration::from_millis(60));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            std::thread::sleep(Duration::from_millis(100));
         };
         let starts = async {
             futures_util::future::join_all((0..2).map(|_| async {
@@ -579,13 +580,13 @@ mod tests {
         };
         let (mut starts, ()) = tokio::join!(starts, held);
         starts.sort();
-        assert!(starts[0] >= Duration::from_millis(90), "{starts:?}");
+        assert!(starts[0] >= Duration::from_millis(105), "late: {starts:?}");
         assert!(
-            starts[1] >= Duration::from_millis(150),
+            starts[1] >= Duration::from_millis(175),
             "not before its moment: {starts:?}"
         );
         assert!(
-            starts[1] - starts[0] < Duration::from_millis(85),
+            starts[1] - starts[0] < Duration::from_millis(92),
             "the second start came at its moment: {starts:?}"
         );
     }
