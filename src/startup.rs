@@ -24,6 +24,9 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// way to finish.
 const STOP_WAIT: Duration = Duration::from_secs(30);
 
+/// How often a stop that requests still hold says so.
+const STOP_NOTE: Duration = Duration::from_secs(5);
+
 /// A built server, bound to its port and ready to run.
 pub struct Application {
     port: u16,
@@ -171,8 +174,23 @@ impl Application {
                 self.purge.stop();
                 self.forward.stop();
                 tracing::info!(signal, "shutting down: no new connections, letting in-flight deliveries finish");
-                // The server future carries out the stop, so it is polled alongside it.
-                let (_, result) = tokio::join!(handle.stop(true), &mut server);
+                // The server future carries out the stop, so it is polled alongside it. A
+                // request that holds it (a client still sending its body) is said, every
+                // STOP_NOTE, rather than the stop going quiet for up to STOP_WAIT.
+                let began = tokio::time::Instant::now();
+                let drained = async { tokio::join!(handle.stop(true), &mut server).1 };
+                tokio::pin!(drained);
+                let result = loop {
+                    tokio::select! {
+                        result = &mut drained => break result,
+                        () = tokio::time::sleep(STOP_NOTE) => tracing::info!(
+                            "still letting requests in flight finish, {} s into the stop (up \
+                             to {} s: a client still sending its body holds the stop that long)",
+                            began.elapsed().as_secs(),
+                            STOP_WAIT.as_secs()
+                        ),
+                    }
+                };
                 result.map(|()| deadline)
             }
         };
