@@ -484,12 +484,26 @@ fn stop_on_ctrl_c(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long a purge batch on SQLite waits for the write lock another process holds.
+const PURGE_LOCK_WAIT: Duration = Duration::from_secs(60);
+
 fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
     let plan = match args.older_than {
         Some(window) => Plan::older_than(window),
         None => Plan::from_config(config),
     };
     let mut conn = connect_existing(config, "nothing to purge")?;
+    // On SQLite a batch waits for the one write lock while serve writes: longer than a
+    // delivery would (the progress line says when a batch waits), rather than failing the pass.
+    if let crate::db::AnyConnection::Sqlite(sqlite) = &mut conn {
+        use diesel::connection::SimpleConnection;
+        sqlite
+            .batch_execute(&format!(
+                "PRAGMA busy_timeout = {}",
+                PURGE_LOCK_WAIT.as_millis()
+            ))
+            .context("cannot set up the SQLite connection")?;
+    }
     let started = Instant::now();
     let (report, verb) = if args.dry_run {
         let report = retention::dry_run(&mut conn, &plan)

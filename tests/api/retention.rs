@@ -571,3 +571,29 @@ fn a_purge_batch_kept_waiting_by_a_locked_row_says_so_while_it_waits() {
     assert!(purge.succeeded());
     assert_eq!(db.count("events WHERE event_id LIKE 'old_%'"), 0);
 }
+
+#[test]
+fn a_purge_on_sqlite_waits_for_another_process_write_rather_than_failing() {
+    use diesel::connection::SimpleConnection;
+    if !store_is_sqlite() {
+        return;
+    }
+    let db = TestDb::create();
+    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
+    insert_aged(&db, "stripe", "old", 3, "4 days");
+    // serve (another process) holds the one write lock, past a delivery's 5 s busy wait.
+    let mut holder = db.connect();
+    holder
+        .batch_execute("BEGIN IMMEDIATE")
+        .expect("the write lock is taken");
+    let purge = Watched::start(
+        &["purge", "--config", &config_path, "--older-than", "1d"],
+        &[],
+    );
+    purge.says("the batch under way has taken 6 s");
+    holder
+        .batch_execute("ROLLBACK")
+        .expect("the lock is let go");
+    assert!(purge.succeeded(), "it waited rather than failing the pass");
+    assert_eq!(db.count("events WHERE event_id LIKE 'old_%'"), 0);
+}
