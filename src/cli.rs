@@ -48,11 +48,17 @@ enum Command {
     /// [sources.NAME.forward] (or [[sources.NAME.forward]], one table per target) has each
     /// stored event sent on to its targets from here too: signed HTTP POSTs, NATS JetStream or
     /// RabbitMQ, retried until delivered or dead (docs/forwarding.md, docs/bus-targets.md).
+    ///
+    /// The admin API and the console (/admin, /console) are on when [admin].token_env names a
+    /// set variable holding the token. Logs go to stderr; RUST_LOG sets the level (info by
+    /// default; RUST_LOG=debug for more). Exit 0 after a graceful stop, 1 when it cannot start
+    /// (port taken, database unreachable), 2 on a bad config, before anything listens.
     Serve(ConfigArg),
     /// Apply pending database migrations and exit.
     ///
     /// Instances take turns (an advisory lock on PostgreSQL, the write lock on SQLite), so
     /// running this while servers start is safe. Needs only [database].url or DATABASE_URL.
+    /// Exit 0 when the schema is up to date, 1 when the database fails, 2 on a bad config.
     Migrate(ConfigArg),
     /// Run one retention purge pass now; print what it removed per source and in total.
     ///
@@ -61,6 +67,7 @@ enum Command {
     /// as the scheduled purge inside `serve` does. Waits for
     /// nothing: if another hookbox is purging at this moment, it says so and exits 1. Ctrl-C
     /// stops it after the batch in progress, prints what it removed so far, and exits 130.
+    /// Exit 0 after a pass, 1 when the database fails, 2 on bad usage or a bad config.
     Purge(PurgeArgs),
     /// Write stored deliveries as a capture: NDJSON, one delivery a line, oldest first.
     ///
@@ -68,7 +75,11 @@ enum Command {
     /// (lowercase; the scheme's own and content-type, never authorization or cookies) and the
     /// raw body byte for byte ("body", or "body_base64" when it is not UTF-8). It reads one
     /// snapshot in batches, so it runs in constant memory however much is stored, and says
-    /// on stderr how many it wrote.
+    /// on stderr how many it wrote. With --out, the capture is written whole or not at all
+    /// (a new file is readable by its owner only).
+    ///
+    /// Exit 0 when written, 1 when the store is not there or fails, 2 on bad usage or a bad
+    /// config, 130 on Ctrl-C or SIGTERM (nothing left at --out).
     ///
     /// Example: hookbox export --source stripe --since 24h --out stripe.ndjson
     Export(ExportArgs),

@@ -448,3 +448,20 @@ fn migrate_on_sqlite_waits_for_another_process_write_and_says_so() {
         "it waited its turn rather than failing"
     );
 }
+
+#[test]
+fn every_commands_help_says_what_its_exit_codes_mean() {
+    for command in ["serve", "migrate", "purge", "export", "replay", "send"] {
+        let (code, stdout, stderr) = run_hookbox(&[command, "--help"], &[]);
+        assert_eq!(code, 0, "{command}: {stderr}");
+        assert!(
+            stdout.contains("Exit 0") && stdout.contains(" 2 "),
+            "{command} --help names its exit codes:\n{stdout}"
+        );
+    }
+    let (_, serve, _) = run_hookbox(&["serve", "--help"], &[]);
+    assert!(
+        serve.contains("RUST_LOG") && serve.contains("token_env"),
+        "{serve}"
+    );
+}
