@@ -3,8 +3,9 @@
 //!
 //! The schedule is the store's (`db::paces`): an attempt ready to start books its moment there,
 //! one `per / N` after the last start any instance booked, and starts then. A process books for
-//! every attempt of the target waiting for its turn at once (one statement for a batch), and
-//! keeps what it booked in order; waiters go in turn (tokio's mutex is fair), each holding the
+//! the attempts of the target waiting for their turn at once (one statement for a batch, up
+//! to half the reach's worth, so that instances sharing the target take turns), and keeps
+//! what it booked in order; waiters go in turn (tokio's mutex is fair), each holding the
 //! gate while it waits for its moment. Its own moments are an interval apart (a start waits
 //! for the later of its moment and an interval after the last one started at), and a start
 //! woken late does not push the next back; a moment missed by half an interval (a busy
@@ -247,7 +248,13 @@ impl Pace {
         B: FnMut(u32) -> F,
         F: Future<Output = Result<Booked, String>>,
     {
-        let want = u32::try_from(self.waiting.load(Ordering::SeqCst)).unwrap_or(u32::MAX);
+        // Half the reach's worth at a time at most: one instance with many rows waiting never
+        // books the whole reach ahead alone, so another sharing the target finds room within
+        // its own reach at each of its bookings, and the two take turns. Booking all it had
+        // waiting, one instance took 19 moments of 20, and the other's rows, getting one
+        // moment a booking, waited 15 s and went back (found by a black-box run).
+        let fair = self.waiting.load(Ordering::SeqCst).min(self.queue() / 2);
+        let want = u32::try_from(fair).unwrap_or(u32::MAX);
         let got = match book(want.max(1)).await {
             Ok(got) => got,
             Err(e) => {
@@ -456,20 +463,24 @@ mod tests {
         }
     }
 
-    /// Sorted starts keep to moments `interval` apart: each comes at its moment or within
-    /// half an interval after it (a timer wakes late, which the next does not make up), so
-    /// the `i`th is at least `i` intervals after the first, less half of one, and no two are
-    /// closer than half an interval.
-    fn assert_spread(starts: &mut [Duration], interval: Duration) {
+    /// Sorted starts keep to moments an interval apart: each comes at its moment or within its
+    /// slack after it (a timer wakes late, which the next does not make up), so the `i`th is
+    /// at least `i` intervals after the first, less the slack, and no two are closer than an
+    /// interval less the slack (half an interval up to 100/s; faster, the 5 ms least slack).
+    fn assert_spread(starts: &mut [Duration], pace: &Pace) {
+        let (interval, slack) = (pace.interval(), pace.slack());
         starts.sort();
         for pair in starts.windows(2) {
             // Read just after each start, so a hair later than the gate did.
-            assert!(pair[1] - pair[0] >= interval / 2, "{starts:?}");
+            assert!(
+                pair[1] - pair[0] >= interval.saturating_sub(slack),
+                "{starts:?}"
+            );
         }
         for (i, start) in starts.iter().enumerate() {
             let moments = interval * u32::try_from(i).expect("a few starts");
             assert!(
-                *start + interval / 2 >= starts[0] + moments,
+                *start + slack >= starts[0] + moments,
                 "start {i} before its moment: {starts:?}"
             );
         }
@@ -486,7 +497,7 @@ mod tests {
             Instant::now() - begin
         }))
         .await;
-        assert_spread(&mut starts, pace.interval());
+        assert_spread(&mut starts, &pace);
         assert!(starts[20] >= Duration::from_millis(100), "{starts:?}");
         assert_eq!(pace.queue(), 200);
     }
@@ -521,6 +532,57 @@ mod tests {
             assert!(in_window <= 11, "{in_window} from start {i}: {starts:?}");
         }
         assert!(starts[29] >= Duration::from_millis(285), "{starts:?}");
+    }
+
+    #[tokio::test]
+    async fn an_instance_with_a_few_rows_waiting_is_not_starved_by_one_with_many() {
+        // Two processes pace one target at 50/s. The first has 60 rows waiting, more than the
+        // reach holds (51), and books first; the second has 10. Booking all it had, the first
+        // filled the reach, and the second found no room: its rows went back, and under a
+        // steady load got a moment a booking. Each now books at most half the reach at a time.
+        let many: &'static Pace = Box::leak(Box::new(Pace::new("50/s".parse().expect("a rate"))));
+        let few: &'static Pace = Box::leak(Box::new(Pace::new("50/s".parse().expect("a rate"))));
+        let schedule: &'static Schedule = Box::leak(Box::new(Schedule::new(many)));
+        let begin = Instant::now();
+        let start = |pace: &'static Pace| async move {
+            let turn = pace.start("s", "t", |want| schedule.book(want)).await;
+            (turn, Instant::now() - begin)
+        };
+        // All 60 of the first process's rows wait for its gate before its first booking.
+        let gate = many.booked.lock().await;
+        let many_starts = futures_util::future::join_all((0..60).map(|_| start(many)));
+        tokio::pin!(many_starts);
+        tokio::select! {
+            biased;
+            _ = &mut many_starts => unreachable!("the gate is held"),
+            () = std::future::ready(()) => {}
+        }
+        drop(gate);
+        let (many_starts, few_starts) = tokio::join!(
+            many_starts,
+            futures_util::future::join_all((0..10).map(|_| start(few))),
+        );
+        assert!(
+            few_starts.iter().all(|(turn, _)| *turn == Turn::Now),
+            "the second instance's rows found no room: {few_starts:?}"
+        );
+        let last_of_few = few_starts.iter().map(|(_, at)| *at).max().expect("ten");
+        assert!(last_of_few < Duration::from_millis(1500), "{last_of_few:?}");
+        // Together, still the one pace: no second holds more than 51 starts.
+        let mut all: Vec<Duration> = many_starts
+            .iter()
+            .chain(&few_starts)
+            .filter(|(turn, _)| *turn == Turn::Now)
+            .map(|(_, at)| *at)
+            .collect();
+        all.sort();
+        for (i, at) in all.iter().enumerate() {
+            let in_window = all[i..]
+                .iter()
+                .take_while(|later| **later - *at < Duration::from_secs(1))
+                .count();
+            assert!(in_window <= 51, "{in_window} from start {i}: {all:?}");
+        }
     }
 
     #[tokio::test]
@@ -762,7 +824,7 @@ mod tests {
             starts.iter().all(|s| *s >= RETRY_BOOKING_AFTER * 2),
             "none before the third booking: {starts:?}"
         );
-        assert_spread(&mut starts, pace.interval());
+        assert_spread(&mut starts, &pace);
         assert!(!pace.booked.lock().await.failing, "booking works again");
     }
 
