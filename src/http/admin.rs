@@ -26,23 +26,35 @@ impl actix_web::FromRequest for NoBody {
 
     /// Reads what body there is, and refuses any byte of one: a client may send an empty body
     /// chunked (`Transfer-Encoding: chunked` and no chunk), which is no body.
+    /// Within `[server].request_timeout`, as a delivery's body: a body announced and never
+    /// sent is 408, not a connection held for ever.
     fn from_request(
-        _: &actix_web::HttpRequest,
+        request: &actix_web::HttpRequest,
         payload: &mut actix_web::dev::Payload,
     ) -> Self::Future {
         use futures_util::StreamExt;
+        let within = request
+            .app_data::<web::Data<AppState>>()
+            .map_or(std::time::Duration::from_secs(30), |state| {
+                state.request_timeout
+            });
         let mut payload = payload.take();
         Box::pin(async move {
-            while let Some(chunk) = payload.next().await {
-                if !matches!(chunk, Ok(bytes) if bytes.is_empty()) {
-                    return Err(ApiError::InvalidQuery(
-                        "this endpoint takes no body: give its parameters in the path and the \
-                         query string; nothing was done"
-                            .to_owned(),
-                    ));
+            let read = async {
+                while let Some(chunk) = payload.next().await {
+                    if !matches!(chunk, Ok(bytes) if bytes.is_empty()) {
+                        return Err(ApiError::InvalidQuery(
+                            "this endpoint takes no body: give its parameters in the path and \
+                             the query string; nothing was done"
+                                .to_owned(),
+                        ));
+                    }
                 }
-            }
-            Ok(NoBody)
+                Ok(NoBody)
+            };
+            tokio::time::timeout(within, read)
+                .await
+                .unwrap_or(Err(ApiError::RequestTimeout))
         })
     }
 }

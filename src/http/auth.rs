@@ -111,12 +111,12 @@ impl FromRequest for Admin<Login> {
 
     fn from_request(request: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let expected = state(request).admin_token.clone();
-        let body = web::Bytes::from_request(request, payload);
+        let body = super::console::FormBody::from_request(request, payload);
         Box::pin(async move {
             let Some(expected) = expected else {
                 return Err(Refused::Off.into());
             };
-            let body = body.await?;
+            let super::console::FormBody(body) = body.await?;
             let field = |wanted: &str| {
                 form_urlencoded::parse(&body)
                     .find(|(name, _)| name == wanted)

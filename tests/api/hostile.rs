@@ -655,3 +655,45 @@ async fn a_broken_chunked_body_is_400_saying_the_body_could_not_be_read_not_that
     );
     assert_eq!(app.db.count("events"), 0);
 }
+
+#[actix_web::test]
+async fn a_form_or_admin_body_announced_and_never_sent_is_408_within_the_request_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The console's login form needs no session: a client that says a body comes and never
+    // sends it held the connection for as long as it liked, as did the admin POST routes.
+    let db = TestDb::create();
+    let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"1s\"");
+    let app = TestApp::spawn_on(db, parse_config(&text), hookbox::Handlers::default()).await;
+    let authority = app.address.trim_start_matches("http://").to_owned();
+    for (path, extra) in [
+        (
+            "/console/login",
+            "Content-Type: application/x-www-form-urlencoded\r\n".to_owned(),
+        ),
+        (
+            "/admin/deliveries/requeue?source=stripe",
+            format!("Authorization: Bearer {ADMIN_TOKEN}\r\n"),
+        ),
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(&authority)
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {authority}\r\n{extra}Content-Length: 10\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.expect("the head");
+        let started = std::time::Instant::now();
+        let mut answer = vec![0u8; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(15), stream.read(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer in 15 s"))
+            .expect("read the answer");
+        let answer = String::from_utf8_lossy(&answer[..read]).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{path}: {:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use maud::{html, Markup};
 
 use super::html::{link, page, redirect, respond, show_body, time, visible};
-use super::{check_csrf, field, message, Refused, Session};
+use super::{check_csrf, field, message, FormBody, Refused, Session};
 use crate::db::deliveries::DeliveryView;
 use crate::db::events::{self, StoredEvent};
 use crate::db::AnyConnection;
@@ -341,7 +341,7 @@ pub async fn show(
 pub async fn requeue(
     state: web::Data<AppState>,
     path: web::Path<i64>,
-    body: web::Bytes,
+    FormBody(body): FormBody,
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
@@ -367,7 +367,7 @@ pub async fn requeue(
 /// target only, if given), then back to its page with how many.
 pub async fn redeliver(
     state: web::Data<AppState>,
-    body: web::Bytes,
+    FormBody(body): FormBody,
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use maud::{html, Markup};
 
 use super::html::{link, page, respond, time, visible};
-use super::{check_csrf, field, message, Refused, Session};
+use super::{check_csrf, field, message, FormBody, Refused, Session};
 use crate::config::parse_time_or_ago;
 use crate::db::events::{self, Filter, Listed};
 use crate::db::AnyConnection;
@@ -297,7 +297,7 @@ pub async fn list(
 /// dead delivery of those events becomes pending again; a page says how many.
 pub async fn requeue_dead(
     state: web::Data<AppState>,
-    body: web::Bytes,
+    FormBody(body): FormBody,
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;

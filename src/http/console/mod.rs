@@ -152,6 +152,39 @@ async fn no_page(_: Admin<Session>) -> HttpResponse {
     )
 }
 
+/// A console form's body, read within `[server].request_timeout` as a delivery's is: a client
+/// that announces a body and never sends it gets 408, rather than holding the connection for
+/// as long as it likes (found by a black-box run, on the login form, which needs no session).
+pub struct FormBody(pub web::Bytes);
+
+impl actix_web::FromRequest for FormBody {
+    type Error = actix_web::Error;
+    type Future = futures_util::future::LocalBoxFuture<'static, Result<Self, actix_web::Error>>;
+
+    fn from_request(request: &HttpRequest, payload: &mut actix_web::dev::Payload) -> Self::Future {
+        let within = request
+            .app_data::<web::Data<AppState>>()
+            .map_or(std::time::Duration::from_secs(30), |state| {
+                state.request_timeout
+            });
+        let body = web::Bytes::from_request(request, payload);
+        Box::pin(async move {
+            match tokio::time::timeout(within, body).await {
+                Ok(body) => body.map(FormBody),
+                Err(_) => Err(actix_web::error::InternalError::from_response(
+                    "the form's body did not arrive in time",
+                    message(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "Too slow",
+                        "The form did not arrive in time. Go back and send it again.",
+                    ),
+                )
+                .into()),
+            }
+        })
+    }
+}
+
 /// A field of a form-encoded body; empty when missing.
 fn field(body: &[u8], name: &str) -> String {
     form_urlencoded::parse(body)
@@ -180,24 +213,17 @@ fn message(status: StatusCode, title: &str, text: &str) -> HttpResponse {
 }
 
 /// The console address `address` (a path and query, as a browser asked for it) names, to be
-/// led back to after logging in; none for the overview itself or an address that is not the
-/// console's own (only a path under `/console` is ever a redirect's target, so a link cannot
-/// lead a login elsewhere).
+/// led back to after logging in: the events list or an event's page, with their query; none
+/// for the overview itself or anything else (a form's action, a path that is no page, an
+/// address off the console), so a link can lead a login nowhere but to a page a GET shows.
 pub(crate) fn back_to(address: &str) -> Option<&str> {
     /// Longer is no address the console makes (and would make the login's own URL long).
     const LONGEST: usize = 2048;
+    /// The pages a link can lead to: those a GET shows (the overview needs no `next`).
+    const PAGES: [&str; 2] = ["/console/events", "/console/event"];
     let (path, query) = address.split_once('?').unwrap_or((address, ""));
-    let page = path.strip_prefix("/console/")?;
-    // The console's page names are letters, digits and `/-_`: no dot segment, escaped or not,
-    // that a browser would resolve to elsewhere, and no `//`.
-    let named = !page.is_empty()
-        && !page.starts_with("login")
-        && !path.contains("//")
-        && page
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_'));
     let plain_query = query.bytes().all(|b| b.is_ascii_graphic() && b != b'\\');
-    (named && plain_query && address.len() <= LONGEST).then_some(address)
+    (PAGES.contains(&path) && plain_query && address.len() <= LONGEST).then_some(address)
 }
 
 fn login_page(status: StatusCode, error: Option<&str>, next: Option<&str>) -> HttpResponse {
@@ -269,7 +295,7 @@ async fn login(
 async fn logout(
     state: web::Data<AppState>,
     request: HttpRequest,
-    body: web::Bytes,
+    FormBody(body): FormBody,
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
@@ -308,6 +334,11 @@ mod tests {
             "/admin/events",
             "/console/event?id=a\\b",
             "/console/event?id=a b",
+            "/console/logout",
+            "/console/nosuch",
+            "/console/deliveries/2/requeue",
+            "/console/events/redeliver",
+            "/console/events/",
         ] {
             assert_eq!(back_to(elsewhere), None, "{elsewhere}");
         }
