@@ -33,11 +33,7 @@ impl actix_web::FromRequest for NoBody {
         payload: &mut actix_web::dev::Payload,
     ) -> Self::Future {
         use futures_util::StreamExt;
-        let within = request
-            .app_data::<web::Data<AppState>>()
-            .map_or(std::time::Duration::from_secs(30), |state| {
-                state.request_timeout
-            });
+        let within = crate::http::body_timeout(request);
         let mut payload = payload.take();
         Box::pin(async move {
             let read = async {

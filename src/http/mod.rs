@@ -39,6 +39,17 @@ pub(crate) async fn with_db<T: Send + 'static>(
         })
 }
 
+/// How long a request's body may take to arrive (`[server].request_timeout`), for an
+/// extractor that reads one; every request is served with the state, and the default is only
+/// a fallback for a test that builds a bare request.
+pub(crate) fn body_timeout(request: &actix_web::HttpRequest) -> std::time::Duration {
+    request
+        .app_data::<web::Data<AppState>>()
+        .map_or(std::time::Duration::from_secs(30), |state| {
+            state.request_timeout
+        })
+}
+
 /// What is wrong with a query string, in the words of the parser underneath (`unknown field
 /// `soruce``, `duplicate field `source``), without actix's own prefix for it.
 pub(crate) fn query_problem(error: &actix_web::error::QueryPayloadError) -> String {

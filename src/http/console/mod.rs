@@ -162,11 +162,7 @@ impl actix_web::FromRequest for FormBody {
     type Future = futures_util::future::LocalBoxFuture<'static, Result<Self, actix_web::Error>>;
 
     fn from_request(request: &HttpRequest, payload: &mut actix_web::dev::Payload) -> Self::Future {
-        let within = request
-            .app_data::<web::Data<AppState>>()
-            .map_or(std::time::Duration::from_secs(30), |state| {
-                state.request_timeout
-            });
+        let within = crate::http::body_timeout(request);
         let body = web::Bytes::from_request(request, payload);
         Box::pin(async move {
             match tokio::time::timeout(within, body).await {
