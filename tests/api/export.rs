@@ -618,43 +618,32 @@ fn an_export_out_over_a_private_capture_keeps_it_private_and_a_new_one_is_privat
     use std::os::unix::fs::PermissionsExt;
     let (_db, config) = stored_events(2);
     let dir = TempDir::new();
+    // `export --out path`, then the mode of what it left there.
+    let export_to = |path: &std::path::Path| {
+        let (code, _, stderr) = run_hookbox(
+            &[
+                "export",
+                "--config",
+                &config.path(),
+                "--out",
+                &path.to_string_lossy(),
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{stderr}");
+        std::fs::metadata(path)
+            .expect("the capture")
+            .permissions()
+            .mode()
+    };
     // A new capture holds payloads and signatures: its owner's only.
-    let new = dir.0.join("new.ndjson");
-    let (code, _, stderr) = run_hookbox(
-        &[
-            "export",
-            "--config",
-            &config.path(),
-            "--out",
-            &new.to_string_lossy(),
-        ],
-        &[],
-    );
-    assert_eq!(code, 0, "{stderr}");
-    let mode = std::fs::metadata(&new)
-        .expect("the capture")
-        .permissions()
-        .mode();
+    let mode = export_to(&dir.0.join("new.ndjson"));
     assert_eq!(mode & 0o777, 0o600, "{mode:o}");
 
     let out = dir.0.join("capture.ndjson");
     std::fs::write(&out, "").expect("a capture");
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let (code, _, stderr) = run_hookbox(
-        &[
-            "export",
-            "--config",
-            &config.path(),
-            "--out",
-            &out.to_string_lossy(),
-        ],
-        &[],
-    );
-    assert_eq!(code, 0, "{stderr}");
-    let mode = std::fs::metadata(&out)
-        .expect("the capture")
-        .permissions()
-        .mode();
+    let mode = export_to(&out);
     assert_eq!(mode & 0o777, 0o600, "{mode:o}");
     assert_eq!(
         std::fs::read_to_string(&out).expect("read").lines().count(),
