@@ -256,6 +256,9 @@ async fn answer(
             stored.clone(),
         );
     };
+    // A transmission id the signature covers where it does not cover the body (PayPal's) is
+    // the second key in place of the body's: PayPal never sends one with two events.
+    let transmission = source.provider.transmission_id(&headers);
     let delivery = Delivery {
         fingerprint,
         headers: kept_headers(&source, request.headers()),
@@ -266,7 +269,10 @@ async fn answer(
         json,
         forward: targets,
         deadline: Instant::now() + state.in_flight_wait,
-        dedupe_key: source.dedupe_body.then_some(fingerprint),
+        dedupe_key: match transmission {
+            Some(id) => Some(inbox::transmission_key(id)),
+            None => source.dedupe_body.then_some(fingerprint),
+        },
     };
     let answer_by = deadline.into_std();
     let outcome =
@@ -289,6 +295,17 @@ async fn answer(
         Outcome::Replay(stored) => {
             remember(&stored, &event_id);
             Ok((respond(&source, stored, true), Counted::Replayed))
+        }
+        Outcome::BodyReplay { first_event_id, .. } if transmission.is_some() => {
+            // The signature matched, so the CRC32 did: this body was made to match a genuine
+            // delivery's (or the provider broke its word). Refused, so a genuine delivery that
+            // was this one retries and a forged one is not stored.
+            Err(Failed::because(
+                ApiError::InvalidSignature,
+                format_args!(
+                    "the transmission id was stored before with event {first_event_id:?}, and the signature does not cover the body in full: another body under a genuine delivery's headers"
+                ),
+            ))
         }
         Outcome::BodyReplay {
             first_event_id,

@@ -370,6 +370,16 @@ pub trait Provider: Send + Sync + fmt::Debug {
         None
     }
 
+    /// For a scheme whose signature does not cover the body in full: a value of the delivery
+    /// that the signature does cover and that the provider never sends with two different events
+    /// (PayPal's transmission id, signed beside only the body's CRC32). The claim stores it with
+    /// the event, unique per source, so another body under it (one forged to the same CRC32,
+    /// with a genuine delivery's headers) is refused. Read from a verified delivery of one
+    /// event; `None` (every other scheme): the signature covers the body itself.
+    fn transmission_id<'h>(&self, _headers: &'h dyn Headers) -> Option<&'h str> {
+        None
+    }
+
     /// Turns one request into an event or a handshake: by default [`verify`](Provider::verify),
     /// then the JSON [`needs_json`](Provider::needs_json) asks for, then
     /// [`handshake`](Provider::handshake), then [`identify_body`](Provider::identify_body). A

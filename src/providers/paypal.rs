@@ -175,6 +175,13 @@ impl Provider for PayPal {
         }
     }
 
+    /// `PAYPAL-TRANSMISSION-ID` as the check read it (trimmed, so a space added to a genuine
+    /// delivery's id, which still verifies, is the same id): PayPal signs it, and the body only
+    /// by its CRC32.
+    fn transmission_id<'h>(&self, headers: &'h dyn Headers) -> Option<&'h str> {
+        required_header(headers, TRANSMISSION_ID).ok()
+    }
+
     fn kept_headers(&self) -> Vec<String> {
         [
             TRANSMISSION_ID,

@@ -193,6 +193,121 @@ async fn a_signed_delivery_is_processed_a_redelivery_replays_and_a_tampered_or_s
     );
 }
 
+/// `body` followed by 64 bytes of JSON whitespace (spaces and tabs) chosen so that its CRC32 is
+/// `crc`: what someone who has seen one genuine delivery can write in a moment. CRC32 is affine
+/// over GF(2), so turning one space into a tab flips a fixed set of its bits whatever the rest
+/// says; some subset of the 64 flips makes up any difference.
+fn forged_to_crc(body: &str, crc: u32) -> Vec<u8> {
+    const PAD: usize = 64;
+    let mut bytes = body.as_bytes().to_vec();
+    bytes.extend([b' '; PAD]);
+    let base = crc32fast::hash(&bytes);
+    // Each flip's effect, reduced to a basis: highest bit -> (effect, the flips that make it).
+    let mut basis: [Option<(u32, u64)>; 32] = [None; 32];
+    for i in 0..PAD {
+        bytes[body.len() + i] = b'\t';
+        let (mut effect, mut flips) = (crc32fast::hash(&bytes) ^ base, 1u64 << i);
+        bytes[body.len() + i] = b' ';
+        while effect != 0 {
+            let bit = 31 - effect.leading_zeros() as usize;
+            match basis[bit] {
+                Some((e, f)) => (effect, flips) = (effect ^ e, flips ^ f),
+                None => {
+                    basis[bit] = Some((effect, flips));
+                    break;
+                }
+            }
+        }
+    }
+    let (mut missing, mut flips) = (base ^ crc, 0u64);
+    while missing != 0 {
+        let bit = 31 - missing.leading_zeros() as usize;
+        let (e, f) = basis[bit].expect("64 flips reach every CRC32");
+        (missing, flips) = (missing ^ e, flips ^ f);
+    }
+    for i in (0..PAD).filter(|i| flips >> i & 1 == 1) {
+        bytes[body.len() + i] = b'\t';
+    }
+    assert_eq!(crc32fast::hash(&bytes), crc, "the forgery matches");
+    bytes
+}
+
+#[actix_web::test]
+async fn another_body_forged_to_a_genuine_deliverys_crc32_is_401_and_stores_nothing() {
+    let key = TestKey::new();
+    let (base, _server) = cert_server(&key.cert_pem, Duration::ZERO);
+    let app = spawn(&base).await;
+    let cert_url = format!("{base}/certs/CERT-360caa42-fca2a594-a5cafa77");
+    let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
+    let genuine = signed(&app, &key, &cert_url, &body, unix_now());
+    let first = app.send(&genuine).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+
+    // Another event, a hundred times the amount, padded to the genuine body's CRC32 and sent
+    // with the genuine delivery's headers: the signature matches it.
+    let (forged_id, other) = event("PAYMENT.CAPTURE.COMPLETED");
+    let other = other.replace("45.00", "4500.00");
+    let forged = Delivery {
+        body: forged_to_crc(&other, crc32fast::hash(body.as_bytes())),
+        ..genuine.clone()
+    };
+    let answer = app.send(&forged).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    assert_eq!(answer.code().as_deref(), Some("invalid_signature"));
+    // The check trims the transmission id, so a space around it is the same id.
+    let transmission = genuine
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("PAYPAL-TRANSMISSION-ID"))
+        .map(|(_, value)| value.clone())
+        .expect("a transmission id");
+    let spaced = forged
+        .clone()
+        .with_header("PAYPAL-TRANSMISSION-ID", &format!(" {transmission} "));
+    let answer = app.send(&spaced).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    assert_eq!(stored(&app), 1, "the forged event is not stored");
+    assert_eq!(
+        app.db
+            .count(&format!("events WHERE event_id = '{forged_id}'")),
+        0
+    );
+
+    // The genuine delivery again (PayPal resending the same transmission) is still its replay.
+    let again = app.send(&genuine).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(app.db.count(&format!("events WHERE event_id = '{id}'")), 1);
+
+    // A genuine delivery and a forgery of it sent at once, ten times over: each time one of
+    // the two is stored and the other refused, whichever comes first.
+    for round in 0..10 {
+        let (_, body) = event("PAYMENT.CAPTURE.COMPLETED");
+        let genuine = signed(&app, &key, &cert_url, &body, unix_now());
+        let (_, other) = event("PAYMENT.CAPTURE.COMPLETED");
+        let forged = Delivery {
+            body: forged_to_crc(&other, crc32fast::hash(body.as_bytes())),
+            ..genuine.clone()
+        };
+        let (a, b) = tokio::join!(app.send(&genuine), app.send(&forged));
+        let mut statuses = [a.status, b.status];
+        statuses.sort_unstable();
+        assert_eq!(
+            statuses,
+            [200, 401],
+            "round {round}: {} / {}",
+            a.text(),
+            b.text()
+        );
+        assert_eq!(
+            stored(&app),
+            2 + round,
+            "round {round}: one of the two is stored"
+        );
+    }
+}
+
 #[actix_web::test]
 async fn a_burst_of_fifty_deliveries_fetches_the_certificate_once() {
     let key = TestKey::new();
