@@ -38,6 +38,19 @@ impl Store {
             return Ok(Store::SqliteMemory);
         }
         if let Some(path) = url.strip_prefix("sqlite://") {
+            // sqlx's URLs carry `?mode=rwc` (open read-write, create if missing), which is what
+            // hookbox does anyway; any other parameter would be taken as part of the file name.
+            let path = match path.split_once('?') {
+                Some((path, "mode=rwc")) => path,
+                Some((_, query)) => {
+                    return Err(format!(
+                        "takes no parameters after the path but mode=rwc (hookbox opens the file \
+                         read-write and creates it if missing), not ?{query}; write \
+                         sqlite://PATH"
+                    ))
+                }
+                None => path,
+            };
             if path.is_empty() {
                 return Err("needs a file path, as in sqlite://hookbox.db".to_owned());
             }
@@ -179,13 +192,28 @@ mod tests {
                 Store::SqliteFile("/var/lib/hookbox/events.db".to_owned()),
             ),
             ("sqlite::memory:", Store::SqliteMemory),
+            (
+                "sqlite://data/hookbox.db?mode=rwc",
+                Store::SqliteFile("data/hookbox.db".to_owned()),
+            ),
         ];
         for (url, store) in cases {
             assert_eq!(Store::parse(url), Ok(store), "{url}");
         }
-        for bad in ["sqlite://", "mysql://h/db", "hookbox.db", ""] {
+        for bad in [
+            "sqlite://",
+            "mysql://h/db",
+            "hookbox.db",
+            "",
+            "sqlite://?mode=rwc",
+        ] {
             assert!(Store::parse(bad).is_err(), "{bad:?}");
         }
+        let query = Store::parse("sqlite://x.db?mode=ro").expect_err("not a file name");
+        assert!(
+            query.contains("?mode=ro") && query.contains("sqlite://PATH"),
+            "{query}"
+        );
         let keywords = Store::parse("host=h password=pw dbname=x").expect_err("not a URL");
         assert!(
             keywords.contains("key=value") && keywords.contains("postgres://"),
