@@ -259,6 +259,16 @@ async fn answer(
     // A transmission id the signature covers where it does not cover the body (PayPal's) is
     // the second key in place of the body's: PayPal never sends one with two events.
     let transmission = source.provider.transmission_id(&headers);
+    let dedupe_key = match transmission {
+        Some(id) => Some(inbox::transmission_key(id)),
+        None if source.dedupe_body => Some(
+            source
+                .provider
+                .signed_payload_key(&inbound)
+                .unwrap_or(fingerprint),
+        ),
+        None => None,
+    };
     let delivery = Delivery {
         fingerprint,
         headers: kept_headers(&source, request.headers()),
@@ -269,10 +279,7 @@ async fn answer(
         json,
         forward: targets,
         deadline: Instant::now() + state.in_flight_wait,
-        dedupe_key: match transmission {
-            Some(id) => Some(inbox::transmission_key(id)),
-            None => source.dedupe_body.then_some(fingerprint),
-        },
+        dedupe_key,
     };
     let answer_by = deadline.into_std();
     let outcome =

@@ -370,6 +370,16 @@ pub trait Provider: Send + Sync + fmt::Debug {
         None
     }
 
+    /// For `dedupe = "body"`, where bodies that differ in their bytes verify alike: the key of
+    /// what the signature covers, so a body that verifies only because a genuine one did is
+    /// found as that one's payload (Twilio signs a form's fields decoded and sorted by name,
+    /// each value once, without separators: reordered, re-encoded, repeated or re-split fields
+    /// verify under a genuine delivery's signature). `None` (every other scheme, and Twilio's
+    /// JSON bodies, whose exact bytes are signed): the payload's fingerprint is the key.
+    fn signed_payload_key(&self, _inbound: &Inbound<'_>) -> Option<[u8; 32]> {
+        None
+    }
+
     /// For a scheme whose signature does not cover the body in full: a value of the delivery
     /// that the signature does cover and that the provider never sends with two different events
     /// (PayPal's transmission id, signed beside only the body's CRC32). The claim stores it with

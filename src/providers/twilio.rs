@@ -222,6 +222,25 @@ impl Provider for Twilio {
         ))
     }
 
+    /// What a form delivery's signature covers past the source's own URL: the query it was
+    /// signed with, then the sorted fields, joined as the check joins them (without
+    /// separators, so fields re-split across names verify alike and key alike). A JSON
+    /// delivery's exact bytes are signed, so its fingerprint serves.
+    fn signed_payload_key(&self, inbound: &Inbound<'_>) -> Option<[u8; 32]> {
+        let query = self.signed_query(inbound.query);
+        if body_hash_in(query).is_some() {
+            return None;
+        }
+        let fields = sorted_fields(inbound.body);
+        // Apart from any fingerprint (the SHA-256 of a body): a JSON body's is the key.
+        let mut hasher = Sha256::new();
+        hasher.update(b"twilio form:");
+        for part in signed_parts(query.as_bytes(), &fields) {
+            hasher.update(part);
+        }
+        Some(hasher.finalize().into())
+    }
+
     /// The check needs the request's query, which Twilio signs.
     fn receive<'a>(
         &'a self,
@@ -236,6 +255,15 @@ impl Provider for Twilio {
 }
 
 impl Twilio {
+    /// The query Twilio signed: the request's, or where it came with none, `public_url`'s.
+    fn signed_query<'q>(&'q self, query: &'q str) -> &'q str {
+        if query.is_empty() {
+            self.url.query.as_deref().unwrap_or("")
+        } else {
+            query
+        }
+    }
+
     /// Twilio's RequestValidator: the URL (with the request's query, else `public_url`'s),
     /// with and without its port, then the sorted form fields, or for a `bodySHA256` query the
     /// URL alone and the body's hash.
@@ -245,14 +273,8 @@ impl Twilio {
         let tag = STANDARD
             .decode(signature)
             .map_err(|_| SignatureError::Invalid)?;
-        let query = if query.is_empty() {
-            self.url.query.as_deref().unwrap_or("")
-        } else {
-            query
-        };
-        let body_hash = form_urlencoded::parse(query.as_bytes())
-            .find(|(name, value)| name == "bodySHA256" && !value.is_empty())
-            .map(|(_, value)| value.into_owned());
+        let query = self.signed_query(query);
+        let body_hash = body_hash_in(query);
         let fields = match &body_hash {
             Some(_) => Vec::new(),
             None => sorted_fields(body),
@@ -295,6 +317,13 @@ const KEPT_HEADERS: &[&str] = &[
 
 /// The form fields that name what happened, in the order they are looked for.
 const STATUS_FIELDS: &[&str] = &["MessageStatus", "CallStatus", "SmsStatus"];
+
+/// The `bodySHA256` a query carries (a JSON delivery's), if any.
+fn body_hash_in(query: &str) -> Option<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(name, value)| name == "bodySHA256" && !value.is_empty())
+        .map(|(_, value)| value.into_owned())
+}
 
 /// `first&second`, or `second` alone.
 fn joined(first: Option<&str>, second: &str) -> String {

@@ -343,6 +343,76 @@ async fn a_twilio_form_is_processed_under_its_token_a_redelivery_is_a_replay_and
 }
 
 #[actix_web::test]
+async fn with_dedupe_body_a_twilio_form_sent_again_reordered_re_encoded_or_re_split_is_its_replay()
+{
+    let app = TestApp::spawn_with(
+        &SOURCES.replace(
+            "scheme = \"twilio\"\n",
+            "scheme = \"twilio\"\ndedupe = \"body\"\n",
+        ),
+        Default::default(),
+    )
+    .await;
+    let sid = unique_id("SM");
+    let body = format!(
+        "AccountSid=AC1&Body=hi&MessageSid={sid}&MessageStatus=delivered&To=%2B15558675310"
+    );
+    let genuine = signed(&app, "twilio", body.as_bytes(), &unique_id("tok"));
+    let first = post(&app, &genuine).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert!(!first.replayed());
+
+    // Someone who saw it sends it again under a new token (the token is not signed) or none,
+    // its fields reordered, re-encoded, repeated, or split otherwise between names: Twilio
+    // signs the fields decoded, sorted, each value once and without separators, so each of
+    // these verifies under the genuine signature, and each is the first event's replay.
+    let variants = [
+        format!("To=%2B15558675310&MessageStatus=delivered&MessageSid={sid}&Body=hi&AccountSid=AC1"),
+        format!(
+            "AccountSid=AC1&Body=h%69&MessageSid={sid}&MessageStatus=delivered&To=%2B15558675310&To=%2B15558675310"
+        ),
+        format!("AccountSid=AC1Bodyhi&MessageSid={sid}&MessageStatus=delivered&To=%2B15558675310"),
+    ];
+    for (i, variant) in variants.iter().enumerate() {
+        for token in [Some(unique_id("tok")), None] {
+            let headers = genuine
+                .headers
+                .iter()
+                .filter_map(|(name, value)| {
+                    if name.eq_ignore_ascii_case("I-Twilio-Idempotency-Token") {
+                        token.clone().map(|token| (name.clone(), token))
+                    } else {
+                        Some((name.clone(), value.clone()))
+                    }
+                })
+                .collect();
+            let request = Signed {
+                source: "twilio",
+                query: genuine.query.clone(),
+                headers,
+                body: variant.clone().into_bytes(),
+            };
+            let answer = post(&app, &request).await;
+            assert_eq!(answer.status, 200, "{i} {token:?}: {}", answer.text());
+            assert!(answer.replayed(), "{i} {token:?}: {}", answer.text());
+            assert_eq!(answer.body, first.body, "{i} {token:?}");
+        }
+    }
+    assert_eq!(app.db.count("events WHERE source = 'twilio'"), 1);
+
+    // Another message is another event.
+    let other = body.replace(&sid, &unique_id("SM"));
+    let answer = post(
+        &app,
+        &signed(&app, "twilio", other.as_bytes(), &unique_id("tok")),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(!answer.replayed());
+    assert_eq!(app.db.count("events WHERE source = 'twilio'"), 2);
+}
+
+#[actix_web::test]
 async fn a_twilio_json_body_verifies_through_body_sha256_on_the_url() {
     let app = spawn().await;
     let body = format!(
