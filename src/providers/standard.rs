@@ -89,7 +89,8 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
     if settings.signing.is_some() && keys.is_none() && signer.is_none() {
         return Err(ProviderError::at(
             "--key",
-            "this standard source checks v1a signatures only (public_keys, no secrets): give              --key FILE, the PEM PKCS#8 Ed25519 private key of one of its public keys",
+            "this standard source checks v1a signatures only (public_keys, no secrets): give \
+             --key FILE, the PEM PKCS#8 Ed25519 private key of one of its public keys",
         ));
     }
     Ok(Arc::new(Standard {

@@ -198,10 +198,15 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
                 }
             }
             // `--secret` without `--scheme` on a line whose scheme its headers do not show,
-            // or whose scheme cannot use the secret, or a source whose secret's variable is not
-            // set here: the command line or the environment must change, for every line alike,
-            // so nothing is sent.
-            Job::Fail(origin, "unknown_scheme" | "unusable_secret" | "secret_not_set", message) => {
+            // or whose scheme cannot use the secret, a source whose secret's variable is not
+            // set here, or one that signs with a key the command line does not give: the
+            // command line or the environment must change, for every line alike, so nothing
+            // is sent.
+            Job::Fail(
+                origin,
+                "unknown_scheme" | "unusable_secret" | "secret_not_set" | "cannot_sign",
+                message,
+            ) => {
                 return Err(format!("{}: {message}; nothing was sent", origin.place()));
             }
             Job::Skip | Job::Fail(..) => {}

@@ -45,8 +45,8 @@ pub struct Failure {
     /// The receiver's status; `None` when it never answered or nothing was sent.
     pub status: Option<u16>,
     /// The receiver's error code (`stale_timestamp`, ...), or the tool's own: `network`,
-    /// `invalid_capture`, `source_not_configured` (`secret_not_set`, `unknown_scheme` and
-    /// `unusable_secret` stop a replay before anything is sent).
+    /// `invalid_capture`, `source_not_configured` (`secret_not_set`, `cannot_sign`,
+    /// `unknown_scheme` and `unusable_secret` stop a replay before anything is sent).
     pub error: String,
     /// One line saying what happened.
     pub message: String,

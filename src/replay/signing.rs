@@ -216,8 +216,10 @@ impl Signer {
     }
 
     /// [`Signer::for_source`] for a replay's entry, with the tool's error code:
-    /// `secret_not_set` when the source's secret variable is not set here,
-    /// `source_not_configured` otherwise.
+    /// `secret_not_set` when the source's secret variable is not set here, `cannot_sign` when
+    /// the config has the source but it cannot sign with what the command line gives (no
+    /// `--key` where it signs with a private key, one of another type or not among its
+    /// `public_keys`, no `--cert-url`), `source_not_configured` otherwise.
     ///
     /// # Errors
     /// As [`Signer::for_source`].
@@ -226,6 +228,13 @@ impl Signer {
             Signer::Config { unset, .. } if unset.contains_key(source) => {
                 Err(("secret_not_set", unset[source].clone()))
             }
+            Signer::Config { verifiers, .. } => match verifiers.get(source) {
+                Some(Ok(verifier)) => Ok(verifier),
+                Some(Err(why)) => Err(("cannot_sign", why.clone())),
+                None => self
+                    .for_source(source)
+                    .map_err(|why| ("source_not_configured", why)),
+            },
             _ => self
                 .for_source(source)
                 .map_err(|why| ("source_not_configured", why)),

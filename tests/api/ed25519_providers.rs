@@ -517,6 +517,45 @@ async fn send_and_replay_sign_with_an_ed25519_key_file_and_name_a_missing_or_unt
     .await;
     assert_eq!(code, 0, "{stderr}");
     let second = spawn().await;
+
+    // A capture of every source replayed without --key: its discord and v1a lines cannot be
+    // signed, so the command stops with exit 2 naming --key before anything is sent, the line
+    // of `both` (which its secret signs) included.
+    let (code, stdout, stderr) = run(send("both", None, &invoice_file.path())).await;
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let everything = TempFile::new("");
+    let everything_path = everything.path();
+    let (code, _, stderr) = hookbox(
+        &[
+            "export",
+            "--config",
+            config_path.as_str(),
+            "--out",
+            everything_path.as_str(),
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stdout, stderr) = hookbox(
+        &[
+            "replay",
+            everything_path.as_str(),
+            "--to",
+            second.address.as_str(),
+            "--config",
+            config_path.as_str(),
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("--key") && stderr.contains("nothing was sent"),
+        "{stderr}"
+    );
+    assert_eq!(second.db.count("events"), 0, "nothing was sent");
+
     let (code, stdout, stderr) = hookbox(
         &[
             "replay",
