@@ -23,7 +23,9 @@ pub enum ApiError {
     #[error("the body is larger than the {0} bytes this server accepts")]
     PayloadTooLarge(usize),
     /// 401 `invalid_signature`.
-    #[error("the signature is missing or does not match")]
+    #[error(
+        "the signature is missing or does not match, or a header it signs (its timestamp) cannot be read"
+    )]
     InvalidSignature,
     /// 401 `stale_timestamp`.
     #[error("the signed timestamp is outside the allowed tolerance")]

@@ -101,7 +101,7 @@ impl Headers for Vec<(String, String)> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
     /// A header is missing or malformed, or no signature matched any secret.
-    #[error("The request signature is missing or does not match.")]
+    #[error("The request signature is missing, unreadable or does not match.")]
     Invalid,
     /// A signature matched, but its timestamp is too far in the past or the future.
     #[error("The request signature's timestamp is outside the allowed tolerance.")]

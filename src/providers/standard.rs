@@ -203,11 +203,21 @@ fn show_public_key(bytes: &[u8; 32]) -> String {
 }
 
 /// The header names in use: the `webhook-*` set when all three are there, else the `svix-*` set.
-/// Names are never mixed across sets, as the reference libraries do not mix them.
+/// Names are never mixed across sets, as the reference libraries do not mix them. Both sets
+/// whole with another id or timestamp in each is no one delivery (a proxy reading the other set
+/// would see another event): none.
 fn names_in_use(headers: &dyn Headers) -> Option<[&'static str; 3]> {
-    [WEBHOOK, SVIX]
-        .into_iter()
-        .find(|set| set.iter().all(|name| headers.get(name).is_some()))
+    let complete = |set: &[&str; 3]| set.iter().all(|name| headers.get(name).is_some());
+    if complete(&WEBHOOK)
+        && complete(&SVIX)
+        && WEBHOOK[..2]
+            .iter()
+            .zip(&SVIX[..2])
+            .any(|(webhook, svix)| headers.get(webhook) != headers.get(svix))
+    {
+        return None;
+    }
+    [WEBHOOK, SVIX].into_iter().find(complete)
 }
 
 /// Checks a Standard Webhooks delivery: any `v1` against any secret, any `v1a` against any
@@ -479,6 +489,27 @@ mod tests {
         assert_eq!(
             verifier.identify(&mixed, None).event_id.as_deref(),
             Some(ID)
+        );
+    }
+
+    #[test]
+    fn both_sets_whole_must_name_one_delivery() {
+        let stamp = NOW.to_string();
+        let both = |svix_id: &str| {
+            headers(&[
+                ("webhook-id", ID),
+                ("webhook-timestamp", &stamp),
+                ("webhook-signature", GOOD),
+                ("svix-id", svix_id),
+                ("svix-timestamp", &stamp),
+                ("svix-signature", "v1,bm90IHRoZSBzaWduYXR1cmU="),
+            ])
+        };
+        let verifier = standard(&[SECRET]);
+        assert_eq!(verifier.verify(&both(ID), BODY, NOW), Ok(()));
+        assert_eq!(
+            verifier.verify(&both("msg_other"), BODY, NOW),
+            Err(SignatureError::Invalid)
         );
     }
 
