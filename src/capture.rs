@@ -107,26 +107,83 @@ struct LineIn {
     body_base64: Option<String>,
 }
 
+/// Why an input could not be read, with the source and event id of a capture line where they
+/// could be (for the report's `file:line source event_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// One line saying what is wrong.
+    pub message: String,
+    /// The line's `source`, where it was read.
+    pub source: Option<String>,
+    /// The line's `event_id`, where it was read.
+    pub event_id: Option<String>,
+}
+
+impl Unreadable {
+    fn new(message: impl Into<String>) -> Unreadable {
+        Unreadable {
+            message: message.into(),
+            source: None,
+            event_id: None,
+        }
+    }
+}
+
+/// What is wrong with a line that is no capture line as JSON: cut short, another kind of JSON
+/// value than an object, or not JSON.
+fn not_a_line(line: &[u8], e: &serde_json::Error) -> String {
+    if e.is_eof() {
+        return format!(
+            "the line ends before its JSON does (a capture cut short, or a line broken in two?): {e}"
+        );
+    }
+    let kind = match serde_json::from_slice::<serde_json::Value>(line) {
+        Ok(serde_json::Value::Array(_)) => Some("an array"),
+        Ok(serde_json::Value::String(_)) => Some("a string"),
+        Ok(serde_json::Value::Number(_)) => Some("a number"),
+        Ok(serde_json::Value::Bool(_)) => Some("true or false"),
+        Ok(serde_json::Value::Null) => Some("null"),
+        Ok(serde_json::Value::Object(_)) | Err(_) => None,
+    };
+    match kind {
+        Some(kind) => {
+            format!("not a capture line: one JSON object per line, and this line is {kind}")
+        }
+        None => format!("not a capture line (one JSON object per line): {e}"),
+    }
+}
+
 impl CaptureLine {
-    /// Reads one line of a capture.
+    /// Reads one line of a capture. A UTF-8 byte-order mark before it (a file saved by a
+    /// Windows editor) is no part of it.
     ///
     /// # Errors
     /// A one-line reason: not JSON, a missing or empty `source` or `event_id`, neither or both
     /// of `body` and `body_base64`, or `body_base64` that is not base64.
-    pub fn parse(line: &[u8]) -> Result<CaptureLine, String> {
-        let raw: LineIn = serde_json::from_slice(line)
-            .map_err(|e| format!("not a capture line (one JSON object per line): {e}"))?;
+    pub fn parse(line: &[u8]) -> Result<CaptureLine, Unreadable> {
+        let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+        let raw: LineIn =
+            serde_json::from_slice(line).map_err(|e| Unreadable::new(not_a_line(line, &e)))?;
         if raw.source.is_empty() || raw.event_id.is_empty() {
-            return Err("a capture line needs a non-empty source and event_id".to_owned());
+            return Err(Unreadable::new(
+                "a capture line needs a non-empty source and event_id",
+            ));
         }
+        let named = |message: String| Unreadable {
+            message,
+            source: Some(raw.source.clone()),
+            event_id: Some(raw.event_id.clone()),
+        };
         let body = match (raw.body, raw.body_base64) {
             (Some(text), None) => text.into_bytes(),
             (None, Some(encoded)) => BASE64
                 .decode(encoded.trim())
-                .map_err(|e| format!("body_base64 is not base64: {e}"))?,
-            (None, None) => return Err("a capture line needs body or body_base64".to_owned()),
+                .map_err(|e| named(format!("body_base64 is not base64: {e}")))?,
+            (None, None) => return Err(named("a capture line needs body or body_base64".into())),
             (Some(_), Some(_)) => {
-                return Err("a capture line has body or body_base64, not both".to_owned())
+                return Err(named(
+                    "a capture line has body or body_base64, not both".into(),
+                ))
             }
         };
         Ok(CaptureLine {
@@ -605,7 +662,7 @@ pub struct Entry {
     /// The line number (from 1) in a capture; `None` for a body file.
     pub line: Option<u64>,
     /// What it holds, or why it could not be read.
-    pub item: Result<Item, String>,
+    pub item: Result<Item, Unreadable>,
 }
 
 /// Reads the inputs one entry at a time, so a capture of any size replays in constant memory.
@@ -666,7 +723,7 @@ impl Entries {
                     let entry = Entry {
                         file: path.clone(),
                         line: Some(*number),
-                        item: Err(format!("cannot read the file: {e}")),
+                        item: Err(Unreadable::new(format!("cannot read the file: {e}"))),
                     };
                     self.current = None;
                     return Some(entry);
@@ -690,7 +747,7 @@ impl Iterator for Entries {
                     let mut body = Vec::new();
                     let item = io::Read::read_to_end(&mut f, &mut body)
                         .map(|_| Item::Body(body))
-                        .map_err(|e| format!("cannot read the file: {e}"));
+                        .map_err(|e| Unreadable::new(format!("cannot read the file: {e}")));
                     return Some(Entry {
                         file: file.path,
                         line: None,
@@ -704,7 +761,7 @@ impl Iterator for Entries {
                     return Some(Entry {
                         file: file.path,
                         line: None,
-                        item: Err(format!("cannot open the file: {e}")),
+                        item: Err(Unreadable::new(format!("cannot open the file: {e}"))),
                     })
                 }
             }
@@ -774,9 +831,31 @@ mod tests {
     }
 
     #[test]
+    fn a_byte_order_mark_is_no_part_of_a_line_and_a_bad_line_keeps_the_names_it_has() {
+        let parsed = CaptureLine::parse(
+            b"\xEF\xBB\xBF{\"source\":\"s\",\"event_id\":\"e\",\"body\":\"{}\"}",
+        )
+        .expect("a line after a byte-order mark");
+        assert_eq!(
+            (parsed.source.as_str(), parsed.body.as_slice()),
+            ("s", &b"{}"[..])
+        );
+        let error = CaptureLine::parse(br#"{"source":"s","event_id":"e"}"#).expect_err("no body");
+        assert_eq!(
+            (error.source.as_deref(), error.event_id.as_deref()),
+            (Some("s"), Some("e"))
+        );
+    }
+
+    #[test]
     fn bad_lines_say_what_is_wrong() {
         for (text, expected) in [
             (&b"not json"[..], "not a capture line"),
+            (br#"[{"source":"s"}]"#, "this line is an array"),
+            (
+                br#"{"source":"s","event_id":"e","bo"#,
+                "ends before its JSON does",
+            ),
             (br#"{"source":"s","event_id":"e"}"#, "body or body_base64"),
             (
                 br#"{"source":"s","event_id":"e","body":"","body_base64":""}"#,
@@ -788,7 +867,7 @@ mod tests {
                 "not base64",
             ),
         ] {
-            let error = CaptureLine::parse(text).expect_err("refused");
+            let error = CaptureLine::parse(text).expect_err("refused").message;
             assert!(error.contains(expected), "{error}");
         }
     }

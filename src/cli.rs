@@ -765,16 +765,20 @@ fn target(to: &str) -> Result<Target, Exit> {
 fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
     let to = target(&args.to)?;
     let files = capture::input_files(&args.captures).map_err(usage)?;
-    let body_files = files.iter().any(|f| f.kind == InputKind::Body);
-    if body_files && args.source.is_none() {
-        return Err(usage(
-            "a .json body file names no source: give --source NAME (captures carry their own)",
-        ));
+    let body_file = files
+        .iter()
+        .find(|f| f.kind == InputKind::Body)
+        .map(|f| f.path.display().to_string());
+    let body_files = body_file.is_some();
+    if let (Some(file), None) = (&body_file, &args.source) {
+        return Err(usage(format_args!(
+            "{file}: a .json body file names no source: give --source NAME (captures carry their own)"
+        )));
     }
-    if body_files && args.as_is {
-        return Err(usage(
-            "--as-is sends captured headers, and a .json body file has none: leave --as-is out to sign it",
-        ));
+    if let (Some(file), true) = (&body_file, args.as_is) {
+        return Err(usage(format_args!(
+            "{file}: --as-is sends captured headers, and a .json body file has none: leave --as-is out to sign it"
+        )));
     }
     if body_files && args.keys.secret.is_some() && args.keys.scheme.is_none() {
         return Err(usage(

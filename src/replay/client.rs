@@ -44,6 +44,11 @@ impl Target {
         self.url.split_once('?').map(|(_, query)| query)
     }
 
+    /// Whether the URL has a path of its own, to which every delivery goes whatever its source.
+    pub fn has_path(&self) -> bool {
+        self.has_path
+    }
+
     /// The URL a delivery for `source` is posted to: `http://host:8080?q=1` posts to
     /// `http://host:8080/webhooks/{source}?q=1`.
     pub fn url_for(&self, source: &str) -> String {

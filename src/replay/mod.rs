@@ -212,6 +212,19 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
             Job::Skip | Job::Fail(..) => {}
         }
     }
+    // The contract sends every line to a `--to` with a path; the lines of all but one source
+    // then meet another source's check, and are refused. Said once, before they are.
+    if options.to.has_path() && options.source.is_none() && sources.len() > 1 {
+        let named: Vec<&str> = sources.iter().map(String::as_str).collect();
+        eprintln!(
+            "replay: warning: --to has a path, so every line is posted to it, and the captures \
+             hold lines of {} sources ({}): those of the sources it is not for will be refused; \
+             give the server's base URL (each line then goes to /webhooks/{{source}}), or \
+             --source NAME",
+            named.len(),
+            named.join(", ")
+        );
+    }
     let only_captures = files.iter().all(|f| f.kind == InputKind::Capture);
     if let Some(only) = options.source.as_ref().filter(|_| only_captures) {
         if !sources.is_empty() && !sources.contains(only.as_str()) {
@@ -453,7 +466,11 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
     };
     let item = match entry.item {
         Ok(item) => item,
-        Err(message) => return Job::Fail(origin, "invalid_capture", message),
+        Err(unreadable) => {
+            origin.source = unreadable.source;
+            origin.event_id = unreadable.event_id;
+            return Job::Fail(origin, "invalid_capture", unreadable.message);
+        }
     };
     match item {
         Item::Line(line) => {

@@ -517,7 +517,7 @@ proptest! {
     #[test]
     fn any_bytes_are_a_capture_line_or_a_reason_never_a_panic(line in capture_bytes()) {
         if let Err(reason) = CaptureLine::parse(&line) {
-            prop_assert!(!reason.is_empty() && !reason.contains('\n'));
+            prop_assert!(!reason.message.is_empty() && !reason.message.contains('\n'));
         }
     }
 

@@ -215,12 +215,14 @@ async fn a_line_that_is_not_json_or_names_a_source_the_config_lacks_is_reported_
             &sample_body(source, &id),
         )
     };
+    // The first line after a byte-order mark, as a Windows editor saves a file.
     let file = capture(&[
-        good("stripe"),
+        format!("\u{feff}{}", good("stripe")),
         "{\"source\": \"stripe\", this is not JSON".to_owned(),
         good("github"),
         capture_line("paypal", "PAY-1", None, &[], "{}"),
         good("shopify"),
+        r#"{"source": "github", "event_id": "gh-no-body"}"#.to_owned(),
     ]);
 
     let run = replay(&[
@@ -232,9 +234,14 @@ async fn a_line_that_is_not_json_or_names_a_source_the_config_lacks_is_reported_
     ])
     .await;
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(run.report["counts"], counts(3, 3, 0, 0, 2));
+    assert_eq!(run.report["counts"], counts(3, 3, 0, 0, 3));
     let rows = failures(&run);
-    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    // A line that names its source and event id but cannot be sent is reported under them.
+    assert_eq!(
+        (&rows[2]["line"], &rows[2]["source"], &rows[2]["event_id"]),
+        (&json!(6), &json!("github"), &json!("gh-no-body"))
+    );
     assert_eq!(
         (&rows[0]["line"], &rows[0]["error"], &rows[0]["status"]),
         (&json!(2), &json!("invalid_capture"), &Value::Null)
@@ -243,11 +250,22 @@ async fn a_line_that_is_not_json_or_names_a_source_the_config_lacks_is_reported_
         (&rows[1]["line"], &rows[1]["error"], &rows[1]["source"]),
         (&json!(4), &json!("source_not_configured"), &json!("paypal"))
     );
-    for line in [2, 4] {
+    for line in [2, 4, 6] {
         let place = format!("{}:{line}", file.path());
         assert!(run.stdout.contains(&place), "{place} in {}", run.stdout);
     }
     assert_eq!(app.db.count("events"), 3, "the other lines were sent");
+
+    // To one source's URL, a capture of several: said before the other sources' lines are
+    // refused there.
+    let to_stripe = format!("{}/webhooks/stripe", app.address);
+    let run = replay(&[&file.path(), "--to", &to_stripe, "--config", &config.path()]).await;
+    assert!(
+        run.stderr.contains("warning: --to has a path")
+            && run.stderr.contains("github, paypal, shopify, stripe"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[actix_web::test]
@@ -283,7 +301,16 @@ async fn a_directory_of_body_files_replays_under_source_and_a_second_run_is_all_
     assert_eq!(first.code, 0, "{}\n{}", first.stdout, first.stderr);
     assert_eq!(first.report["counts"], counts(3, 3, 0, 0, 0));
     assert_eq!(second.report["counts"], counts(3, 0, 3, 0, 0));
-    assert_eq!((code, stderr.contains("--source")), (2, true), "{stderr}");
+    // The body file is named, since a directory may hold captures too.
+    assert_eq!(
+        (
+            code,
+            stderr.contains("--source"),
+            stderr.contains(&format!("{}/", dir.display())) && stderr.contains(".json:")
+        ),
+        (2, true, true),
+        "{stderr}"
+    );
 }
 
 /// A receiver that counts what arrives: how many are in flight at most, and when each came.
