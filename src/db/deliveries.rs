@@ -149,10 +149,13 @@ pub struct DeliveryView {
     /// The last failure, in a sentence.
     pub last_error: Option<String>,
     /// When the next attempt is due (pending only).
+    #[serde(serialize_with = "super::serialize_time_opt")]
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// When it was queued (with the claim).
+    #[serde(serialize_with = "super::serialize_time")]
     pub created_at: DateTime<Utc>,
     /// When it was delivered.
+    #[serde(serialize_with = "super::serialize_time_opt")]
     pub delivered_at: Option<DateTime<Utc>>,
 }
 

@@ -830,6 +830,38 @@ pub fn checkpoint_on_stop(pool: &DbPool) {
     }
 }
 
+/// A stored time as the admin API and handlers show it: RFC 3339 in UTC, always six digits of
+/// fraction (`2026-12-02T09:00:00.123400Z`), whatever digits the store's text held (a time
+/// computed on SQLite, such as a retry's due time, may carry nanoseconds).
+pub fn shown_time(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+/// [`shown_time`] for serde, as `serialize_with`.
+///
+/// # Errors
+/// The serializer's.
+pub fn serialize_time<S: serde::Serializer>(
+    at: &DateTime<Utc>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&shown_time(*at))
+}
+
+/// [`serialize_time`] for an optional time (`null` when absent).
+///
+/// # Errors
+/// The serializer's.
+pub fn serialize_time_opt<S: serde::Serializer>(
+    at: &Option<DateTime<Utc>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match at {
+        Some(at) => serialize_time(at, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// Now, to the microsecond: both stores keep microseconds, and a time stored must read back
 /// as the same time.
 pub fn now() -> DateTime<Utc> {

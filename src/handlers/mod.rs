@@ -73,7 +73,7 @@ impl Response {
                 "source": event.source.as_str(),
                 "event_id": event.event_id.as_str(),
                 "event_type": event.event_type,
-                "received_at": event.received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                "received_at": crate::db::shown_time(event.received_at),
             }),
         )
     }

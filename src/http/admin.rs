@@ -141,7 +141,7 @@ pub async fn list_events(
                     "source": source,
                     "event_id": event_id,
                     "event_type": event_type,
-                    "received_at": received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                    "received_at": db::shown_time(received_at),
                     "status": status,
                 })
             },
@@ -170,7 +170,7 @@ pub async fn get_event(
         "source": source,
         "event_id": event_id,
         "event_type": stored.event_type,
-        "received_at": stored.received_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "received_at": db::shown_time(stored.received_at),
         "headers": stored.headers,
         "status": stored.status,
         "content_type": stored.content_type,
@@ -384,6 +384,12 @@ pub(crate) async fn requeue_all_dead(
     Ok(requeued)
 }
 
+/// The query of a route that takes none: a parameter is refused (400 `invalid_query`), as on
+/// the routes that take some, rather than ignored.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoQuery {}
+
 /// `POST /admin/deliveries/{id}/requeue`: a dead delivery becomes pending again, due now. An
 /// id that is not a delivery's number is a delivery that does not exist: 404, after the token
 /// is checked like on every admin route.
@@ -392,6 +398,7 @@ pub async fn requeue_delivery(
     path: web::Path<String>,
     _: Admin<Bearer>,
     _: NoBody,
+    _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let text = path.into_inner();
     let missing = || {

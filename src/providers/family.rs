@@ -178,13 +178,11 @@ impl HeaderMac {
     }
 }
 
-/// The text at `pointer` in a batch item, when it is a string that is not empty: where the batch
-/// providers (Adyen, GoCardless, SendGrid) read an item's id and type.
+/// The text at `pointer` in a batch item, when it is a string that is not empty or a whole
+/// number (its decimal text, as for a delivery of one event): where the batch providers (Adyen,
+/// GoCardless, SendGrid) read an item's id and type.
 pub fn item_text(item: &Value, pointer: &str) -> Option<String> {
-    match item.pointer(pointer) {
-        Some(Value::String(text)) if !text.is_empty() => Some(text.clone()),
-        _ => None,
-    }
+    super::mac::json_text(Some(item), pointer).filter(|text| !text.is_empty())
 }
 
 /// One item of a verified batch: its id and type as `identity` reads them from `json`, its

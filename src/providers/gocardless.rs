@@ -180,6 +180,17 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_number_id_is_its_decimal_text_as_for_one_event_of_any_scheme() {
+        let provider = verifier("gocardless", &["secret-1"]);
+        let body = br#"{"events":[{"id":123,"resource_type":"payments","action":"confirmed"}]}"#;
+        let signed = provider.sign(body, 0, "", None);
+        let Ok(Received::Batch(items)) = receive(provider.as_ref(), &signed, body) else {
+            panic!("a batch")
+        };
+        assert_eq!(items[0].event_id, "123");
+    }
+
+    #[test]
     fn an_event_without_an_id_or_an_empty_list_is_missing_its_id() {
         let provider = verifier("gocardless", &["secret-1"]);
         for body in [&br#"{"events":[]}"#[..], br#"{"events":[{"action":"x"}]}"#] {

@@ -98,6 +98,9 @@ impl Meta {
         let mut mode = None;
         let mut token = None;
         let mut challenge = None;
+        // A parameter given twice could be read either way by whatever sits in front (as a
+        // Braintree field given twice), so the request is refused, before its token is looked at.
+        let mut repeated = false;
         for (name, value) in form_urlencoded::parse(query.as_bytes()) {
             let slot = match name.as_ref() {
                 "hub.mode" => &mut mode,
@@ -105,7 +108,13 @@ impl Meta {
                 "hub.challenge" => &mut challenge,
                 _ => continue,
             };
+            repeated |= slot.is_some();
             slot.get_or_insert(value);
+        }
+        if repeated {
+            return Err(Refusal::Forbidden(
+                "a verification request names hub.mode, hub.verify_token or hub.challenge once each",
+            ));
         }
         let expected = self.verify_token.expose();
         let token_matches = !expected.is_empty()
@@ -261,6 +270,17 @@ mod tests {
                 Err(Refusal::Forbidden(not_a_verification)),
                 "{query}"
             );
+        }
+        // A parameter given twice, in either order, the right token among them or not.
+        let twice =
+            "a verification request names hub.mode, hub.verify_token or hub.challenge once each";
+        for query in [
+            "hub.mode=subscribe&hub.verify_token=tok-1&hub.verify_token=bad&hub.challenge=C",
+            "hub.mode=subscribe&hub.verify_token=bad&hub.verify_token=tok-1&hub.challenge=C",
+            "hub.mode=subscribe&hub.verify_token=tok-1&hub.challenge=C&hub.challenge=D",
+            "hub.mode=subscribe&hub.mode=subscribe&hub.verify_token=tok-1&hub.challenge=C",
+        ] {
+            assert_eq!(answer(query), Err(Refusal::Forbidden(twice)), "{query}");
         }
     }
 

@@ -310,6 +310,16 @@ async fn a_429_waits_for_its_retry_after_another_4xx_is_not_retried_and_no_answe
             assert_eq!(refused["state"], "dead", "{refused}");
             assert_eq!(refused["attempts"], 1, "a 400 is not retried: {refused}");
             assert_eq!(refused["last_status"], 400);
+            // Every time to the microsecond on both stores (a retry's due time was computed
+            // with nanoseconds, which SQLite's text kept).
+            let times = [&gone["created_at"], &gone["next_attempt_at"]];
+            for time in times {
+                let text = time.as_str().unwrap_or_default();
+                assert!(
+                    text.len() == 27 && text.as_bytes()[19] == b'.' && text.ends_with('Z'),
+                    "{time} in {listed}"
+                );
+            }
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{listed}");
@@ -439,6 +449,23 @@ async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() 
 
     downstream.behave(always(200));
     let delivery_id = listed[0]["id"].as_i64().expect("delivery id");
+    // The route takes no query: a parameter is refused, as on the routes that take some.
+    let with_query = awc::Client::new()
+        .post(format!(
+            "{}/admin/deliveries/{delivery_id}/requeue?target=default",
+            app.address
+        ))
+        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+        .send()
+        .await
+        .expect("requeue answers");
+    let with_query = read(with_query).await;
+    assert_eq!(
+        (with_query.status, with_query.error()),
+        (400, "invalid_query".to_owned()),
+        "{}",
+        with_query.text()
+    );
     let requeue = awc::Client::new()
         .post(format!(
             "{}/admin/deliveries/{delivery_id}/requeue",
