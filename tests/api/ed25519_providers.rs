@@ -499,24 +499,34 @@ async fn send_and_replay_sign_with_an_ed25519_key_file_and_name_a_missing_or_unt
     );
     assert_eq!(stored(&app, "discord"), 2);
 
-    // Exported from this server and replayed into a second, re-signed with the keys.
-    let capture = TempFile::new("");
-    let capture_path = capture.path();
-    let (code, _, stderr) = hookbox(
-        &[
-            "export",
-            "--config",
-            config_path.as_str(),
-            "--source",
-            "discord",
-            "--out",
-            capture_path.as_str(),
-        ],
-        &env,
-    )
-    .await;
-    assert_eq!(code, 0, "{stderr}");
+    // Exported from this server (one source's events, or all) and replayed into a second,
+    // re-signed with the keys.
+    let export = |out: String, source: Option<&str>| {
+        let mut args: Vec<String> = ["export", "--config", config_path.as_str(), "--out"]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+        args.push(out);
+        if let Some(source) = source {
+            args.extend(["--source".to_owned(), source.to_owned()]);
+        }
+        run(args)
+    };
     let second = spawn().await;
+    let replay = |capture: String, key: Option<&TempFile>| {
+        let mut args: Vec<String> = ["replay", "--to", second.address.as_str(), "--config"]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+        args.extend([config_path.clone(), capture]);
+        if let Some(key) = key {
+            args.extend(["--key".to_owned(), key.path()]);
+        }
+        run(args)
+    };
+    let capture = TempFile::new("");
+    let (code, _, stderr) = export(capture.path(), Some("discord")).await;
+    assert_eq!(code, 0, "{stderr}");
 
     // A capture of every source replayed without --key: its discord and v1a lines cannot be
     // signed, so the command stops with exit 2 naming --key before anything is sent, the line
@@ -524,31 +534,9 @@ async fn send_and_replay_sign_with_an_ed25519_key_file_and_name_a_missing_or_unt
     let (code, stdout, stderr) = run(send("both", None, &invoice_file.path())).await;
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let everything = TempFile::new("");
-    let everything_path = everything.path();
-    let (code, _, stderr) = hookbox(
-        &[
-            "export",
-            "--config",
-            config_path.as_str(),
-            "--out",
-            everything_path.as_str(),
-        ],
-        &env,
-    )
-    .await;
+    let (code, _, stderr) = export(everything.path(), None).await;
     assert_eq!(code, 0, "{stderr}");
-    let (code, stdout, stderr) = hookbox(
-        &[
-            "replay",
-            everything_path.as_str(),
-            "--to",
-            second.address.as_str(),
-            "--config",
-            config_path.as_str(),
-        ],
-        &env,
-    )
-    .await;
+    let (code, stdout, stderr) = replay(everything.path(), None).await;
     assert_eq!(code, 2, "{stdout}\n{stderr}");
     assert!(
         stderr.contains("--key") && stderr.contains("nothing was sent"),
@@ -556,20 +544,7 @@ async fn send_and_replay_sign_with_an_ed25519_key_file_and_name_a_missing_or_unt
     );
     assert_eq!(second.db.count("events"), 0, "nothing was sent");
 
-    let (code, stdout, stderr) = hookbox(
-        &[
-            "replay",
-            capture_path.as_str(),
-            "--to",
-            second.address.as_str(),
-            "--config",
-            config_path.as_str(),
-            "--key",
-            discord_key.path().as_str(),
-        ],
-        &env,
-    )
-    .await;
+    let (code, stdout, stderr) = replay(capture.path(), Some(&discord_key)).await;
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert_eq!(stored(&second, "discord"), 2);
     let event = second

@@ -449,36 +449,18 @@ async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() 
 
     downstream.behave(always(200));
     let delivery_id = listed[0]["id"].as_i64().expect("delivery id");
+    let requeue_path = format!("/admin/deliveries/{delivery_id}/requeue");
     // The route takes no query: a parameter is refused, as on the routes that take some.
-    let with_query = awc::Client::new()
-        .post(format!(
-            "{}/admin/deliveries/{delivery_id}/requeue?target=default",
-            app.address
-        ))
-        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
-        .send()
-        .await
-        .expect("requeue answers");
-    let with_query = read(with_query).await;
+    let (status, refused) =
+        admin_post(&app.address, &format!("{requeue_path}?target=default")).await;
     assert_eq!(
-        (with_query.status, with_query.error()),
-        (400, "invalid_query".to_owned()),
-        "{}",
-        with_query.text()
+        (status, &refused["error"]),
+        (400, &serde_json::json!("invalid_query")),
+        "{refused}"
     );
-    let requeue = awc::Client::new()
-        .post(format!(
-            "{}/admin/deliveries/{delivery_id}/requeue",
-            app.address
-        ))
-        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
-        .send()
-        .await
-        .expect("requeue answers");
-    let requeue = read(requeue).await;
-    assert_eq!(requeue.status, 200, "{}", requeue.text());
+    let (status, shown) = admin_post(&app.address, &requeue_path).await;
+    assert_eq!(status, 200, "{shown}");
     // A new series, with nothing of the old one's last answer.
-    let shown = requeue.json();
     assert_eq!(
         (
             &shown["state"],
@@ -501,19 +483,10 @@ async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() 
         || downstream.first_attempt_succeeded(&key),
     )
     .await;
-    let again = awc::Client::new()
-        .post(format!(
-            "{}/admin/deliveries/{delivery_id}/requeue",
-            app.address
-        ))
-        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
-        .send()
-        .await
-        .expect("requeue answers");
+    let (status, again) = admin_post(&app.address, &requeue_path).await;
     assert_eq!(
-        again.status().as_u16(),
-        409,
-        "only a dead delivery can be re-queued"
+        status, 409,
+        "only a dead delivery can be re-queued: {again}"
     );
 }
 
