@@ -4,7 +4,8 @@
 //! [`BATCH_SIZE`] rows, each its own short statement, until a batch removes nothing; so a
 //! delivery never waits behind one long delete, and a pass can stop between batches. An event's
 //! forward outbox rows go with it (`db::events::purge_batch`), and so does whatever a handler
-//! hung off it (`REFERENCES events (id) ON DELETE CASCADE`). On
+//! hung off it (`REFERENCES events (id) ON DELETE CASCADE`); a source's bound transmission ids
+//! (`db::transmissions`) go by the same window, in one statement after its events. On
 //! PostgreSQL only one instance purges at a time: a pass starts by taking a session advisory
 //! lock with `pg_try_advisory_lock`, and an instance that cannot take it skips its turn. On
 //! SQLite each batch is a write of its own, with a pause between batches for the writers
@@ -169,6 +170,8 @@ fn purge_locked(
             }
             db::between_batches(conn);
         }
+        // The transmission ids bound to event ids (PayPal's), by the same window.
+        db::transmissions::purge(conn, source, &named, cutoff)?;
     }
     Ok(report)
 }

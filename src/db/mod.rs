@@ -15,6 +15,7 @@ pub mod pg;
 pub mod pg_schema;
 pub mod sqlite;
 pub mod sqlite_schema;
+pub mod transmissions;
 
 /// Makes each of the given statements (a `QueryFragment` of fixed text) one that diesel
 /// prepares once per connection and keeps: its query id is its type, so the statement cache

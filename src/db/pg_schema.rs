@@ -57,6 +57,15 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    transmissions (source, transmission_id) {
+        source -> Text,
+        transmission_id -> Text,
+        event_id -> Text,
+        seen_at -> Timestamptz,
+    }
+}
+
 diesel::joinable!(deliveries -> events (event_row));
 
-diesel::allow_tables_to_appear_in_same_query!(deliveries, events, instances, paces,);
+diesel::allow_tables_to_appear_in_same_query!(deliveries, events, instances, paces, transmissions,);

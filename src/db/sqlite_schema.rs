@@ -58,6 +58,15 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    transmissions (source, transmission_id) {
+        source -> Text,
+        transmission_id -> Text,
+        event_id -> Text,
+        seen_at -> TimestamptzSqlite,
+    }
+}
+
 diesel::joinable!(deliveries -> events (event_row));
 
-diesel::allow_tables_to_appear_in_same_query!(deliveries, events, instances, paces,);
+diesel::allow_tables_to_appear_in_same_query!(deliveries, events, instances, paces, transmissions,);

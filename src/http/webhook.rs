@@ -198,7 +198,26 @@ async fn answer(
                 ),
                 _ => Failed::from(error),
             }
-        })?;
+        });
+    let received = match received {
+        // Its headers are out in the world with a signature that verifies once the certificate
+        // can be had: its transmission id is bound to its event now (unless the database is
+        // down too), so that they never carry another body.
+        Err(failed)
+            if matches!(failed.error, ApiError::NotFetched(_))
+                && source.provider.transmission_id(&headers).is_some() =>
+        {
+            let json: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
+            let identity = source
+                .provider
+                .identify_body(&headers, &body, json.as_ref());
+            if let Some(event_id) = identity.event_id {
+                bind_transmission(state, &source, &headers, &event_id, deadline).await?;
+            }
+            return Err(failed);
+        }
+        received => received?,
+    };
     let incoming = match received {
         Received::Event(incoming) => incoming,
         Received::Batch(items) => return batch(state, &source, request, items, deadline).await,
@@ -232,6 +251,8 @@ async fn answer(
     let event_id = EventId::try_from(incoming.event_id).map_err(ApiError::InvalidEventId)?;
     super::observe::identified(request, &event_id);
     tracing::Span::current().record("event.id", tracing::field::display(&event_id));
+    // Before any answer from the cache: a replay brings a transmission id of its own.
+    bind_transmission(state, &source, &headers, event_id.as_str(), deadline).await?;
 
     let fingerprint = inbox::fingerprint(source.provider.volatile_fields(), &body, json.as_ref());
     let cached = state.replays.get(
@@ -256,19 +277,12 @@ async fn answer(
             stored.clone(),
         );
     };
-    // A transmission id the signature covers where it does not cover the body (PayPal's) is
-    // the second key in place of the body's: PayPal never sends one with two events.
-    let transmission = source.provider.transmission_id(&headers);
-    let dedupe_key = match transmission {
-        Some(id) => Some(inbox::transmission_key(id)),
-        None if source.dedupe_body => Some(
-            source
-                .provider
-                .signed_payload_key(&inbound)
-                .unwrap_or(fingerprint),
-        ),
-        None => None,
-    };
+    let dedupe_key = source.dedupe_body.then(|| {
+        source
+            .provider
+            .signed_payload_key(&inbound)
+            .unwrap_or(fingerprint)
+    });
     let delivery = Delivery {
         fingerprint,
         headers: kept_headers(&source, request.headers()),
@@ -302,17 +316,6 @@ async fn answer(
         Outcome::Replay(stored) => {
             remember(&stored, &event_id);
             Ok((respond(&source, stored, true), Counted::Replayed))
-        }
-        Outcome::BodyReplay { first_event_id, .. } if transmission.is_some() => {
-            // The signature matched, so the CRC32 did: this body was made to match a genuine
-            // delivery's (or the provider broke its word). Refused, so a genuine delivery that
-            // was this one retries and a forged one is not stored.
-            Err(Failed::because(
-                ApiError::InvalidSignature,
-                format_args!(
-                    "the transmission id was stored before with event {first_event_id:?}, and the signature does not cover the body in full: another body under a genuine delivery's headers"
-                ),
-            ))
         }
         Outcome::BodyReplay {
             first_event_id,
@@ -505,6 +508,49 @@ async fn claim_in_transaction(
         inbox::claim(conn, &delivery, source.handler.as_ref())
     })
     .await
+}
+
+/// For a scheme whose signature covers a transmission id but not the whole body (PayPal's):
+/// binds the delivery's transmission id to `event_id` (see [`crate::db::transmissions`]), or
+/// refuses it (401 `invalid_signature`) when the id is bound to another event: another body
+/// under a genuine delivery's headers, forged to its checksum. Nothing for other schemes.
+async fn bind_transmission(
+    state: &web::Data<AppState>,
+    source: &Arc<Source>,
+    headers: &RequestHeaders<'_>,
+    event_id: &str,
+    deadline: tokio::time::Instant,
+) -> Result<(), Failed> {
+    let Some(transmission) = source.provider.transmission_id(headers) else {
+        return Ok(());
+    };
+    let (name, transmission, event) = (
+        source.name.as_str().to_owned(),
+        transmission.to_owned(),
+        event_id.to_owned(),
+    );
+    let binding = claim_blocking(state, deadline.into_std(), move |conn| {
+        crate::db::transmissions::bind(conn, &name, &transmission, &event, crate::db::now())
+            .map_err(ClaimError::Database)
+    });
+    let bound = tokio::time::timeout_at(deadline, binding)
+        .await
+        .map_err(|_| {
+            Failed::because(
+                ApiError::Unanswered,
+                "the database did not answer within the request timeout",
+            )
+        })??
+        .map_err(claim_failed)?;
+    if bound == event_id {
+        return Ok(());
+    }
+    Err(Failed::because(
+        ApiError::InvalidSignature,
+        format_args!(
+            "the transmission id came before with event {bound:?}; the signature covers the body only by a checksum, so this is another body under a genuine delivery's headers"
+        ),
+    ))
 }
 
 /// Runs `claim` on a blocking thread with a pooled connection, and once more on a fresh one

@@ -43,17 +43,6 @@ pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Val
     }
 }
 
-/// The key a delivery is stored under by its transmission id (see
-/// [`Provider::transmission_id`](crate::providers::Provider::transmission_id)), in place of a
-/// payload's fingerprint: the SHA-256 of `transmission:` and the id. No body a scheme with a
-/// transmission id takes (PayPal's JSON) hashes to it.
-pub fn transmission_key(id: &str) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    hasher.update(b"transmission:");
-    hasher.update(id.as_bytes());
-    hasher.finalize().into()
-}
-
 /// A JSON pointer's reference tokens (RFC 6901: `~1` is `/`, `~0` is `~`); a pointer that does
 /// not start with `/` names nothing.
 fn segments(pointer: &str) -> Vec<String> {

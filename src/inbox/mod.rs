@@ -31,7 +31,7 @@ mod items;
 
 pub use batch::Batcher;
 pub use cache::{Cached, ReplayCache};
-pub use fingerprint::{fingerprint, transmission_key};
+pub use fingerprint::fingerprint;
 pub use items::{claim_batch, BatchOutcome};
 
 use actix_web::web::Bytes;
@@ -66,11 +66,11 @@ pub struct Delivery {
     /// When the in-flight wait of this delivery ends: every wait of its claim (for a write
     /// turn, for another transaction's claim, on each try) ends by then, in all.
     pub deadline: std::time::Instant,
-    /// A second key the event is stored under, unique per source: for a scheme with a
-    /// transmission id (PayPal), [`transmission_key`], so another event under the same
-    /// transmission id comes back as [`Outcome::BodyReplay`] (the server refuses it); else, for a
-    /// source with `dedupe = "body"`, the payload's fingerprint, so the same payload under
-    /// another event id is a replay of the event stored first. `None` otherwise.
+    /// For a source with `dedupe = "body"`: the key its payload is stored under (the
+    /// fingerprint, or what the signature covers where bodies of other bytes verify alike:
+    /// [`Provider::signed_payload_key`](crate::providers::Provider::signed_payload_key)),
+    /// unique per source, so the same payload under another event id is a replay of the event
+    /// stored first ([`Outcome::BodyReplay`]). `None` otherwise.
     pub dedupe_key: Option<[u8; 32]>,
 }
 
@@ -105,10 +105,8 @@ pub enum Outcome {
     Claimed(StoredResponse),
     /// Another delivery committed the event first: answer with its response.
     Replay(StoredResponse),
-    /// The delivery's [`Delivery::dedupe_key`] is stored under another event id: the source
-    /// dedupes by body and this payload is stored (answer with that event's response, as a
-    /// replay of it), or the transmission id came before with another event. Nothing is stored
-    /// under this id.
+    /// The source dedupes by body, and this payload is stored under another event id: answer
+    /// with that event's response, as a replay of it. Nothing is stored under this id.
     BodyReplay {
         /// The event id the payload was first stored under.
         first_event_id: String,
@@ -138,8 +136,8 @@ pub enum ClaimError {
     Database(#[from] DieselError),
 }
 
-/// Whether `delivery` must be claimed in a transaction of its own: its handler writes, or it
-/// has a second key (the claim may then conflict on that as well as the id, see
+/// Whether `delivery` must be claimed in a transaction of its own: its handler writes, or its
+/// source dedupes by body (the claim may then conflict on the payload as well as the id, see
 /// [`Delivery::dedupe_key`]). Otherwise it may be batched with others (see [`Batcher`]): its
 /// handler answers before the claim, and the claim, the answer and its outbox rows (where its
 /// source forwards) go in with the batch's.

@@ -235,7 +235,7 @@ fn forged_to_crc(body: &str, crc: u32) -> Vec<u8> {
 #[actix_web::test]
 async fn another_body_forged_to_a_genuine_deliverys_crc32_is_401_and_stores_nothing() {
     let key = TestKey::new();
-    let (base, _server) = cert_server(&key.cert_pem, Duration::ZERO);
+    let (base, server) = cert_server(&key.cert_pem, Duration::ZERO);
     let app = spawn(&base).await;
     let cert_url = format!("{base}/certs/CERT-360caa42-fca2a594-a5cafa77");
     let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
@@ -280,6 +280,45 @@ async fn another_body_forged_to_a_genuine_deliverys_crc32_is_401_and_stores_noth
     assert_eq!(again.body, first.body);
     assert_eq!(app.db.count(&format!("events WHERE event_id = '{id}'")), 1);
 
+    // PayPal's retry of the event comes under a new transmission, answered as a replay; its
+    // headers carry no other body either.
+    let retry = signed(&app, &key, &cert_url, &body, unix_now());
+    let answer = app.send(&retry).await;
+    assert!(answer.replayed(), "{}", answer.text());
+    let forged_retry = Delivery {
+        body: forged.body.clone(),
+        ..retry.clone()
+    };
+    let answer = app.send(&forged_retry).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+
+    // A delivery answered 503 because its certificate could not be fetched (a URL not fetched
+    // yet, while the certificate host fails): once the certificate can be had, its headers
+    // carry its own event and no other.
+    server.failing.store(true, Ordering::SeqCst);
+    let (late_id, late_body) = event("PAYMENT.CAPTURE.COMPLETED");
+    let fresh_cert_url = format!("{base}/certs/CERT-not-fetched-yet");
+    let unfetched = signed(&app, &key, &fresh_cert_url, &late_body, unix_now());
+    let answer = app.send(&unfetched).await;
+    assert_eq!(answer.status, 503, "{}", answer.text());
+    server.failing.store(false, Ordering::SeqCst);
+    let (_, other) = event("PAYMENT.CAPTURE.COMPLETED");
+    let forged_late = Delivery {
+        body: forged_to_crc(&other, crc32fast::hash(late_body.as_bytes())),
+        ..unfetched.clone()
+    };
+    let answer = app.send(&forged_late).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    let answer = app.send(&unfetched).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(!answer.replayed());
+    assert_eq!(
+        app.db
+            .count(&format!("events WHERE event_id = '{late_id}'")),
+        1
+    );
+    assert_eq!(stored(&app), 2, "the genuine events, and no forged one");
+
     // A genuine delivery and a forgery of it sent at once, ten times over: each time one of
     // the two is stored and the other refused, whichever comes first.
     for round in 0..10 {
@@ -302,10 +341,18 @@ async fn another_body_forged_to_a_genuine_deliverys_crc32_is_401_and_stores_noth
         );
         assert_eq!(
             stored(&app),
-            2 + round,
+            3 + round,
             "round {round}: one of the two is stored"
         );
     }
+
+    // The transmission ids go with the events, by the same window.
+    assert_eq!(app.db.count("transmissions"), 13, "one per transmission");
+    let config = TempFile::new(&config_text(&app.db.url, &source(&base)));
+    let (code, _, stderr) =
+        run_hookbox_async(&["purge", "--config", &config.path(), "--older-than", "0s"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!((stored(&app), app.db.count("transmissions")), (0, 0));
 }
 
 #[actix_web::test]
