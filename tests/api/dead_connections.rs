@@ -27,26 +27,38 @@ struct Count {
     n: i64,
 }
 
-/// Terminates every backend connected to `database`, and waits until they are gone.
+/// Terminates every backend connected to `database`, and waits until those are gone (the pool
+/// may open new ones meanwhile: those are alive, and not waited for).
 async fn terminate_every_connection(database: &str) {
+    #[derive(QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
     let mut server = PgConnection::establish(&server_url()).expect("connect to the server");
-    diesel::sql_query(
-        "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity \
+    let terminated: Vec<i32> = diesel::sql_query(
+        // In the select list, so that it runs only on the rows the filter kept.
+        "SELECT pid, pg_terminate_backend(pid) AS terminated FROM pg_stat_activity \
          WHERE datname = $1 AND pid <> pg_backend_pid()",
     )
     .bind::<diesel::sql_types::Text, _>(database)
-    .get_result::<Count>(&mut server)
-    .expect("terminate the backends");
-    poll_until("every backend is gone", Duration::from_secs(10), || {
-        diesel::sql_query(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-        )
-        .bind::<diesel::sql_types::Text, _>(database)
-        .get_result::<Count>(&mut server)
-        .expect("count the backends")
-        .n
-            == 0
-    })
+    .load::<Pid>(&mut server)
+    .expect("terminate the backends")
+    .into_iter()
+    .map(|row| row.pid)
+    .collect();
+    poll_until(
+        "every terminated backend is gone",
+        Duration::from_secs(10),
+        || {
+            diesel::sql_query("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = ANY($1)")
+                .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&terminated)
+                .get_result::<Count>(&mut server)
+                .expect("count the backends")
+                .n
+                == 0
+        },
+    )
     .await;
 }
 
