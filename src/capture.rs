@@ -129,6 +129,11 @@ impl Unreadable {
     }
 }
 
+/// `line` without the UTF-8 byte-order mark a Windows editor puts before a file's first line.
+fn without_bom(line: &[u8]) -> &[u8] {
+    line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line)
+}
+
 /// What is wrong with a line that is no capture line as JSON: cut short, another kind of JSON
 /// value than an object, or not JSON.
 fn not_a_line(line: &[u8], e: &serde_json::Error) -> String {
@@ -161,9 +166,24 @@ impl CaptureLine {
     /// A one-line reason: not JSON, a missing or empty `source` or `event_id`, neither or both
     /// of `body` and `body_base64`, or `body_base64` that is not base64.
     pub fn parse(line: &[u8]) -> Result<CaptureLine, Unreadable> {
-        let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
-        let raw: LineIn =
-            serde_json::from_slice(line).map_err(|e| Unreadable::new(not_a_line(line, &e)))?;
+        let line = without_bom(line);
+        let raw: LineIn = serde_json::from_slice(line).map_err(|e| {
+            // A line that is a JSON object with a field of the wrong type still says whose it is.
+            let named = serde_json::from_slice::<serde_json::Value>(line).ok();
+            let text = |field: &str| {
+                named
+                    .as_ref()
+                    .and_then(|value| value.get(field))
+                    .and_then(serde_json::Value::as_str)
+                    .filter(|text| !text.is_empty())
+                    .map(str::to_owned)
+            };
+            Unreadable {
+                message: not_a_line(line, &e),
+                source: text("source"),
+                event_id: text("event_id"),
+            }
+        })?;
         if raw.source.is_empty() || raw.event_id.is_empty() {
             return Err(Unreadable::new(
                 "a capture line needs a non-empty source and event_id",
@@ -693,7 +713,7 @@ impl Entries {
                     BufReader::new(f)
                         .split(b'\n')
                         .map_while(Result::ok)
-                        .filter(|line| !line.trim_ascii().is_empty())
+                        .filter(|line| !without_bom(line).trim_ascii().is_empty())
                         .count() as u64
                 }),
             })
@@ -711,7 +731,7 @@ impl Entries {
                     self.current = None;
                     return None;
                 }
-                Ok(_) if line.trim_ascii().is_empty() => continue,
+                Ok(_) if without_bom(&line).trim_ascii().is_empty() => continue,
                 Ok(_) => {
                     return Some(Entry {
                         file: path.clone(),
@@ -840,11 +860,19 @@ mod tests {
             (parsed.source.as_str(), parsed.body.as_slice()),
             ("s", &b"{}"[..])
         );
-        let error = CaptureLine::parse(br#"{"source":"s","event_id":"e"}"#).expect_err("no body");
-        assert_eq!(
-            (error.source.as_deref(), error.event_id.as_deref()),
-            (Some("s"), Some("e"))
-        );
+        for line in [
+            &br#"{"source":"s","event_id":"e"}"#[..],
+            br#"{"source":"s","event_id":"e","body":5}"#,
+            br#"{"source":"s","event_id":"e","headers":"x","body":""}"#,
+        ] {
+            let error = CaptureLine::parse(line).expect_err("not a line that can be sent");
+            assert_eq!(
+                (error.source.as_deref(), error.event_id.as_deref()),
+                (Some("s"), Some("e")),
+                "{}",
+                error.message
+            );
+        }
     }
 
     #[test]
@@ -878,7 +906,8 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let capture = dir.join("a.ndjson");
         let good = written(&line(b"{}"));
-        std::fs::write(&capture, format!("{good}\n{{oops\n{good}")).expect("write");
+        // A first line of nothing but a byte-order mark is blank.
+        std::fs::write(&capture, format!("\u{feff}\n{good}\n{{oops\n{good}")).expect("write");
         std::fs::write(dir.join("b.json"), b"{\"id\":1}").expect("write");
         std::fs::write(dir.join("notes.txt"), b"ignored").expect("write");
 
@@ -893,9 +922,9 @@ mod tests {
         assert_eq!(
             lines,
             [
-                (Some(1), true),
-                (Some(3), false),
-                (Some(4), true),
+                (Some(2), true),
+                (Some(4), false),
+                (Some(5), true),
                 (None, true)
             ]
         );

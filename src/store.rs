@@ -56,6 +56,13 @@ impl Store {
             }
             return Ok(Store::SqliteFile(path.to_owned()));
         }
+        if url.starts_with("sqlite:") {
+            return Err(
+                "is not an SQLite URL hookbox reads: write sqlite://PATH (sqlite:///PATH for an \
+                 absolute one) or sqlite::memory:"
+                    .to_owned(),
+            );
+        }
         if !url.contains("://") && url.contains('=') {
             return Err(
                 "is a libpq key=value string (host=... dbname=...); hookbox takes a URL \
@@ -208,6 +215,17 @@ mod tests {
             "sqlite://?mode=rwc",
         ] {
             assert!(Store::parse(bad).is_err(), "{bad:?}");
+        }
+        for sqlite in [
+            "sqlite:x.db?mode=rwc",
+            "sqlite::memory:?mode=rwc",
+            "sqlite:x.db",
+        ] {
+            let message = Store::parse(sqlite).expect_err("not a URL hookbox reads");
+            assert!(
+                message.contains("sqlite://PATH") && !message.contains("key=value"),
+                "{sqlite}: {message}"
+            );
         }
         let query = Store::parse("sqlite://x.db?mode=ro").expect_err("not a file name");
         assert!(

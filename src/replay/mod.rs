@@ -204,10 +204,13 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
             // is sent.
             Job::Fail(
                 origin,
-                "unknown_scheme" | "unusable_secret" | "secret_not_set" | "cannot_sign",
+                code @ ("unknown_scheme" | "unusable_secret" | "secret_not_set" | "cannot_sign"),
                 message,
             ) => {
-                return Err(format!("{}: {message}; nothing was sent", origin.place()));
+                return Err(format!(
+                    "{}: {code}: {message}; nothing was sent",
+                    origin.place()
+                ));
             }
             Job::Skip | Job::Fail(..) => {}
         }

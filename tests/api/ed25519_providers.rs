@@ -539,7 +539,9 @@ async fn send_and_replay_sign_with_an_ed25519_key_file_and_name_a_missing_or_unt
     let (code, stdout, stderr) = replay(everything.path(), None).await;
     assert_eq!(code, 2, "{stdout}\n{stderr}");
     assert!(
-        stderr.contains("--key") && stderr.contains("nothing was sent"),
+        stderr.contains("cannot_sign: ")
+            && stderr.contains("--key")
+            && stderr.contains("nothing was sent"),
         "{stderr}"
     );
     assert_eq!(second.db.count("events"), 0, "nothing was sent");
