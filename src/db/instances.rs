@@ -183,9 +183,14 @@ impl Drop for Registration {
     }
 }
 
-/// The lock file of instance `id` of the SQLite file at `path`.
+/// The lock file of instance `id` of the SQLite file at `path`: beside the file itself, where
+/// `path` is a symbolic link or a relative path (every process sharing the file must find one
+/// another's locks, however each names the file); beside `path` if it cannot be resolved.
 fn lock_path(path: &str, id: i64) -> String {
-    format!("{path}-hookbox-{id}.lock")
+    let file = std::fs::canonicalize(path)
+        .map(|real| real.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| path.to_owned());
+    format!("{file}-hookbox-{id}.lock")
 }
 
 /// Takes instance `id`'s lock for as long as it is held; `None` when another holds it.
@@ -320,5 +325,31 @@ fn look_at(
             Ok(Found::TakenBack(rows))
         }
         Store::SqliteMemory => Ok(Found::Alive),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn processes_naming_one_file_by_a_link_or_a_relative_path_share_its_lock_files() {
+        let dir = std::env::temp_dir().join(format!("hookbox-lock-unit-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).expect("a directory");
+        let file = dir.join("events.db");
+        std::fs::write(&file, b"").expect("the file");
+        let link = dir.join("link.db");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&file, &link).expect("a link");
+        let real = lock_path(&file.to_string_lossy(), 7);
+        assert_eq!(lock_path(&link.to_string_lossy(), 7), real);
+        assert_eq!(
+            lock_path(&dir.join("sub/../events.db").to_string_lossy(), 7),
+            real
+        );
+        // Not there (yet): beside the path as written.
+        let missing = dir.join("missing.db").to_string_lossy().into_owned();
+        assert_eq!(lock_path(&missing, 7), format!("{missing}-hookbox-7.lock"));
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }

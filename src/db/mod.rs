@@ -439,6 +439,9 @@ pub enum Failure {
     Permission,
     /// The database refused a value (a constraint, an encoding, a length).
     Refused,
+    /// The database's disk is full (SQLite's `database or disk is full`, PostgreSQL's `No
+    /// space left on device`).
+    Full,
     /// Anything else.
     Other,
 }
@@ -459,6 +462,11 @@ impl Failure {
             | DatabaseErrorKind::ForeignKeyViolation
             | DatabaseErrorKind::NotNullViolation
             | DatabaseErrorKind::CheckViolation => Failure::Refused,
+            _ if message.contains("database or disk is full")
+                || message.contains("No space left on device") =>
+            {
+                Failure::Full
+            }
             _ if message.contains("permission denied")
                 || message.contains("readonly database")
                 || message.contains("read-only transaction") =>
@@ -868,4 +876,33 @@ pub fn serialize_time_opt<S: serde::Serializer>(
 pub fn now() -> DateTime<Utc> {
     DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is a representable time")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(message: &str) -> Failure {
+        Failure::of(&DieselError::DatabaseError(
+            DatabaseErrorKind::Unknown,
+            Box::new(message.to_owned()),
+        ))
+    }
+
+    #[test]
+    fn a_full_disk_is_told_apart_from_other_failures() {
+        assert_eq!(failure("database or disk is full"), Failure::Full);
+        assert_eq!(
+            failure("could not extend file \"base/16384/2619\": No space left on device"),
+            Failure::Full
+        );
+        assert_eq!(
+            failure("attempt to write a readonly database"),
+            Failure::Permission
+        );
+        assert_eq!(
+            failure("relation \"events\" does not exist"),
+            Failure::Other
+        );
+    }
 }

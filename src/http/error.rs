@@ -133,6 +133,9 @@ fn database_failure(failure: Failure) -> &'static str {
         Failure::Refused => {
             "the database refused a value of this request; nothing was stored, retry later"
         }
+        Failure::Full => {
+            "the database's disk is full; nothing was stored, retry later (it is taken again once space is freed)"
+        }
         Failure::Other => {
             "the database failed the request or is not set up (migrations pending); nothing was stored, retry later"
         }

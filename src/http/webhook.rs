@@ -96,6 +96,14 @@ impl Failed {
                 cause,
                 "delivery failed; nothing was stored"
             );
+        } else if matches!(self.error, ApiError::Unanswered) {
+            // The claim's transaction goes on, and may still commit.
+            tracing::warn!(
+                status = code,
+                error,
+                cause,
+                "delivery not answered in time; its claim may still be stored, and a retry then gets the stored answer"
+            );
         } else if status.is_server_error() {
             tracing::warn!(
                 status = code,
