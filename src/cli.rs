@@ -64,8 +64,9 @@ enum Command {
     ///
     /// Without --older-than, each source keeps its own window (sources.NAME.retention, else
     /// [retention].window or its provider's redelivery horizon, whichever is longer), exactly
-    /// as the scheduled purge inside `serve` does. Waits for
-    /// nothing: if another hookbox is purging at this moment, it says so and exits 1. Ctrl-C
+    /// as the scheduled purge inside `serve` does. On PostgreSQL it waits for nothing: if
+    /// another hookbox is purging at this moment, it says so and exits 1. On SQLite, where
+    /// passes share the work, a batch waits up to 60 s for the file's write lock. Ctrl-C
     /// stops it after the batch in progress, prints what it removed so far, and exits 130.
     /// Exit 0 after a pass, 1 when the database fails, 2 on bad usage or a bad config.
     Purge(PurgeArgs),
@@ -523,6 +524,15 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
     } else {
         // Progress every 2 s from a thread of its own, so a batch that waits (for rows another
         // session holds locked) says so rather than going quiet.
+        let holder = match &conn {
+            crate::db::AnyConnection::Sqlite(_) => {
+                "the SQLite file's write lock is held by another process (serve writing, or a \
+                 tool)"
+            }
+            crate::db::AnyConnection::Postgres(_) => {
+                "rows it removes may be locked by another session"
+            }
+        };
         let removed = Arc::new(AtomicU64::new(0));
         let batch_began = Arc::new(std::sync::Mutex::new(Instant::now()));
         let (done, ended) = std::sync::mpsc::channel::<()>();
@@ -540,7 +550,7 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
                     if waited >= Duration::from_secs(2) {
                         eprintln!(
                             "purging: {so_far} removed so far; the batch under way has taken \
-                             {} s (rows it removes may be locked by another session)",
+                             {} s ({holder})",
                             waited.as_secs()
                         );
                     } else {
@@ -560,7 +570,16 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut progress);
         drop(done);
         let _ = ticker.join();
-        let pass = pass.map_err(|e| no_schema_hint(anyhow::Error::new(e)))?;
+        let pass = pass.map_err(|e| {
+            if crate::db::is_lock_timeout(&e) {
+                return anyhow::anyhow!(
+                    "{e}: {holder} and did not let go within {} s; what was removed before \
+                     stays removed; run purge again once it is free",
+                    PURGE_LOCK_WAIT.as_secs()
+                );
+            }
+            no_schema_hint(anyhow::Error::new(e))
+        })?;
         let Some(report) = pass else {
             anyhow::bail!(
                 "another hookbox is purging right now; nothing was removed (try again in a moment)"

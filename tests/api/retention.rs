@@ -590,7 +590,7 @@ fn a_purge_on_sqlite_waits_for_another_process_write_rather_than_failing() {
         &["purge", "--config", &config_path, "--older-than", "1d"],
         &[],
     );
-    purge.says("the batch under way has taken 6 s");
+    purge.says("the batch under way has taken 6 s (the SQLite file's write lock is held");
     holder
         .batch_execute("ROLLBACK")
         .expect("the lock is let go");
