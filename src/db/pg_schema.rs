@@ -58,10 +58,11 @@ diesel::table! {
 }
 
 diesel::table! {
-    transmissions (source, transmission_id) {
-        source -> Text,
+    transmissions (transmission_id) {
         transmission_id -> Text,
+        source -> Text,
         event_id -> Text,
+        body_sha256 -> Bytea,
         seen_at -> Timestamptz,
     }
 }

@@ -1,10 +1,12 @@
 //! The owner of the `transmissions` table: for a scheme whose signature covers a transmission id
 //! beside only a checksum of the body (PayPal's CRC32, see
 //! [`Provider::transmission_id`](crate::providers::Provider::transmission_id)), each
-//! transmission id bound to the one event id it may carry. A body forged to a genuine
-//! delivery's CRC32 and sent with its headers verifies; it is refused because its event id is
-//! not the one the transmission id is bound to. Every instance sharing the store shares the
-//! bindings, and the primary key settles two that race.
+//! transmission id bound to the one source, event id and body it may carry. A body forged to a
+//! genuine delivery's CRC32 and sent with its headers verifies; it is refused because it is not
+//! the body the transmission id is bound to (whatever event id it names), and so is the genuine
+//! delivery sent to another source. Transmission ids are the provider's, unique across its
+//! webhooks, so the key is the id alone. Every instance sharing the store shares the bindings,
+//! and the primary key settles two that race.
 //!
 //! A binding is written for every delivery whose signature matched (the one that stores its
 //! event, and every replay after it, each of which a retry or a resend brings under a new
@@ -15,52 +17,63 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{Array, Text};
+use diesel::sql_types::{Array, Binary, Text};
 
 use super::AnyConnection;
 
-/// Binds `transmission_id` of `source` to `event_id`, unless it is bound already, and returns
-/// the event id it is bound to: `event_id` when the delivery may go on, another when it must
-/// be refused. One statement, committed on its own: a binding whose claim then fails stays, and
-/// the provider's retry of the same event passes it.
+/// What a transmission id is bound to: the source, event id and body (its SHA-256) of the
+/// first delivery that came with it.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct Bound {
+    /// The source it came to.
+    #[diesel(sql_type = Text)]
+    pub source: String,
+    /// Its event id.
+    #[diesel(sql_type = Text)]
+    pub event_id: String,
+    /// The SHA-256 of its raw body.
+    #[diesel(sql_type = Binary)]
+    pub body_sha256: Vec<u8>,
+}
+
+/// Binds `transmission_id` to `delivery`, unless it is bound already, and returns what it is
+/// bound to: `delivery` itself when the delivery may go on, another when it must be refused
+/// (another body, event or source under the same transmission). One statement, committed on
+/// its own: a binding whose claim then fails stays, and the provider's retry of the same
+/// delivery passes it.
 pub fn bind(
     conn: &mut AnyConnection,
-    source: &str,
     transmission_id: &str,
-    event_id: &str,
+    delivery: &Bound,
     now: DateTime<Utc>,
-) -> QueryResult<String> {
-    #[derive(QueryableByName)]
-    struct Bound {
-        #[diesel(sql_type = Text)]
-        event_id: String,
-    }
+) -> QueryResult<Bound> {
     // The no-op update makes a conflicting insert return the row already there.
-    let bound: Bound = match conn {
+    match conn {
         AnyConnection::Postgres(c) => diesel::sql_query(
-            "INSERT INTO transmissions (source, transmission_id, event_id, seen_at) \
-             VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (source, transmission_id) DO UPDATE SET source = EXCLUDED.source \
-             RETURNING event_id",
+            "INSERT INTO transmissions (transmission_id, source, event_id, body_sha256, seen_at) \
+             VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (transmission_id) DO UPDATE SET source = transmissions.source \
+             RETURNING source, event_id, body_sha256",
         )
-        .bind::<Text, _>(source)
         .bind::<Text, _>(transmission_id)
-        .bind::<Text, _>(event_id)
+        .bind::<Text, _>(&delivery.source)
+        .bind::<Text, _>(&delivery.event_id)
+        .bind::<Binary, _>(&delivery.body_sha256)
         .bind::<super::pg::Instant, _>(now)
-        .get_result(c)?,
+        .get_result(c),
         AnyConnection::Sqlite(c) => diesel::sql_query(
-            "INSERT INTO transmissions (source, transmission_id, event_id, seen_at) \
-             VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT (source, transmission_id) DO UPDATE SET source = excluded.source \
-             RETURNING event_id",
+            "INSERT INTO transmissions (transmission_id, source, event_id, body_sha256, seen_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (transmission_id) DO UPDATE SET source = transmissions.source \
+             RETURNING source, event_id, body_sha256",
         )
-        .bind::<Text, _>(source)
         .bind::<Text, _>(transmission_id)
-        .bind::<Text, _>(event_id)
+        .bind::<Text, _>(&delivery.source)
+        .bind::<Text, _>(&delivery.event_id)
+        .bind::<Binary, _>(&delivery.body_sha256)
         .bind::<super::sqlite::Instant, _>(now)
-        .get_result(c)?,
-    };
-    Ok(bound.event_id)
+        .get_result(c),
+    }
 }
 
 /// Removes the bindings seen before `cutoff`: of `source`, or with `None` of every source not

@@ -220,7 +220,7 @@ async fn answer(
                 .provider
                 .identify_body(&headers, &body, json.as_ref());
             if let Some(event_id) = identity.event_id {
-                bind_transmission(state, &source, &headers, &event_id, deadline).await?;
+                bind_transmission(state, &source, &headers, &event_id, &body, deadline).await?;
             }
             return Err(failed);
         }
@@ -260,7 +260,7 @@ async fn answer(
     super::observe::identified(request, &event_id);
     tracing::Span::current().record("event.id", tracing::field::display(&event_id));
     // Before any answer from the cache: a replay brings a transmission id of its own.
-    bind_transmission(state, &source, &headers, event_id.as_str(), deadline).await?;
+    bind_transmission(state, &source, &headers, event_id.as_str(), &body, deadline).await?;
 
     let fingerprint = inbox::fingerprint(source.provider.volatile_fields(), &body, json.as_ref());
     let cached = state.replays.get(
@@ -519,26 +519,31 @@ async fn claim_in_transaction(
 }
 
 /// For a scheme whose signature covers a transmission id but not the whole body (PayPal's):
-/// binds the delivery's transmission id to `event_id` (see [`crate::db::transmissions`]), or
-/// refuses it (401 `invalid_signature`) when the id is bound to another event: another body
-/// under a genuine delivery's headers, forged to its checksum. Nothing for other schemes.
+/// binds the delivery's transmission id to its source, event id and body (see
+/// [`crate::db::transmissions`]), or refuses it (401 `invalid_signature`) when the id is bound
+/// to another: another body under a genuine delivery's headers (forged to its checksum,
+/// whatever event id it names), or a genuine delivery sent to another source. Nothing for other
+/// schemes.
 async fn bind_transmission(
     state: &web::Data<AppState>,
     source: &Arc<Source>,
     headers: &RequestHeaders<'_>,
     event_id: &str,
+    body: &[u8],
     deadline: tokio::time::Instant,
 ) -> Result<(), Failed> {
+    use sha2::Digest;
     let Some(transmission) = source.provider.transmission_id(headers) else {
         return Ok(());
     };
-    let (name, transmission, event) = (
-        source.name.as_str().to_owned(),
-        transmission.to_owned(),
-        event_id.to_owned(),
-    );
+    let delivery = crate::db::transmissions::Bound {
+        source: source.name.as_str().to_owned(),
+        event_id: event_id.to_owned(),
+        body_sha256: sha2::Sha256::digest(body).to_vec(),
+    };
+    let (transmission, asked) = (transmission.to_owned(), delivery.clone());
     let binding = claim_blocking(state, deadline.into_std(), move |conn| {
-        crate::db::transmissions::bind(conn, &name, &transmission, &event, crate::db::now())
+        crate::db::transmissions::bind(conn, &transmission, &asked, crate::db::now())
             .map_err(ClaimError::Database)
     });
     let bound = tokio::time::timeout_at(deadline, binding)
@@ -550,13 +555,20 @@ async fn bind_transmission(
             )
         })??
         .map_err(claim_failed)?;
-    if bound == event_id {
+    if bound == delivery {
         return Ok(());
     }
+    let other = if bound.source != delivery.source {
+        format!("to source {:?}", bound.source)
+    } else if bound.event_id != delivery.event_id {
+        format!("with event {:?}", bound.event_id)
+    } else {
+        "with another body of this event".to_owned()
+    };
     Err(Failed::because(
         ApiError::InvalidSignature,
         format_args!(
-            "the transmission id came before with event {bound:?}; the signature covers the body only by a checksum, so this is another body under a genuine delivery's headers"
+            "the transmission id came before {other}; the signature covers the body only by a checksum, so this is another body (or another source) under a genuine delivery's headers"
         ),
     ))
 }

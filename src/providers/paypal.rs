@@ -27,6 +27,9 @@ const TRANSMISSION_SIG: &str = "PAYPAL-TRANSMISSION-SIG";
 const CERT_URL: &str = "PAYPAL-CERT-URL";
 const AUTH_ALGO: &str = "PAYPAL-AUTH-ALGO";
 
+/// The longest transmission id taken (PayPal's are UUIDs, 36 characters).
+const MAX_TRANSMISSION_ID: usize = 128;
+
 /// The only algorithm taken: PayPal signs with it, and a weaker one named in a header an
 /// attacker controls must not be honoured.
 const ALGORITHM: &str = "SHA256withRSA";
@@ -104,6 +107,10 @@ impl PayPal {
         headers: &'h dyn Headers,
     ) -> Result<Transmission<'h>, SignatureError> {
         let id = required_header(headers, TRANSMISSION_ID)?;
+        // PayPal's are UUIDs; a longer one is no PayPal delivery, and is never bound.
+        if id.is_empty() || id.len() > MAX_TRANSMISSION_ID {
+            return Err(SignatureError::Invalid);
+        }
         let time = required_header(headers, TRANSMISSION_TIME)?;
         let signature = required_header(headers, TRANSMISSION_SIG)?;
         let cert_url = required_header(headers, CERT_URL)?;
@@ -326,6 +333,8 @@ mod tests {
         for (name, value) in [
             (AUTH_ALGO, "SHA1withRSA"),
             (TRANSMISSION_ID, "another"),
+            // Before any certificate is looked at: never a PayPal id, never bound.
+            (TRANSMISSION_ID, &"x".repeat(MAX_TRANSMISSION_ID + 1)),
             (TRANSMISSION_TIME, "2025-11-20 14:30:00"),
             (TRANSMISSION_SIG, "not base64!"),
             (TRANSMISSION_SIG, ""),

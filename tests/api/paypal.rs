@@ -236,7 +236,17 @@ fn forged_to_crc(body: &str, crc: u32) -> Vec<u8> {
 async fn another_body_forged_to_a_genuine_deliverys_crc32_is_401_and_stores_nothing() {
     let key = TestKey::new();
     let (base, server) = cert_server(&key.cert_pem, Duration::ZERO);
-    let app = spawn(&base).await;
+    // A second source with the same webhook id: a genuine delivery to one is no delivery to
+    // the other.
+    let app = TestApp::spawn_with(
+        &format!(
+            "{}{}",
+            source(&base),
+            source(&base).replace("[sources.paypal]", "[sources.paypal2]")
+        ),
+        Default::default(),
+    )
+    .await;
     let cert_url = format!("{base}/certs/CERT-360caa42-fca2a594-a5cafa77");
     let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
     let genuine = signed(&app, &key, &cert_url, &body, unix_now());
@@ -291,6 +301,12 @@ async fn another_body_forged_to_a_genuine_deliverys_crc32_is_401_and_stores_noth
     };
     let answer = app.send(&forged_retry).await;
     assert_eq!(answer.status, 401, "{}", answer.text());
+    let elsewhere = Delivery {
+        source: "paypal2".to_owned(),
+        ..retry.clone()
+    };
+    let answer = app.send(&elsewhere).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
 
     // A delivery answered 503 because its certificate could not be fetched (a URL not fetched
     // yet, while the certificate host fails): once the certificate can be had, its headers
@@ -308,6 +324,16 @@ async fn another_body_forged_to_a_genuine_deliverys_crc32_is_401_and_stores_noth
         ..unfetched.clone()
     };
     let answer = app.send(&forged_late).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    // The same event id with another amount, under the same headers: refused as well.
+    let same_id = Delivery {
+        body: forged_to_crc(
+            &late_body.replace("45.00", "4500.00"),
+            crc32fast::hash(late_body.as_bytes()),
+        ),
+        ..unfetched.clone()
+    };
+    let answer = app.send(&same_id).await;
     assert_eq!(answer.status, 401, "{}", answer.text());
     let answer = app.send(&unfetched).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
