@@ -89,14 +89,16 @@ macro_rules! on_backend {
                 #[allow(unused_imports)]
                 use $crate::db::pg::Instant;
                 #[allow(unused_imports)]
-                use $crate::db::pg_schema::{deliveries, events, instances, paces};
+                use $crate::db::pg_schema::{deliveries, events, instances, paces, transmissions};
                 $body
             }
             $crate::db::AnyConnection::Sqlite($c) => {
                 #[allow(unused_imports)]
                 use $crate::db::sqlite::Instant;
                 #[allow(unused_imports)]
-                use $crate::db::sqlite_schema::{deliveries, events, instances, paces};
+                use $crate::db::sqlite_schema::{
+                    deliveries, events, instances, paces, transmissions,
+                };
                 $body
             }
         }

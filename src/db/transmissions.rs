@@ -17,22 +17,19 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{Array, Binary, Text};
+use diesel::sql_types::{Array, Text};
 
-use super::AnyConnection;
+use super::{on_backend, AnyConnection};
 
 /// What a transmission id is bound to: the source, event id and body (its SHA-256) of the
 /// first delivery that came with it.
-#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bound {
     /// The source it came to.
-    #[diesel(sql_type = Text)]
     pub source: String,
     /// Its event id.
-    #[diesel(sql_type = Text)]
     pub event_id: String,
     /// The SHA-256 of its raw body.
-    #[diesel(sql_type = Binary)]
     pub body_sha256: Vec<u8>,
 }
 
@@ -48,32 +45,28 @@ pub fn bind(
     now: DateTime<Utc>,
 ) -> QueryResult<Bound> {
     // The no-op update makes a conflicting insert return the row already there.
-    match conn {
-        AnyConnection::Postgres(c) => diesel::sql_query(
-            "INSERT INTO transmissions (transmission_id, source, event_id, body_sha256, seen_at) \
-             VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (transmission_id) DO UPDATE SET source = transmissions.source \
-             RETURNING source, event_id, body_sha256",
-        )
-        .bind::<Text, _>(transmission_id)
-        .bind::<Text, _>(&delivery.source)
-        .bind::<Text, _>(&delivery.event_id)
-        .bind::<Binary, _>(&delivery.body_sha256)
-        .bind::<super::pg::Instant, _>(now)
-        .get_result(c),
-        AnyConnection::Sqlite(c) => diesel::sql_query(
-            "INSERT INTO transmissions (transmission_id, source, event_id, body_sha256, seen_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5) \
-             ON CONFLICT (transmission_id) DO UPDATE SET source = transmissions.source \
-             RETURNING source, event_id, body_sha256",
-        )
-        .bind::<Text, _>(transmission_id)
-        .bind::<Text, _>(&delivery.source)
-        .bind::<Text, _>(&delivery.event_id)
-        .bind::<Binary, _>(&delivery.body_sha256)
-        .bind::<super::sqlite::Instant, _>(now)
-        .get_result(c),
-    }
+    let (source, event_id, body_sha256) = on_backend!(conn, c => diesel::insert_into(transmissions::table)
+        .values((
+            transmissions::transmission_id.eq(transmission_id),
+            transmissions::source.eq(&delivery.source),
+            transmissions::event_id.eq(&delivery.event_id),
+            transmissions::body_sha256.eq(&delivery.body_sha256),
+            transmissions::seen_at.eq(now),
+        ))
+        .on_conflict(transmissions::transmission_id)
+        .do_update()
+        .set(transmissions::source.eq(transmissions::source))
+        .returning((
+            transmissions::source,
+            transmissions::event_id,
+            transmissions::body_sha256,
+        ))
+        .get_result::<(String, String, Vec<u8>)>(c))?;
+    Ok(Bound {
+        source,
+        event_id,
+        body_sha256,
+    })
 }
 
 /// Removes the bindings seen before `cutoff`: of `source`, or with `None` of every source not

@@ -406,20 +406,12 @@ async fn batch(
     }
 
     let deliveries = Arc::new(deliveries);
-    let claiming = claim_blocking(state, deadline.into_std(), {
+    let outcome = in_time(state, deadline, {
         let deliveries = deliveries.clone();
         let source = source.clone();
         move |conn| inbox::claim_batch(conn, &deliveries, source.handler.as_ref())
-    });
-    let outcome = tokio::time::timeout_at(deadline, claiming)
-        .await
-        .map_err(|_| {
-            Failed::because(
-                ApiError::Unanswered,
-                "the database did not answer within the request timeout",
-            )
-        })??
-        .map_err(claim_failed)?;
+    })
+    .await?;
     let remember = |answers: &[StoredResponse]| {
         for (delivery, stored) in deliveries.iter().zip(answers) {
             state.replays.put(
@@ -542,19 +534,11 @@ async fn bind_transmission(
         body_sha256: sha2::Sha256::digest(body).to_vec(),
     };
     let (transmission, asked) = (transmission.to_owned(), delivery.clone());
-    let binding = claim_blocking(state, deadline.into_std(), move |conn| {
+    let bound = in_time(state, deadline, move |conn| {
         crate::db::transmissions::bind(conn, &transmission, &asked, crate::db::now())
             .map_err(ClaimError::Database)
-    });
-    let bound = tokio::time::timeout_at(deadline, binding)
-        .await
-        .map_err(|_| {
-            Failed::because(
-                ApiError::Unanswered,
-                "the database did not answer within the request timeout",
-            )
-        })??
-        .map_err(claim_failed)?;
+    })
+    .await?;
     if bound == delivery {
         return Ok(());
     }
@@ -571,6 +555,25 @@ async fn bind_transmission(
             "the transmission id came before {other}; the signature covers the body only by a checksum, so this is another body (or another source) under a genuine delivery's headers"
         ),
     ))
+}
+
+/// [`claim_blocking`] within `deadline`: past it, 503 `unavailable` saying the database did not
+/// answer in time (whatever it does afterwards may still commit); a failure as
+/// [`claim_failed`] says.
+async fn in_time<T: Send + 'static>(
+    state: &web::Data<AppState>,
+    deadline: tokio::time::Instant,
+    work: impl Fn(&mut crate::db::Conn) -> Result<T, ClaimError> + Send + 'static,
+) -> Result<T, Failed> {
+    tokio::time::timeout_at(deadline, claim_blocking(state, deadline.into_std(), work))
+        .await
+        .map_err(|_| {
+            Failed::because(
+                ApiError::Unanswered,
+                "the database did not answer within the request timeout",
+            )
+        })??
+        .map_err(claim_failed)
 }
 
 /// Runs `claim` on a blocking thread with a pooled connection, and once more on a fresh one
