@@ -382,6 +382,40 @@ async fn another_body_forged_to_a_genuine_deliverys_crc32_is_401_and_stores_noth
 }
 
 #[actix_web::test]
+async fn a_store_with_the_first_transmissions_table_is_upgraded_and_binds_each_delivery() {
+    use diesel::connection::SimpleConnection;
+    let key = TestKey::new();
+    let (base, _server) = cert_server(&key.cert_pem, Duration::ZERO);
+    let cert_url = format!("{base}/certs/CERT-360caa42-fca2a594-a5cafa77");
+    // Migrated by a hookbox whose `transmissions` bound an id to an event id per source.
+    let db = TestDb::create();
+    {
+        let mut conn = db.connect();
+        crate::upgrade::migrate_before(&mut conn, "20261211100000");
+        conn.batch_execute(
+            "INSERT INTO transmissions (source, transmission_id, event_id, seen_at) \
+             VALUES ('paypal', 'old-id', 'WH-OLD', '2026-12-06T00:00:00Z')",
+        )
+        .expect("a binding in the old table");
+    }
+    let config = parse_config(&config_text(&db.url, &source(&base)));
+    let app = TestApp::spawn_on(db, config, Default::default()).await;
+
+    let (_, body) = event("PAYMENT.CAPTURE.COMPLETED");
+    let genuine = signed(&app, &key, &cert_url, &body, unix_now());
+    let first = app.send(&genuine).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let (_, other) = event("PAYMENT.CAPTURE.COMPLETED");
+    let forged = Delivery {
+        body: forged_to_crc(&other, crc32fast::hash(body.as_bytes())),
+        ..genuine.clone()
+    };
+    let answer = app.send(&forged).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    assert_eq!(stored(&app), 1);
+}
+
+#[actix_web::test]
 async fn a_burst_of_fifty_deliveries_fetches_the_certificate_once() {
     let key = TestKey::new();
     // A slow certificate host: the burst arrives while the first fetch is under way.

@@ -18,7 +18,7 @@ use crate::helpers::*;
 const FIRST_FORWARDING_RELEASE_ENDS_BEFORE: &str = "20261205160000";
 
 /// Applies the store's migrations older than `version`, as an older hookbox would have.
-fn migrate_before(conn: &mut AnyConnection, version: &str) {
+pub(crate) fn migrate_before(conn: &mut AnyConnection, version: &str) {
     fn run<C: MigrationHarness<B>, B: diesel::backend::Backend>(
         conn: &mut C,
         dir: &str,

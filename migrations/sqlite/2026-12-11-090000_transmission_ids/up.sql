@@ -1,10 +1,10 @@
 -- `transmissions`: see migrations/postgres.
 CREATE TABLE transmissions (
-    transmission_id TEXT PRIMARY KEY NOT NULL,
     source TEXT NOT NULL,
+    transmission_id TEXT NOT NULL,
     event_id TEXT NOT NULL,
-    body_sha256 BLOB NOT NULL,
-    seen_at TEXT NOT NULL
+    seen_at TEXT NOT NULL,
+    PRIMARY KEY (source, transmission_id)
 );
 
 CREATE INDEX transmissions_source_seen_at_idx ON transmissions (source, seen_at);
