@@ -223,6 +223,27 @@ pub fn horizon_warning(source: &SourceConfig, global: Duration) -> Option<String
     })
 }
 
+/// The startup warning for a source that checks a signed time and keeps its events no longer
+/// than its `tolerance`: a delivery whose time is still accepted can come back after its id is
+/// forgotten (a replay by anyone who saw it) and be processed again; for PayPal, the
+/// transmission id's binding is gone too.
+pub fn tolerance_warning(source: &SourceConfig, global: Duration) -> Option<String> {
+    let window = source_window(source, global);
+    let checks_time = source.provider.checks_timestamp() && !source.tolerance.is_zero();
+    (checks_time && window <= source.tolerance).then(|| {
+        format!(
+            "source {}: retention {} is not longer than its tolerance {}: a delivery whose \
+             signed time is still accepted is processed again once its event is purged. Set \
+             sources.{}.retention longer than {}",
+            source.name,
+            humantime::format_duration(window),
+            humantime::format_duration(source.tolerance),
+            source.name,
+            humantime::format_duration(source.tolerance),
+        )
+    })
+}
+
 /// Runs one pass and logs it, with counts and `duration_ms`. For the scheduled task and the
 /// `purge` command alike.
 pub fn purge_logged(
@@ -261,6 +282,30 @@ pub fn purge_logged(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_not_longer_than_the_tolerance_is_warned_of() {
+        let source = |extra: &str| {
+            let text =
+                format!("[sources.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_a\"]\n{extra}");
+            Config::parse(&text, &|_: &str| None)
+                .expect("a valid config")
+                .sources
+                .remove(0)
+        };
+        let day = Duration::from_secs(86_400);
+        let short = source("retention = \"1m\"\ntolerance = \"5m\"\n");
+        let warning = tolerance_warning(&short, day).expect("warned");
+        assert!(
+            warning.contains("sources.s.retention") && warning.contains("5m"),
+            "{warning}"
+        );
+        assert_eq!(
+            tolerance_warning(&source("retention = \"1h\"\n"), day),
+            None
+        );
+        assert_eq!(tolerance_warning(&source(""), day), None);
+    }
 
     #[test]
     fn a_cutoff_never_falls_before_1970() {

@@ -424,14 +424,17 @@ fn log_sources(config: &Config) {
     }
 }
 
-/// Warns about no sources at all, and about each source that keeps its events for less than
-/// its provider may redeliver them.
+/// Warns about no sources at all, about each source that keeps its events for less than its
+/// provider may redeliver them, and about each that keeps them no longer than its tolerance.
 fn warn_about_sources(config: &Config) {
     if config.sources.is_empty() {
         tracing::warn!("no sources are configured: every delivery will be answered 404 (add [sources.NAME] to the config)");
     }
     for source in &config.sources {
         if let Some(warning) = retention::horizon_warning(source, config.retention.window) {
+            tracing::warn!("{warning}");
+        }
+        if let Some(warning) = retention::tolerance_warning(source, config.retention.window) {
             tracing::warn!("{warning}");
         }
     }
