@@ -134,21 +134,21 @@ fn without_bom(line: &[u8]) -> &[u8] {
     line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line)
 }
 
-/// What is wrong with a line that is no capture line as JSON: cut short, another kind of JSON
-/// value than an object, or not JSON.
-fn not_a_line(line: &[u8], e: &serde_json::Error) -> String {
+/// What is wrong with a line that is no capture line: cut short, another kind of JSON value
+/// than an object (`value`, the line read as any JSON), or not JSON.
+fn not_a_line(value: Option<&serde_json::Value>, e: &serde_json::Error) -> String {
     if e.is_eof() {
         return format!(
             "the line ends before its JSON does (a capture cut short, or a line broken in two?): {e}"
         );
     }
-    let kind = match serde_json::from_slice::<serde_json::Value>(line) {
-        Ok(serde_json::Value::Array(_)) => Some("an array"),
-        Ok(serde_json::Value::String(_)) => Some("a string"),
-        Ok(serde_json::Value::Number(_)) => Some("a number"),
-        Ok(serde_json::Value::Bool(_)) => Some("true or false"),
-        Ok(serde_json::Value::Null) => Some("null"),
-        Ok(serde_json::Value::Object(_)) | Err(_) => None,
+    let kind = match value {
+        Some(serde_json::Value::Array(_)) => Some("an array"),
+        Some(serde_json::Value::String(_)) => Some("a string"),
+        Some(serde_json::Value::Number(_)) => Some("a number"),
+        Some(serde_json::Value::Bool(_)) => Some("true or false"),
+        Some(serde_json::Value::Null) => Some("null"),
+        Some(serde_json::Value::Object(_)) | None => None,
     };
     match kind {
         Some(kind) => {
@@ -179,7 +179,7 @@ impl CaptureLine {
                     .map(str::to_owned)
             };
             Unreadable {
-                message: not_a_line(line, &e),
+                message: not_a_line(named.as_ref(), &e),
                 source: text("source"),
                 event_id: text("event_id"),
             }

@@ -571,7 +571,8 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         drop(done);
         let _ = ticker.join();
         let pass = pass.map_err(|e| {
-            if crate::db::is_lock_timeout(&e) {
+            // On SQLite only: PostgreSQL's purge waits on rows without a timeout.
+            if crate::db::sqlite::is_busy(&e) {
                 return anyhow::anyhow!(
                     "{e}: {holder} and did not let go within {} s; what was removed before \
                      stays removed; run purge again once it is free",

@@ -229,8 +229,7 @@ pub fn horizon_warning(source: &SourceConfig, global: Duration) -> Option<String
 /// transmission id's binding is gone too.
 pub fn tolerance_warning(source: &SourceConfig, global: Duration) -> Option<String> {
     let window = source_window(source, global);
-    let checks_time = source.provider.checks_timestamp() && !source.tolerance.is_zero();
-    (checks_time && window <= source.tolerance).then(|| {
+    (source.provider.checks_timestamp() && window <= source.tolerance).then(|| {
         format!(
             "source {}: retention {} is not longer than its tolerance {}: a delivery whose \
              signed time is still accepted is processed again once its event is purged. Set \

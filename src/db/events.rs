@@ -725,53 +725,6 @@ struct Counted {
     n: i64,
 }
 
-/// The `WHERE` of a purge target, with its binds in order: the cutoff, then the source or the
-/// names to leave out (an array on PostgreSQL, a JSON array on SQLite).
-fn purge_filter(conn: &AnyConnection, source: Option<&str>) -> &'static str {
-    match (conn, source) {
-        (AnyConnection::Postgres(_), Some(_)) => "source = $2 AND received_at < $1",
-        (AnyConnection::Postgres(_), None) => "source <> ALL($2) AND received_at < $1",
-        (AnyConnection::Sqlite(_), Some(_)) => "source = ?2 AND received_at < ?1",
-        (AnyConnection::Sqlite(_), None) => {
-            "source NOT IN (SELECT value FROM json_each(?2)) AND received_at < ?1"
-        }
-    }
-}
-
-/// Runs a purge statement `sql` with its binds: the cutoff, then `source` or `named`.
-fn purge_statement<R>(
-    conn: &mut AnyConnection,
-    sql: &str,
-    source: Option<&str>,
-    named: &[String],
-    cutoff: DateTime<Utc>,
-) -> QueryResult<Vec<R>>
-where
-    R: diesel::QueryableByName<diesel::pg::Pg>
-        + diesel::QueryableByName<diesel::sqlite::Sqlite>
-        + 'static,
-{
-    match conn {
-        AnyConnection::Postgres(c) => {
-            let query = diesel::sql_query(sql).bind::<super::pg::Instant, _>(cutoff);
-            match source {
-                Some(source) => query.bind::<Text, _>(source).load(c),
-                None => query.bind::<Array<Text>, _>(named).load(c),
-            }
-        }
-        AnyConnection::Sqlite(c) => {
-            let query = diesel::sql_query(sql).bind::<sqlite::Instant, _>(cutoff);
-            match source {
-                Some(source) => query.bind::<Text, _>(source).load(c),
-                None => {
-                    let named = serde_json::to_string(named).expect("a list of strings serializes");
-                    query.bind::<Text, _>(named).load(c)
-                }
-            }
-        }
-    }
-}
-
 /// A row of `SELECT count(*) AS n` (either store).
 #[derive(diesel::QueryableByName)]
 struct Count {
@@ -801,7 +754,7 @@ pub fn purge_batch(
     cutoff: DateTime<Utc>,
     limit: i64,
 ) -> QueryResult<Purged> {
-    let filter = purge_filter(conn, source);
+    let filter = super::purge_filter(conn, source, "received_at");
     let (removed, pending_forwards): (Vec<Removed>, u64) = match conn {
         AnyConnection::Postgres(_) => {
             let sql = format!(
@@ -810,7 +763,8 @@ pub fn purge_batch(
                  RETURNING id, source"
             );
             write_transaction(conn, |conn| {
-                let removed: Vec<Removed> = purge_statement(conn, &sql, source, named, cutoff)?;
+                let removed: Vec<Removed> =
+                    super::purge_statement(conn, &sql, source, named, cutoff)?;
                 let mut pending = 0;
                 if let AnyConnection::Postgres(c) = conn {
                     let rows: Vec<i64> = removed.iter().map(|r| r.id).collect();
@@ -825,8 +779,10 @@ pub fn purge_batch(
             let delete = format!("DELETE FROM events WHERE id IN ({chosen}) RETURNING id, source");
             // One write: the count sees the rows the delete takes.
             write_transaction(conn, |conn| {
-                let pending: Vec<Count> = purge_statement(conn, &count, source, named, cutoff)?;
-                let removed: Vec<Removed> = purge_statement(conn, &delete, source, named, cutoff)?;
+                let pending: Vec<Count> =
+                    super::purge_statement(conn, &count, source, named, cutoff)?;
+                let removed: Vec<Removed> =
+                    super::purge_statement(conn, &delete, source, named, cutoff)?;
                 let pending = pending.first().map_or(0, |c| c.n);
                 Ok::<_, DieselError>((removed, u64::try_from(pending).unwrap_or(0)))
             })?
@@ -847,9 +803,9 @@ pub fn count_pending_older(
 ) -> QueryResult<u64> {
     let sql = super::deliveries::pending_of_events_sql(&format!(
         "SELECT id FROM events WHERE {}",
-        purge_filter(conn, source)
+        super::purge_filter(conn, source, "received_at")
     ));
-    let counted: Vec<Count> = purge_statement(conn, &sql, source, named, cutoff)?;
+    let counted: Vec<Count> = super::purge_statement(conn, &sql, source, named, cutoff)?;
     Ok(counted
         .first()
         .map_or(0, |c| u64::try_from(c.n).unwrap_or(0)))
@@ -864,9 +820,9 @@ pub fn count_older(
 ) -> QueryResult<Vec<(String, i64)>> {
     let sql = format!(
         "SELECT source, count(*) AS n FROM events WHERE {} GROUP BY source",
-        purge_filter(conn, source)
+        super::purge_filter(conn, source, "received_at")
     );
-    let counted: Vec<Counted> = purge_statement(conn, &sql, source, named, cutoff)?;
+    let counted: Vec<Counted> = super::purge_statement(conn, &sql, source, named, cutoff)?;
     Ok(counted.into_iter().map(|c| (c.source, c.n)).collect())
 }
 

@@ -60,6 +60,7 @@ use diesel::connection::{AnsiTransactionManager, TransactionManager};
 use diesel::pg::PgConnection;
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::sql_types::{Array, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
@@ -838,6 +839,56 @@ pub fn checkpoint_on_stop(pool: &DbPool) {
              back it up with sqlite3's .backup, or copy the -wal and -shm files with it"
         ),
         Err(e) => tracing::warn!(error = %e, "SQLite write-ahead log checkpoint failed"),
+    }
+}
+
+/// The `WHERE` of a retention pass's target over a table with a `source` and the time column
+/// `at` (`events.received_at`, `transmissions.seen_at`), with its binds in order: the cutoff,
+/// then the source or the names to leave out (an array on PostgreSQL, a JSON array on SQLite).
+/// Run it with [`purge_statement`].
+pub(crate) fn purge_filter(conn: &AnyConnection, source: Option<&str>, at: &str) -> String {
+    match (conn, source) {
+        (AnyConnection::Postgres(_), Some(_)) => format!("source = $2 AND {at} < $1"),
+        (AnyConnection::Postgres(_), None) => format!("source <> ALL($2) AND {at} < $1"),
+        (AnyConnection::Sqlite(_), Some(_)) => format!("source = ?2 AND {at} < ?1"),
+        (AnyConnection::Sqlite(_), None) => {
+            format!("source NOT IN (SELECT value FROM json_each(?2)) AND {at} < ?1")
+        }
+    }
+}
+
+/// Runs a purge statement `sql` (with a [`purge_filter`]) with its binds: the cutoff, then
+/// `source` or `named`.
+pub(crate) fn purge_statement<R>(
+    conn: &mut AnyConnection,
+    sql: &str,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+) -> QueryResult<Vec<R>>
+where
+    R: diesel::QueryableByName<diesel::pg::Pg>
+        + diesel::QueryableByName<diesel::sqlite::Sqlite>
+        + 'static,
+{
+    match conn {
+        AnyConnection::Postgres(c) => {
+            let query = diesel::sql_query(sql).bind::<pg::Instant, _>(cutoff);
+            match source {
+                Some(source) => query.bind::<Text, _>(source).load(c),
+                None => query.bind::<Array<Text>, _>(named).load(c),
+            }
+        }
+        AnyConnection::Sqlite(c) => {
+            let query = diesel::sql_query(sql).bind::<sqlite::Instant, _>(cutoff);
+            match source {
+                Some(source) => query.bind::<Text, _>(source).load(c),
+                None => {
+                    let named = serde_json::to_string(named).expect("a list of strings serializes");
+                    query.bind::<Text, _>(named).load(c)
+                }
+            }
+        }
     }
 }
 

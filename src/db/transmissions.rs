@@ -17,7 +17,7 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{Array, Text};
+use diesel::sql_types::Text;
 
 use super::{on_backend, AnyConnection};
 
@@ -70,41 +70,23 @@ pub fn bind(
 }
 
 /// Removes the bindings seen before `cutoff`: of `source`, or with `None` of every source not
-/// in `named` (those have windows of their own), as the retention pass removes events.
+/// in `named` (those have windows of their own), as the retention pass removes events. Returns
+/// the transmission ids removed.
 pub fn purge(
     conn: &mut AnyConnection,
     source: Option<&str>,
     named: &[String],
     cutoff: DateTime<Utc>,
-) -> QueryResult<usize> {
-    match conn {
-        AnyConnection::Postgres(c) => {
-            let sql = diesel::sql_query(match source {
-                Some(_) => "DELETE FROM transmissions WHERE seen_at < $1 AND source = $2",
-                None => "DELETE FROM transmissions WHERE seen_at < $1 AND source <> ALL($2)",
-            })
-            .bind::<super::pg::Instant, _>(cutoff);
-            match source {
-                Some(source) => sql.bind::<Text, _>(source).execute(c),
-                None => sql.bind::<Array<Text>, _>(named).execute(c),
-            }
-        }
-        AnyConnection::Sqlite(c) => {
-            let sql = diesel::sql_query(match source {
-                Some(_) => "DELETE FROM transmissions WHERE seen_at < ?1 AND source = ?2",
-                None => {
-                    "DELETE FROM transmissions WHERE seen_at < ?1 \
-                     AND source NOT IN (SELECT value FROM json_each(?2))"
-                }
-            })
-            .bind::<super::sqlite::Instant, _>(cutoff);
-            match source {
-                Some(source) => sql.bind::<Text, _>(source).execute(c),
-                None => {
-                    let named = serde_json::to_string(named).expect("a list of strings serializes");
-                    sql.bind::<Text, _>(named).execute(c)
-                }
-            }
-        }
+) -> QueryResult<Vec<String>> {
+    #[derive(QueryableByName)]
+    struct Gone {
+        #[diesel(sql_type = Text)]
+        transmission_id: String,
     }
+    let sql = format!(
+        "DELETE FROM transmissions WHERE {} RETURNING transmission_id",
+        super::purge_filter(conn, source, "seen_at")
+    );
+    let gone: Vec<Gone> = super::purge_statement(conn, &sql, source, named, cutoff)?;
+    Ok(gone.into_iter().map(|row| row.transmission_id).collect())
 }

@@ -196,36 +196,30 @@ async fn answer(
                 ),
                 "the certificate the signature check needs was not fetched within the request timeout",
             )
-        })?
-        .map_err(|refusal| {
-            let error = refused_by(source.provider.as_ref(), refusal);
-            match refusal {
-                Refusal::Unavailable => Failed::because(
-                    error,
-                    "the certificate the signature check needs could not be fetched; the warning \"certificate fetch failed\" says why",
-                ),
-                _ => Failed::from(error),
-            }
-        });
-    let received = match received {
+        })?;
+    let binds = source.provider.transmission_id(&headers).is_some();
+    if binds && matches!(received, Err(Refusal::Unavailable)) {
         // Its headers are out in the world with a signature that verifies once the certificate
-        // can be had: its transmission id is bound to its event now (unless the database is
-        // down too), so that they never carry another body.
-        Err(failed)
-            if matches!(failed.error, ApiError::NotFetched(_))
-                && source.provider.transmission_id(&headers).is_some() =>
-        {
-            let json: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
-            let identity = source
-                .provider
-                .identify_body(&headers, &body, json.as_ref());
-            if let Some(event_id) = identity.event_id {
-                bind_transmission(state, &source, &headers, &event_id, &body, deadline).await?;
-            }
-            return Err(failed);
+        // can be had: a transmission id (PayPal's) is bound to its delivery now (unless the
+        // database is down too), so that they never carry another body.
+        let json: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
+        let identity = source
+            .provider
+            .identify_body(&headers, &body, json.as_ref());
+        if let Some(event_id) = identity.event_id {
+            bind_transmission(state, &source, &headers, &event_id, &body, deadline).await?;
         }
-        received => received?,
-    };
+    }
+    let received = received.map_err(|refusal| {
+        let error = refused_by(source.provider.as_ref(), refusal);
+        match refusal {
+            Refusal::Unavailable => Failed::because(
+                error,
+                "the certificate the signature check needs could not be fetched; the warning \"certificate fetch failed\" says why",
+            ),
+            _ => Failed::from(error),
+        }
+    })?;
     let incoming = match received {
         Received::Event(incoming) => incoming,
         Received::Batch(items) => return batch(state, &source, request, items, deadline).await,

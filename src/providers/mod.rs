@@ -383,8 +383,9 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// For a scheme whose signature does not cover the body in full: a value of the delivery
     /// that the signature does cover and that the provider never sends with two different events
     /// (PayPal's transmission id, signed beside only the body's CRC32). The server binds it to
-    /// the delivery's event id (`db::transmissions`) and refuses it with any other, so another
-    /// body under a genuine delivery's headers (forged to the same CRC32) is not stored. Read
+    /// the delivery's source, event id and body (`db::transmissions`) and refuses it with any
+    /// other, so another body under a genuine delivery's headers (forged to the same CRC32) is
+    /// not stored. Read
     /// from a delivery of one event; `None` (every other scheme): the signature covers the
     /// body itself.
     fn transmission_id<'h>(&self, _headers: &'h dyn Headers) -> Option<&'h str> {
