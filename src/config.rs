@@ -640,14 +640,20 @@ fn in_plain_words(message: &str) -> String {
         ("expected usize", "expected a whole number, 0 or more"),
         ("expected i64", "expected a whole number"),
     ];
-    TYPES
+    let plain = TYPES
         .iter()
         .find_map(|(rust, plain)| {
             message
                 .strip_suffix(rust)
                 .map(|start| format!("{start}{plain}"))
         })
-        .unwrap_or_else(|| message.to_owned())
+        .unwrap_or_else(|| message.to_owned());
+    // `pool_size = "8"`: a number written as TOML text.
+    if message.starts_with("invalid type: string") && plain.contains("expected a whole number") {
+        format!("{plain} (write the number without quotes)")
+    } else {
+        plain
+    }
 }
 
 /// A serde message without the string values it quotes: `invalid type: string "whsec_...",
@@ -2220,7 +2226,7 @@ mod tests {
         for (text, says) in [
             (
                 "[database]\npool_size = \"abc\"\n",
-                "database.pool_size: invalid type: string, expected a whole number from 0 to 4294967295",
+                "database.pool_size: invalid type: string, expected a whole number from 0 to 4294967295 (write the number without quotes)",
             ),
             (
                 "[server]\nmax_body_bytes = -1\n",

@@ -327,6 +327,10 @@ impl CertUrl {
             if decoded.contains("%2f") || decoded.contains("%5c") {
                 return Err("a URL with an encoded / or \\".to_owned());
             }
+            // An encoded `%` (`%252e%252e`) is a `.` or `/` to a server that decodes twice.
+            if decoded.contains("%25") {
+                return Err("a URL with an encoded %".to_owned());
+            }
         }
         let mut text = format!("{scheme}://{}", host.to_ascii_lowercase());
         if let Some(port) = port {
@@ -751,6 +755,8 @@ mod tests {
             "https://api.paypal.com/v1/./x",
             "https://api.paypal.com/v1/..%2fevil",
             "https://api.paypal.com/v1/%5c..",
+            "https://api.paypal.com/v1/%252e%252e/evil",
+            "https://api.paypal.com/v1/%252F",
             "https://api.paypal.com\\@evil.example/",
             "https://api.paypal.com/x#frag",
             "https://api.paypal.com /x",

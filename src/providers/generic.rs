@@ -867,8 +867,17 @@ impl Hmac {
             .into_iter()
             .filter_map(|line| std::str::from_utf8(line).ok())
             .filter_map(|line| line.trim().strip_prefix(prefix))
-            .flat_map(|listed| listed.split(|c: char| c == ',' || c.is_ascii_whitespace()))
-            .map(|token| token.strip_prefix(prefix).unwrap_or(token))
+            .flat_map(|listed| {
+                // The line's own prefix is gone; a token after it may repeat the prefix, but
+                // the first may not carry it twice (`sha256=sha256=...`).
+                listed
+                    .split(|c: char| c == ',' || c.is_ascii_whitespace())
+                    .enumerate()
+                    .map(|(n, token)| match n {
+                        0 => token,
+                        _ => token.strip_prefix(prefix).unwrap_or(token),
+                    })
+            })
             .filter(|token| !token.is_empty())
             .filter_map(|token| rule.encoding.decode(token))
             .collect()
@@ -1003,6 +1012,15 @@ mod tests {
         assert_eq!(
             check(&verifier, &format!("sha1={GOOD_HEX}"), BODY),
             Err(SignatureError::Invalid)
+        );
+        // Said once per signature: a doubled prefix is no signature, however good the rest.
+        assert_eq!(
+            check(&verifier, &format!("sha256=sha256={GOOD_HEX}"), BODY),
+            Err(SignatureError::Invalid)
+        );
+        assert_eq!(
+            check(&verifier, &format!("sha256=00,sha256={GOOD_HEX}"), BODY),
+            Ok(())
         );
     }
 
