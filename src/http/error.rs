@@ -33,10 +33,10 @@ pub enum ApiError {
     /// 400 `malformed_payload`.
     #[error("the body could not be read as the JSON this scheme needs")]
     MalformedPayload,
-    /// 400 `malformed_payload`: a handshake's parameters are not what the provider sends
-    /// (Braintree's `bt_challenge`); the sentence says which.
+    /// 400 `malformed_payload`: the request is not what the provider sends (a handshake's
+    /// parameters, a body that is no event of the provider's); the sentence says which.
     #[error("{0}")]
-    MalformedHandshake(&'static str),
+    Malformed(&'static str),
     /// 400 `malformed_payload`: the body itself could not be read (a broken chunked encoding),
     /// whatever the scheme.
     #[error("the body could not be read: its chunked encoding is broken or it was cut short")]
@@ -159,9 +159,9 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::InvalidSignature => "invalid_signature",
             ApiError::StaleTimestamp => "stale_timestamp",
-            ApiError::MalformedPayload
-            | ApiError::MalformedHandshake(_)
-            | ApiError::UnreadableBody => "malformed_payload",
+            ApiError::MalformedPayload | ApiError::Malformed(_) | ApiError::UnreadableBody => {
+                "malformed_payload"
+            }
             ApiError::MissingEventId | ApiError::InvalidEventId(EventIdError::Missing) => {
                 "missing_event_id"
             }
@@ -213,7 +213,7 @@ impl ResponseError for ApiError {
                 StatusCode::UNAUTHORIZED
             }
             ApiError::MalformedPayload
-            | ApiError::MalformedHandshake(_)
+            | ApiError::Malformed(_)
             | ApiError::UnreadableBody
             | ApiError::MissingEventId
             | ApiError::InvalidEventId(_)

@@ -734,7 +734,7 @@ pub fn refused(refusal: Refusal) -> ApiError {
             "the provider's certificate the signature check needs could not be fetched; nothing was stored, retry later",
         ),
         Refusal::Forbidden(why) => ApiError::Forbidden(why),
-        Refusal::MalformedHandshake(why) => ApiError::MalformedHandshake(why),
+        Refusal::Malformed(why) => ApiError::Malformed(why),
     }
 }
 

@@ -205,7 +205,7 @@ impl Provider for Braintree {
         let received = if inbound.method.eq_ignore_ascii_case("GET") {
             self.challenge(inbound.query)
         } else {
-            receive_now(self, inbound)
+            receive_now(self, inbound).and_then(only_notifications)
         };
         Box::pin(std::future::ready(received))
     }
@@ -221,7 +221,7 @@ impl Braintree {
     /// The answer to `?bt_challenge=C`: C as Braintree's SDKs take it (20 to 32 lowercase hex
     /// digits, once), signed with the first private key. Anything else is malformed.
     fn challenge(&self, query: &str) -> Result<Received, Refusal> {
-        let malformed = Refusal::MalformedHandshake(
+        let malformed = Refusal::Malformed(
             "bt_challenge is not one challenge of 20 to 32 lowercase hex digits, as Braintree sends",
         );
         let challenge = only_field(query.as_bytes(), CHALLENGE).ok_or(malformed)?;
@@ -237,6 +237,22 @@ impl Braintree {
             content_type: "text/plain",
             body: self.signature_of(challenge.as_bytes()).into_bytes(),
         }))
+    }
+}
+
+/// A verified delivery is stored only when its payload is a notification: base64 of XML whose
+/// root is `<notification>` with a `<kind>`, which is all Braintree sends and all its SDKs
+/// parse. The challenge answer is the very tag a `bt_payload` of the challenge's text would
+/// carry (one key, one HMAC), and anyone may ask for it; such a payload (hex digits) is base64
+/// of bytes that are no XML, so it is refused here and the answer signs nothing stored.
+fn only_notifications(received: Received) -> Result<Received, Refusal> {
+    match received {
+        // The type is the notification's kind, so an event without one is no notification.
+        Received::Event(incoming) if incoming.event_type.is_none() => Err(Refusal::Malformed(
+            "bt_payload is not a Braintree notification (base64 of XML with a <notification> \
+             root and its <kind>)",
+        )),
+        other => Ok(other),
     }
 }
 
@@ -298,8 +314,9 @@ fn with_signature(form: &[u8], signature: &str) -> Vec<u8> {
     fields.join(&b'&')
 }
 
-/// The text of the `<kind>` element that is a child of the XML's root element, as Braintree puts
-/// a notification's kind; a `<kind>` deeper down (a dispute's own kind) is not it. A minimal
+/// The text of the `<kind>` element that is a child of the XML's root `<notification>`, as
+/// Braintree puts a notification's kind; a `<kind>` deeper down (a dispute's own kind) is not
+/// it, and XML with another root is no notification. A minimal
 /// reader, enough for Braintree's payloads: no DTD (so no entity can expand), comments and
 /// processing instructions skipped, the five predefined entities and character references
 /// decoded. `None` when the XML is not what it expects.
@@ -331,6 +348,9 @@ fn kind_of(xml: &str) -> Option<String> {
             }
             depth += 1;
             let name = tag.split(|c: char| c.is_ascii_whitespace()).next()?;
+            if depth == 1 && name != "notification" {
+                return None;
+            }
             if depth == 2 && name == "kind" {
                 let text = &rest[..rest.find('<')?];
                 return rest[text.len()..]
@@ -418,19 +438,20 @@ mod tests {
     fn the_kind_is_the_root_element_s_own_not_a_nested_one() {
         assert_eq!(kind_of(XML).as_deref(), Some("dispute_opened"));
         assert_eq!(
-            kind_of("<n><kind> a&amp;b&#x21; </kind></n>").as_deref(),
+            kind_of("<notification><kind> a&amp;b&#x21; </kind></notification>").as_deref(),
             Some("a&b!")
         );
         for bad in [
             "",
-            "<n><kind>open",
-            "<n></n><kind>x</kind>",
-            "<n><kind>a<b/></kind></n>",
-            "<!DOCTYPE n [<!ENTITY e \"x\">]><n><kind>&e;</kind></n>",
-            "<n><kind>&e;</kind></n>",
-            "<n><other>x</other></n>",
+            "<notification><kind>open",
+            "<notification></notification><kind>x</kind>",
+            "<notification><kind>a<b/></kind></notification>",
+            "<!DOCTYPE n [<!ENTITY e \"x\">]><notification><kind>&e;</kind></notification>",
+            "<notification><kind>&e;</kind></notification>",
+            "<notification><other>x</other></notification>",
+            "<n><kind>x</kind></n>",
             "<kind>top</kind>",
-            "</n><kind>x</kind>",
+            "</notification><kind>x</kind>",
         ] {
             assert_eq!(kind_of(bad), None, "{bad:?}");
         }
@@ -540,7 +561,7 @@ mod tests {
         ] {
             let refused = provider.receive(&get(query)).now_or_never().expect("ready");
             assert!(
-                matches!(refused, Err(Refusal::MalformedHandshake(_))),
+                matches!(refused, Err(Refusal::Malformed(_))),
                 "{query:?}"
             );
         }

@@ -222,9 +222,10 @@ pub enum Refusal {
     /// a token that does not match): 403, nothing echoed. The sentence says which, and never
     /// depends on the token when something else is wrong too.
     Forbidden(&'static str),
-    /// A handshake whose parameters are not what the provider sends (Braintree's
-    /// `bt_challenge`): 400 `malformed_payload`, with this sentence.
-    MalformedHandshake(&'static str),
+    /// A request that is not what the provider sends, said in a sentence: a handshake's
+    /// parameters (Braintree's `bt_challenge`), or a signed body that is no event of the
+    /// provider's (Braintree's `bt_payload` that is no notification). 400 `malformed_payload`.
+    Malformed(&'static str),
 }
 
 impl From<SignatureError> for Refusal {
@@ -327,7 +328,7 @@ pub trait Provider: Send + Sync + fmt::Debug {
 
     /// A verified request that is a handshake, with the answer it expects; `None` for an event.
     /// A handshake that lacks what its answer needs (a challenge) is refused with
-    /// [`Refusal::MalformedHandshake`]: it is never stored as an event either.
+    /// [`Refusal::Malformed`]: it is never stored as an event either.
     fn handshake(
         &self,
         _inbound: &Inbound<'_>,

@@ -91,7 +91,7 @@ impl Provider for Slack {
             return None;
         }
         let Some(challenge) = json.get("challenge").and_then(|c| c.as_str()) else {
-            return Some(Err(Refusal::MalformedHandshake(
+            return Some(Err(Refusal::Malformed(
                 "a url_verification request carries its challenge as a string, and this one does not",
             )));
         };

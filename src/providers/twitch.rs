@@ -133,7 +133,7 @@ impl Provider for Twitch {
             .and_then(|j| j.get("challenge"))
             .and_then(|c| c.as_str())
         else {
-            return Some(Err(Refusal::MalformedHandshake(
+            return Some(Err(Refusal::Malformed(
                 "a webhook_callback_verification message carries its challenge as a string, and \
                  this one does not",
             )));
@@ -229,7 +229,7 @@ mod tests {
             assert!(
                 matches!(
                     twitch.handshake(&inbound, json.as_ref()),
-                    Some(Err(Refusal::MalformedHandshake(_)))
+                    Some(Err(Refusal::Malformed(_)))
                 ),
                 "{}",
                 String::from_utf8_lossy(body)

@@ -114,7 +114,7 @@ impl Provider for Zoom {
             return None;
         }
         let Some(plain) = json.pointer("/payload/plainToken").and_then(|p| p.as_str()) else {
-            return Some(Err(Refusal::MalformedHandshake(
+            return Some(Err(Refusal::Malformed(
                 "an endpoint.url_validation request carries payload.plainToken as a string, and \
                  this one does not",
             )));
@@ -212,7 +212,7 @@ mod tests {
             assert!(
                 matches!(
                     zoom.handshake(&inbound, Some(&json)),
-                    Some(Err(super::super::Refusal::MalformedHandshake(_)))
+                    Some(Err(super::super::Refusal::Malformed(_)))
                 ),
                 "{}",
                 String::from_utf8_lossy(body)

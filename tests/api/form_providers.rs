@@ -282,6 +282,50 @@ async fn braintree_s_challenge_get_is_answered_never_stored_and_counted_as_a_han
 }
 
 #[actix_web::test]
+async fn the_challenge_answer_signs_no_delivery_braintree_s_payload_must_be_a_notification() {
+    let app = spawn().await;
+    // Anyone may ask for the challenge's answer, and it is the very tag a `bt_payload` of the
+    // challenge's text would carry: such a form verifies, but it is no notification.
+    let mut forms = Vec::new();
+    for challenge in ["0123456789abcdef0123456789abcdef", "20f9f8ed05f77439fe95"] {
+        let answer = app
+            .get(
+                &format!("/webhooks/braintree?bt_challenge={challenge}"),
+                None,
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        forms.push(format!(
+            "bt_signature={}&bt_payload={challenge}",
+            form_urlencoded::byte_serialize(answer.text().as_bytes()).collect::<String>()
+        ));
+    }
+    // Signed as `send` signs, XML that is not a notification is refused the same way.
+    let other_root = signed(&app, "braintree", b"<n><kind>x</kind></n>", "");
+    forms.push(String::from_utf8(other_root.body).expect("ASCII"));
+    for form in forms {
+        let request = Signed {
+            body: form.clone().into_bytes(),
+            ..signed(&app, "braintree", b"", "")
+        };
+        let answer = post(&app, &request).await;
+        assert_eq!(answer.status, 400, "{form}: {}", answer.text());
+        assert_eq!(answer.error(), "malformed_payload");
+        assert!(
+            answer.message().contains("notification"),
+            "{}",
+            answer.text()
+        );
+    }
+    assert_eq!(app.db.count("events"), 0);
+    // A notification signed the same way is stored.
+    let xml = notification("check", &unique_id("sub"));
+    let answer = post(&app, &signed(&app, "braintree", xml.as_bytes(), "")).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(app.db.count("events"), 1);
+}
+
+#[actix_web::test]
 async fn a_twilio_form_is_processed_under_its_token_a_redelivery_is_a_replay_and_a_change_is_401() {
     let app = spawn().await;
     let token = unique_id("tok");
