@@ -291,7 +291,7 @@ pub fn main() -> ExitCode {
 type Exit = ExitCode;
 
 fn usage(message: impl std::fmt::Display) -> Exit {
-    eprintln!("hookbox: {message}");
+    errln!("hookbox: {message}");
     ExitCode::from(USAGE)
 }
 
@@ -373,7 +373,7 @@ fn finish(result: anyhow::Result<()>) -> Result<ExitCode, Exit> {
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
-            eprintln!("hookbox: error: {e:#}");
+            errln!("hookbox: error: {e:#}");
             // A URL libpq cannot read is bad config, whichever command found it.
             let config = e.downcast_ref::<crate::db::UnreadableUrl>().is_some();
             Ok(ExitCode::from(if config { USAGE } else { 1 }))
@@ -393,7 +393,7 @@ fn migrate(config: &Config) -> anyhow::Result<()> {
     let migrated = crate::db::migrate_store(&config.database, |_| Ok(()))?;
     let applied = migrated.applied;
     if !migrated.unknown.is_empty() {
-        eprintln!(
+        errln!(
             "warning: {} holds {} migration(s) this hookbox does not know ({}): a newer hookbox \
              migrated it, and this one may not work with its schema; run the newer version",
             config.database.display_url(),
@@ -402,17 +402,17 @@ fn migrate(config: &Config) -> anyhow::Result<()> {
         );
     }
     if applied.is_empty() && migrated.unknown.is_empty() {
-        println!(
+        outln!(
             "database schema is up to date ({})",
             config.database.display_url()
         );
     } else if applied.is_empty() {
-        println!(
+        outln!(
             "nothing to apply to {}: every migration this hookbox knows is applied",
             config.database.display_url()
         );
     } else {
-        println!(
+        outln!(
             "applied {} migration(s) to {}: {}",
             applied.len(),
             config.database.display_url(),
@@ -485,7 +485,7 @@ fn stop_on_ctrl_c(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         runtime.block_on(async {
             interrupts.recv().await;
             stop.store(true, Ordering::Relaxed);
-            eprintln!(
+            errln!(
                 "\nhookbox: interrupted: stopping after the batch in progress \
                  (Ctrl-C again to quit at once)"
             );
@@ -548,13 +548,13 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
                         .elapsed();
                     let so_far = removed.load(Ordering::Relaxed);
                     if waited >= Duration::from_secs(2) {
-                        eprintln!(
+                        errln!(
                             "purging: {so_far} removed so far; the batch under way has taken \
                              {} s ({holder})",
                             waited.as_secs()
                         );
                     } else {
-                        eprintln!("purging: {so_far} removed so far");
+                        errln!("purging: {so_far} removed so far");
                     }
                 }
             }
@@ -595,9 +595,9 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         removed.entry(source.name.as_str().to_owned()).or_insert(0);
     }
     for (source, n) in &removed {
-        println!("{verb} {n} from {source}");
+        outln!("{verb} {n} from {source}");
     }
-    println!(
+    outln!(
         "{verb} {} in total ({} ms){}",
         report.total(),
         started.elapsed().as_millis(),
@@ -618,7 +618,7 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
             .any(|source| retention::source_window(source, config.retention.window) > older_than)
     });
     if shorter && !args.dry_run && report.total() > 0 {
-        eprintln!(
+        errln!(
             "hookbox: note: --older-than is shorter than a source's retention window, and a \
              serve running now may still answer an event this pass removed as a replay (from \
              its memory of recent answers) without processing it; restart serve if those \
@@ -631,7 +631,7 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         } else {
             ("were", "went with them")
         };
-        println!(
+        outln!(
             "{} forward deliveries of those events {were} still pending and {go}, not sent \
              (but for any a dispatcher had already taken)",
             report.pending_forwards
@@ -660,7 +660,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
         let shown = path.display().to_string();
         exit_on_interrupt(move || match capture::abandon_partial() {
             capture::Abandoned::Removed => {
-                eprintln!(
+                errln!(
                     "\nhookbox: export interrupted: nothing was written to {shown} (a file there \
                      is as it was)"
                 );
@@ -669,7 +669,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
             // Written whole already: the export ends as it would have.
             capture::Abandoned::Finished => false,
             capture::Abandoned::NotStarted => {
-                eprintln!("\nhookbox: export interrupted: nothing was written to {shown}");
+                errln!("\nhookbox: export interrupted: nothing was written to {shown}");
                 true
             }
         })
@@ -698,7 +698,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
         let mut last = std::time::Instant::now();
         let mut progress = |written: u64| {
             if last.elapsed() >= crate::replay::progress::PLAIN_EVERY {
-                eprintln!("export: {written} event(s) so far");
+                errln!("export: {written} event(s) so far");
                 last = std::time::Instant::now();
             }
         };
@@ -720,13 +720,13 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
             .out
             .as_ref()
             .map_or("stdout".to_owned(), |p| p.display().to_string());
-        eprintln!("hookbox: exported {count} event(s) to {place}");
+        errln!("hookbox: exported {count} event(s) to {place}");
         // Events of a source since removed from the config are still exported; a name that is
         // neither configured nor stored is most likely a typo.
         if let (Some(source), None) = (filter.source.as_deref(), &unread) {
             let configured: Vec<&str> = config.sources.iter().map(|s| s.name.as_str()).collect();
             if count == 0 && !configured.contains(&source) {
-                eprintln!(
+                errln!(
                     "hookbox: no source named {source:?} is configured (configured: {}), and none \
                      of its events is stored; check --source",
                     if configured.is_empty() {

@@ -6,6 +6,23 @@
 //! claims the event and runs its [`handlers::Handler`], and the stored response goes back out.
 //! [`startup::Application`] puts it together; [`cli`] is the command line.
 
+/// `println!` that cannot panic: when stdout is closed early (`| head`) or full (`> /dev/full`)
+/// the line is lost and the command goes on, so its exit code still says how its work went.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that cannot panic, as [`outln!`] for stdout.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod activity;
 pub mod capture;
 pub mod cli;

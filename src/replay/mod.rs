@@ -219,7 +219,7 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
     // then meet another source's check, and are refused. Said once, before they are.
     if options.to.has_path() && options.source.is_none() && sources.len() > 1 {
         let named: Vec<&str> = sources.iter().map(String::as_str).collect();
-        eprintln!(
+        errln!(
             "replay: warning: --to has a path, so every line is posted to it, and the captures \
              hold lines of {} sources ({}): those of the sources it is not for will be refused; \
              give the server's base URL (each line then goes to /webhooks/{{source}}), or \
@@ -259,7 +259,7 @@ pub fn run(files: Vec<InputFile>, options: &Options) -> anyhow::Result<Tally> {
         if total == 0 {
             // An export that failed into a pipe, or a window with no events: say so, since a
             // summary of zeros reads like a replay that ran.
-            eprintln!("hookbox: the inputs hold no capture line and no body: nothing to replay");
+            errln!("hookbox: the inputs hold no capture line and no body: nothing to replay");
         }
         let mut progress = Progress::new(total, std::io::stderr().is_terminal());
         actix_web::rt::System::new().block_on(send_all(
@@ -371,7 +371,7 @@ async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progre
             }
             tally.interrupted = true;
             deadline = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
-            eprintln!(
+            errln!(
                 "\nhookbox: interrupted: sending no more; waiting up to {} s for the {} \
                  delivery(ies) in flight (Ctrl-C again to stop waiting)",
                 INTERRUPT_GRACE.as_secs(),

@@ -55,7 +55,7 @@ impl Progress {
             }
             Progress::Plain { last, total } => {
                 if last.elapsed() >= PLAIN_EVERY {
-                    eprintln!("replay: {}", tally.progress_line(*total));
+                    errln!("replay: {}", tally.progress_line(*total));
                     *last = Instant::now();
                 }
             }

@@ -177,6 +177,68 @@ fn purge_dry_run_counts_without_deleting_and_purge_removes_exactly_those() {
     assert_eq!(db.count("events"), 2);
 }
 
+/// A command's printing to a stdout or stderr that is full (`> /dev/full`) or closed early
+/// (`| head`) is lost; the work is done and the exit code says how it went, never 101.
+#[test]
+fn purge_and_export_end_by_their_work_when_their_output_cannot_be_written() {
+    let db = TestDb::create();
+    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
+    insert_aged(&db, "stripe", "old", 3, "4 days");
+    let run = |args: &[&str], stdout: std::fs::File, stderr: std::fs::File| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("HOOKBOX_CONFIG")
+            .stdout(stdout)
+            .stderr(stderr)
+            .status()
+            .expect("hookbox runs")
+            .code()
+    };
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full")
+    };
+    let null = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .expect("/dev/null")
+    };
+    let export = TempFile::with_extension(b"", "ndjson");
+    let out = export.path();
+    for (args, stdout, stderr, code) in [
+        (
+            vec!["purge", "--config", &config_path, "--dry-run"],
+            full(),
+            full(),
+            0,
+        ),
+        (
+            vec!["export", "--config", &config_path, "--out", &out],
+            null(),
+            full(),
+            0,
+        ),
+        // The capture itself cannot be written: that is the export failing.
+        (vec!["export", "--config", &config_path], full(), full(), 1),
+        (vec!["migrate", "--config", &config_path], full(), full(), 0),
+        (vec!["purge", "--config", &config_path], full(), full(), 0),
+    ] {
+        assert_eq!(run(&args, stdout, stderr), Some(code), "{args:?}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(export.path())
+            .expect("written")
+            .lines()
+            .count(),
+        3
+    );
+    assert_eq!(db.count("events"), 0, "the purge was done");
+}
+
 #[test]
 fn purge_says_how_many_forward_deliveries_still_pending_go_with_their_events() {
     use diesel::RunQueryDsl;
