@@ -488,14 +488,21 @@ impl Config {
             .parse()
             .map_err(|e: toml::de::Error| syntax_error(text, &e))?;
         edit(&mut table);
+        // No key takes a TOML date or time, and serde would read one as its text (an unquoted
+        // `secrets = [1979-05-27T07:32:00Z]` would be the secret "1979-05-27T07:32:00Z").
+        if let Some(key) = first_datetime(&table, "") {
+            return Err(ConfigError::at(
+                key,
+                "invalid type: a TOML date or time; write text in quotes",
+            ));
+        }
         let raw: RawConfig =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
                 let key = e.path().to_string();
                 // toml appends "in `table`" on a line of its own; the path already says where.
                 let inner = e.inner().to_string();
-                let problem = in_plain_words(&without_string_values(
-                    inner.lines().next().unwrap_or_default(),
-                ));
+                let problem =
+                    in_plain_words(&without_values(inner.lines().next().unwrap_or_default()));
                 if key == "." || key.is_empty() {
                     ConfigError(problem)
                 } else {
@@ -504,6 +511,30 @@ impl Config {
             })?;
         raw.validate(env, registry)
     }
+}
+
+/// Where `table` (at `path`, `""` for the whole config) holds a TOML date or time, if anywhere:
+/// its key as a config error names it (`sources.x.secrets[0]`).
+fn first_datetime(table: &toml::Table, path: &str) -> Option<String> {
+    fn within(value: &toml::Value, path: String) -> Option<String> {
+        match value {
+            toml::Value::Datetime(_) => Some(path),
+            toml::Value::Table(table) => first_datetime(table, &path),
+            toml::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(n, item)| within(item, format!("{path}[{n}]"))),
+            _ => None,
+        }
+    }
+    table.iter().find_map(|(key, value)| {
+        let path = if path.is_empty() {
+            key.clone()
+        } else {
+            format!("{path}.{key}")
+        };
+        within(value, path)
+    })
 }
 
 /// The admin token a variable holds, or why it gives none. Whitespace around it is not part of
@@ -659,6 +690,27 @@ fn in_plain_words(message: &str) -> String {
 /// A serde message without the string values it quotes: `invalid type: string "whsec_...",
 /// expected a sequence` becomes `invalid type: string, expected a sequence`. The key is
 /// named beside it, and under some keys the value is a secret or a URL with a password.
+/// A value of another type given where the key takes text is left out too (`secrets =
+/// [987654321]`, an unquoted numeric secret: `invalid type: integer, expected a string`).
+fn without_values(message: &str) -> String {
+    let message = without_string_values(message);
+    if !message.starts_with("invalid type:") {
+        return message;
+    }
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message.as_str();
+    while let Some(at) = rest.find(" `") {
+        out.push_str(&rest[..at]);
+        // An unclosed quote: drop the rest rather than show part of a value.
+        rest = rest[at + 2..]
+            .find('`')
+            .map_or("", |end| &rest[at + 2 + end + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// [`without_values`] for strings alone.
 fn without_string_values(message: &str) -> String {
     const QUOTED: &str = "string \"";
     let mut out = String::with_capacity(message.len());
@@ -2227,6 +2279,22 @@ mod tests {
             (
                 "[database]\npool_size = \"abc\"\n",
                 "database.pool_size: invalid type: string, expected a whole number from 0 to 4294967295 (write the number without quotes)",
+            ),
+            (
+                "[sources.gl]\nscheme = \"gitlab\"\nsecrets = [\"abc\", 987654321]\n",
+                "sources.gl.secrets[1]: invalid type: integer, expected a string",
+            ),
+            (
+                "[sources.gl]\nscheme = \"gitlab\"\nsecrets = 98765.4321\n",
+                "sources.gl.secrets: invalid type: floating point, expected a sequence",
+            ),
+            (
+                "[sources.gl]\nscheme = \"gitlab\"\nsecrets = [\"a\", 1979-05-27T07:32:00Z]\n",
+                "sources.gl.secrets[1]: invalid type: a TOML date or time; write text in quotes",
+            ),
+            (
+                "[server]\ntolerance = 07:32:00\n",
+                "server.tolerance: invalid type: a TOML date or time; write text in quotes",
             ),
             (
                 "[server]\nmax_body_bytes = -1\n",
