@@ -101,6 +101,13 @@ impl Application {
         });
         let flusher = Flusher::start(state.pool.clone(), state.replay_counts.clone());
         warn_about_sources(&config);
+        let mut sources: Vec<_> = state.sources.iter().collect();
+        sources.sort_by_key(|(name, _)| name.as_str());
+        for (name, source) in sources {
+            if let Some(warning) = source.provider.setup_warning() {
+                tracing::warn!("source {name}: {warning}");
+            }
+        }
         let purge = purge::Schedule::start(
             state.pool.clone(),
             state.metrics.clone(),

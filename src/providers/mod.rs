@@ -337,6 +337,12 @@ pub trait Provider: Send + Sync + fmt::Debug {
         None
     }
 
+    /// A setting this source lacks that the provider's own advice calls for, said as `serve`
+    /// logs it at startup (a WARN naming the key); `None` when there is none.
+    fn setup_warning(&self) -> Option<&'static str> {
+        None
+    }
+
     /// What the provider changes between deliveries of one event, left out of the payload
     /// fingerprint, as JSON pointers (RFC 6901) into the event's payload (for a batch, into each
     /// item): `/pending_webhooks`, `/additionalData/hmacSignature`. For a form body, a pointer of

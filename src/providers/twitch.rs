@@ -126,8 +126,18 @@ impl Provider for Twitch {
         inbound: &Inbound<'_>,
         json: Option<&serde_json::Value>,
     ) -> Option<Result<Answer, Refusal>> {
-        if header_text(inbound.headers, KIND)?.trim() != VERIFICATION {
-            return None;
+        let verification =
+            header_text(inbound.headers, KIND).is_some_and(|kind| kind.trim() == VERIFICATION);
+        if !verification {
+            // The message type is not signed: a genuine verification's signed body sent again
+            // as a `notification` (or with no type) must not be stored as an event. Twitch's
+            // notifications and revocations carry no `challenge`.
+            return json.and_then(|j| j.get("challenge")).map(|_| {
+                Err(Refusal::Malformed(
+                    "a message that carries a challenge is a webhook_callback_verification, and \
+                     its Twitch-Eventsub-Message-Type says otherwise",
+                ))
+            });
         }
         let Some(challenge) = json
             .and_then(|j| j.get("challenge"))
@@ -235,8 +245,28 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+        // Its signed body under another (unsigned) message type, or none: no event either.
         signed[3].1 = "notification".into();
         let inbound = post(&signed, body, NOW);
-        assert!(twitch.handshake(&inbound, json.as_ref()).is_none());
+        assert!(matches!(
+            twitch.handshake(&inbound, json.as_ref()),
+            Some(Err(Refusal::Malformed(_)))
+        ));
+        signed.remove(3);
+        let inbound = post(&signed, body, NOW);
+        assert!(matches!(
+            twitch.handshake(&inbound, json.as_ref()),
+            Some(Err(Refusal::Malformed(_)))
+        ));
+        // A notification or a revocation is no handshake.
+        for body in [
+            BODY,
+            br#"{"subscription":{"type":"stream.online","status":"x"}}"#,
+        ] {
+            let json = serde_json::from_slice(body).ok();
+            assert!(twitch
+                .handshake(&post(&signed, body, NOW), json.as_ref())
+                .is_none());
+        }
     }
 }

@@ -664,3 +664,20 @@ async fn send_and_replay_sign_as_sns_with_key_and_cert_url_and_name_a_missing_fl
     assert!(stdout.contains(&other), "{stdout}");
     assert_eq!(stored(&app), 2);
 }
+
+#[test]
+fn serve_warns_of_an_sns_source_without_topic_arns_at_startup() {
+    let db = TestDb::create();
+    let process = Process::serve(&config_text(&db.url, &sources("https://sns.example")));
+    let log = process.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("no topic_arns"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one source lacks topic_arns:\n{log}");
+    assert!(
+        warnings[0].contains("source sns: no topic_arns"),
+        "it names the source: {}",
+        warnings[0]
+    );
+}
