@@ -83,6 +83,10 @@ pub enum ApiError {
     /// 503 `unavailable`, with `Retry-After`: the database answered, but failed the statement.
     #[error("{}", database_failure(*.0))]
     Database(Failure),
+    /// 503 `unavailable`, with `Retry-After`, from `/readyz`: why this instance is not ready,
+    /// in a probe's words (it stores nothing, so its sentence says nothing of storing).
+    #[error("not ready: {0}")]
+    NotReady(&'static str),
     /// 401 `unauthorized` (admin API).
     #[error("a valid bearer token is required")]
     Unauthorized,
@@ -173,7 +177,8 @@ impl ApiError {
             | ApiError::TablesLocked
             | ApiError::Unanswered
             | ApiError::NotFetched(_)
-            | ApiError::Database(_) => "unavailable",
+            | ApiError::Database(_)
+            | ApiError::NotReady(_) => "unavailable",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound | ApiError::NotStored(_) | ApiError::UnknownTarget(_) => "not_found",
@@ -191,7 +196,8 @@ impl ApiError {
             | ApiError::TablesLocked
             | ApiError::Unanswered
             | ApiError::NotFetched(_)
-            | ApiError::Database(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
+            | ApiError::Database(_)
+            | ApiError::NotReady(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
             ApiError::ProviderStatus { error, .. } => error.retry_after(),
             _ => None,
         }
@@ -227,7 +233,8 @@ impl ResponseError for ApiError {
             | ApiError::TablesLocked
             | ApiError::Unanswered
             | ApiError::NotFetched(_)
-            | ApiError::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+            | ApiError::Database(_)
+            | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ProviderStatus { status, .. } => *status,
         }
     }

@@ -17,12 +17,15 @@ enum NotReady {
     Unreachable(String),
     Pending,
     Failed(db::Failure, String),
+    /// PostgreSQL's lock timeout on a table another session holds (a migration, `LOCK TABLE`).
+    Locked(String),
 }
 
 /// The database is reachable, every migration is applied and the store takes a write (an event
 /// inserted and updated, rolled back: the privileges a claim needs); 503 otherwise, also when
 /// the check has no answer within `[server].request_timeout` (a stalled database: the check's
-/// thread goes on, and the next probe checks afresh).
+/// thread goes on, and the next probe checks afresh). The 503's message says which, as the
+/// WARN it logs does.
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let within = state.request_timeout;
     let checking = web::block(move || -> Result<(), NotReady> {
@@ -40,36 +43,55 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
             Ok(false) => return Err(NotReady::Pending),
             Err(e) => return Err(NotReady::Failed(db::Failure::Other, format!("{e:#}"))),
         }
-        db::events::takes_writes(&mut conn)
-            .map_err(|e| NotReady::Failed(db::Failure::of(&e), e.to_string()))
+        db::events::takes_writes(&mut conn).map_err(|e| {
+            if db::is_lock_timeout(&e) && db::tables_locked(&mut conn) {
+                NotReady::Locked(e.to_string())
+            } else {
+                NotReady::Failed(db::Failure::of(&e), e.to_string())
+            }
+        })
     });
     let Ok(checked) = tokio::time::timeout(within, checking).await else {
         tracing::warn!(
             "not ready: the database did not answer within {} (server.request_timeout)",
             humantime::format_duration(within)
         );
-        return Err(ApiError::Unavailable);
+        return Err(ApiError::NotReady(
+            "the database did not answer within server.request_timeout",
+        ));
     };
-    let checked = checked.map_err(|_| ApiError::Unavailable)?;
-    match checked {
-        Ok(()) => Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"}))),
-        Err(NotReady::Pending) => {
-            tracing::warn!("not ready: migrations are pending (run hookbox migrate)");
-            Err(ApiError::Database(db::Failure::Other))
+    let checked = checked.map_err(|_| ApiError::NotReady("the check could not run"))?;
+    let (why, error) = match checked {
+        Ok(()) => return Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"}))),
+        Err(NotReady::Pending) => (
+            "migrations are pending (run hookbox migrate, or restart serve, which applies them)",
+            None,
+        ),
+        Err(NotReady::Unreachable(e) | NotReady::Failed(db::Failure::Unreachable, e)) => {
+            ("the database is unreachable", Some(e))
         }
-        Err(NotReady::Unreachable(e)) => {
-            tracing::warn!(error = %e, "not ready: the database is unreachable");
-            Err(ApiError::Unavailable)
-        }
-        Err(NotReady::Failed(db::Failure::Unreachable, e)) => {
-            tracing::warn!(error = %e, "not ready: the database is unreachable");
-            Err(ApiError::Unavailable)
-        }
-        Err(NotReady::Failed(failure, e)) => {
-            tracing::warn!(error = %e, "not ready: the store does not take a write");
-            Err(ApiError::Database(failure))
-        }
+        Err(NotReady::Locked(e)) => (
+            "hookbox's tables are locked by another database session (a migration, a LOCK \
+             TABLE); it is ready again when that session lets go",
+            Some(e),
+        ),
+        Err(NotReady::Failed(failure, e)) => (
+            match failure {
+                db::Failure::Permission => "the database refuses hookbox permission to write",
+                db::Failure::Full => "the database's disk is full",
+                db::Failure::Refused => "the database refused the check's write",
+                db::Failure::Unreachable | db::Failure::Other => {
+                    "the store does not take a write (the log has the database's error)"
+                }
+            },
+            Some(e),
+        ),
+    };
+    match error {
+        Some(e) => tracing::warn!(error = %e, "not ready: {why}"),
+        None => tracing::warn!("not ready: {why}"),
     }
+    Err(ApiError::NotReady(why))
 }
 
 /// Prometheus text.

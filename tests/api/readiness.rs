@@ -203,3 +203,38 @@ async fn a_role_without_the_grants_it_needs_is_told_what_to_grant_at_the_start()
     let ready = get(&process.address, "/readyz", None).await;
     assert_eq!(ready.status, 503, "{}", ready.text());
 }
+
+#[actix_web::test]
+async fn readyz_says_the_tables_are_locked_rather_than_that_migrations_are_pending() {
+    if skip_on_sqlite(
+        "readyz_says_the_tables_are_locked_rather_than_that_migrations_are_pending",
+        "SQLite's busy store counts as ready (another process is writing)",
+    ) {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    assert_eq!(app.get("/readyz", None).await.status, 200);
+
+    let mut holder =
+        PgConnection::establish(&with_database(&server_url(), &app.db.name)).expect("connect");
+    diesel::connection::SimpleConnection::batch_execute(
+        &mut holder,
+        "BEGIN; LOCK TABLE events IN ACCESS EXCLUSIVE MODE",
+    )
+    .expect("lock the table");
+    let ready = app.get("/readyz", None).await;
+    diesel::connection::SimpleConnection::batch_execute(&mut holder, "COMMIT").expect("commit");
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    assert_eq!(ready.error(), "unavailable");
+    assert_eq!(ready.header("retry-after"), Some("5"));
+    let message = ready.message();
+    assert!(
+        message.contains("locked by another database session"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("pending") && !message.contains("stored"),
+        "a probe neither sends anyone to migrate nor speaks of storing: {message}"
+    );
+    assert_eq!(app.get("/readyz", None).await.status, 200);
+}
