@@ -355,7 +355,7 @@ pub fn write_whole<T>(
             .write(true)
             .open(path)
             .with_context(|| format!("cannot write {}", path.display()))?;
-        let mut out = io::BufWriter::new(file);
+        let mut out = WholeLines::new(file);
         let value = write(&mut out)?;
         out.flush()
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -387,6 +387,105 @@ pub fn write_whole<T>(
         let _ = std::fs::remove_file(&partial);
     }
     written
+}
+
+/// A capture written straight through (to stdout, a FIFO): whole lines only, each batch of them
+/// written under a gate that an interruption takes ([`stop_streaming`]), so an export stopped
+/// by Ctrl-C or SIGTERM ends between two lines and can say how many went out.
+pub struct WholeLines<W: Write> {
+    inner: W,
+    pending: Vec<u8>,
+}
+
+/// How many bytes [`WholeLines`] gathers before it writes the whole lines among them.
+const STREAM_CHUNK: usize = 64 * 1024;
+
+/// Whole lines written straight through so far, and whether a [`WholeLines`] wrote at all.
+static STREAMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static STREAMING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set by [`stop_streaming`]: no write starts after it.
+static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Held while lines are written; [`stop_streaming`] takes it to wait for a write under way.
+static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+impl<W: Write> WholeLines<W> {
+    /// Lines to `inner`.
+    pub fn new(inner: W) -> WholeLines<W> {
+        WholeLines {
+            inner,
+            pending: Vec::with_capacity(STREAM_CHUNK),
+        }
+    }
+
+    /// Writes the whole lines gathered so far; what follows the last line break waits.
+    fn write_lines(&mut self) -> io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let Some(end) = self.pending.iter().rposition(|b| *b == b'\n') else {
+            return Ok(());
+        };
+        let _writing = WRITING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if STOPPED.load(SeqCst) {
+            return Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"));
+        }
+        STREAMING.store(true, SeqCst);
+        self.inner.write_all(&self.pending[..=end])?;
+        self.inner.flush()?;
+        let lines = self.pending[..=end].iter().filter(|b| **b == b'\n').count();
+        STREAMED.fetch_add(lines as u64, SeqCst);
+        self.pending.drain(..=end);
+        Ok(())
+    }
+}
+
+impl<W: Write> Write for WholeLines<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        if self.pending.len() >= STREAM_CHUNK {
+            self.write_lines()?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.write_lines()
+    }
+}
+
+/// What [`stop_streaming`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streamed {
+    /// No line was written straight through.
+    Nothing,
+    /// This many whole lines went out, and no more will.
+    Lines(u64),
+    /// A write was still under way after two seconds (a reader that stopped reading): at
+    /// least this many whole lines went out, and the last one may be cut short.
+    AtLeast(u64),
+}
+
+/// Stops every [`WholeLines`] for good, between two lines, and says how many whole lines went
+/// out. It waits up to two seconds for a write under way to end.
+pub fn stop_streaming() -> Streamed {
+    use std::sync::atomic::Ordering::SeqCst;
+    STOPPED.store(true, SeqCst);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let finished = loop {
+        match WRITING.try_lock() {
+            Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => break true,
+            Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => break false,
+        }
+    };
+    let lines = STREAMED.load(SeqCst);
+    match (STREAMING.load(SeqCst), finished) {
+        (false, _) => Streamed::Nothing,
+        (true, true) => Streamed::Lines(lines),
+        (true, false) => Streamed::AtLeast(lines),
+    }
 }
 
 /// The partial file [`write_whole`] is writing, while it is.

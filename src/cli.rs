@@ -80,7 +80,8 @@ enum Command {
     /// (a new file is readable by its owner only).
     ///
     /// Exit 0 when written, 1 when the store is not there or fails, 2 on bad usage or a bad
-    /// config, 130 on Ctrl-C or SIGTERM (nothing left at --out).
+    /// config, 130 on Ctrl-C or SIGTERM (nothing left at --out; to stdout or a FIFO, it
+    /// stops between two lines and says how many went out).
     ///
     /// Example: hookbox export --source stripe --since 24h --out stripe.ndjson
     Export(ExportArgs),
@@ -656,6 +657,27 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
             ))
         })?;
     }
+    // Straight through (stdout, a FIFO): the lines already out stay out, each one whole.
+    let streamed = |place: &str| match capture::stop_streaming() {
+        capture::Streamed::Lines(lines) => errln!(
+            "\nhookbox: export interrupted: {lines} whole line(s) went to {place}, a partial \
+             capture (the export's end is missing)"
+        ),
+        capture::Streamed::AtLeast(lines) => errln!(
+            "\nhookbox: export interrupted: at least {lines} whole line(s) went to {place}, a \
+             partial capture whose last line may be cut short (its reader stopped reading)"
+        ),
+        capture::Streamed::Nothing => {
+            errln!("\nhookbox: export interrupted: nothing was written to {place}");
+        }
+    };
+    if args.out.is_none() {
+        exit_on_interrupt(move || {
+            streamed("stdout");
+            true
+        })
+        .map_err(|e| usage(format_args!("{e:#}")))?;
+    }
     if let Some(path) = &args.out {
         let shown = path.display().to_string();
         exit_on_interrupt(move || match capture::abandon_partial() {
@@ -669,7 +691,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
             // Written whole already: the export ends as it would have.
             capture::Abandoned::Finished => false,
             capture::Abandoned::NotStarted => {
-                errln!("\nhookbox: export interrupted: nothing was written to {shown}");
+                streamed(&shown);
                 true
             }
         })
@@ -704,7 +726,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
         };
         let count = match &args.out {
             None => {
-                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                let mut out = capture::WholeLines::new(std::io::stdout().lock());
                 match capture::export(&mut conn, &filter, &mut out, &mut progress) {
                     // The reader stopped early (`| head`): not a failure, as with replay.
                     Err(e) if is_broken_pipe(&e) => return Ok(()),

@@ -659,3 +659,99 @@ fn an_export_whose_reader_stops_early_ends_quietly() {
     assert_eq!(code, 0, "{stderr}");
     assert!(!stderr.contains("error"), "{stderr}");
 }
+
+/// `hookbox export` to a piped stdout, stopped by SIGTERM once it has written: (exit code, the
+/// lines read from its stdout, its stderr). With `read_on`, stdout is read on at once after the
+/// signal; without, not until the process has ended (its reader "stopped reading").
+fn export_to_stdout_stopped(config: &TempFile, read_on: bool) -> (Option<i32>, String, String) {
+    use std::io::{BufRead, Read};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(["export", "--config", &config.path()])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start hookbox export");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut read = String::new();
+    stdout.read_line(&mut read).expect("the first line");
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let mut stderr = String::new();
+    if read_on {
+        stdout.read_to_string(&mut read).expect("the rest");
+        child
+            .stderr
+            .take()
+            .expect("piped")
+            .read_to_string(&mut stderr)
+            .expect("stderr");
+        let code = child.wait().expect("export ends").code();
+        (code, read, stderr)
+    } else {
+        let code = child.wait().expect("export ends").code();
+        stdout.read_to_string(&mut read).expect("the rest");
+        child
+            .stderr
+            .take()
+            .expect("piped")
+            .read_to_string(&mut stderr)
+            .expect("stderr");
+        (code, read, stderr)
+    }
+}
+
+#[test]
+fn an_export_to_stdout_stopped_by_sigterm_ends_between_lines_and_says_how_many_went_out() {
+    let (_db, config) = stored_events(20_000);
+    // Read on: the export stops between two lines, and says how many.
+    let (code, read, stderr) = export_to_stdout_stopped(&config, true);
+    assert_eq!(code, Some(130), "{stderr}");
+    let lines: Vec<&str> = read.lines().collect();
+    assert!(lines.len() < 20_000, "it stopped early");
+    assert!(read.ends_with('\n'));
+    for line in &lines {
+        serde_json::from_str::<serde_json::Value>(line).expect("each line whole");
+    }
+    assert!(
+        stderr.contains(&format!(
+            "export interrupted: {} whole line(s) went to stdout",
+            lines.len()
+        )),
+        "{} lines read; {stderr}",
+        lines.len()
+    );
+
+    // Its reader stopped reading. Caught in a write the reader holds up, it gives up waiting
+    // for it and says the last line may be cut short; caught between two writes, it says how
+    // many whole lines went out, as above.
+    let (code, read, stderr) = export_to_stdout_stopped(&config, false);
+    assert_eq!(code, Some(130), "{stderr}");
+    let count_after = |text: &str| {
+        stderr
+            .split(text)
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+    };
+    let lines: Vec<&str> = read.lines().collect();
+    let said = match count_after("at least ") {
+        Some(said) => said,
+        None => {
+            let said = count_after("interrupted: ").unwrap_or_else(|| panic!("{stderr}"));
+            assert_eq!(lines.len(), said, "{stderr}");
+            said
+        }
+    };
+    assert!(
+        lines.len() >= said && said > 0,
+        "{said} said, {} read",
+        lines.len()
+    );
+    for line in &lines[..said] {
+        serde_json::from_str::<serde_json::Value>(line).expect("each line said whole is whole");
+    }
+}
