@@ -97,6 +97,10 @@ pub enum ApiError {
     /// 404 `not_found`.
     #[error("nothing is here")]
     NotFound,
+    /// 404 `not_found`: a path under `/webhooks/` that names no source's route (a trailing
+    /// slash, a path below it); the sentence says where deliveries go.
+    #[error("nothing is here: deliveries go to POST /webhooks/{{source}}, with nothing after the source's name (not even a /)")]
+    NotAWebhookPath,
     /// 404 `not_found` from the admin API: the sentence names what is not stored.
     #[error("{0}")]
     NotStored(String),
@@ -181,7 +185,10 @@ impl ApiError {
             | ApiError::NotReady(_) => "unavailable",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
-            ApiError::NotFound | ApiError::NotStored(_) | ApiError::UnknownTarget(_) => "not_found",
+            ApiError::NotFound
+            | ApiError::NotAWebhookPath
+            | ApiError::NotStored(_)
+            | ApiError::UnknownTarget(_) => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::NotDead(_) => "not_dead",
@@ -209,6 +216,7 @@ impl ResponseError for ApiError {
         match self {
             ApiError::UnknownSource
             | ApiError::NotFound
+            | ApiError::NotAWebhookPath
             | ApiError::NotStored(_)
             | ApiError::UnknownTarget(_) => StatusCode::NOT_FOUND,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,

@@ -185,7 +185,11 @@ async fn not_allowed(allow: &'static str) -> Result<actix_web::HttpResponse, Api
 async fn not_found(request: actix_web::HttpRequest) -> actix_web::HttpResponse {
     use actix_web::http::header::{HeaderValue, CACHE_CONTROL, X_CONTENT_TYPE_OPTIONS};
     use actix_web::ResponseError;
-    let mut answer = ApiError::NotFound.error_response();
+    let mut answer = if request.path().starts_with("/webhooks/") {
+        ApiError::NotAWebhookPath.error_response()
+    } else {
+        ApiError::NotFound.error_response()
+    };
     // A path under /admin that is no route is answered as the admin API's answers are.
     if request.path() == "/admin" || request.path().starts_with("/admin/") {
         let headers = answer.headers_mut();
