@@ -65,6 +65,9 @@ pub struct ServerConfig {
 /// directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://hookbox.db";
 
+/// `[retention].window` when the config gives none.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(72 * 3600);
+
 /// `[retention]`
 #[derive(Debug, Clone)]
 pub struct RetentionConfig {
@@ -1423,10 +1426,7 @@ impl RawConfig {
             return Err(ConfigError::at("database.pool_size", "must be at least 1"));
         }
         let retention = RetentionConfig {
-            window: self
-                .retention
-                .window
-                .unwrap_or(Duration::from_secs(72 * 3600)),
+            window: self.retention.window.unwrap_or(DEFAULT_WINDOW),
             purge_interval: self
                 .retention
                 .purge_interval

@@ -223,6 +223,27 @@ pub fn horizon_warning(source: &SourceConfig, global: Duration) -> Option<String
     })
 }
 
+/// The startup warning for a source that keeps its events longer than a `[retention].window`
+/// lowered below the default (data kept for less time, say): a source without a `retention`
+/// of its own keeps them for its provider's redelivery horizon, however short the window, and
+/// an operator who lowered the window may not know it.
+pub fn stretched_warning(source: &SourceConfig, global: Duration) -> Option<String> {
+    let (horizon, why) = source.provider.redelivery_horizon()?;
+    (source.retention.is_none() && global < crate::config::DEFAULT_WINDOW && horizon > global).then(
+        || {
+            format!(
+                "source {}: keeps its events {}, longer than retention.window {}, as its \
+                 provider may redeliver them that long ({why}). To keep them for less, set \
+                 sources.{}.retention (a redelivery after it is then processed as new)",
+                source.name,
+                humantime::format_duration(horizon),
+                humantime::format_duration(global),
+                source.name,
+            )
+        },
+    )
+}
+
 /// The startup warning for a source that checks a signed time and keeps its events no longer
 /// than its `tolerance`: a delivery whose time is still accepted can come back after its id is
 /// forgotten (a replay by anyone who saw it) and be processed again; for PayPal, the

@@ -444,5 +444,8 @@ fn warn_about_sources(config: &Config) {
         if let Some(warning) = retention::tolerance_warning(source, config.retention.window) {
             tracing::warn!("{warning}");
         }
+        if let Some(warning) = retention::stretched_warning(source, config.retention.window) {
+            tracing::warn!("{warning}");
+        }
     }
 }

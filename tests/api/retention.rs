@@ -489,6 +489,17 @@ fn a_window_shorter_than_the_providers_redelivery_horizon_is_warned_about_at_sta
                 && log.contains("source live at POST /webhooks/standard"),
             "the standard source's window is not logged as 76h:\n{log}"
         );
+        // A window lowered below the default does not shorten such a source's: it says so.
+        let stretched = log.lines().find(|l| {
+            l.contains("WARN")
+                && l.contains(
+                    "source stripe: keeps its events 3days, longer than retention.window 1h",
+                )
+        });
+        assert_eq!(stretched.is_some(), !extra.is_empty(), "{extra:?}:\n{log}");
+        if let Some(line) = stretched {
+            assert!(line.contains("sources.stripe.retention"), "{line}");
+        }
     }
 }
 
