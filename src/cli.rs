@@ -469,28 +469,37 @@ fn exit_on_interrupt(cleanup: impl FnOnce() -> bool + Send + 'static) -> anyhow:
     Ok(())
 }
 
-/// Sets `stop` at the first Ctrl-C (SIGINT), so a purge ends after the batch it is in and
-/// says what it removed; a second Ctrl-C exits at once (the batch in progress rolls back).
-/// SIGINT is caught from the moment this returns.
+/// Sets `stop` at the first Ctrl-C (SIGINT) or SIGTERM, so a purge ends after the batch it is
+/// in and says what it removed; a second one exits at once (the batch in progress rolls back).
+/// Both are caught from the moment this returns.
 fn stop_on_ctrl_c(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot watch for Ctrl-C")?;
-    let mut interrupts = {
+    let (mut interrupts, mut terminations) = {
         let _entered = runtime.enter();
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .context("cannot watch for Ctrl-C")?
+        (
+            signal(SignalKind::interrupt()).context("cannot watch for Ctrl-C")?,
+            signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?,
+        )
     };
     std::thread::spawn(move || {
         runtime.block_on(async {
-            interrupts.recv().await;
+            let which = tokio::select! {
+                _ = interrupts.recv() => "Ctrl-C",
+                _ = terminations.recv() => "SIGTERM",
+            };
             stop.store(true, Ordering::Relaxed);
             errln!(
-                "\nhookbox: interrupted: stopping after the batch in progress \
-                 (Ctrl-C again to quit at once)"
+                "\nhookbox: interrupted ({which}): stopping after the batch in progress \
+                 (Ctrl-C or SIGTERM again to quit at once)"
             );
-            interrupts.recv().await;
+            tokio::select! {
+                _ = interrupts.recv() => {}
+                _ = terminations.recv() => {}
+            }
             std::process::exit(i32::from(INTERRUPTED));
         });
     });
@@ -605,7 +614,7 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         if args.dry_run {
             "; dry run, nothing was deleted"
         } else if report.interrupted {
-            "; interrupted (Ctrl-C), whatever is left goes in the next pass"
+            "; interrupted (Ctrl-C or SIGTERM), whatever is left goes in the next pass"
         } else {
             ""
         }

@@ -572,6 +572,17 @@ fn a_batch_that_skips_rows_does_not_end_the_pass() {
 
 #[test]
 fn ctrl_c_stops_a_purge_between_batches_and_it_prints_what_it_removed() {
+    purge_stopped_by("-INT");
+}
+
+#[test]
+fn sigterm_stops_a_purge_between_batches_as_ctrl_c_does() {
+    purge_stopped_by("-TERM");
+}
+
+/// A purge of many expired events, sent `signal` once a batch or two are gone: it stops
+/// between batches, exits 130 and prints what it removed.
+fn purge_stopped_by(signal: &str) {
     const EXPIRED: i64 = 300_000;
     let db = TestDb::create();
     let text = config_with_windows(&db.url, "1h", "1h");
@@ -596,7 +607,7 @@ fn ctrl_c_stops_a_purge_between_batches_and_it_prints_what_it_removed() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let status = std::process::Command::new("kill")
-        .args(["-INT", &purge.id().to_string()])
+        .args([signal, &purge.id().to_string()])
         .status()
         .expect("run kill");
     assert!(status.success());
