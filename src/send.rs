@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_web::web::Bytes;
 use sha2::{Digest, Sha256};
@@ -119,7 +119,18 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         body: Bytes::from(signed.body),
     };
     let answer = actix_web::rt::System::new()
-        .block_on(async { client::deliver(&client::client(), &request).await })
+        .block_on(async {
+            // One delivery, by hand: say why it is taking a while.
+            let on_busy = |retry: u32, wait: Duration| {
+                errln!(
+                    "hookbox: 409 in_progress (another delivery of this event is being \
+                     processed, or the store is busy); trying again in {} ({retry} of {})",
+                    humantime::format_duration(wait),
+                    client::IN_PROGRESS_RETRIES
+                );
+            };
+            client::deliver(&client::client(), &request, &on_busy).await
+        })
         .map_err(SendError::Network)?;
 
     let reason = awc::http::StatusCode::from_u16(answer.status)

@@ -22,7 +22,7 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const BACKOFF_CAP: Duration = Duration::from_secs(1);
 
 /// A 409 `in_progress` is retried this often, each time after its `Retry-After`.
-const IN_PROGRESS_RETRIES: u32 = 5;
+pub const IN_PROGRESS_RETRIES: u32 = 5;
 /// A `Retry-After` longer than this is waited only this long: a replay should not stall on
 /// one delivery for minutes.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -198,12 +198,16 @@ pub fn client() -> awc::Client {
 
 /// Posts `request`, retrying a network failure (with backoff) and a 409 `in_progress` (after
 /// its `Retry-After`). Retrying is safe: the receiver answers a repeated event with its stored
-/// response.
+/// response. `on_busy` is told of each 409 retried: which retry it is, and the wait before it.
 ///
 /// # Errors
 /// The last network failure, once the retries are spent, or a header HTTP cannot carry, as
 /// one line.
-pub async fn deliver(client: &awc::Client, request: &Request) -> Result<Answer, String> {
+pub async fn deliver(
+    client: &awc::Client,
+    request: &Request,
+    on_busy: &dyn Fn(u32, Duration),
+) -> Result<Answer, String> {
     // A header HTTP cannot carry fails every try alike: no retry.
     for (name, value) in &request.headers {
         header_pair(name, value)?;
@@ -220,8 +224,11 @@ pub async fn deliver(client: &awc::Client, request: &Request) -> Result<Answer, 
                     return Ok(answer);
                 }
                 in_progress += 1;
-                let wait = retry_after.unwrap_or(Duration::from_secs(1));
-                actix_web::rt::time::sleep(wait.min(MAX_RETRY_AFTER)).await;
+                let wait = retry_after
+                    .unwrap_or(Duration::from_secs(1))
+                    .min(MAX_RETRY_AFTER);
+                on_busy(in_progress, wait);
+                actix_web::rt::time::sleep(wait).await;
             }
             Err(error) if network_failures < NETWORK_RETRIES => {
                 tracing::debug!(%error, url = %request.url, "network failure; retrying");

@@ -324,7 +324,7 @@ async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progre
                     Job::Send(pending) => {
                         let request = pending.request(unix_now());
                         in_flight.set(in_flight.get() + 1);
-                        let done = match client::deliver(&client, &request).await {
+                        let done = match client::deliver(&client, &request, &|_, _| {}).await {
                             Ok(answer) => Done::Answered(pending.origin, answer),
                             Err(message) => Done::Unanswered(pending.origin, message),
                         };

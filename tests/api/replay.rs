@@ -470,6 +470,36 @@ async fn an_in_progress_answer_is_retried_after_its_retry_after() {
 }
 
 #[actix_web::test]
+async fn send_says_why_it_tries_again_after_an_in_progress_answer() {
+    let (url, counter) = receiver(Counter {
+        busy_first: true,
+        ..Counter::default()
+    });
+    let body = TempFile::with_extension(b"{}", "json");
+    let (code, stdout, stderr) = run_hookbox_async(&[
+        "send",
+        "--scheme",
+        "github",
+        "--secret",
+        "s",
+        "--source",
+        "gh",
+        "--event-id",
+        "d-send",
+        "--to",
+        &url,
+        &body.path(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(counter.arrivals.lock().expect("lock").len(), 2);
+    assert!(
+        stderr.contains("409 in_progress") && stderr.contains("trying again in 1s (1 of 5)"),
+        "{stderr}"
+    );
+}
+
+#[actix_web::test]
 async fn a_receiver_that_never_answers_is_retried_then_counted_failed() {
     // Port 1, where nothing listens (as in the other tests that need a refused connection): a
     // port taken from the ephemeral range and let go could be handed to another test's server
