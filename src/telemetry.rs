@@ -47,8 +47,17 @@ pub fn init() {
     install_panic_hook();
     // Without RUST_LOG: hookbox's own lines at info, not actix-server's ("starting 2 workers",
     // "Actix runtime found", "starting service"), which repeat what hookbox says in its words.
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    // A RUST_LOG that cannot be read falls back to the default, and says so once installed.
+    let unreadable = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|value| !value.is_empty())
+        .and_then(|value| EnvFilter::try_new(&value).err().map(|e| (value, e)));
+    let filter = match &unreadable {
+        Some(_) => EnvFilter::new(DEFAULT_FILTER),
+        None => {
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER))
+        }
+    };
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
@@ -62,6 +71,12 @@ pub fn init() {
         .with(lines)
         .with(ConnectionErrors(sender))
         .try_init();
+    if let (true, Some((value, e))) = (installed.is_ok(), &unreadable) {
+        tracing::warn!(
+            "RUST_LOG={value:?} cannot be read ({e}); logging at the default level, info \
+             (write it like RUST_LOG=debug or RUST_LOG=hookbox=debug,info)"
+        );
+    }
     if installed.is_ok() {
         // The report is made from a thread of its own: an event logged while another is being
         // dispatched, on the same thread, would be dropped by tracing.

@@ -300,3 +300,20 @@ async fn a_path_a_client_chose_cannot_forge_a_log_line_or_flood_the_log() {
     assert_eq!(long_line.len(), 1, "{log}");
     assert!(long_line[0].len() < 2_000, "{} bytes", long_line[0].len());
 }
+
+#[test]
+fn a_rust_log_that_cannot_be_read_is_said_and_the_default_level_used() {
+    let db = TestDb::create();
+    let process = Process::serve_with_env(&config_text(&db.url, ""), &[("RUST_LOG", "hookbox=[")]);
+    let log = process.log();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("RUST_LOG=\"hookbox=[\" cannot be read")
+            && l.contains("default level, info")),
+        "{log}"
+    );
+    assert!(
+        log.contains("INFO") && log.contains("source live at POST"),
+        "{log}"
+    );
+}
