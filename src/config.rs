@@ -287,6 +287,12 @@ pub trait Env {
     fn var(&self, name: &str) -> Option<String>;
 }
 
+/// A variable that overrides the config file (`HOOKBOX_CONFIG`, `HOOKBOX_LISTEN`,
+/// `DATABASE_URL`): set but empty (`DATABASE_URL=` in an env file) counts as not set.
+fn override_var(env: &dyn Env, name: &str) -> Option<String> {
+    env.var(name).filter(|value| !value.is_empty())
+}
+
 /// The real process environment.
 pub struct ProcessEnv;
 
@@ -440,10 +446,11 @@ impl Config {
         env: &dyn Env,
         parse: impl Fn(&str) -> Result<T, ConfigError>,
     ) -> Result<T, ConfigError> {
+        let path_given = path;
         let named = path
             .map(|path| (path.to_path_buf(), "named by --config"))
             .or_else(|| {
-                env.var("HOOKBOX_CONFIG")
+                override_var(env, "HOOKBOX_CONFIG")
                     .map(|path| (PathBuf::from(path), "named by HOOKBOX_CONFIG"))
             });
         let (path, required, whence) = match named {
@@ -457,9 +464,12 @@ impl Config {
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => parse(""),
             Err(e) => Err(ConfigError(format!(
-                "{}: cannot read the config file ({whence}): {e} (pass --config FILE \
-                 or set HOOKBOX_CONFIG)",
-                path.display()
+                "{}: cannot read the config file ({whence}): {e} ({})",
+                path.display(),
+                match path_given {
+                    Some(_) => "check the path given to --config",
+                    None => "check HOOKBOX_CONFIG, or pass --config FILE",
+                }
             ))),
         }
     }
@@ -1356,7 +1366,7 @@ pub(crate) fn no_earlier_than_1970(
 
 impl RawConfig {
     fn validate(self, env: &dyn Env, registry: &Registry) -> Result<Config, ConfigError> {
-        let (listen, listen_key) = match env.var("HOOKBOX_LISTEN") {
+        let (listen, listen_key) = match override_var(env, "HOOKBOX_LISTEN") {
             Some(listen) => (listen, "HOOKBOX_LISTEN"),
             None => (
                 self.server
@@ -1387,7 +1397,7 @@ impl RawConfig {
         }
         within("server.in_flight_wait", server.in_flight_wait, HOUR)?;
         within("server.request_timeout", server.request_timeout, HOUR)?;
-        let from_env = env.var("DATABASE_URL");
+        let from_env = override_var(env, "DATABASE_URL");
         let url_key = if from_env.is_some() {
             "DATABASE_URL"
         } else {
@@ -1691,12 +1701,37 @@ mod tests {
     fn a_config_file_that_cannot_be_read_says_what_named_it() {
         let missing = Path::new("/nonexistent/hookbox-test.toml");
         let named = Config::load(Some(missing), &no_env).expect_err("missing").0;
-        assert!(named.contains("named by --config"), "{named}");
+        assert!(
+            named.contains("named by --config")
+                && named.contains("check the path given to --config"),
+            "{named}"
+        );
         let env = |name: &str| {
             (name == "HOOKBOX_CONFIG").then(|| "/nonexistent/hookbox-test.toml".to_owned())
         };
         let from_env = Config::load(None, &env).expect_err("missing").0;
-        assert!(from_env.contains("named by HOOKBOX_CONFIG"), "{from_env}");
+        assert!(
+            from_env.contains("named by HOOKBOX_CONFIG")
+                && from_env.contains("check HOOKBOX_CONFIG"),
+            "{from_env}"
+        );
+    }
+
+    #[test]
+    fn an_override_variable_set_but_empty_counts_as_not_set() {
+        let env = |name: &str| match name {
+            "HOOKBOX_LISTEN" | "DATABASE_URL" | "HOOKBOX_CONFIG" => Some(String::new()),
+            _ => None,
+        };
+        let config = Config::parse(
+            "[server]\nlisten = \"127.0.0.1:1\"\n[database]\nurl = \"postgres://x/y\"\n",
+            &env,
+        )
+        .expect("valid");
+        assert_eq!(config.server.listen, "127.0.0.1:1");
+        assert_eq!(config.database.url, "postgres://x/y");
+        // No HOOKBOX_CONFIG: the default file, which need not exist, not a file named "".
+        assert!(Config::load_parsed(None, &env, |_| Ok(())).is_ok());
     }
 
     #[test]
@@ -2333,6 +2368,10 @@ mod tests {
         ] {
             let message = error(&format!("[server]\nlisten = {bad:?}\n"));
             assert!(message.starts_with("server.listen: "), "{bad:?}: {message}");
+            // HOOKBOX_LISTEN set but empty counts as not set.
+            if bad.is_empty() {
+                continue;
+            }
             let env = |name: &str| (name == "HOOKBOX_LISTEN").then(|| bad.to_owned());
             let message = Config::parse("", &env).expect_err(bad).0;
             assert!(
