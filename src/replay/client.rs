@@ -241,6 +241,20 @@ pub async fn deliver(
     }
 }
 
+/// What to check, after the client's own words for a request that got no answer.
+fn next_step(error: &str) -> &'static str {
+    if error.contains("Connection refused") {
+        " (is the receiver running and listening there? check --to)"
+    } else if error.contains("wrong version number") || error.contains("packet length too long") {
+        " (the receiver does not speak TLS there: hookbox serve listens on plain HTTP, so --to \
+         takes http://, unless a TLS proxy is in front)"
+    } else if error.contains("failed to lookup") || error.contains("Name or service not known") {
+        " (the host name did not resolve: check --to)"
+    } else {
+        ""
+    }
+}
+
 /// One try: the answer and its `Retry-After` (seconds or an HTTP date), or why there was none.
 async fn attempt(
     client: &awc::Client,
@@ -254,10 +268,13 @@ async fn attempt(
         let pair = header_pair(name, value)?;
         post = post.insert_header(pair);
     }
-    let mut response = post
-        .send_body(request.body.clone())
-        .await
-        .map_err(|e| format!("no answer from {}: {e}", request.url))?;
+    let mut response = post.send_body(request.body.clone()).await.map_err(|e| {
+        format!(
+            "no answer from {}: {e}{}",
+            request.url,
+            next_step(&e.to_string())
+        )
+    })?;
     let body = response
         .body()
         .limit(MAX_ANSWER_BYTES)
