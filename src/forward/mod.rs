@@ -41,6 +41,10 @@ use lane::Lane;
 /// and the dispatcher take turns; see `db::WriteTurns`) before it gives up until the next look.
 const TURN_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a batch of outcomes is tried again while the store is busy with another process's
+/// writes, before its rows are left to be attempted again.
+const SETTLE_PATIENCE: Duration = Duration::from_secs(5);
+
 /// While the outbox cannot be read, at most one WARN about it per this long.
 const OUTAGE_WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -439,8 +443,24 @@ impl Outbox {
         }
         let pool = self.pool.clone();
         let n = outcomes.len();
-        let stored =
-            web::block(move || in_turn(&pool, |conn| deliveries::settle(conn, &outcomes))).await;
+        // A store busy with another process's writes (SQLite, where the busy timeout is the
+        // short in-flight wait) is waited out for a while: an outcome not recorded is an
+        // attempt made again once its lease runs out.
+        let stored = web::block(move || {
+            let patience = Instant::now() + SETTLE_PATIENCE;
+            loop {
+                let stored = in_turn(&pool, |conn| deliveries::settle(conn, &outcomes));
+                let busy = stored.as_ref().err().is_some_and(|e| {
+                    e.downcast_ref::<diesel::result::Error>()
+                        .is_some_and(db::is_lock_timeout)
+                });
+                if !busy || Instant::now() >= patience {
+                    return stored;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await;
         match stored {
             Ok(Ok(())) => true,
             Ok(Err(e)) => {
@@ -542,16 +562,19 @@ impl Outbox {
 }
 
 /// A run of failures of a step the dispatcher retries on its own (the take), as the log tells
-/// it: the first failure and then at most one per [`OUTAGE_WARN_EVERY`] are worth a WARN, and
-/// the first success after any failure ends the run.
+/// it: at most one WARN per [`OUTAGE_WARN_EVERY`], however the failures come (one long run, or
+/// many short ones that flap), and the first success after a run that warned ends it with a
+/// report; a run that did not warn ends quietly.
 #[derive(Debug, Default)]
 struct Outage {
     /// When the first failure of the run was.
     since: Option<Instant>,
     /// Failures in the run so far.
     failed: u64,
-    /// When the last WARN was worth making.
+    /// When the last WARN was worth making, this run or an earlier one.
     warned_at: Option<Instant>,
+    /// Whether this run has warned.
+    warned: bool,
 }
 
 /// What an [`Outage`] says to log: the failures so far and how long since the first.
@@ -573,6 +596,7 @@ impl Outage {
             return None;
         }
         self.warned_at = Some(now);
+        self.warned = true;
         Some(OutageReport {
             failed: self.failed,
             lasted: now.saturating_duration_since(since),
@@ -583,8 +607,7 @@ impl Outage {
     fn ended(&mut self, now: Instant) -> Option<OutageReport> {
         let since = self.since.take()?;
         let failed = std::mem::take(&mut self.failed);
-        self.warned_at = None;
-        Some(OutageReport {
+        std::mem::take(&mut self.warned).then(|| OutageReport {
             failed,
             lasted: now.saturating_duration_since(since),
         })
@@ -768,10 +791,20 @@ mod tests {
         assert_eq!(outage.failed(at(61)), None);
         assert_eq!(outage.ended(at(90)), report(62, 90));
         assert_eq!(outage.ended(at(91)), None, "an outage ends once");
+        // Failures that flap (fail, work, fail, ...) warn no more than one long run does.
+        for s in 92..120 {
+            assert_eq!(outage.failed(at(s)), None, "within the minute ({s} s)");
+            assert_eq!(
+                outage.ended(at(s)),
+                None,
+                "a run that did not warn ends quietly"
+            );
+        }
         assert_eq!(
-            outage.failed(at(92)),
+            outage.failed(at(125)),
             report(1, 0),
-            "the next outage warns at once, counted afresh"
+            "a minute after the last WARN, the next run warns, counted afresh"
         );
+        assert_eq!(outage.ended(at(126)), report(1, 1));
     }
 }

@@ -818,3 +818,44 @@ async fn a_2xx_whose_body_is_slower_than_the_timeout_is_delivered_not_sent_again
         "sent once"
     );
 }
+
+#[actix_web::test]
+async fn an_outcome_waits_out_another_process_holding_the_sqlite_write_lock_and_is_not_sent_again()
+{
+    use diesel::connection::SimpleConnection;
+    // The write lock of a file is SQLite's.
+    if !store_is_sqlite() {
+        return;
+    }
+    let downstream = Downstream::start(|_, _| (200, Duration::from_millis(600)));
+    let db = TestDb::create();
+    // A short busy wait, as an operator may set: the outcome meets the lock held past it.
+    let text = config_text(&db.url, &forward_extra(&downstream.url, "5s", 3))
+        .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"100ms\"");
+    let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+    let (id, key) = send_one(&app).await;
+    poll_until("the attempt is under way", Duration::from_secs(10), || {
+        downstream.answering() == 1
+    })
+    .await;
+    // Another process (a tool, another serve) takes the file's write lock while the attempt
+    // is answered, and keeps it a while after.
+    let mut holder = app.db.connect();
+    holder
+        .batch_execute("BEGIN IMMEDIATE")
+        .expect("the write lock");
+    poll_until("the attempt is answered", Duration::from_secs(10), || {
+        downstream.answering() == 0
+    })
+    .await;
+    actix_web::rt::time::sleep(Duration::from_millis(700)).await;
+    holder.batch_execute("ROLLBACK").expect("let go");
+
+    poll_until("the delivery is recorded", Duration::from_secs(30), || {
+        app.db.count("deliveries WHERE state = 'delivered'") == 1
+    })
+    .await;
+    let rows = deliveries(&app, &id).await;
+    assert_eq!(rows[0]["attempts"], 1, "{rows}");
+    assert_eq!(downstream.for_key(&key).len(), 1, "sent once");
+}
