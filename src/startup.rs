@@ -405,6 +405,8 @@ fn log_sources(config: &Config) {
                 source,
                 config.retention.window
             )),
+            // What a replay is told by: the event id alone, or also the body (`dedupe`).
+            dedupe = if source.dedupe_body { "body" } else { "id" },
             "source live at POST /webhooks/{}",
             source.name
         );

@@ -317,3 +317,22 @@ fn a_rust_log_that_cannot_be_read_is_said_and_the_default_level_used() {
         "{log}"
     );
 }
+
+#[test]
+fn the_source_live_line_says_how_a_source_tells_replays() {
+    let db = TestDb::create();
+    let text = config_text(&db.url, "").replace(
+        "[sources.stripe]\nscheme = \"stripe\"\n",
+        "[sources.stripe]\nscheme = \"stripe\"\ndedupe = \"body\"\n",
+    );
+    let process = Process::serve(&text);
+    let log = process.log();
+    let live = |source: &str| {
+        log.lines()
+            .find(|l| l.contains(&format!("source live at POST /webhooks/{source} ")))
+            .unwrap_or_else(|| panic!("no line for {source}:\n{log}"))
+            .to_owned()
+    };
+    assert!(live("stripe").contains("dedupe=\"body\""), "{log}");
+    assert!(live("standard").contains("dedupe=\"id\""), "{log}");
+}
