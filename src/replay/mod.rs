@@ -276,6 +276,14 @@ pub fn run(files: Vec<InputFile>, options: &Options) -> anyhow::Result<Tally> {
     let _ = std::io::stdout()
         .lock()
         .write_all(tally.summary(duration).as_bytes());
+    let stale = tally.rejected_with("stale_timestamp");
+    if matches!(options.mode, Mode::AsIs) && stale > 0 {
+        errln!(
+            "hookbox: {stale} delivery(ies) refused stale_timestamp: --as-is sends the captured \
+             signature and its time, which the receiver takes only within its tolerance. Leave \
+             out --as-is to sign each afresh with a new timestamp (with --config or --secret)"
+        );
+    }
     if let Some(path) = &options.report {
         tally.write_report(path, duration)?;
     }

@@ -233,6 +233,11 @@ impl Tally {
         )
     }
 
+    /// How many answers were refused with the receiver's error `code`.
+    pub fn rejected_with(&self, code: &str) -> u64 {
+        self.rejected_by_code.get(code).copied().unwrap_or(0)
+    }
+
     /// The summary printed at the end.
     pub fn summary(&self, duration: Duration) -> String {
         let by = |counts: &BTreeMap<String, u64>| {

@@ -185,6 +185,12 @@ async fn as_is_replays_of_stale_signatures_are_rejected_and_re_signed_ones_are_p
         "{}",
         as_is.stdout
     );
+    assert!(
+        as_is.stderr.contains("3 delivery(ies) refused stale_timestamp")
+            && as_is.stderr.contains("Leave out --as-is"),
+        "what to do next: {}",
+        as_is.stderr
+    );
     assert_eq!(app.db.count("events"), 0);
 
     let resigned = replay(&[
