@@ -801,6 +801,14 @@ fn signer(keys: KeyArgs, detect: bool, to: &Target) -> Result<Signer, Exit> {
         (None, _) => {
             let (config, unset) = Config::load_for_signing(keys.config.as_deref(), &ProcessEnv)
                 .map_err(|e| usage(format_args!("config error: {e}")))?;
+            // replay: every line would be refused source_not_configured, one by one.
+            if detect && config.sources.is_empty() && unset.is_empty() {
+                return Err(usage(
+                    "no source to sign with: the config read has no sources at all (without \
+                     --config it is $HOOKBOX_CONFIG, then ./hookbox.toml, which may not be \
+                     there): give --config FILE, or --secret, or --as-is; nothing was sent",
+                ));
+            }
             Signer::from_config(&config, unset, &signing).map_err(usage)
         }
     }

@@ -186,7 +186,9 @@ async fn as_is_replays_of_stale_signatures_are_rejected_and_re_signed_ones_are_p
         as_is.stdout
     );
     assert!(
-        as_is.stderr.contains("3 delivery(ies) refused stale_timestamp")
+        as_is
+            .stderr
+            .contains("3 delivery(ies) refused stale_timestamp")
             && as_is.stderr.contains("Leave out --as-is"),
         "what to do next: {}",
         as_is.stderr
@@ -1204,4 +1206,21 @@ fn an_empty_input_says_there_was_nothing_to_replay() {
     );
     assert_eq!(code, 0, "an empty capture is no failure: {stdout}{stderr}");
     assert!(stderr.contains("nothing to replay"), "{stderr}");
+}
+
+#[test]
+fn a_replay_with_no_sources_to_sign_with_stops_before_sending() {
+    // No --config, no HOOKBOX_CONFIG, no ./hookbox.toml: every line would be refused alike.
+    let empty = TempDir::new();
+    let file = github_capture(2);
+    let (code, stdout, stderr) = run_hookbox_in(
+        &["replay", &file.path(), "--to", "http://127.0.0.1:9"],
+        &[],
+        Some(&empty.0),
+    );
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("no sources at all") && stderr.contains("nothing was sent"),
+        "{stderr}"
+    );
 }
