@@ -54,6 +54,14 @@ impl Store {
             if path.is_empty() {
                 return Err("needs a file path, as in sqlite://hookbox.db".to_owned());
             }
+            // No shell reads the config: `~` would be a directory named `~`.
+            if path == "~" || path.starts_with("~/") {
+                return Err(format!(
+                    "starts with ~, which is not expanded here (no shell reads the config): \
+                     write the whole path, sqlite:///home/NAME/{}",
+                    path.trim_start_matches('~').trim_start_matches('/')
+                ));
+            }
             return Ok(Store::SqliteFile(path.to_owned()));
         }
         if url.starts_with("sqlite:") {
@@ -227,6 +235,11 @@ mod tests {
                 "{sqlite}: {message}"
             );
         }
+        let home = Store::parse("sqlite://~/x.db").expect_err("no shell expands ~");
+        assert!(
+            home.contains("not expanded") && home.contains("sqlite:///home/NAME/x.db"),
+            "{home}"
+        );
         let query = Store::parse("sqlite://x.db?mode=ro").expect_err("not a file name");
         assert!(
             query.contains("?mode=ro") && query.contains("sqlite://PATH"),
