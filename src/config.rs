@@ -1371,11 +1371,22 @@ impl RawConfig {
             None => (
                 self.server
                     .listen
+                    .clone()
                     .unwrap_or_else(|| "127.0.0.1:8080".to_owned()),
                 "server.listen",
             ),
         };
         check_listen(&listen).map_err(|e| ConfigError::at(listen_key, e))?;
+        // The file's value under an override is checked too: it is what runs the day the
+        // variable goes.
+        if let (Some(file), "HOOKBOX_LISTEN") = (&self.server.listen, listen_key) {
+            check_listen(file).map_err(|e| {
+                ConfigError::at(
+                    "server.listen",
+                    format!("{e} (HOOKBOX_LISTEN overrides it now, but without it this is used)"),
+                )
+            })?;
+        }
         let server = ServerConfig {
             listen,
             listen_key,
@@ -1410,7 +1421,7 @@ impl RawConfig {
             (None, Some(_)) => UrlFrom::File,
             (None, None) => UrlFrom::Default,
         };
-        let configured = from_env.or(self.database.url);
+        let configured = from_env.or(self.database.url.clone());
         let url = configured
             .clone()
             .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
@@ -1426,6 +1437,22 @@ impl RawConfig {
                 ConfigError::at(url_key, format!("the value {e}"))
             }
         })?;
+        if let (UrlFrom::Environment { .. }, Some(file)) = (url_from, &self.database.url) {
+            Store::parse(file).map_err(|e| {
+                let shown = if file.contains("://") {
+                    format!("{:?} ", crate::redact::database_url(file))
+                } else {
+                    String::new()
+                };
+                ConfigError::at(
+                    "database.url",
+                    format!(
+                        "{shown}{e} (DATABASE_URL overrides it now, but without it this is used)"
+                    ),
+                )
+            })?;
+        }
+
         let database = DatabaseConfig {
             url_from,
             store,
@@ -1760,6 +1787,23 @@ mod tests {
         for message in [&from_file, &from_env, &masked] {
             assert!(!message.contains("PW1"), "{message}");
         }
+    }
+
+    #[test]
+    fn a_bad_file_database_url_under_database_url_is_still_refused() {
+        let env = |name: &str| (name == "DATABASE_URL").then(|| "postgres://h/db".to_owned());
+        let message = Config::parse("[database]\nurl = \"mysql://u:FILEPW2@h/d\"\n", &env)
+            .expect_err("the file's value is no store")
+            .0;
+        assert!(
+            message.starts_with("database.url: ")
+                && message.contains("DATABASE_URL overrides it now")
+                && message.contains("mysql://u:***@h/d")
+                && !message.contains("FILEPW2"),
+            "{message}"
+        );
+        let fine = Config::parse("[database]\nurl = \"sqlite://x.db\"\n", &env).expect("valid");
+        assert_eq!(fine.database.url, "postgres://h/db");
     }
 
     #[test]
@@ -2399,8 +2443,17 @@ mod tests {
             );
         }
         let env = |name: &str| (name == "HOOKBOX_LISTEN").then(|| "127.0.0.1:9".to_owned());
-        let config = Config::parse("[server]\nlisten = \"nohost\"\n", &env).expect("env wins");
+        let config = Config::parse("[server]\nlisten = \"127.0.0.1:1\"\n", &env).expect("env wins");
         assert_eq!(config.server.listen_key, "HOOKBOX_LISTEN");
+        // The file's value is still checked: it runs the day the variable goes.
+        let message = Config::parse("[server]\nlisten = \"nohost\"\n", &env)
+            .expect_err("the file's value is no address")
+            .0;
+        assert!(
+            message.starts_with("server.listen: ")
+                && message.contains("HOOKBOX_LISTEN overrides it now"),
+            "{message}"
+        );
     }
 
     #[test]
