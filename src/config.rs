@@ -1524,12 +1524,25 @@ impl RawSource {
             }
             (Some(list), None) => list,
             (None, Some(var)) => match env.var(&var).filter(|v| !v.trim().is_empty()) {
-                Some(value) => value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect(),
+                Some(value) => {
+                    let listed: Vec<String> = value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    if listed.is_empty() {
+                        return Err(ConfigError::at(
+                            key("secrets_env"),
+                            format!(
+                                "the environment variable {} holds no secret, only commas and \
+                                 spaces (several secrets are comma-separated)",
+                                crate::redact::variable_name(&var)
+                            ),
+                        ));
+                    }
+                    listed
+                }
                 None => {
                     return Err(ConfigError::at(
                         key("secrets_env"),
@@ -2320,6 +2333,20 @@ mod tests {
         let message = unset[0].1.to_string();
         assert!(
             message.contains("HOOKBOX_EMPTY is not set (or is empty)"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_secrets_env_of_commas_alone_names_its_variable() {
+        let text = "[sources.s]\nscheme = \"stripe\"\nsecrets_env = \"HOOKBOX_COMMAS\"\n";
+        let commas = |name: &str| (name == "HOOKBOX_COMMAS").then(|| " , ,".to_owned());
+        let message = Config::parse(text, &commas)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            message.starts_with("sources.s.secrets_env: ")
+                && message.contains("HOOKBOX_COMMAS holds no secret"),
             "{message}"
         );
     }
