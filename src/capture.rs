@@ -453,6 +453,11 @@ impl<W: Write> Write for WholeLines<W> {
     }
 }
 
+/// How many whole lines [`WholeLines`] have written so far.
+pub fn streamed_lines() -> u64 {
+    STREAMED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// What [`stop_streaming`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Streamed {

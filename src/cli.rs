@@ -727,7 +727,9 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
         let mut conn = connect_existing(&config, "nothing to export")?;
         // A long export says how far it is, every few seconds, on stderr.
         let mut last = std::time::Instant::now();
+        let mut begun = false;
         let mut progress = |written: u64| {
+            begun = true;
             if last.elapsed() >= crate::replay::progress::PLAIN_EVERY {
                 errln!("export: {written} event(s) so far");
                 last = std::time::Instant::now();
@@ -739,13 +741,37 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
                 match capture::export(&mut conn, &filter, &mut out, &mut progress) {
                     // The reader stopped early (`| head`): not a failure, as with replay.
                     Err(e) if is_broken_pipe(&e) => return Ok(()),
-                    written => written.map_err(no_schema_hint)?,
+                    written => written.map_err(no_schema_hint).map_err(|e| {
+                        // Failed part way (the database went away): say what stdout holds.
+                        match capture::streamed_lines() {
+                            0 => e,
+                            lines => e.context(format!(
+                                "the export stopped after {lines} whole line(s) went to \
+                                 stdout, a partial capture (its end is missing); run it again \
+                                 once the database answers"
+                            )),
+                        }
+                    })?,
                 }
             }
             Some(path) => capture::write_whole(path, |out| {
                 capture::export(&mut conn, &filter, out, &mut progress)
             })
-            .map_err(no_schema_hint)?,
+            .map_err(no_schema_hint)
+            .map_err(|e| match (capture::streamed_lines(), begun) {
+                // Written straight through (a FIFO): what went out stays out.
+                (lines @ 1.., _) => e.context(format!(
+                    "the export stopped after {lines} whole line(s) went to {}, a partial \
+                     capture (its end is missing); run it again once the database answers",
+                    path.display()
+                )),
+                (0, true) => e.context(format!(
+                    "the export stopped part way: nothing was written to {} (a file there is \
+                     as it was); run it again once the database answers",
+                    path.display()
+                )),
+                (0, false) => e,
+            })?,
         };
         let place = args
             .out

@@ -755,3 +755,49 @@ fn an_export_to_stdout_stopped_by_sigterm_ends_between_lines_and_says_how_many_w
         serde_json::from_str::<serde_json::Value>(line).expect("each line said whole is whole");
     }
 }
+
+#[test]
+fn an_export_whose_database_goes_away_says_what_stdout_holds() {
+    use std::io::{BufRead, Read};
+    if skip_on_sqlite(
+        "an_export_whose_database_goes_away_says_what_stdout_holds",
+        "an embedded store has no connection to cut",
+    ) {
+        return;
+    }
+    let (db, config) = stored_events(20_000);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(["export", "--config", &config.path()])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start hookbox export");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut read = String::new();
+    stdout.read_line(&mut read).expect("the first line");
+    // The export's session goes (an administrator, a failover) while it is part way.
+    let cut = db.count(
+        "(SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) AS cut",
+    );
+    assert_eq!(cut, 1, "the export's one session");
+    stdout.read_to_string(&mut read).expect("the rest");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stderr)
+        .expect("stderr");
+    let code = child.wait().expect("export ends").code();
+    assert_eq!(code, Some(1), "{stderr}");
+    let lines = read.lines().count();
+    assert!(lines < 20_000, "it stopped part way");
+    assert!(
+        stderr.contains(&format!(
+            "the export stopped after {lines} whole line(s) went to stdout"
+        )) && stderr.contains("run it again"),
+        "{lines} lines read: {stderr}"
+    );
+}
