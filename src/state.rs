@@ -120,6 +120,8 @@ pub struct AppState {
     pub replays: ReplayCache,
     /// Gathers the claims of handlers that answer from the event alone into multi-row INSERTs.
     pub claims: Batcher,
+    /// The SQLite file the store opened, for `/readyz` to notice it deleted or replaced.
+    pub store_file: Option<crate::db::sqlite::OpenedFile>,
 }
 
 impl AppState {
@@ -154,6 +156,12 @@ impl AppState {
             admin_token: config.admin_token.clone(),
             forward,
             replays: ReplayCache::default(),
+            store_file: match &config.database.store {
+                crate::db::Store::SqliteFile(path) => {
+                    crate::db::sqlite::OpenedFile::of(std::path::Path::new(path))
+                }
+                _ => None,
+            },
         }
     }
 

@@ -92,6 +92,41 @@ pub fn checkpoint(conn: &mut SqliteConnection) -> QueryResult<bool> {
     Ok(done.busy == 0)
 }
 
+/// The SQLite file a store opened, by path and by identity (device and inode), to tell when
+/// the path no longer names it: a file deleted or replaced under a running `serve` goes on
+/// taking writes through the open handle, and they are gone when the process ends.
+#[derive(Debug, Clone)]
+pub struct OpenedFile {
+    path: std::path::PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl OpenedFile {
+    /// The file at `path` as it is now; `None` when it cannot be read.
+    pub fn of(path: &std::path::Path) -> Option<OpenedFile> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(OpenedFile {
+            path: path.to_path_buf(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// Whether its path still names the file opened.
+    pub fn still_there(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.path)
+            .is_ok_and(|meta| meta.dev() == self.dev && meta.ino() == self.ino)
+    }
+
+    /// Its path, as configured.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
 /// Whether the error is SQLite's "database is locked": the write lock was not had within the
 /// busy timeout.
 pub fn is_busy(error: &DieselError) -> bool {

@@ -27,6 +27,17 @@ enum NotReady {
 /// thread goes on, and the next probe checks afresh). The 503's message says which, as the
 /// WARN it logs does.
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    if let Some(file) = state.store_file.as_ref().filter(|file| !file.still_there()) {
+        tracing::warn!(
+            path = %file.path().display(),
+            "not ready: the SQLite file was deleted or replaced while serve runs; what is \
+             stored now goes to the file serve opened, which is gone when it stops (restart \
+             serve on the file you mean to keep)"
+        );
+        return Err(ApiError::NotReady(
+            "the SQLite file was deleted or replaced while serve runs (restart serve)",
+        ));
+    }
     let within = state.request_timeout;
     let checking = web::block(move || -> Result<(), NotReady> {
         // A cheap statement first, so a connection that died is noticed, dropped and replaced.

@@ -238,3 +238,35 @@ async fn readyz_says_the_tables_are_locked_rather_than_that_migrations_are_pendi
     );
     assert_eq!(app.get("/readyz", None).await.status, 200);
 }
+
+#[actix_web::test]
+async fn readyz_notices_the_sqlite_file_deleted_or_replaced_under_serve() {
+    if !store_is_sqlite() {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    assert_eq!(app.get("/readyz", None).await.status, 200);
+    let path = app
+        .db
+        .url
+        .strip_prefix("sqlite://")
+        .expect("a file store")
+        .to_owned();
+    let moved = format!("{path}.moved");
+    std::fs::rename(&path, &moved).expect("move the file away");
+    let gone = app.get("/readyz", None).await;
+    // A file of the same name is not the one serve opened either.
+    std::fs::write(&path, b"").expect("another file");
+    let replaced = app.get("/readyz", None).await;
+    std::fs::rename(&moved, &path).expect("put it back");
+    for ready in [&gone, &replaced] {
+        assert_eq!(ready.status, 503, "{}", ready.text());
+        assert_eq!(ready.error(), "unavailable");
+        assert!(
+            ready.message().contains("deleted or replaced"),
+            "{}",
+            ready.text()
+        );
+    }
+    assert_eq!(app.get("/readyz", None).await.status, 200);
+}
