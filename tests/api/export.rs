@@ -660,10 +660,15 @@ fn an_export_whose_reader_stops_early_ends_quietly() {
     assert!(!stderr.contains("error"), "{stderr}");
 }
 
-/// `hookbox export` to a piped stdout, stopped by SIGTERM once it has written: (exit code, the
-/// lines read from its stdout, its stderr). With `read_on`, stdout is read on at once after the
-/// signal; without, not until the process has ended (its reader "stopped reading").
-fn export_to_stdout_stopped(config: &TempFile, read_on: bool) -> (Option<i32>, String, String) {
+/// `hookbox export` to a piped stdout, `interrupt`ed (given its process id) once its first line
+/// is out: (exit code, the lines read from its stdout, its stderr). With `read_on`, stdout is
+/// read on at once after; without, not until the process has ended (its reader "stopped
+/// reading").
+fn export_interrupted(
+    config: &TempFile,
+    interrupt: impl FnOnce(u32),
+    read_on: bool,
+) -> (Option<i32>, String, String) {
     use std::io::{BufRead, Read};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
         .args(["export", "--config", &config.path()])
@@ -675,33 +680,35 @@ fn export_to_stdout_stopped(config: &TempFile, read_on: bool) -> (Option<i32>, S
     let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
     let mut read = String::new();
     stdout.read_line(&mut read).expect("the first line");
-    let sent = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(sent.success());
-    let mut stderr = String::new();
-    if read_on {
+    interrupt(child.id());
+    let code = if read_on {
         stdout.read_to_string(&mut read).expect("the rest");
-        child
-            .stderr
-            .take()
-            .expect("piped")
-            .read_to_string(&mut stderr)
-            .expect("stderr");
-        let code = child.wait().expect("export ends").code();
-        (code, read, stderr)
+        None
     } else {
-        let code = child.wait().expect("export ends").code();
-        stdout.read_to_string(&mut read).expect("the rest");
-        child
-            .stderr
-            .take()
-            .expect("piped")
-            .read_to_string(&mut stderr)
-            .expect("stderr");
-        (code, read, stderr)
-    }
+        Some(child.wait().expect("export ends").code())
+    };
+    stdout.read_to_string(&mut read).expect("the rest");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stderr)
+        .expect("stderr");
+    let code = code.unwrap_or_else(|| child.wait().expect("export ends").code());
+    (code, read, stderr)
+}
+
+/// [`export_interrupted`] by SIGTERM.
+fn export_to_stdout_stopped(config: &TempFile, read_on: bool) -> (Option<i32>, String, String) {
+    let sigterm = |pid: u32| {
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success());
+    };
+    export_interrupted(config, sigterm, read_on)
 }
 
 #[test]
@@ -758,7 +765,6 @@ fn an_export_to_stdout_stopped_by_sigterm_ends_between_lines_and_says_how_many_w
 
 #[test]
 fn an_export_whose_database_goes_away_says_what_stdout_holds() {
-    use std::io::{BufRead, Read};
     if skip_on_sqlite(
         "an_export_whose_database_goes_away_says_what_stdout_holds",
         "an embedded store has no connection to cut",
@@ -766,31 +772,15 @@ fn an_export_whose_database_goes_away_says_what_stdout_holds() {
         return;
     }
     let (db, config) = stored_events(20_000);
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
-        .args(["export", "--config", &config.path()])
-        .env_remove("DATABASE_URL")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start hookbox export");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let mut read = String::new();
-    stdout.read_line(&mut read).expect("the first line");
     // The export's session goes (an administrator, a failover) while it is part way.
-    let cut = db.count(
-        "(SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = current_database() AND pid <> pg_backend_pid()) AS cut",
-    );
-    assert_eq!(cut, 1, "the export's one session");
-    stdout.read_to_string(&mut read).expect("the rest");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("piped")
-        .read_to_string(&mut stderr)
-        .expect("stderr");
-    let code = child.wait().expect("export ends").code();
+    let cut = |_| {
+        let cut = db.count(
+            "(SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()) AS cut",
+        );
+        assert_eq!(cut, 1, "the export's one session");
+    };
+    let (code, read, stderr) = export_interrupted(&config, cut, true);
     assert_eq!(code, Some(1), "{stderr}");
     let lines = read.lines().count();
     assert!(lines < 20_000, "it stopped part way");

@@ -237,10 +237,8 @@ async fn a_delivery_signed_with_the_second_secret_verifies_for_both_schemes() {
     assert_eq!(app.db.count("events"), 2);
 }
 
-#[actix_web::test]
-async fn braintree_s_challenge_get_is_answered_never_stored_and_counted_as_a_handshake() {
-    let app = spawn().await;
-    let challenge = "20f9f8ed05f77439fe955c977e4c8a53";
+/// Braintree's destination check, `GET ?bt_challenge=C`, answered 200.
+async fn challenge_answer(app: &TestApp, challenge: &str) -> Answer {
     let answer = app
         .get(
             &format!("/webhooks/braintree?bt_challenge={challenge}"),
@@ -248,6 +246,14 @@ async fn braintree_s_challenge_get_is_answered_never_stored_and_counted_as_a_han
         )
         .await;
     assert_eq!(answer.status, 200, "{}", answer.text());
+    answer
+}
+
+#[actix_web::test]
+async fn braintree_s_challenge_get_is_answered_never_stored_and_counted_as_a_handshake() {
+    let app = spawn().await;
+    let challenge = "20f9f8ed05f77439fe955c977e4c8a53";
+    let answer = challenge_answer(&app, challenge).await;
     assert_eq!(answer.header("content-type"), Some("text/plain"));
     // PUBLIC_KEY|hex(HMAC-SHA1(SHA-1(first private key), challenge)).
     let key = sha1::Sha1::digest(b"bt-private-key-current");
@@ -288,13 +294,7 @@ async fn the_challenge_answer_signs_no_delivery_braintree_s_payload_must_be_a_no
     // challenge's text would carry: such a form verifies, but it is no notification.
     let mut forms = Vec::new();
     for challenge in ["0123456789abcdef0123456789abcdef", "20f9f8ed05f77439fe95"] {
-        let answer = app
-            .get(
-                &format!("/webhooks/braintree?bt_challenge={challenge}"),
-                None,
-            )
-            .await;
-        assert_eq!(answer.status, 200, "{}", answer.text());
+        let answer = challenge_answer(&app, challenge).await;
         forms.push(format!(
             "bt_signature={}&bt_payload={challenge}",
             form_urlencoded::byte_serialize(answer.text().as_bytes()).collect::<String>()
