@@ -181,7 +181,7 @@ impl Answer {
         })
     }
 
-    fn json_field(&self, name: &str) -> Option<String> {
+    pub fn json_field(&self, name: &str) -> Option<String> {
         let json: serde_json::Value = serde_json::from_slice(&self.body).ok()?;
         json.get(name)?.as_str().map(str::to_owned)
     }

@@ -52,6 +52,17 @@ pub struct Failure {
     pub message: String,
 }
 
+/// A line whose event the receiver stored under another id than the line names (a hand-edited
+/// line: the receiver reads the id from the body or headers, not from the line).
+#[derive(Debug, Clone, Serialize)]
+pub struct StoredAs {
+    /// Where it came from, with the line's id.
+    #[serde(flatten)]
+    pub origin: Origin,
+    /// The id the receiver's answer names.
+    pub stored_as: String,
+}
+
 /// The running count of a replay.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -78,6 +89,7 @@ pub struct Tally {
     failed_by_error: BTreeMap<String, u64>,
     latencies_ms: Vec<f64>,
     failures: Vec<Failure>,
+    stored_as: Vec<StoredAs>,
 }
 
 impl Tally {
@@ -91,6 +103,17 @@ impl Tally {
                 .error_code()
                 .unwrap_or_else(|| format!("http_{}", answer.status))
         };
+        if (200..300).contains(&answer.status) {
+            let stored = answer.json_field("event_id");
+            if let (Some(line), Some(stored)) = (origin.event_id.as_deref(), stored) {
+                if line != stored {
+                    self.stored_as.push(StoredAs {
+                        origin: origin.clone(),
+                        stored_as: stored,
+                    });
+                }
+            }
+        }
         match answer.status {
             200..=299 if answer.replayed => self.replayed += 1,
             200..=299 => self.processed += 1,
@@ -187,6 +210,9 @@ impl Tally {
             "duration_ms": duration.as_millis() as u64,
             "failures": self.failures_in_order(),
         });
+        if !self.stored_as.is_empty() {
+            report["stored_under_another_id"] = serde_json::json!(self.stored_as);
+        }
         if self.interrupted {
             report["interrupted"] = serde_json::json!(true);
             report["abandoned_in_flight"] = serde_json::json!(self.abandoned);
@@ -290,6 +316,31 @@ impl Tally {
         }
         if let (Some(p50), Some(p99)) = self.latency() {
             let _ = writeln!(out, "  latency    p50 {p50:.1} ms, p99 {p99:.1} ms");
+        }
+        if !self.stored_as.is_empty() {
+            let _ = writeln!(
+                out,
+                "stored under another id than the line's (the receiver reads the id from the \
+                 delivery, not the line; was the line edited?):"
+            );
+            for row in self.stored_as.iter().take(SUMMARY_FAILURES) {
+                let o = &row.origin;
+                let _ = writeln!(
+                    out,
+                    "  {} {} {}: stored as {}",
+                    o.place(),
+                    o.source.as_deref().unwrap_or("-"),
+                    o.event_id.as_deref().unwrap_or("-"),
+                    row.stored_as
+                );
+            }
+            if self.stored_as.len() > SUMMARY_FAILURES {
+                let _ = writeln!(
+                    out,
+                    "  ... and {} more (--report FILE lists them all)",
+                    self.stored_as.len() - SUMMARY_FAILURES
+                );
+            }
         }
         if !self.failures.is_empty() {
             let _ = writeln!(out, "not 2xx:");

@@ -1224,3 +1224,55 @@ fn a_replay_with_no_sources_to_sign_with_stops_before_sending() {
         "{stderr}"
     );
 }
+
+#[actix_web::test]
+async fn a_line_stored_under_another_id_than_its_own_is_said_in_the_summary_and_report() {
+    let app = TestApp::spawn().await;
+    let config = TempFile::new(&config_text(&app.db.url, ""));
+    // A hand-edited line: its event_id says one thing, its Stripe body (where Stripe's id is
+    // read) another.
+    let (line_id, body_id) = (unique_id("evt_line"), unique_id("evt_body"));
+    let body = stripe_event(&body_id, "payment_intent.succeeded", 1);
+    let edited = capture(&[capture_line("stripe", &line_id, None, &[], &body)]);
+    let run = replay(&[
+        &edited.path(),
+        "--to",
+        &app.address,
+        "--config",
+        &config.path(),
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("stored under another id")
+            && run
+                .stdout
+                .contains(&format!("stripe {line_id}: stored as {body_id}")),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        run.report["stored_under_another_id"][0]["stored_as"],
+        body_id.as_str()
+    );
+    // A line that says its own id says nothing of the kind.
+    let id = unique_id("evt");
+    let fine = capture(&[capture_line(
+        "stripe",
+        &id,
+        None,
+        &[],
+        &sample_body("stripe", &id),
+    )]);
+    let run = replay(&[
+        &fine.path(),
+        "--to",
+        &app.address,
+        "--config",
+        &config.path(),
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(!run.stdout.contains("another id"), "{}", run.stdout);
+    assert!(run.report.get("stored_under_another_id").is_none());
+}
