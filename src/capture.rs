@@ -350,9 +350,13 @@ pub fn write_whole<T>(
     write: impl FnOnce(&mut dyn Write) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
     use anyhow::Context;
-    if std::fs::metadata(path).is_ok_and(|meta| !meta.is_file()) {
+    let resolved = where_to_write(path);
+    let path = resolved.as_deref().unwrap_or(path);
+    if resolved.is_none() || std::fs::metadata(path).is_ok_and(|meta| !meta.is_file()) {
+        // Appending: a stream reached through /proc/self/fd/1 may be a file the shell opened
+        // with >>, whose start must not be written over.
         let file = std::fs::OpenOptions::new()
-            .write(true)
+            .append(true)
             .open(path)
             .with_context(|| format!("cannot write {}", path.display()))?;
         let mut out = WholeLines::new(file);
@@ -493,6 +497,22 @@ pub fn stop_streaming() -> Streamed {
     }
 }
 
+/// Where [`write_whole`] writes a capture whole for `path`: `path` itself, or for a symbolic
+/// link the file it leads to (renaming over the link would replace the link); `None` to write
+/// straight through: a path under `/dev` or `/proc` (`/dev/stdout`, `/proc/self/fd/1`), which
+/// names an open stream whatever it resolves to.
+fn where_to_write(path: &Path) -> Option<PathBuf> {
+    if path.starts_with("/dev") || path.starts_with("/proc") {
+        return None;
+    }
+    let linked = std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink());
+    if !linked {
+        return Some(path.to_path_buf());
+    }
+    let target = std::fs::canonicalize(path).ok()?;
+    (!target.starts_with("/dev") && !target.starts_with("/proc")).then_some(target)
+}
+
 /// The partial file [`write_whole`] is writing, while it is.
 static IN_PROGRESS: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
 
@@ -538,6 +558,10 @@ pub fn abandon_partial() -> Abandoned {
 /// # Errors
 /// The system's reason (no such directory, permission denied, ...).
 pub fn check_writable(path: &Path) -> Result<(), String> {
+    let Some(path) = where_to_write(path) else {
+        return Ok(());
+    };
+    let path = path.as_path();
     if std::fs::metadata(path).is_ok_and(|meta| !meta.is_file()) {
         return Ok(());
     }

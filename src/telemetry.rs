@@ -47,16 +47,26 @@ pub fn init() {
     install_panic_hook();
     // Without RUST_LOG: hookbox's own lines at info, not actix-server's ("starting 2 workers",
     // "Actix runtime found", "starting service"), which repeat what hookbox says in its words.
-    // A RUST_LOG that cannot be read falls back to the default, and says so once installed.
-    let unreadable = std::env::var("RUST_LOG")
+    // RUST_LOG set but empty (an env file's `RUST_LOG=`) is not set: an empty filter would turn
+    // every line off, errors included. One that cannot be read, or names nothing (`,`), falls
+    // back to the default too, and says so once installed.
+    let given = std::env::var("RUST_LOG")
         .ok()
-        .filter(|value| !value.is_empty())
-        .and_then(|value| EnvFilter::try_new(&value).err().map(|e| (value, e)));
-    let filter = match &unreadable {
-        Some(_) => EnvFilter::new(DEFAULT_FILTER),
-        None => {
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER))
+        .filter(|value| !value.trim().is_empty());
+    let unreadable = given.as_ref().and_then(|value| {
+        if value
+            .split(',')
+            .all(|directive| directive.trim().is_empty())
+        {
+            return Some((value.clone(), "it names no directive".to_owned()));
         }
+        EnvFilter::try_new(value)
+            .err()
+            .map(|e| (value.clone(), e.to_string()))
+    });
+    let filter = match (&given, &unreadable) {
+        (Some(value), None) => EnvFilter::new(value),
+        _ => EnvFilter::new(DEFAULT_FILTER),
     };
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)

@@ -326,7 +326,10 @@ impl CertUrl {
         if path.contains(['%', ';']) {
             return Err("a URL whose path has a % or a ;".to_owned());
         }
-        if path.split('/').any(|segment| segment == "." || segment == "..") {
+        if path
+            .split('/')
+            .any(|segment| segment == "." || segment == "..")
+        {
             return Err("a URL with a . or .. path segment".to_owned());
         }
         let mut text = format!("{scheme}://{}", host.to_ascii_lowercase());

@@ -791,3 +791,59 @@ fn an_export_whose_database_goes_away_says_what_stdout_holds() {
         "{lines} lines read: {stderr}"
     );
 }
+
+#[test]
+fn an_export_out_through_a_link_writes_where_it_leads_and_a_stream_straight_through() {
+    let (_db, config) = stored_events(3);
+    let dir = TempDir::new();
+    // A link to a capture: the capture is replaced whole, the link stays a link.
+    let real = dir.0.join("real.ndjson");
+    let link = dir.0.join("link.ndjson");
+    std::fs::write(&real, "the capture before\n").expect("an old capture");
+    std::os::unix::fs::symlink(&real, &link).expect("a link");
+    let (code, _, stderr) = run_hookbox(
+        &[
+            "export",
+            "--config",
+            &config.path(),
+            "--out",
+            &link.to_string_lossy(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(std::fs::symlink_metadata(&link)
+        .expect("the link")
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        std::fs::read_to_string(&real)
+            .expect("real")
+            .lines()
+            .count(),
+        3
+    );
+    // Its own stdout, redirected to a file, named as a path under /proc: written straight
+    // through, nothing renamed over it.
+    let out = dir.0.join("stdout.ndjson");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args([
+            "export",
+            "--config",
+            &config.path(),
+            "--out",
+            "/proc/self/fd/1",
+        ])
+        .env_remove("DATABASE_URL")
+        .stdout(std::fs::File::create(&out).expect("a file for stdout"))
+        .status()
+        .expect("export runs");
+    assert!(status.success());
+    assert_eq!(
+        std::fs::read_to_string(&out).expect("out").lines().count(),
+        3
+    );
+    let mut names = names_in(&dir.0);
+    names.sort();
+    assert_eq!(names, ["link.ndjson", "real.ndjson", "stdout.ndjson"]);
+}

@@ -316,6 +316,14 @@ fn a_rust_log_that_cannot_be_read_is_said_and_the_default_level_used() {
         log.contains("INFO") && log.contains("source live at POST"),
         "{log}"
     );
+    // Set but empty, as an env file writes it: not set, rather than every line off.
+    let process = Process::serve_with_env(&config_text(&db.url, ""), &[("RUST_LOG", "")]);
+    let log = process.log();
+    assert!(
+        log.contains("INFO") && log.contains("source live at POST"),
+        "{log}"
+    );
+    assert!(!log.contains("cannot be read"), "{log}");
 }
 
 #[test]
