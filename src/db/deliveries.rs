@@ -344,7 +344,7 @@ prepared_statement!(EnqueuePg<'_>);
 ///
 /// ```sql
 /// queued AS (INSERT INTO deliveries (event_row, target, source, received_at, queued_at)
-///            SELECT c.id, q.target, c.source, c.received_at, $queued_at
+///            SELECT c.id, q.target, c.source, c.received_at, clock_timestamp()
 ///            FROM unnest($sources, $event_ids, $targets) WITH ORDINALITY AS q (...)
 ///            JOIN claimed c ON c.source = q.source AND c.event_id = q.event_id ...)
 /// ```
@@ -362,7 +362,6 @@ pub(super) struct QueueClaimedPg<'a> {
     targets: Vec<&'a str>,
     leased_until: Vec<Option<DateTime<Utc>>>,
     leased_by: Vec<Option<i64>>,
-    queued_at: DateTime<Utc>,
 }
 
 /// One outbox row a claim queues with its event.
@@ -404,7 +403,8 @@ pub struct Leased {
     pub event_row: i64,
     /// The target's name within the source.
     pub target: String,
-    /// When it was queued.
+    /// When it was queued, as far as its lag goes: when the claim that queued it committed
+    /// (PostgreSQL), or as it was written in the claim's transaction (SQLite).
     pub queued_at: DateTime<Utc>,
 }
 
@@ -417,7 +417,6 @@ impl<'a> QueueClaimedPg<'a> {
             targets: Vec::new(),
             leased_until: Vec::new(),
             leased_by: Vec::new(),
-            queued_at: now(),
         };
         for (source, event_id, row) in rows {
             queue.sources.push(source);
@@ -427,11 +426,6 @@ impl<'a> QueueClaimedPg<'a> {
             queue.leased_by.push(row.lease.map(|l| l.by));
         }
         queue
-    }
-
-    /// When its rows are queued.
-    pub(super) fn queued_at(&self) -> DateTime<Utc> {
-        self.queued_at
     }
 }
 
@@ -446,7 +440,9 @@ impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for QueueClaimedPg<'_>
               leased_by) \
              SELECT c.id, q.target, c.source, c.received_at, ",
         );
-        out.push_bind_param::<super::pg::Instant, _>(&self.queued_at)?;
+        // Queued when the row is written, after any wait for a lock (the statement's own
+        // `now()` is its start): the forward lag runs from about the commit.
+        out.push_sql("clock_timestamp()");
         // A leased row is attempt 1, due when its lease ends; any other is due now.
         out.push_sql(
             ", CASE WHEN q.leased_until IS NULL THEN 0 ELSE 1 END, \

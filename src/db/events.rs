@@ -160,8 +160,11 @@ pub fn claim_and_queue(
                 claim: Columns::of(&events),
                 queue: super::deliveries::QueueClaimedPg::new(outbox),
             };
-            let queued_at = statement.queue.queued_at();
             let returned: Vec<ClaimedRowPg> = statement.get_results(c)?;
+            // The statement is its own transaction: it has committed now, which is when a
+            // handed-over row's lag starts (not when the statement was made: a claim may
+            // wait for a lock first).
+            let queued_at = now();
             // One row per claimed event, or per leased row of it (LEFT JOIN).
             let mut claimed: Vec<Claimed> = Vec::new();
             let mut leased = Vec::new();

@@ -859,3 +859,55 @@ async fn an_outcome_waits_out_another_process_holding_the_sqlite_write_lock_and_
     assert_eq!(rows[0]["attempts"], 1, "{rows}");
     assert_eq!(downstream.for_key(&key).len(), 1, "sent once");
 }
+
+#[actix_web::test]
+async fn the_forward_lag_runs_from_the_claim_s_commit_not_from_a_wait_before_it() {
+    if skip_on_sqlite(
+        "the_forward_lag_runs_from_the_claim_s_commit_not_from_a_wait_before_it",
+        "the claim is held back by a table lock another session takes",
+    ) {
+        return;
+    }
+    let downstream = Downstream::start(always(200));
+    let app = forwarding_app(&downstream, "5s", 3).await;
+    // The claim waits a second for a table lock, then commits and is handed over.
+    let lock = HeldTableLock::take(&app.db.url, "events", "ACCESS EXCLUSIVE");
+    let id = unique_id("evt");
+    let delivery = app.delivery("stripe", &stripe_event(&id, "a", 1), &id);
+    let sending = {
+        let (app_address, delivery) = (app.address.clone(), delivery.clone());
+        actix_web::rt::spawn(async move { send(&app_address, &delivery).await })
+    };
+    poll_until(
+        "the claim waits for the lock",
+        Duration::from_secs(10),
+        || {
+            app.db.count(
+                "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            ) > 0
+        },
+    )
+    .await;
+    actix_web::rt::time::sleep(Duration::from_secs(1)).await;
+    drop(lock);
+    let answer = sending.await.expect("the delivery's task");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    arrived(&downstream, &id).await;
+    poll_until("the delivery is recorded", Duration::from_secs(10), || {
+        app.db.count("deliveries WHERE state = 'delivered'") == 1
+    })
+    .await;
+    let metrics = app.get("/metrics", None).await.text();
+    let sum: f64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("hookbox_forward_lag_seconds_sum{source=\"stripe\",target=\"default\"} ")
+        })
+        .unwrap_or_else(|| panic!("no lag sum in\n{metrics}"))
+        .parse()
+        .expect("a number");
+    assert!(
+        sum < 0.5,
+        "the second the claim waited is not forwarding's lag: {sum} s"
+    );
+}
