@@ -545,13 +545,16 @@ pub fn cursor(received_at: DateTime<Utc>, row: i64) -> String {
     format!("{}.{row}", received_at.timestamp_micros())
 }
 
-/// Reads a [`cursor`]; `None` when it is not one.
+/// Reads a [`cursor`]; `None` when it is not one. Its time is within the years 1 to 9999, as
+/// every stored time is: both stores hold (and SQLite orders) no other, and a time PostgreSQL
+/// cannot take would fail the query rather than the cursor.
 pub fn parse_cursor(text: &str) -> Option<(DateTime<Utc>, i64)> {
+    use chrono::Datelike;
     let (micros, row) = text.trim().split_once('.')?;
-    Some((
-        DateTime::from_timestamp_micros(micros.parse().ok()?)?,
-        row.parse().ok()?,
-    ))
+    let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+    (1..=9999)
+        .contains(&at.year())
+        .then_some((at, row.parse().ok()?))
 }
 
 /// Which events the console and the admin API list (`None`: any).

@@ -352,6 +352,11 @@ mod tests {
             .expect("given");
         assert_eq!((at.timestamp_micros(), id), (1764666000123456, 42));
         assert!(parse_cursor("nope").is_err());
+        // Years no store holds: a hand-made cursor, refused rather than a failed query.
+        for far in ["-210866803200000001.1", "253402300800000000.1"] {
+            assert!(parse_cursor(far).is_err(), "{far}");
+        }
+        assert!(parse_cursor("253402300799999999.1").is_ok());
         assert!(parse_cursor("").expect("empty").is_none());
     }
 }
