@@ -83,6 +83,11 @@ pub enum ApiError {
     /// 503 `unavailable`, with `Retry-After`: the database answered, but failed the statement.
     #[error("{}", database_failure(*.0))]
     Database(Failure),
+    /// 503 `unavailable`, with `Retry-After`: an admin or console request waited past the
+    /// lock wait for another writer (SQLite's write lock held by another process, a table
+    /// another PostgreSQL session locked).
+    #[error("the store is busy with another write (another process or session holds its lock); nothing was changed, retry later")]
+    Busy,
     /// 503 `unavailable`, with `Retry-After`, from `/readyz`: why this instance is not ready,
     /// in a probe's words (it stores nothing, so its sentence says nothing of storing).
     #[error("not ready: {0}")]
@@ -182,6 +187,7 @@ impl ApiError {
             | ApiError::Unanswered
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
+            | ApiError::Busy
             | ApiError::NotReady(_) => "unavailable",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
@@ -204,6 +210,7 @@ impl ApiError {
             | ApiError::Unanswered
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
+            | ApiError::Busy
             | ApiError::NotReady(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
             ApiError::ProviderStatus { error, .. } => error.retry_after(),
             _ => None,
@@ -242,6 +249,7 @@ impl ResponseError for ApiError {
             | ApiError::Unanswered
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
+            | ApiError::Busy
             | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ProviderStatus { status, .. } => *status,
         }

@@ -35,7 +35,13 @@ pub(crate) async fn with_db<T: Send + 'static>(
         .map_err(|_| ApiError::Unavailable)?
         .map_err(|e| {
             tracing::warn!(error = %e, "{what} failed");
-            ApiError::Unavailable
+            match &e {
+                db::DbError::Unavailable(_) => ApiError::Unavailable,
+                // Another writer held the lock past the wait: SQLite's write lock (another
+                // process writing), or a table another PostgreSQL session locked.
+                db::DbError::Query(query) if db::is_lock_timeout(query) => ApiError::Busy,
+                db::DbError::Query(query) => ApiError::Database(db::Failure::of(query)),
+            }
         })
 }
 

@@ -376,3 +376,28 @@ async fn an_admin_post_with_a_body_does_nothing_and_admin_answers_are_never_cach
     }
     assert_eq!(plain.header("Cache-Control"), Some("no-store"));
 }
+
+#[actix_web::test]
+async fn an_admin_write_held_up_by_another_process_s_write_lock_says_the_store_is_busy() {
+    use diesel::connection::SimpleConnection;
+    if !store_is_sqlite() {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    // Another process (a tool, another serve) holds the file's write lock past the wait.
+    let mut holder = app.db.connect();
+    holder
+        .batch_execute("BEGIN IMMEDIATE")
+        .expect("the write lock");
+    let (status, body) = admin_post(&app.address, "/admin/deliveries/requeue").await;
+    holder.batch_execute("ROLLBACK").expect("let go");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"], "unavailable");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("busy with another write") && !message.contains("unreachable"),
+        "{message}"
+    );
+    let (status, body) = admin_post(&app.address, "/admin/deliveries/requeue").await;
+    assert_eq!((status, &body), (202, &serde_json::json!({"requeued": 0})));
+}

@@ -103,6 +103,14 @@ fn notice(which: &Which, session: &Session) -> Option<(bool, String)> {
             "The database did not answer; nothing was re-queued.".to_owned(),
         ));
     }
+    if which.notice.as_deref() == Some("busy") {
+        return Some((
+            false,
+            "The store was busy with another write (another process or session holds its \
+             lock); nothing was re-queued. Try again in a moment."
+                .to_owned(),
+        ));
+    }
     if which.notice.as_deref() == Some("no_target") {
         return Some((
             false,
@@ -350,6 +358,7 @@ pub async fn requeue(
         Ok(Some(Ok(_))) => "requeued",
         Ok(Some(Err(_))) => "not_dead",
         Ok(None) => "no_delivery",
+        Err(crate::http::ApiError::Busy) => "busy",
         Err(_) => "unavailable",
     };
     Ok(redirect(&outcome_link(
@@ -386,6 +395,7 @@ pub async fn redeliver(
         // The event page says the event is not stored.
         Ok(None) => ("redelivered", "0".to_owned()),
         Err(crate::http::ApiError::UnknownTarget(_)) => ("no_target", String::new()),
+        Err(crate::http::ApiError::Busy) => ("busy", String::new()),
         Err(_) => ("unavailable", String::new()),
     };
     Ok(redirect(&outcome_link(

@@ -73,12 +73,19 @@ pub enum Refused {
     /// 503.
     #[error("the database did not answer")]
     Unavailable,
+    /// 503: another writer held the lock past the wait (SQLite's write lock held by another
+    /// process, a table another PostgreSQL session locked).
+    #[error("the store is busy with another write")]
+    Busy,
 }
 
 impl From<ApiError> for Refused {
-    fn from(_: ApiError) -> Refused {
-        // `with_db` fails only with `unavailable`.
-        Refused::Unavailable
+    fn from(error: ApiError) -> Refused {
+        // `with_db` fails with `unavailable` and its kinds.
+        match error {
+            ApiError::Busy => Refused::Busy,
+            _ => Refused::Unavailable,
+        }
     }
 }
 
@@ -89,7 +96,7 @@ impl ResponseError for Refused {
             Refused::LoggedOut(_) => StatusCode::SEE_OTHER,
             Refused::WrongToken(_) => StatusCode::UNAUTHORIZED,
             Refused::Forged => StatusCode::FORBIDDEN,
-            Refused::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Refused::Unavailable | Refused::Busy => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -116,6 +123,12 @@ impl ResponseError for Refused {
                 self.status_code(),
                 "Database unreachable",
                 "The database did not answer; reload the page in a moment.",
+            ),
+            Refused::Busy => message(
+                self.status_code(),
+                "Store busy",
+                "The store is busy with another write (another process or session holds its \
+                 lock); nothing was changed. Try again in a moment.",
             ),
         }
     }
