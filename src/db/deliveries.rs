@@ -1106,6 +1106,17 @@ macro_rules! new_series {
     };
 }
 
+/// The (source, target) of delivery `id`, if it is stored.
+pub fn lane_of(conn: &mut AnyConnection, id: i64) -> QueryResult<Option<(String, String)>> {
+    on_backend!(conn, c => {
+        deliveries::table
+            .find(id)
+            .select((deliveries::source, deliveries::target))
+            .first(c)
+            .optional()
+    })
+}
+
 /// Makes a dead delivery pending again, due now, with a fresh count of attempts.
 /// `Ok(None)`: no such delivery; `Ok(Some(Err(state)))`: it is not dead.
 pub fn requeue(
@@ -1273,22 +1284,23 @@ pub fn redeliver(
 }
 
 /// Re-queues every dead delivery that matches: of events of `source`, to targets named
-/// `target`, queued at or after `since` (each only if given). Returns how many (none for a
-/// source or target name no store can hold).
+/// `target`, queued at or after `since` (each only if given), to a (source, target) the config
+/// has (`configured`). Returns how many (none for a source or target name no store can hold).
 pub fn requeue_dead(
     conn: &mut AnyConnection,
     source: Option<&str>,
     target: Option<&str>,
     since: Option<DateTime<Utc>>,
+    configured: &dyn Fn(&str, &str) -> bool,
 ) -> QueryResult<usize> {
     if [source, target].into_iter().flatten().any(|v| !storable(v)) {
         return Ok(0);
     }
     write_transaction(conn, |conn| {
-        let ids: Vec<i64> = on_backend!(conn, c => {
+        let rows: Vec<(i64, String, String)> = on_backend!(conn, c => {
             let mut select = deliveries::table
                 .filter(deliveries::state.eq("dead"))
-                .select(deliveries::id)
+                .select((deliveries::id, deliveries::source, deliveries::target))
                 .into_boxed();
             if let Some(source) = source {
                 select = select.filter(
@@ -1307,6 +1319,12 @@ pub fn requeue_dead(
             }
             select.load(c)
         })?;
+        // A delivery to a target no longer in the config stays dead: no instance would send it.
+        let ids: Vec<i64> = rows
+            .into_iter()
+            .filter(|(_, source, target)| configured(source, target))
+            .map(|(id, _, _)| id)
+            .collect();
         requeue_rows(conn, &ids, &["dead"])
     })
 }

@@ -362,13 +362,41 @@ pub(crate) async fn requeue_all_dead(
     since: Option<(DateTime<Utc>, String)>,
     by: &'static str,
 ) -> Result<usize, ApiError> {
+    let configured: std::collections::HashSet<(String, String)> =
+        state.forward_targets().into_keys().collect();
+    // A target no source (or not the one named) has in the config: as for a redeliver, 404
+    // rather than a count of rows no instance would send.
+    if let Some(name) = &target {
+        let known = configured
+            .iter()
+            .any(|(s, t)| t == name && source.as_ref().is_none_or(|source| source == s));
+        if !known {
+            return Err(ApiError::UnknownTarget(format!(
+                "no forward target {name:?} is in the config{}: its dead deliveries stay dead, \
+                 as no instance would send them",
+                source
+                    .as_ref()
+                    .map(|s| format!(" for source {s:?}"))
+                    .unwrap_or_default()
+            )));
+        }
+    }
     let (logged_source, logged_target) = (source.clone(), target.clone());
     let logged_since = since.as_ref().map(|(_, text)| text.clone());
     let since = since.map(|(since, _)| since);
     // An attempt that just ended is dead once its outcome is written.
     state.forward.outcomes_written(None).await;
     let requeued = with_db(state, "bulk requeue", move |conn| {
-        deliveries::requeue_dead(conn, source.as_deref(), target.as_deref(), since)
+        let configured = |source: &str, target: &str| {
+            configured.contains(&(source.to_owned(), target.to_owned()))
+        };
+        deliveries::requeue_dead(
+            conn,
+            source.as_deref(),
+            target.as_deref(),
+            since,
+            &configured,
+        )
     })
     .await?;
     tracing::info!(
@@ -419,6 +447,20 @@ pub(super) async fn requeue(
     id: i64,
     by: &'static str,
 ) -> Result<Option<Result<DeliveryView, String>>, ApiError> {
+    // A delivery to a target since removed from the config stays dead: no instance would
+    // send it.
+    let lane = with_db(state, "requeue", move |conn| deliveries::lane_of(conn, id)).await?;
+    if let Some((source, target)) = lane {
+        if !state
+            .forward_targets()
+            .contains_key(&(source.clone(), target.clone()))
+        {
+            return Err(ApiError::UnknownTarget(format!(
+                "delivery {id} is to forward target {target:?} of source {source:?}, which is \
+                 not in the config any more: no instance would send it, so it stays dead"
+            )));
+        }
+    }
     // An attempt that just ended is dead once its outcome is written.
     state.forward.outcomes_written(Some(&[id])).await;
     let result = with_db(state, "requeue", move |conn| deliveries::requeue(conn, id)).await?;

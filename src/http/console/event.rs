@@ -358,6 +358,7 @@ pub async fn requeue(
         Ok(Some(Ok(_))) => "requeued",
         Ok(Some(Err(_))) => "not_dead",
         Ok(None) => "no_delivery",
+        Err(crate::http::ApiError::UnknownTarget(_)) => "no_target",
         Err(crate::http::ApiError::Busy) => "busy",
         Err(_) => "unavailable",
     };
