@@ -774,7 +774,7 @@ pub fn is_migrated(conn: &mut AnyConnection) -> anyhow::Result<bool> {
     match applied_versions(conn) {
         Ok(applied) => Ok(known.iter().all(|version| applied.contains(version))),
         Err(e) if is_missing_table(&e) => Ok(false),
-        Err(e) => Err(anyhow::anyhow!("cannot read the migrations table: {e}")),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot read the migrations table")),
     }
 }
 

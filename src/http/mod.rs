@@ -191,7 +191,7 @@ async fn not_allowed(allow: &'static str) -> Result<actix_web::HttpResponse, Api
 async fn not_found(request: actix_web::HttpRequest) -> actix_web::HttpResponse {
     use actix_web::http::header::{HeaderValue, CACHE_CONTROL, X_CONTENT_TYPE_OPTIONS};
     use actix_web::ResponseError;
-    let mut answer = if request.path().starts_with("/webhooks/") {
+    let mut answer = if request.path().starts_with("/webhooks/") || request.path() == "/webhooks" {
         ApiError::NotAWebhookPath.error_response()
     } else {
         ApiError::NotFound.error_response()

@@ -52,6 +52,13 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         match db::is_migrated(&mut conn) {
             Ok(true) => {}
             Ok(false) => return Err(NotReady::Pending),
+            // Its table locked by another session: a migration under way, most likely.
+            Err(e)
+                if e.downcast_ref::<diesel::result::Error>()
+                    .is_some_and(db::is_lock_timeout) =>
+            {
+                return Err(NotReady::Locked(format!("{e:#}")))
+            }
             Err(e) => return Err(NotReady::Failed(db::Failure::Other, format!("{e:#}"))),
         }
         db::events::takes_writes(&mut conn).map_err(|e| {

@@ -353,10 +353,12 @@ fn kind_of(xml: &str) -> Option<String> {
             }
             if depth == 2 && name == "kind" {
                 let text = &rest[..rest.find('<')?];
+                // An empty kind (`<kind></kind>`) names no kind, as `<kind/>` does not.
                 return rest[text.len()..]
                     .starts_with("</kind>")
                     .then(|| unescape(text))
-                    .flatten();
+                    .flatten()
+                    .filter(|kind| !kind.trim().is_empty());
             }
         }
     }
@@ -449,6 +451,8 @@ mod tests {
             "<!DOCTYPE n [<!ENTITY e \"x\">]><notification><kind>&e;</kind></notification>",
             "<notification><kind>&e;</kind></notification>",
             "<notification><other>x</other></notification>",
+            "<notification><kind></kind></notification>",
+            "<notification><kind> </kind></notification>",
             "<n><kind>x</kind></n>",
             "<kind>top</kind>",
             "</notification><kind>x</kind>",

@@ -312,6 +312,27 @@ async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
     for wanted in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
         assert!(attributes.contains(&wanted), "{wanted} in {set_cookie}");
     }
+    assert!(!attributes.contains(&"Secure"), "plain HTTP: {set_cookie}");
+    // Behind a TLS proxy, in whatever case it writes the scheme: Secure.
+    for proto in ["https", "HTTPS"] {
+        let mut behind = client()
+            .post(format!("{}/console/login", app.address))
+            .insert_header(("X-Forwarded-Proto", proto))
+            .send_form(&[("token", ADMIN_TOKEN)])
+            .await
+            .expect("the console answers");
+        let cookie = behind
+            .headers()
+            .get("Set-Cookie")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let _ = behind.body().await;
+        assert!(
+            cookie.split(';').map(str::trim).any(|a| a == "Secure"),
+            "{proto}: {cookie}"
+        );
+    }
     let again = post_form(&app, "/console/login", None, &[("token", ADMIN_TOKEN)]).await;
     assert_ne!(
         again

@@ -96,7 +96,7 @@ async fn an_unknown_source_is_404() {
     );
     // A trailing slash, or a path below a source's, is no source's route: the 404 says where
     // deliveries go.
-    for source in ["stripe/", "stripe/events"] {
+    for source in ["stripe/", "stripe/events", ""] {
         delivery.source = source.to_owned();
         let answer = app.send(&delivery).await;
         assert_eq!((answer.status, answer.error().as_str()), (404, "not_found"));

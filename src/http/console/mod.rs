@@ -279,7 +279,11 @@ async fn login_form(
 
 /// Whether the browser reached the console over HTTPS, so its cookie can be `Secure`.
 fn over_https(request: &HttpRequest) -> bool {
-    request.connection_info().scheme() == "https"
+    // A scheme is case-insensitive (RFC 3986): a proxy's `X-Forwarded-Proto: HTTPS` counts.
+    request
+        .connection_info()
+        .scheme()
+        .eq_ignore_ascii_case("https")
 }
 
 /// `POST /console/login` with `token=...` (and `next=ADDRESS`): a session cookie and the
