@@ -486,6 +486,20 @@ async fn the_dead_filter_re_queues_every_dead_delivery_with_one_button() {
     .await;
     assert_eq!(forged.status, 403);
     assert_eq!(dead_deliveries(&app), 3, "nothing was re-queued");
+    // A field the form has not (a misspelt `soruce`, a `target`) is refused, not ignored:
+    // ignored, it would widen the requeue.
+    for extra in [("soruce", "github"), ("target", "nosuch")] {
+        let widened = post_form(
+            &app,
+            "/console/deliveries/requeue",
+            Some(&cookie),
+            &[extra, ("csrf", &csrf)],
+        )
+        .await;
+        assert_eq!(widened.status, 400, "{extra:?}: {}", widened.text());
+        assert!(widened.text().contains(extra.0), "{}", widened.text());
+        assert_eq!(dead_deliveries(&app), 3, "nothing was re-queued");
+    }
 
     // The downstream is mended; then the button.
     downstream.behave(always(200));

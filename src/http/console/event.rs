@@ -11,7 +11,7 @@ use serde::Deserialize;
 use maud::{html, Markup};
 
 use super::html::{link, page, redirect, respond, show_body, time, visible};
-use super::{check_csrf, field, message, FormBody, Refused, Session};
+use super::{check_csrf, check_fields, field, message, FormBody, Refused, Session};
 use crate::db::deliveries::DeliveryView;
 use crate::db::events::{self, StoredEvent};
 use crate::db::AnyConnection;
@@ -353,6 +353,7 @@ pub async fn requeue(
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
+    check_fields(&body, &["source", "event_id"])?;
     let id = path.into_inner();
     let outcome = match admin::requeue(&state, id, "the console").await {
         Ok(Some(Ok(_))) => "requeued",
@@ -381,6 +382,7 @@ pub async fn redeliver(
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
+    check_fields(&body, &["source", "event_id", "target"])?;
     let (source, event_id) = (field(&body, "source"), field(&body, "event_id"));
     let target = Some(field(&body, "target")).filter(|t| !t.is_empty());
     let outcome = admin::redeliver(

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use maud::{html, Markup};
 
 use super::html::{link, page, respond, time, visible};
-use super::{check_csrf, field, message, FormBody, Refused, Session};
+use super::{check_csrf, check_fields, field, message, FormBody, Refused, Session};
 use crate::config::parse_time_or_ago;
 use crate::db::events::{self, Filter, Listed};
 use crate::db::AnyConnection;
@@ -301,6 +301,7 @@ pub async fn requeue_dead(
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
+    check_fields(&body, &["source"])?;
     let source = Some(field(&body, "source")).filter(|s| !s.trim().is_empty());
     let whose = source
         .as_deref()

@@ -73,6 +73,9 @@ pub enum Refused {
     /// 503.
     #[error("the database did not answer")]
     Unavailable,
+    /// A form with a field the console's form has not: 400, naming it.
+    #[error("{0}")]
+    NotMade(String),
     /// 503: another writer held the lock past the wait (SQLite's write lock held by another
     /// process, a table another PostgreSQL session locked).
     #[error("the store is busy with another write")]
@@ -96,6 +99,7 @@ impl ResponseError for Refused {
             Refused::LoggedOut(_) => StatusCode::SEE_OTHER,
             Refused::WrongToken(_) => StatusCode::UNAUTHORIZED,
             Refused::Forged => StatusCode::FORBIDDEN,
+            Refused::NotMade(_) => StatusCode::BAD_REQUEST,
             Refused::Unavailable | Refused::Busy => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -123,6 +127,14 @@ impl ResponseError for Refused {
                 self.status_code(),
                 "Database unreachable",
                 "The database did not answer; reload the page in a moment.",
+            ),
+            Refused::NotMade(problem) => message(
+                self.status_code(),
+                "Not a form the console makes",
+                &format!(
+                    "This form is not one the console makes ({problem}); nothing was done. Go \
+                     back and use the page's own buttons."
+                ),
             ),
             Refused::Busy => message(
                 self.status_code(),
@@ -209,6 +221,21 @@ fn check_csrf(session: &Session, body: &[u8]) -> Result<(), Refused> {
     }
     tracing::warn!("console form refused: missing or wrong CSRF token");
     Err(Refused::Forged)
+}
+
+/// Whether a POST's form carries only the fields its form has (`takes`, with `csrf`): a field
+/// it does not take (a misspelt `soruce`, a `target` on the bulk form) would be ignored and
+/// widen what the form does, so it is refused, as the console's other addresses are.
+fn check_fields(body: &[u8], takes: &[&str]) -> Result<(), Refused> {
+    match form_urlencoded::parse(body)
+        .find(|(name, _)| name != "csrf" && !takes.contains(&name.as_ref()))
+    {
+        None => Ok(()),
+        Some((name, _)) => Err(Refused::NotMade(format!(
+            "this form has no field {:?}",
+            crate::ids::ClientText::new(&name, 64).to_string()
+        ))),
+    }
 }
 
 /// A page with one sentence on it and a way back to the overview.
@@ -312,6 +339,7 @@ async fn logout(
     Admin(session): Admin<Session>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
+    check_fields(&body, &[])?;
     state.sessions.end(&request);
     Ok(guarded(HttpResponse::SeeOther())
         .insert_header((header::LOCATION, "/console/login"))
