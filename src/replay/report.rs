@@ -26,7 +26,28 @@ pub struct Origin {
     pub event_id: Option<String>,
 }
 
+/// The line after the first [`SUMMARY_FAILURES`] of `rows` listed, when there are more.
+fn more_rows(out: &mut String, rows: usize) {
+    if rows > SUMMARY_FAILURES {
+        let _ = writeln!(
+            out,
+            "  ... and {} more (--report FILE lists them all)",
+            rows - SUMMARY_FAILURES
+        );
+    }
+}
+
 impl Origin {
+    /// `file:line source event_id`, as a summary row starts (`-` for what is not known).
+    fn named(&self) -> String {
+        format!(
+            "{} {} {}",
+            self.place(),
+            self.source.as_deref().unwrap_or("-"),
+            self.event_id.as_deref().unwrap_or("-")
+        )
+    }
+
     /// `file:line`, or the file alone.
     pub fn place(&self) -> String {
         match self.line {
@@ -324,46 +345,23 @@ impl Tally {
                  delivery, not the line; was the line edited?):"
             );
             for row in self.stored_as.iter().take(SUMMARY_FAILURES) {
-                let o = &row.origin;
-                let _ = writeln!(
-                    out,
-                    "  {} {} {}: stored as {}",
-                    o.place(),
-                    o.source.as_deref().unwrap_or("-"),
-                    o.event_id.as_deref().unwrap_or("-"),
-                    row.stored_as
-                );
+                let _ = writeln!(out, "  {}: stored as {}", row.origin.named(), row.stored_as);
             }
-            if self.stored_as.len() > SUMMARY_FAILURES {
-                let _ = writeln!(
-                    out,
-                    "  ... and {} more (--report FILE lists them all)",
-                    self.stored_as.len() - SUMMARY_FAILURES
-                );
-            }
+            more_rows(&mut out, self.stored_as.len());
         }
         if !self.failures.is_empty() {
             let _ = writeln!(out, "not 2xx:");
             for failure in self.failures_in_order().into_iter().take(SUMMARY_FAILURES) {
-                let o = &failure.origin;
                 let status = failure.status.map_or("-".to_owned(), |s| s.to_string());
                 let _ = writeln!(
                     out,
-                    "  {} {} {}: {status} {}: {}",
-                    o.place(),
-                    o.source.as_deref().unwrap_or("-"),
-                    o.event_id.as_deref().unwrap_or("-"),
+                    "  {}: {status} {}: {}",
+                    failure.origin.named(),
                     failure.error,
                     failure.message
                 );
             }
-            if self.failures.len() > SUMMARY_FAILURES {
-                let _ = writeln!(
-                    out,
-                    "  ... and {} more (--report FILE lists them all)",
-                    self.failures.len() - SUMMARY_FAILURES
-                );
-            }
+            more_rows(&mut out, self.failures.len());
         }
         out
     }
