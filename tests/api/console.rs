@@ -990,7 +990,7 @@ async fn an_id_with_a_bidi_override_is_shown_with_it_escaped_not_reversed() {
     // `evt_ab_\u{202e}4321` would read as `evt_ab_1234` were the override rendered.
     let app = TestApp::spawn().await;
     let id = "evt_ab_\u{202e}4321";
-    let body = r#"{"zen":"bidi"}"#;
+    let body = "{\"zen\":\"bi\u{200b}di\"}";
     send_github_as(&app, id, body).await;
 
     let cookie = log_in(&app).await;
@@ -1023,6 +1023,14 @@ async fn an_id_with_a_bidi_override_is_shown_with_it_escaped_not_reversed() {
         "{}",
         page.text()
     );
+    // So do the kept headers (the delivery id is one) and the payload.
+    assert!(
+        page.text().contains(r"<code>evt_ab_\u{202e}4321</code>"),
+        "{}",
+        page.text()
+    );
+    assert!(page.text().contains(r"bi\u{200b}di"), "{}", page.text());
+    assert!(!page.text().contains('\u{200b}'), "{}", page.text());
 }
 
 #[actix_web::test]

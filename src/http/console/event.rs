@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use maud::{html, Markup};
 
-use super::html::{link, page, redirect, respond, show_body, time, visible};
+use super::html::{link, page, redirect, respond, show_body, time, visible, visible_lines};
 use super::{check_csrf, check_fields, field, message, FormBody, Refused, Session};
 use crate::db::deliveries::DeliveryView;
 use crate::db::events::{self, StoredEvent};
@@ -81,7 +81,7 @@ fn body_block(id: &str, bytes: &[u8]) -> Markup {
             (bytes.len()) " byte" @if bytes.len() != 1 { "s" }
             @if let Some(note) = shown.note { ", " (note) }
         }
-        pre id=(id) { (shown.text) }
+        pre id=(id) { (visible_lines(&shown.text)) }
     }
 }
 
@@ -238,7 +238,7 @@ fn headers_table(headers: &serde_json::Value) -> Markup {
                     let value = value
                         .as_str()
                         .map_or_else(|| value.to_string(), str::to_owned);
-                    (name, shown_header(name, value))
+                    (name, shown_header(name, visible_lines(&value)))
                 })
                 .collect()
         })

@@ -241,9 +241,36 @@ pub fn visible(text: &str) -> String {
     crate::ids::ClientText::new(text, usize::MAX).to_string()
 }
 
+/// Text of many lines (a body, a header value) with what [`visible`] escapes, but for its line
+/// breaks and tabs, and quotes and backslashes as they are: a bidi override or a zero width in a
+/// payload is shown as its escape, so what the page shows reads as the bytes are.
+pub fn visible_lines(text: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let kept =
+            matches!(c, '\n' | '\r' | '\t' | '"' | '\'' | '\\') || c.escape_debug().len() == 1;
+        if kept {
+            out.push(c);
+        } else {
+            let _ = write!(out, "{}", c.escape_debug());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_shows_format_characters_as_escapes_and_keeps_its_lines() {
+        let body = "{\n  \"id\": \"a\u{202e}b\u{200b}c\",\n\t\"x\": \"caf\u{e9} \\\\ '\"\n}";
+        assert_eq!(
+            visible_lines(body),
+            "{\n  \"id\": \"a\\u{202e}b\\u{200b}c\",\n\t\"x\": \"caf\u{e9} \\\\ '\"\n}"
+        );
+    }
 
     #[test]
     fn the_title_and_the_csrf_token_are_escaped_in_the_layout() {
