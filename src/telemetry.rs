@@ -53,20 +53,21 @@ pub fn init() {
     let given = std::env::var("RUST_LOG")
         .ok()
         .filter(|value| !value.trim().is_empty());
-    let unreadable = given.as_ref().and_then(|value| {
-        if value
+    let read = given.map(|value| {
+        let filter = if value
             .split(',')
             .all(|directive| directive.trim().is_empty())
         {
-            return Some((value.clone(), "it names no directive".to_owned()));
-        }
-        EnvFilter::try_new(value)
-            .err()
-            .map(|e| (value.clone(), e.to_string()))
+            Err("it names no directive".to_owned())
+        } else {
+            EnvFilter::try_new(&value).map_err(|e| e.to_string())
+        };
+        (value, filter)
     });
-    let filter = match (&given, &unreadable) {
-        (Some(value), None) => EnvFilter::new(value),
-        _ => EnvFilter::new(DEFAULT_FILTER),
+    let (filter, unreadable) = match read {
+        None => (EnvFilter::new(DEFAULT_FILTER), None),
+        Some((_, Ok(filter))) => (filter, None),
+        Some((value, Err(e))) => (EnvFilter::new(DEFAULT_FILTER), Some((value, e))),
     };
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)

@@ -571,10 +571,9 @@ struct Outage {
     since: Option<Instant>,
     /// Failures in the run so far.
     failed: u64,
-    /// When the last WARN was worth making, this run or an earlier one.
+    /// When the last WARN was worth making, this run or an earlier one (this run's when it is
+    /// not before the run's first failure).
     warned_at: Option<Instant>,
-    /// Whether this run has warned.
-    warned: bool,
 }
 
 /// What an [`Outage`] says to log: the failures so far and how long since the first.
@@ -596,7 +595,6 @@ impl Outage {
             return None;
         }
         self.warned_at = Some(now);
-        self.warned = true;
         Some(OutageReport {
             failed: self.failed,
             lasted: now.saturating_duration_since(since),
@@ -607,7 +605,8 @@ impl Outage {
     fn ended(&mut self, now: Instant) -> Option<OutageReport> {
         let since = self.since.take()?;
         let failed = std::mem::take(&mut self.failed);
-        std::mem::take(&mut self.warned).then(|| OutageReport {
+        let warned = self.warned_at.is_some_and(|at| at >= since);
+        warned.then(|| OutageReport {
             failed,
             lasted: now.saturating_duration_since(since),
         })
