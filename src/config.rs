@@ -41,6 +41,9 @@ pub struct Config {
     admin_token_off: Option<&'static str>,
     /// `[sources.NAME]`, in name order.
     pub sources: Vec<SourceConfig>,
+    /// The config file read: `None` when none was named and `./hookbox.toml` does not exist
+    /// (defaults and the environment only), which `serve` says at startup.
+    pub file: Option<PathBuf>,
 }
 
 /// `[server]`
@@ -351,7 +354,12 @@ impl Config {
     /// A file that was asked for by name must exist; a missing default file means an empty
     /// configuration (defaults and environment only), which is enough for `migrate`.
     pub fn load(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
-        Config::load_parsed(path, env, |text| Config::parse(text, env))
+        Config::load_parsed(path, env, |text| Config::parse(text, env)).map(Config::read_from)
+    }
+
+    /// The config `load_parsed` gave, with the file it came from.
+    fn read_from((config, file): (Config, Option<PathBuf>)) -> Config {
+        Config { file, ..config }
     }
 
     /// [`Config::load`] for `migrate`, which needs only the database. The whole file is checked
@@ -429,6 +437,7 @@ impl Config {
             })?;
             Ok((config, unset))
         })
+        .map(|((config, unset), file)| (Config::read_from((config, file)), unset))
     }
 
     /// [`Config::load`] without `[sources]`: the rest is read and checked as `serve` reads it.
@@ -438,14 +447,16 @@ impl Config {
                 table.remove("sources");
             })
         })
+        .map(Config::read_from)
     }
 
-    /// Finds the config file as [`Config::load`] says, and reads it with `parse`.
+    /// Finds the config file as [`Config::load`] says, and reads it with `parse`; with what
+    /// `parse` made, the file read (`None`: the default file does not exist).
     fn load_parsed<T>(
         path: Option<&Path>,
         env: &dyn Env,
         parse: impl Fn(&str) -> Result<T, ConfigError>,
-    ) -> Result<T, ConfigError> {
+    ) -> Result<(T, Option<PathBuf>), ConfigError> {
         let path_given = path;
         let named = path
             .map(|path| (path.to_path_buf(), "named by --config"))
@@ -458,11 +469,14 @@ impl Config {
             None => (PathBuf::from(DEFAULT_CONFIG_FILE), false, "the default"),
         };
         match std::fs::read_to_string(&path) {
-            Ok(text) => parse(&text).map_err(|e| match e.is_about_the_environment() {
-                true => e,
-                false => ConfigError(format!("{}: {}", path.display(), e.0)),
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => parse(""),
+            Ok(text) => match parse(&text) {
+                Ok(parsed) => Ok((parsed, Some(path))),
+                Err(e) if e.is_about_the_environment() => Err(e),
+                Err(e) => Err(ConfigError(format!("{}: {}", path.display(), e.0))),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                parse("").map(|parsed| (parsed, None))
+            }
             Err(e) => Err(ConfigError(format!(
                 "{}: cannot read the config file ({whence}): {e} ({})",
                 path.display(),
@@ -1488,6 +1502,7 @@ impl RawConfig {
             admin_token_env: self.admin.token_env,
             admin_token_off,
             sources,
+            file: None,
         })
     }
 }
@@ -1772,6 +1787,18 @@ mod tests {
         assert_eq!(config.database.url, "postgres://x/y");
         // No HOOKBOX_CONFIG: the default file, which need not exist, not a file named "".
         assert!(Config::load_parsed(None, &env, |_| Ok(())).is_ok());
+    }
+
+    #[test]
+    fn a_loaded_config_names_its_file_or_that_there_was_none() {
+        // The crate's directory, where tests run, has no ./hookbox.toml.
+        assert!(!Path::new(DEFAULT_CONFIG_FILE).exists());
+        assert_eq!(Config::load(None, &no_env).expect("defaults").file, None);
+        let file = std::env::temp_dir().join(format!("hookbox-file-{}.toml", std::process::id()));
+        std::fs::write(&file, "[retention]\nwindow = \"1h\"\n").expect("write");
+        let loaded = Config::load(Some(&file), &no_env).expect("valid");
+        std::fs::remove_file(&file).expect("remove");
+        assert_eq!(loaded.file.as_deref(), Some(file.as_path()));
     }
 
     #[test]

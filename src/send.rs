@@ -42,6 +42,26 @@ pub enum SendError {
     Network(String),
 }
 
+/// Whether `--event-type` would have travelled in a header of the scheme's (as GitHub's
+/// `X-GitHub-Event`): signed with a stand-in type, does the receiver read it back?
+fn type_travels_in_a_header(verifier: &signing::Verifier, options: &SendOptions) -> bool {
+    const STAND_IN: &str = "hookbox.send.type";
+    let identity = signing::identity(verifier, &options.body, Some("id"), Some(STAND_IN));
+    let signed = signing::signed(
+        verifier,
+        &options.body,
+        unix_now(),
+        &identity,
+        &signing::ContentType::Default,
+    );
+    let json: Option<serde_json::Value> = serde_json::from_slice(&signed.body).ok();
+    verifier
+        .identify_body(&signed.headers, &signed.body, json.as_ref())
+        .event_type
+        .as_deref()
+        == Some(STAND_IN)
+}
+
 /// Signs and posts the body, writes what came back to `out`, and returns whether it was a 2xx.
 ///
 /// # Errors
@@ -88,18 +108,30 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
     );
     // Read back as the receiver reads it: a type the scheme takes from the body is not the
     // flag's, and sending it anyway would store another type than the one asked for.
-    if let Some(wanted) = options.event_type.as_deref() {
+    let read_type = |signed: &crate::providers::Signed| {
         let json: Option<serde_json::Value> = serde_json::from_slice(&signed.body).ok();
-        let read = verifier
+        verifier
             .identify_body(&signed.headers, &signed.body, json.as_ref())
-            .event_type;
-        if read.as_deref() != Some(wanted) {
+            .event_type
+    };
+    if let Some(wanted) = options.event_type.as_deref() {
+        if read_type(&signed).as_deref() != Some(wanted) {
             return Err(SendError::Usage(format!(
                 "the {} scheme reads the event type from the body, so --event-type does not \
                  apply; change the type in the body instead",
                 verifier.scheme()
             )));
         }
+    } else if read_type(&signed).is_none() && type_travels_in_a_header(verifier, options) {
+        // GitHub, GitLab and the like always send their type header; without it the event
+        // is stored with no type, which filters and `events` patterns then never match.
+        errln!(
+            "hookbox: the {} scheme takes the event type from a header, and without \
+             --event-type none is sent: the event is stored with no type, and forward \
+             targets with `events` patterns will not match it (give one, e.g. \
+             --event-type push)",
+            verifier.scheme()
+        );
     }
     // A header HTTP cannot carry (a CR or LF in --event-id or --event-type) is the command
     // line's to change, as replay says before it sends anything.

@@ -69,7 +69,13 @@ impl Application {
     /// address; with port 0, a free port is picked (tests do this).
     pub fn build(config: Config, handlers: Handlers) -> anyhow::Result<Application> {
         // Which build this is, for a rolling deploy of old and new side by side.
-        tracing::info!(version = env!("CARGO_PKG_VERSION"), "hookbox starting");
+        // And which config file it read: with none, a newcomer's "every delivery is 404" is
+        // a file in another directory.
+        let file = config.file.as_ref().map_or_else(
+            || "none (no --config, HOOKBOX_CONFIG unset, no ./hookbox.toml: defaults and the environment)".to_owned(),
+            |file| file.display().to_string(),
+        );
+        tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %file, "hookbox starting");
         config.check_listen()?;
         let sources = state::sources(&config, &handlers)?;
         // Bound before the database is touched: an instance that cannot serve (its port is

@@ -58,6 +58,16 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
         }
         (Some(value), None) => Some(("basic_auth", value.to_owned())),
         (None, Some(var)) => match std::env::var(var) {
+            Ok(value) if value.trim().is_empty() => {
+                return Err(ProviderError::at(
+                    "basic_auth_env",
+                    format!(
+                        "the environment variable {} is set but empty: set it to \
+                         `user:password`, as on the webhook in Adyen's Customer Area",
+                        crate::redact::variable_name(var)
+                    ),
+                ))
+            }
             Ok(value) => Some(("basic_auth_env", value)),
             Err(_) => {
                 return Err(ProviderError::at(

@@ -653,6 +653,16 @@ impl Settings<'_> {
                 list.into_iter().map(str::to_owned).collect::<Vec<_>>(),
             ),
             (None, Some(var)) => match std::env::var(var) {
+                Ok(value) if value.trim().is_empty() => {
+                    return Err(ProviderError::at(
+                        "public_keys_env",
+                        format!(
+                            "the environment variable {} is set but empty: put the public key \
+                             in it (several, comma-separated, while one is rotated)",
+                            crate::redact::variable_name(var)
+                        ),
+                    ))
+                }
                 Ok(value) => (
                     "public_keys_env",
                     value

@@ -377,6 +377,33 @@ fn a_key_a_scheme_does_not_use_or_a_window_no_store_holds_exits_2() {
 }
 
 #[test]
+fn a_key_variable_set_but_empty_is_said_to_be_empty() {
+    // `SENDGRID_KEYS=` in an env file: "not set" would send the SRE looking for a missing line.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = taken.local_addr().expect("its address").port();
+    let server = format!("[server]\nlisten = \"127.0.0.1:{port}\"\n");
+    for (source, key) in [
+        (
+            "scheme = \"sendgrid\"\npublic_keys_env = \"HOOKBOX_TEST_EMPTY\"\n",
+            "sources.s.public_keys_env",
+        ),
+        (
+            "scheme = \"adyen\"\nsecrets = [\"00\"]\nbasic_auth_env = \"HOOKBOX_TEST_EMPTY\"\n",
+            "sources.s.basic_auth_env",
+        ),
+    ] {
+        let config = format!("{server}[sources.s]\n{source}");
+        let (code, stderr, migrated) = serve_in_scratch(&config, &[("HOOKBOX_TEST_EMPTY", " ")]);
+        assert_eq!(code, 2, "{config:?}: {stderr}");
+        assert!(
+            stderr.contains(key) && stderr.contains("HOOKBOX_TEST_EMPTY is set but empty"),
+            "{config:?}: {stderr}"
+        );
+        assert!(!migrated, "{config:?}");
+    }
+}
+
+#[test]
 fn no_secret_shows_in_a_config_error() {
     for config in [
         "[sources.s]\nscheme = \"stripe\"\nsecrets = \"whsec_TOPSECRET1\"\n",

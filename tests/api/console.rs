@@ -510,14 +510,31 @@ async fn the_dead_filter_re_queues_every_dead_delivery_with_one_button() {
         &[("source", "stripe"), ("csrf", &csrf)],
     )
     .await;
-    assert_eq!(done.status, 200, "{}", done.text());
-    assert!(
-        done.text()
-            .contains("3 dead deliveries of source stripe are pending again"),
-        "{}",
-        done.text()
-    );
+    // Post, redirect, get: a refresh of the page it lands on shows the count again and
+    // posts nothing.
+    assert_eq!(done.status, 303, "{}", done.text());
     assert_eq!(dead_deliveries(&app), 0, "re-queued");
+    let location = done.header("Location").expect("to the list").to_owned();
+    assert!(
+        location.starts_with("/console/events?source=stripe&dead=1&requeued=3&seal="),
+        "{location}"
+    );
+    for _ in 0..2 {
+        let shown = get_page(&app, &location, Some(&cookie)).await;
+        assert_eq!(shown.status, 200, "{}", shown.text());
+        assert!(
+            shown
+                .text()
+                .contains("3 dead deliveries of source stripe are pending again"),
+            "{}",
+            shown.text()
+        );
+    }
+    // A count made elsewhere (or the seal of another count) shows nothing.
+    let forged = location.replace("requeued=3", "requeued=30");
+    let shown = get_page(&app, &forged, Some(&cookie)).await;
+    assert_eq!(shown.status, 200, "{}", shown.text());
+    assert!(!shown.text().contains("pending again"), "{}", shown.text());
     poll_until("each is delivered again", Duration::from_secs(10), || {
         downstream
             .received()

@@ -250,9 +250,15 @@ async fn the_startup_log_says_when_the_environment_overrides_the_config_file() {
     );
     assert!(!log.contains("named_by_the_file"), "{log}");
 
-    // Without them, the line names the file's key.
+    // Without them, the line names the file's key; the first line names the file.
     let process = Process::serve(&config_text(&db.url, ""));
     let log = process.log();
+    assert!(
+        log.lines().any(|l| l.contains("hookbox starting")
+            && l.contains("config=")
+            && !l.contains("config=none")),
+        "{log}"
+    );
     assert!(
         log.lines()
             .any(|l| l.contains("database ready") && l.contains("[database].url")),

@@ -130,8 +130,9 @@ async fn a_header_id_scheme_takes_event_id_or_a_fresh_one_and_a_wrong_secret_exi
         .chain(["--event-id", "dlv-42", "--event-type", "push"])
         .collect();
 
-    let (code, first, _) = send_body(&app, &with_id, &body).await;
+    let (code, first, said) = send_body(&app, &with_id, &body).await;
     assert_eq!(code, 0, "{first}");
+    assert!(!said.contains("event type"), "{said}");
     let (_, again, _) = send_body(&app, &with_id, &body).await;
     assert!(
         first.contains("processed") && again.contains("replayed"),
@@ -143,11 +144,17 @@ async fn a_header_id_scheme_takes_event_id_or_a_fresh_one_and_a_wrong_secret_exi
         .json();
     assert_eq!(stored["event_type"], "push");
 
-    // Without --event-id, each send is a new event.
+    // Without --event-id, each send is a new event. Without --event-type, GitHub's type
+    // header is not sent, and send says what that means for the stored event.
     for _ in 0..2 {
-        let (code, out, _) = send_body(&app, &keys, &body).await;
+        let (code, out, stderr) = send_body(&app, &keys, &body).await;
         assert_eq!(code, 0, "{out}");
         assert!(out.contains("processed"), "{out}");
+        assert!(
+            stderr.contains("takes the event type from a header")
+                && stderr.contains("stored with no type"),
+            "{stderr}"
+        );
     }
     assert_eq!(app.db.count("events"), 3);
 

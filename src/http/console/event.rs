@@ -179,7 +179,7 @@ fn deliveries_table(
                         td class={ "state " (d.state) } { (d.state) }
                         td class="num" { (d.attempts) }
                         td class="num" { @if let Some(status) = d.last_status { (status) } }
-                        td { (d.last_error.as_deref().unwrap_or("")) }
+                        td { (visible_lines(d.last_error.as_deref().unwrap_or(""))) }
                         td { (time(d.created_at)) }
                         td { (when(d.next_attempt_at)) }
                         td { (when(d.delivered_at)) }

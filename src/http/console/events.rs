@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 use maud::{html, Markup};
 
-use super::html::{link, page, respond, time, visible};
-use super::{check_csrf, check_fields, field, message, FormBody, Refused, Session};
+use super::html::{link, page, redirect, respond, time, visible};
+use super::{check_csrf, check_fields, field, FormBody, Refused, Session};
 use crate::config::parse_time_or_ago;
 use crate::db::events::{self, Filter, Listed};
 use crate::db::AnyConnection;
@@ -43,6 +43,11 @@ pub struct Filters {
     /// The cursor: `{received_at in µs}.{row id}` of the last row of the previous page.
     #[serde(default)]
     before: String,
+    /// After the bulk re-queue: how many it re-queued (shown only under a valid `seal`).
+    requeued: Option<u64>,
+    /// The session's seal over `source` and `requeued` (see [`requeued_link`]).
+    #[serde(default)]
+    seal: String,
 }
 
 impl Filters {
@@ -235,6 +240,9 @@ pub async fn list(
     });
     let main = html! {
         h1 { "Events" }
+        @if let Some(text) = requeued_notice(&filters, &session) {
+            p class="notice" id="notice" { (text) }
+        }
         (form)
         @if let Some(requeue_all) = requeue_all {
             (requeue_all)
@@ -293,8 +301,50 @@ pub async fn list(
     ))
 }
 
+/// The dead-filtered list's address with the bulk re-queue's count on it, sealed by the
+/// session so that only the form's own redirect shows the count.
+fn requeued_link(session: &Session, source: &str, requeued: u64) -> String {
+    let count = requeued.to_string();
+    let seal = session.seal(&["requeued", source, &count]);
+    link(
+        "/console/events",
+        &[
+            ("source", source),
+            ("dead", "1"),
+            ("requeued", &count),
+            ("seal", &seal),
+        ],
+    )
+}
+
+/// What the bulk re-queue did, when the address carries its count under this session's seal.
+fn requeued_notice(filters: &Filters, session: &Session) -> Option<String> {
+    let requeued = filters.requeued?;
+    let source = filters.source.trim();
+    if !session.sealed(&["requeued", source, &requeued.to_string()], &filters.seal) {
+        return None;
+    }
+    let whose = if source.is_empty() {
+        "every source".to_owned()
+    } else {
+        format!("source {source}")
+    };
+    Some(match requeued {
+        0 => format!("No dead delivery of {whose} was left to re-queue."),
+        1 => format!(
+            "1 dead delivery of {whose} is pending again; it is sent as its target takes it, \
+             with the same Idempotency-Key."
+        ),
+        n => format!(
+            "{n} dead deliveries of {whose} are pending again; each is sent as its target \
+             takes it, with the same Idempotency-Key."
+        ),
+    })
+}
+
 /// `POST /console/deliveries/requeue` with `csrf` and `source` (empty: every source): every
-/// dead delivery of those events becomes pending again; a page says how many.
+/// dead delivery of those events becomes pending again; then (303) back to the dead-filtered
+/// list saying how many, so that a refresh does not post it again.
 pub async fn requeue_dead(
     state: web::Data<AppState>,
     FormBody(body): FormBody,
@@ -302,20 +352,16 @@ pub async fn requeue_dead(
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
     check_fields(&body, &["source"])?;
-    let source = Some(field(&body, "source")).filter(|s| !s.trim().is_empty());
-    let whose = source
-        .as_deref()
-        .map_or_else(|| "every source".to_owned(), |s| format!("source {s}"));
-    let requeued =
-        crate::http::admin::requeue_all_dead(&state, source, None, None, "the console").await?;
-    Ok(message(
-        StatusCode::OK,
-        "Re-queued",
-        &format!(
-            "{requeued} dead deliveries of {whose} are pending again; each is sent as its \
-             target takes it, with the same Idempotency-Key."
-        ),
-    ))
+    let source = field(&body, "source").trim().to_owned();
+    let requeued = crate::http::admin::requeue_all_dead(
+        &state,
+        Some(source.clone()).filter(|s| !s.is_empty()),
+        None,
+        None,
+        "the console",
+    )
+    .await?;
+    Ok(redirect(&requeued_link(&session, &source, requeued as u64)))
 }
 
 #[cfg(test)]
