@@ -759,6 +759,12 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
             })
             .map_err(no_schema_hint)
             .map_err(|e| match (capture::streamed_lines(), begun) {
+                // A FIFO whose reader went away: nothing the database did.
+                (lines, _) if is_broken_pipe(&e) => e.context(format!(
+                    "the reader of {} closed it after {lines} whole line(s), a partial capture \
+                     (its end is missing); export again to a reader that reads to the end",
+                    path.display()
+                )),
                 // Written straight through (a FIFO): what went out stays out.
                 (lines @ 1.., _) => e.context(format!(
                     "the export stopped after {lines} whole line(s) went to {}, a partial \

@@ -390,6 +390,43 @@ fn export_out_writes_straight_through_a_fifo_and_a_link_to_stdout() {
 }
 
 #[test]
+fn export_out_to_a_fifo_whose_reader_goes_away_says_so_and_how_far_it_got() {
+    // More than a pipe holds (64 KB), so the export is still writing when the reader leaves.
+    let (_db, config) = stored_events(1500);
+    let dir = TempDir::new();
+    let fifo = dir.0.join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || {
+            use std::io::Read;
+            let mut first = [0u8; 16];
+            std::fs::File::open(fifo)
+                .expect("open the FIFO")
+                .read_exact(&mut first)
+                .expect("a first line begins");
+        }
+    });
+    let fifo_arg = fifo.to_string_lossy();
+    let (code, _, stderr) = run_hookbox(
+        &["export", "--config", &config.path(), "--out", &fifo_arg],
+        &[],
+    );
+    reader.join().expect("the reader");
+    assert_eq!(code, 1, "a capture cut short is a failure: {stderr}");
+    assert!(
+        stderr.contains(&format!("the reader of {fifo_arg} closed it after"))
+            && stderr.contains("whole line(s)")
+            && !stderr.contains("database"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn export_takes_dates_and_zoneless_times_as_utc_like_the_console() {
     let (_db, config) = stored_events_at(&[
         "2026-12-01T23:59:59Z",
