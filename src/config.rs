@@ -1629,6 +1629,9 @@ impl RawSource {
                 ),
             ));
         }
+        // A scheme whose id is a hash of a payload that verifies in more than one form
+        // (Braintree's) dedupes by body always.
+        let dedupe_body = dedupe_body || provider.dedupes_body();
         Ok(SourceConfig {
             name: source_name,
             scheme,

@@ -22,7 +22,7 @@ impl<'a> ClientText<'a> {
 impl std::fmt::Display for ClientText<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use std::fmt::Write;
-        let plain = |b: u8| b.is_ascii_graphic() || b == b' ';
+        let plain = |b: u8| (b.is_ascii_graphic() && b != b'\\') || b == b' ';
         if self.text.len() <= self.max && self.text.bytes().all(plain) {
             return f.write_str(self.text);
         }
@@ -30,16 +30,39 @@ impl std::fmt::Display for ClientText<'_> {
             if shown == self.max {
                 return f.write_char('…');
             }
-            if c.is_ascii_graphic() || c == ' ' {
-                f.write_char(c)?;
-            } else {
+            match c {
+                // A backslash doubled, so that the text `\u{202e}` does not read as the escape
+                // of a bidi override.
+                '\\' => f.write_str("\\\\")?,
+                c if c.is_ascii_graphic() || c == ' ' => f.write_char(c)?,
+                c if looks_blank(c) => write!(f, "\\u{{{:x}}}", u32::from(c))?,
                 // Escapes control and format characters (bidi overrides, zero widths, line
                 // separators) and leaves printable letters as they are.
-                write!(f, "{}", c.escape_debug())?;
+                c => write!(f, "{}", c.escape_debug())?,
             }
         }
         Ok(())
     }
+}
+
+/// A character that shows as nothing or as a space though it is neither a control nor a
+/// format character (which `char::escape_debug` escapes already): the Hangul fillers, the
+/// Braille blank, the Mongolian vowel separator, the combining grapheme joiner, the Khmer
+/// inherent vowels, and every space but the ASCII one. An id or type holding one reads as
+/// another without it; shown as an escape, it does not.
+pub fn looks_blank(c: char) -> bool {
+    matches!(
+        c,
+        '\u{115f}'
+            | '\u{1160}'
+            | '\u{3164}'
+            | '\u{ffa0}'
+            | '\u{2800}'
+            | '\u{180e}'
+            | '\u{034f}'
+            | '\u{17b4}'
+            | '\u{17b5}'
+    ) || (c.is_whitespace() && c != ' ' && !c.is_control())
 }
 
 /// The longest event id hookbox stores, in bytes (the contract's limit).
@@ -232,6 +255,17 @@ mod tests {
         );
         assert_eq!(shown("evt_ab_\u{202e}4321", 64), "evt_ab_\\u{202e}4321");
         assert_eq!(shown("a\u{200b}b\u{2028}c", 64), "a\\u{200b}b\\u{2028}c");
+        // The text of an escape is not the escape: its backslash is doubled.
+        assert_eq!(shown("evt_ab_\\u{202e}4321", 64), "evt_ab_\\\\u{202e}4321");
+        // Blank-looking letters and spaces other than ASCII's are escaped too.
+        assert_eq!(
+            shown("charge.refunded\u{2800}", 64),
+            "charge.refunded\\u{2800}"
+        );
+        assert_eq!(
+            shown("a\u{3164}b\u{a0}c\u{3000}d", 64),
+            "a\\u{3164}b\\u{a0}c\\u{3000}d"
+        );
         assert_eq!(
             shown(&"y".repeat(70_000), 64),
             format!("{}…", "y".repeat(64))

@@ -184,15 +184,46 @@ impl Nats {
         let published = async {
             let jetstream = self.jetstream().await.map_err(Failure::Retry)?;
             self.connected(&jetstream.client()).await?;
-            jetstream
-                .publish_with_headers(subject.clone(), headers, due.payload.clone().into())
-                .await
-                .map_err(|e| Failure::from_publish(e.kind(), e.to_string()))?
-                .await
-                .map_err(|e| Failure::from_publish(e.kind(), e.to_string()))
+            let ack = async {
+                jetstream
+                    .publish_with_headers(subject.clone(), headers, due.payload.clone().into())
+                    .await?
+                    .await
+            }
+            .await;
+            let ack = match ack {
+                Ok(ack) => ack,
+                // No stream answered: none captures the subject, or the server has no
+                // JetStream at all, whose mend is another.
+                Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
+                    return Err(match jetstream_missing(jetstream).await {
+                        Some(why) => Failure::Retry(why),
+                        None => Failure::from_publish(e.kind(), e.to_string()),
+                    })
+                }
+                Err(e) => return Err(Failure::from_publish(e.kind(), e.to_string())),
+            };
+            let other = match ack.duplicate {
+                true => another_targets_copy(jetstream, &ack, due, &subject).await,
+                false => None,
+            };
+            Ok((ack, other))
         };
         match published.await {
-            Ok(ack) => {
+            Ok((ack, Some(other))) => bus::failed(
+                &format!(
+                    "JetStream dropped the publish on subject {subject} as a duplicate: stream \
+                     {} holds this event's Nats-Msg-Id ({}) from {other} (sequence {}), so \
+                     this target's consumers do not get it. Each NATS target of a source needs \
+                     a stream of its own (streams whose subjects do not overlap); retried, \
+                     and taken once the stream's duplicate window has passed",
+                    ack.stream,
+                    idempotency_key(due),
+                    ack.sequence
+                ),
+                &self.url,
+            ),
+            Ok((ack, None)) => {
                 tracing::debug!(
                     stream = %ack.stream,
                     sequence = ack.sequence,
@@ -215,6 +246,47 @@ impl Nats {
                 &self.url,
             ),
         }
+    }
+}
+
+/// When no stream took a publish: whether that is because the server (or the account) has no
+/// JetStream, rather than no stream for the subject.
+async fn jetstream_missing(jetstream: &jetstream::Context) -> Option<String> {
+    use async_nats::jetstream::context::AccountErrorKind;
+    match jetstream.query_account().await.map_err(|e| e.kind()) {
+        Err(AccountErrorKind::JetStreamUnavailable) => Some(
+            "the NATS server has no JetStream (start nats-server with -js, or enable \
+             JetStream in its config)"
+                .to_owned(),
+        ),
+        Err(AccountErrorKind::JetStream(error)) => Some(format!(
+            "JetStream is not enabled for this connection's account ({error}): enable it for \
+             the account in the server's config"
+        )),
+        _ => None,
+    }
+}
+
+/// When JetStream says a publish is a duplicate, whose copy the stream holds: `None` when it
+/// is this target's own (a repeat publish: a retry after a lost acknowledgement, a redeliver),
+/// or when the copy cannot be read (removed by the stream's limits or a work queue's consumer);
+/// else who published it (`target "audit"`, or `subject x.y`). The Nats-Msg-Id is the event's
+/// (`{source}:{event_id}`, as the contract gives it), so two targets of one source whose
+/// subjects land in one stream share it, and the stream keeps only the first.
+async fn another_targets_copy(
+    jetstream: &jetstream::Context,
+    ack: &jetstream::publish::PublishAck,
+    due: &Due,
+    subject: &str,
+) -> Option<String> {
+    let stream = jetstream.get_stream_no_info(&ack.stream).await.ok()?;
+    let original = stream.get_raw_message(ack.sequence).await.ok()?;
+    match original.headers.get("X-Hookbox-Target") {
+        Some(target) if target.as_str() == due.target => None,
+        Some(target) => Some(format!("target {:?}", target.as_str())),
+        // Not published by hookbox: told by its subject, then.
+        None if original.subject.as_str() == subject => None,
+        None => Some(format!("subject {}", original.subject)),
     }
 }
 

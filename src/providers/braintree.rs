@@ -129,6 +129,27 @@ impl Provider for Braintree {
         true
     }
 
+    /// A `bt_payload` verifies with and without its last line break (the signature covers
+    /// `bt_payload` or `bt_payload` + `"\n"`), and the two forms hash to two ids: the key is
+    /// the payload as signed, ending in one line break, so the other form of a stored
+    /// notification is its replay (with [`dedupes_body`](Provider::dedupes_body)).
+    fn signed_payload_key(&self, inbound: &Inbound<'_>) -> Option<[u8; 32]> {
+        let payload = only_field(inbound.body, PAYLOAD)?;
+        let mut hasher = Sha256::new();
+        hasher.update(b"braintree payload:");
+        hasher.update(payload.as_bytes());
+        if !payload.ends_with('\n') {
+            hasher.update(b"\n");
+        }
+        Some(hasher.finalize().into())
+    }
+
+    /// The id is a hash of `bt_payload` as sent, which verifies in two forms: see
+    /// [`signed_payload_key`](Provider::signed_payload_key).
+    fn dedupes_body(&self) -> bool {
+        true
+    }
+
     /// None: the signature travels in the body, and a capture keeps the body whole.
     fn kept_headers(&self) -> Vec<String> {
         Vec::new()

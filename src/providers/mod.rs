@@ -387,6 +387,14 @@ pub trait Provider: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether a source of this scheme dedupes by body (`dedupe = "body"`) whatever its config
+    /// says: where the event id is a hash of the payload and one payload verifies in more than
+    /// one form (Braintree's, with or without its last line break), so that a genuine delivery
+    /// sent again in its other form is its replay, not a second event.
+    fn dedupes_body(&self) -> bool {
+        false
+    }
+
     /// For a scheme whose signature does not cover the body in full: a value of the delivery
     /// that the signature does cover and that the provider never sends with two different events
     /// (PayPal's transmission id, signed beside only the body's CRC32). The server binds it to

@@ -452,6 +452,65 @@ async fn a_hundred_events_reach_the_stream_once_each_and_a_redeliver_adds_none()
 }
 
 #[actix_web::test]
+async fn two_targets_whose_subjects_share_a_stream_are_not_both_called_delivered() {
+    // The Nats-Msg-Id is the event's, so the stream keeps the first target's publish and drops
+    // the second's as a duplicate: that target's consumers never see the event, and saying
+    // "delivered" would hide it.
+    let stream = Stream::create(NATS).await;
+    let targets = ["billing", "audit"]
+        .map(|name| {
+            nats_target(
+                name,
+                NATS,
+                &format!("{}.{name}.{{event_type}}", stream.prefix),
+            )
+        })
+        .concat();
+    let app = TestApp::spawn_with(&targets, Handlers::default()).await;
+    let events = send_events(&app.config, &app.address, 3).await;
+    stream.until_holds(3, Duration::from_secs(30)).await;
+    for (id, _, _) in &events {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let shown = loop {
+            let shown = deliveries(&app, id).await;
+            let held = shown.as_array().expect("deliveries").iter().any(|d| {
+                d["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("duplicate"))
+            });
+            if held {
+                break shown;
+            }
+            assert!(Instant::now() < deadline, "no duplicate said: {shown}");
+            actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        };
+        let shown = shown.as_array().expect("deliveries");
+        let states: BTreeSet<&str> = shown.iter().filter_map(|d| d["state"].as_str()).collect();
+        assert_eq!(
+            states,
+            BTreeSet::from(["delivered", "pending"]),
+            "{shown:?}"
+        );
+        let delivered = shown
+            .iter()
+            .find(|d| d["state"] == "delivered")
+            .expect("one");
+        let held = shown.iter().find(|d| d["state"] == "pending").expect("one");
+        let error = held["last_error"].as_str().expect("its error");
+        assert!(
+            error.contains(&format!("from target {}", delivered["target"]))
+                && error.contains("a stream of its own"),
+            "{error}"
+        );
+    }
+    assert_eq!(
+        stream.messages().await,
+        3,
+        "one copy each, the first target's"
+    );
+}
+
+#[actix_web::test]
 async fn a_hundred_events_reach_a_bound_queue_persistent_with_their_message_id() {
     let rabbit = Rabbit::create(true).await;
     let app = TestApp::spawn_with(

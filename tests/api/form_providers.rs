@@ -3,6 +3,7 @@
 //! checked against the configured `public_url` (the test server's own address is another), each
 //! delivery signed now by the code `send` and `replay` sign with.
 
+use base64::Engine;
 use hookbox::providers::{Identity, Signing};
 use hookbox::replay::{signing, Signer};
 use sha2::{Digest, Sha256};
@@ -158,6 +159,46 @@ async fn a_braintree_form_is_processed_under_its_derived_id_and_a_redelivery_is_
     assert_eq!(resent.status, 200, "{}", resent.text());
     assert!(resent.replayed());
 
+    // Braintree's own form of a notification ends its payload in a line break, and its SDKs
+    // check a signature over the payload with and without one: sent without it under the
+    // genuine signature, it is the same notification, a replay, never a second event.
+    let key = sha1::Sha1::digest(b"bt-private-key-current");
+    let form = |payload: &str, signed_over: &str| Signed {
+        body: form_urlencoded::Serializer::new(String::new())
+            .append_pair(
+                "bt_signature",
+                &format!("btpublickey1|{}", sha1_hmac_hex(&key, signed_over)),
+            )
+            .append_pair("bt_payload", payload)
+            .finish()
+            .into_bytes(),
+        ..signed(&app, "braintree", xml.as_bytes(), "ignored")
+    };
+    let other_xml = notification("subscription_went_past_due", &unique_id("sub"));
+    let with_break = format!(
+        "{}\n",
+        base64::engine::general_purpose::STANDARD.encode(&other_xml)
+    );
+    let genuine = post(&app, &form(&with_break, &with_break)).await;
+    assert_eq!(genuine.status, 200, "{}", genuine.text());
+    assert!(!genuine.replayed());
+    let without_break = with_break.trim_end_matches('\n');
+    let stripped = post(&app, &form(without_break, &with_break)).await;
+    assert_eq!(stripped.status, 200, "{}", stripped.text());
+    assert!(stripped.replayed(), "{}", stripped.text());
+    assert_eq!(stripped.body, genuine.body);
+    // And the other way: signed over the payload and its line break, sent with and without.
+    let third_xml = notification("subscription_canceled", &unique_id("sub"));
+    let bare = base64::engine::general_purpose::STANDARD.encode(&third_xml);
+    let signed_over = format!("{bare}\n");
+    let first_form = post(&app, &form(&bare, &signed_over)).await;
+    assert_eq!(first_form.status, 200, "{}", first_form.text());
+    assert!(!first_form.replayed());
+    let added = post(&app, &form(&signed_over, &signed_over)).await;
+    assert_eq!(added.status, 200, "{}", added.text());
+    assert!(added.replayed(), "{}", added.text());
+    assert_eq!(added.body, first_form.body);
+
     // The raw form is what is stored, byte for byte.
     let event = app
         .get(
@@ -167,7 +208,11 @@ async fn a_braintree_form_is_processed_under_its_derived_id_and_a_redelivery_is_
         .await;
     assert_eq!(event.status, 200, "{}", event.text());
     assert_eq!(event.json()["payload"], text.as_str(), "{}", event.text());
-    assert_eq!(app.db.count("events"), 1);
+    assert_eq!(
+        app.db.count("events"),
+        3,
+        "three notifications, each stored once"
+    );
 }
 
 #[actix_web::test]

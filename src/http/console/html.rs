@@ -242,15 +242,18 @@ pub fn visible(text: &str) -> String {
 }
 
 /// Text of many lines (a body, a header value) with what [`visible`] escapes, but for its line
-/// breaks and tabs, and quotes and backslashes as they are: a bidi override or a zero width in a
-/// payload is shown as its escape, so what the page shows reads as the bytes are.
+/// breaks and tabs, and quotes and backslashes as they are (a JSON body is full of them): a bidi
+/// override, a zero width or a blank-looking letter in a payload is shown as its escape, so what
+/// the page shows reads as the bytes are.
 pub fn visible_lines(text: &str) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        let kept =
-            matches!(c, '\n' | '\r' | '\t' | '"' | '\'' | '\\') || c.escape_debug().len() == 1;
-        if kept {
+        if matches!(c, '\n' | '\r' | '\t' | '"' | '\'' | '\\') {
+            out.push(c);
+        } else if crate::ids::looks_blank(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else if c.escape_debug().len() == 1 {
             out.push(c);
         } else {
             let _ = write!(out, "{}", c.escape_debug());
@@ -269,6 +272,11 @@ mod tests {
         assert_eq!(
             visible_lines(body),
             "{\n  \"id\": \"a\\u{202e}b\\u{200b}c\",\n\t\"x\": \"caf\u{e9} \\\\ '\"\n}"
+        );
+        // Blank-looking letters and spaces other than ASCII's, too.
+        assert_eq!(
+            visible_lines("a\u{2800}b\u{3164}c\u{a0}d"),
+            "a\\u{2800}b\\u{3164}c\\u{a0}d"
         );
     }
 
