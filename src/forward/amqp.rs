@@ -7,11 +7,16 @@
 //! Delivered means the broker's confirm (ack) with nothing returned; a nack, a return (no
 //! queue is bound for the routing key), a missing exchange or a lost connection is a retry.
 //!
-//! One connection and one confirm-mode channel per target, opened when its first delivery is
-//! due and shared by its attempts. A channel the broker closed (a publish to an exchange that
-//! does not exist does that) is opened again on the next attempt; a connection that dropped
-//! likewise, no sooner than a backoff after a failed connect ([`bus::Reconnect`]), so a dead
-//! broker costs each attempt nothing but a quick retry.
+//! One connection per target, opened when its first delivery is due, and on it one
+//! confirm-mode channel per publish in flight, kept for the next once its confirm is in: a
+//! channel never has two publishes awaiting their confirms. lapin gives a returned
+//! (unroutable) message to whichever confirm it resolves next, and a multiple ack resolves
+//! several at once in no set order, so on a shared channel a return could reach another
+//! publish's confirm (an unroutable event read as delivered, a routed one as returned); and a
+//! publish to an exchange that does not exist makes the broker close its channel, which on a
+//! shared one lost every other publish's confirm with it. A channel the broker closed is
+//! dropped; a connection that dropped is opened again, no sooner than a backoff after a failed
+//! connect ([`bus::Reconnect`]), so a dead broker costs each attempt nothing but a quick retry.
 
 use std::sync::Arc;
 
@@ -36,11 +41,11 @@ pub struct Amqp {
     link: Mutex<Link>,
 }
 
-/// The connection and its confirm-mode channel, once open.
+/// The connection, once open, and its confirm-mode channels that no publish is using.
 #[derive(Default)]
 struct Link {
     connection: Option<Connection>,
-    channel: Option<Channel>,
+    idle: Vec<Channel>,
     reconnect: bus::Reconnect,
 }
 
@@ -55,16 +60,16 @@ impl Amqp {
         }
     }
 
-    /// The open confirm-mode channel, opening the connection or the channel first if either
-    /// is closed.
+    /// A confirm-mode channel for one publish: an idle one, or a new one (opening the
+    /// connection first if it is closed). Given back with [`Amqp::give_back`] once its
+    /// confirm is in.
     async fn channel(&self) -> Result<Channel, String> {
         let mut link = self.link.lock().await;
-        if let Some(channel) = &link.channel {
+        while let Some(channel) = link.idle.pop() {
             if channel.status().connected() {
-                return Ok(channel.clone());
+                return Ok(channel);
             }
         }
-        link.channel = None;
         if !link
             .connection
             .as_ref()
@@ -94,8 +99,15 @@ impl Amqp {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|e| format!("cannot put the channel in confirm mode: {e}"))?;
-        link.channel = Some(channel.clone());
         Ok(channel)
+    }
+
+    /// A channel whose publish has its confirm: kept for the next publish, unless the broker
+    /// closed it.
+    async fn give_back(&self, channel: Channel) {
+        if channel.status().connected() {
+            self.link.lock().await.idle.push(channel);
+        }
     }
 
     /// One attempt: publish the event and wait for the broker's confirm. The dispatcher
@@ -111,7 +123,8 @@ impl Amqp {
             format!("exchange {exchange:?}")
         };
         let attempt = async {
-            let channel = self.channel().await?;
+            let mut lent = Lent(Some(self.channel().await?));
+            let channel = lent.0.as_ref().expect("lent just above");
             let confirm = channel
                 .basic_publish(
                     ShortString::from(exchange.clone()),
@@ -124,22 +137,28 @@ impl Amqp {
                     properties,
                 )
                 .await
-                .map_err(|e| format!("the publish failed: {e}"))?;
-            confirm
-                .await
-                .map_err(|e| format!("no confirm from the broker: {e}"))
+                .map_err(|e| format!("the publish failed: {e}"));
+            let confirmed = match confirm {
+                Ok(confirm) => confirm
+                    .await
+                    .map_err(|e| format!("no confirm from the broker: {e}")),
+                Err(e) => Err(e),
+            };
+            // Only once its one publish is confirmed: an attempt that times out before drops
+            // the channel with it, and a late confirm meets no other publish.
+            if let Some(channel) = lent.0.take() {
+                self.give_back(channel).await;
+            }
+            confirmed
         };
         let outcome = match attempt.await {
             Err(error) => Err(error),
             Ok(Confirmation::Ack(None)) => Ok(()),
             Ok(Confirmation::Ack(Some(returned))) => Err(format!(
-                "the broker returned the message unroutable ({} {}): no queue is bound to \
-                 {exchange_shown} for routing key {routing_key:?}",
+                "the broker returned the message unroutable ({} {}): no queue is bound for it",
                 returned.reply_code, returned.reply_text
             )),
-            Ok(Confirmation::Nack(_)) => Err(format!(
-                "the broker refused the message (nack) on {exchange_shown}"
-            )),
+            Ok(Confirmation::Nack(_)) => Err("the broker refused the message (nack)".to_owned()),
             Ok(Confirmation::NotRequested) => Err("the channel was not in confirm mode".to_owned()),
         };
         match outcome {
@@ -148,6 +167,23 @@ impl Amqp {
                 &format!("{error} (routing key {routing_key:?} on {exchange_shown})"),
                 &self.url,
             ),
+        }
+    }
+}
+
+/// A channel lent to one attempt. Dropped with it (the attempt timed out before the confirm),
+/// the channel is closed rather than kept: its confirm may still come, and channels left open
+/// would pile up on the connection.
+struct Lent(Option<Channel>);
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(channel) = self.0.take() {
+            tokio::spawn(async move {
+                let _ = channel
+                    .close(200, ShortString::from("hookbox: the attempt timed out"))
+                    .await;
+            });
         }
     }
 }

@@ -144,8 +144,8 @@ impl Drop for Stream {
     }
 }
 
-/// A topic exchange of its own and, unless `bound` is false, a queue bound to it for `#`;
-/// both deleted when dropped.
+/// A topic exchange of its own and, unless `bound` is false, a queue bound to it for `#`
+/// (or for the pattern [`Rabbit::create_bound_to`] gives); both deleted when dropped.
 struct Rabbit {
     exchange: String,
     queue: String,
@@ -155,6 +155,10 @@ struct Rabbit {
 
 impl Rabbit {
     async fn create(bound: bool) -> Rabbit {
+        Rabbit::create_bound_to(bound.then_some("#")).await
+    }
+
+    async fn create_bound_to(pattern: Option<&str>) -> Rabbit {
         let exchange = unique_name();
         let queue = format!("{exchange}_q");
         let connection = Connection::connect(RABBIT, ConnectionProperties::default())
@@ -170,7 +174,7 @@ impl Rabbit {
             )
             .await
             .expect("declare the exchange");
-        if bound {
+        if let Some(pattern) = pattern {
             channel
                 .queue_declare(
                     queue.clone().into(),
@@ -186,7 +190,7 @@ impl Rabbit {
                 .queue_bind(
                     queue.clone().into(),
                     exchange.clone().into(),
-                    "#".into(),
+                    pattern.into(),
                     QueueBindOptions::default(),
                     FieldTable::default(),
                 )
@@ -597,6 +601,123 @@ async fn a_publish_no_queue_is_bound_for_is_never_delivered_and_its_body_is_neve
         !log.contains(as_bytes.trim_end_matches(']')) && !log.contains(&body[..40]),
         "the body is in the log:\n{log}"
     );
+}
+
+#[actix_web::test]
+async fn routed_and_unroutable_publishes_in_flight_together_are_each_judged_as_their_own() {
+    // lapin gives a returned message to whichever confirm it resolves next, and a multiple ack
+    // resolves a batch in no set order: judged by its own confirm alone, an unroutable event
+    // could be called delivered (and lost), and a routed one returned (and sent twice).
+    let rabbit = Rabbit::create_bound_to(Some("stripe.good.#")).await;
+    let app = TestApp::spawn_with(
+        &amqp_target("rabbit", &rabbit.exchange, 2),
+        Handlers::default(),
+    )
+    .await;
+    let events: Vec<(String, String, String)> = (0..300)
+        .map(|i| {
+            let id = unique_id("evt");
+            let kind = if i % 2 == 0 { "good.paid" } else { "bad.paid" }.to_owned();
+            let body = stripe_event(&id, &kind, 1);
+            (id, kind, body)
+        })
+        .collect();
+    assert_eq!(deliver(&app.config, &app.address, &events).await, 300);
+    until_delivered(&app.db, "rabbit", 150, Duration::from_secs(60)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.db.count("deliveries WHERE state = 'dead'") < 150 {
+        assert!(
+            Instant::now() < deadline,
+            "the unroutable ones never all dead"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    let good: BTreeSet<&str> = events
+        .iter()
+        .filter(|(_, kind, _)| kind.starts_with("good"))
+        .map(|(id, _, _)| id.as_str())
+        .collect();
+    for (id, kind, _) in &events {
+        let shown = deliveries(&app, id).await;
+        let wanted = if kind.starts_with("good") {
+            "delivered"
+        } else {
+            "dead"
+        };
+        assert_eq!(shown[0]["state"], wanted, "{kind} {id}: {shown}");
+        if wanted == "dead" {
+            let error = shown[0]["last_error"].as_str().expect("its error");
+            assert!(error.contains("unroutable"), "{error}");
+        }
+    }
+    let queued = rabbit.drain().await;
+    let ids: Vec<String> = queued
+        .iter()
+        .map(|(_, properties, _)| {
+            let id = properties
+                .message_id()
+                .as_ref()
+                .expect("a message_id")
+                .to_string();
+            id.strip_prefix("stripe:").expect("the key").to_owned()
+        })
+        .collect();
+    assert_eq!(
+        ids.len(),
+        150,
+        "each routed event once, none returned by mistake"
+    );
+    let distinct: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(distinct, good);
+}
+
+#[actix_web::test]
+async fn a_publish_to_a_missing_exchange_fails_alone() {
+    // The broker closes the channel of a publish to an exchange that does not exist; the
+    // publishes in flight beside it must not lose their confirms with it.
+    let rabbit = Rabbit::create(true).await;
+    let app = TestApp::spawn_with(
+        &amqp_target("rabbit", "{event_type}", 2),
+        Handlers::default(),
+    )
+    .await;
+    let missing = format!("{}_missing", rabbit.exchange);
+    let events: Vec<(String, String, String)> = (0..100)
+        .map(|i| {
+            let id = unique_id("evt");
+            let kind = if i % 5 == 4 {
+                &missing
+            } else {
+                &rabbit.exchange
+            }
+            .clone();
+            let body = stripe_event(&id, &kind, 1);
+            (id, kind, body)
+        })
+        .collect();
+    assert_eq!(deliver(&app.config, &app.address, &events).await, 100);
+    until_delivered(&app.db, "rabbit", 80, Duration::from_secs(60)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.db.count("deliveries WHERE state = 'dead'") < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "the missing exchange's never all dead"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (id, kind, _) in &events {
+        let shown = deliveries(&app, id).await;
+        if kind == &missing {
+            assert_eq!(shown[0]["state"], "dead", "{shown}");
+        } else {
+            assert_eq!(shown[0]["state"], "delivered", "{shown}");
+            assert_eq!(
+                shown[0]["attempts"], 1,
+                "never failed with another's: {shown}"
+            );
+        }
+    }
+    assert_eq!(rabbit.drain().await.len(), 80, "each routed event once");
 }
 
 /// A `nats-server -js` of this test's own on a free port, storing in a directory of its own;
