@@ -173,9 +173,19 @@ async fn answer(
     // A client that dribbles its body, or a database that stops answering (a stalled
     // connection blocks the claim's thread), must not hold the request open for ever.
     let deadline = tokio::time::Instant::now() + state.request_timeout;
-    let body = tokio::time::timeout_at(deadline, read_body(request, payload, state.max_body_bytes))
-        .await
-        .map_err(|_| ApiError::RequestTimeout)??;
+    let mut payload = payload;
+    let read = tokio::time::timeout_at(
+        deadline,
+        read_body(request, &mut payload, state.max_body_bytes),
+    )
+    .await;
+    let body = match read {
+        Ok(body) => body?,
+        Err(_) => {
+            close_after_answer(payload);
+            return Err(ApiError::RequestTimeout.into());
+        }
+    };
     let headers = RequestHeaders(request.headers());
     let inbound = Inbound {
         method: request.method().as_str(),
@@ -659,9 +669,25 @@ fn respond_batch(
 
 /// Reads the body, refusing more than `limit` bytes before reading them where the client
 /// announced its length, and as soon as the limit is passed otherwise.
+/// How long the reader of a body that stopped coming is kept after its 408: past the answer's
+/// write, which follows the handler at once.
+const UNREAD_HELD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keeps the reader of a body that stopped coming until the 408 has gone out, so that actix
+/// closes the connection after it (an unread body it is still reading for). Dropped with the
+/// handler, a chunked body would be drained on the connection instead, for as long as the
+/// client keeps it open: a client that never sends the last chunk held a socket, and a file
+/// descriptor, for ever (a Content-Length body is closed either way).
+fn close_after_answer(payload: web::Payload) {
+    actix_web::rt::spawn(async move {
+        tokio::time::sleep(UNREAD_HELD).await;
+        drop(payload);
+    });
+}
+
 async fn read_body(
     request: &HttpRequest,
-    mut payload: web::Payload,
+    payload: &mut web::Payload,
     limit: usize,
 ) -> Result<web::Bytes, ApiError> {
     let announced = request

@@ -618,6 +618,48 @@ async fn a_client_dribbling_bytes_is_timed_out_while_others_are_served() {
 }
 
 #[actix_web::test]
+async fn a_chunked_body_that_never_ends_is_408_and_its_connection_closed() {
+    // actix drains an unread chunked body after the answer, for as long as the client keeps
+    // the connection: one that never sends the last chunk held a socket for ever.
+    let db = TestDb::create();
+    let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"1s\"");
+    let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+    let body = stripe_event(&unique_id("evt"), "payment_intent.succeeded", 1).into_bytes();
+    let whole = chunked("stripe", &signed(&app, "stripe", &body, ""), &body, 16);
+    // The head and the first chunk, and nothing more.
+    let head_end = whole
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("the head ends")
+        + 4;
+    let first_chunk = head_end + 4 + 16 + 2;
+    let sent = whole[..first_chunk].to_vec();
+    let address = app.address.clone();
+    let (answer, closed) = actix_web::rt::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = raw::connect(&address, Duration::from_secs(10));
+        stream.write_all(&sent).expect("send the start");
+        let answer = raw::read_answer(&mut stream);
+        let mut more = [0u8; 64];
+        let closed = stream.read(&mut more);
+        (answer, closed.map_err(|e| e.kind()))
+    })
+    .await
+    .expect("the client's thread");
+    let answer = answer.expect("an answer");
+    assert_eq!(
+        (answer.status, answer.code().as_deref()),
+        (408, Some("request_timeout"))
+    );
+    assert_eq!(
+        closed,
+        Ok(0),
+        "the server closes the connection after its 408"
+    );
+    assert_eq!(app.db.count("events"), 0);
+}
+
+#[actix_web::test]
 async fn a_broken_chunked_body_is_400_saying_the_body_could_not_be_read_not_that_it_is_not_json() {
     // GitHub's scheme needs no JSON: "could not be read as the JSON this scheme needs" would
     // send the operator looking at the payload, not the framing.
