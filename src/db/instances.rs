@@ -66,6 +66,8 @@ pub struct Registration {
     lock: Option<Lock>,
     /// Whether its row is known to be in the table.
     listed: bool,
+    /// Whether it has held its lock under its number: from then on it keeps that number.
+    registered: bool,
     /// The other instances whose lock was free at the last look.
     free: HashSet<i64>,
 }
@@ -92,6 +94,7 @@ impl Registration {
             id,
             lock: None,
             listed: false,
+            registered: false,
             free: HashSet::new(),
         }
     }
@@ -105,10 +108,9 @@ impl Registration {
     /// pooled connection in this process's turn to write (SQLite's statements run on it;
     /// PostgreSQL's on the lock's own connection). Returns the instances taken back from.
     pub fn look(&mut self, conn: &mut AnyConnection) -> anyhow::Result<Vec<TakenBack>> {
-        if matches!(self.store, Store::SqliteMemory) {
+        if matches!(self.store, Store::SqliteMemory) || !self.keep()? {
             return Ok(Vec::new());
         }
-        self.keep()?;
         let (id, lock) = (self.id(), self.lock.as_mut().expect("kept"));
         let conn = match lock {
             Lock::Postgres(own) => own,
@@ -140,9 +142,15 @@ impl Registration {
         Ok(taken_back)
     }
 
-    /// Holds this instance's lock: checks the one it holds, or takes one (on a new number if
-    /// another instance holds this one's).
-    fn keep(&mut self) -> anyhow::Result<()> {
+    /// Holds this instance's lock: checks the one it holds, or takes one (at the start, on a
+    /// new number if another instance holds this one's). Whether it holds it now. Also run
+    /// before each look takes a pooled connection ([`Registration::look`] needs one on SQLite):
+    /// on PostgreSQL the lock has a connection of its own, and a pool busy for seconds must
+    /// not keep it from being taken again before another instance's looks find it free.
+    pub fn keep(&mut self) -> anyhow::Result<bool> {
+        if matches!(self.store, Store::SqliteMemory) {
+            return Ok(false);
+        }
         if let Some(Lock::Postgres(conn)) = &mut self.lock {
             if diesel::sql_query("SELECT 1").execute(conn).is_err() {
                 tracing::warn!(
@@ -157,14 +165,34 @@ impl Registration {
             }
         }
         if self.lock.is_some() {
-            return Ok(());
+            return Ok(true);
+        }
+        if self.registered {
+            // Its own number again, never a new one: rows under way are leased in its name,
+            // and a new number would leave them to be taken back, once the broken connection's
+            // session ends, and sent again while this instance still sends them. Until that
+            // session ends it holds the lock for this instance, so no one takes them.
+            let id = self.id();
+            if let Some(lock) = try_lock(&self.store, id)? {
+                self.lock = Some(lock);
+                tracing::info!(instance = id, "this instance's lock is held again");
+                return Ok(true);
+            }
+            tracing::warn!(
+                instance = id,
+                "this instance's lock is still held by the session of its broken connection \
+                 (the database has not seen it end yet); taking it again at the next look, 2 s \
+                 from now"
+            );
+            return Ok(false);
         }
         for _ in 0..8 {
             let id = self.id();
             if let Some(lock) = try_lock(&self.store, id)? {
                 self.lock = Some(lock);
+                self.registered = true;
                 tracing::info!(instance = id, "forward dispatcher registered");
-                return Ok(());
+                return Ok(true);
             }
             self.id.store(new_number(), Ordering::SeqCst);
         }

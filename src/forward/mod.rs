@@ -324,6 +324,8 @@ impl Outbox {
         let (pool, registration) = (self.pool.clone(), registration.clone());
         let looked = web::block(move || {
             let mut registration = registration.lock().unwrap_or_else(|e| e.into_inner());
+            // The lock first, without waiting for a pooled connection.
+            registration.keep().map_err(|e| format!("{e:#}"))?;
             let mut looked = Err(String::new());
             let turn = in_turn(&pool, |conn| {
                 looked = registration.look(conn).map_err(|e| format!("{e:#}"));

@@ -187,3 +187,105 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
     );
     assert_eq!(db.count("instances"), 2);
 }
+
+#[test]
+fn a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_same_number() {
+    if skip_on_sqlite(
+        "a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_same_number",
+        "a file lock cannot be lost by a live process",
+    ) {
+        return;
+    }
+    // The connection broke on the instance's side, but the database has not seen its
+    // session end: the lock is still held there. Taking a new number would leave the rows
+    // leased under the old one to be taken back, once that session ends, while this
+    // instance still sends them.
+    let db = TestDb::create();
+    let store = Store::parse(&db.url).expect("a store");
+    let mut conn = db.connect();
+    db::migrate(&mut conn, |_| Ok(())).expect("the migrations apply");
+    let number = Arc::new(AtomicI64::new(5005));
+    let mut first = Registration::new(store.clone(), number.clone());
+    assert!(first.look(&mut conn).expect("it registers").is_empty());
+    let first_number = number.load(std::sync::atomic::Ordering::SeqCst);
+    let headers = serde_json::json!({});
+    let leased = [ToQueue {
+        target: "t",
+        lease: Some(Lease {
+            until: db::now() + chrono::Duration::hours(1),
+            by: first_number,
+        }),
+    }];
+    events::claim_and_queue(&mut conn, &[(event("a", &headers), &leased[..])])
+        .expect("the event is stored");
+    let mut second = Registration::new(store, Arc::new(AtomicI64::new(6006)));
+    assert!(second.look(&mut conn).expect("it registers").is_empty());
+
+    // A session of its own stands for the old one: it waits for the lock, gets it the moment
+    // the instance's connection is cut, and holds it.
+    let mut zombie = db.connect();
+    let waiting = std::thread::spawn(move || {
+        use diesel::RunQueryDsl;
+        diesel::sql_query(format!(
+            "SELECT pg_advisory_lock(1751868024, {first_number})"
+        ))
+        .execute(&mut zombie)
+        .expect("the lock, once cut loose");
+        zombie
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while db.count("pg_locks WHERE locktype = 'advisory' AND NOT granted") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stand-in never waited"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cut = db.count(&format!(
+        "(SELECT pg_terminate_backend(pid) AS done FROM pg_locks \
+          WHERE locktype = 'advisory' AND classid = 1751868024 AND objid = {first_number} \
+            AND granted) AS cut WHERE cut.done"
+    ));
+    assert_eq!(cut, 1, "the instance's lock connection was cut");
+    let zombie = waiting.join().expect("the stand-in holds the lock");
+
+    // The instance cannot take its lock yet: it keeps its number, and waits.
+    assert!(first.look(&mut conn).expect("it looks").is_empty());
+    assert_eq!(
+        number.load(std::sync::atomic::Ordering::SeqCst),
+        first_number,
+        "the same number"
+    );
+    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(due_now(&mut conn).is_empty(), "held for it meanwhile");
+
+    // The old session ends: the instance takes its lock again under its number, and its row
+    // stays leased to it.
+    drop(zombie);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while db.count(&format!(
+        "pg_locks WHERE locktype = 'advisory' AND objid = {first_number} AND granted"
+    )) > 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stand-in's lock never went"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(first.look(&mut conn).expect("it looks").is_empty());
+    assert_eq!(
+        db.count(&format!(
+            "pg_locks WHERE locktype = 'advisory' AND objid = {first_number} AND granted"
+        )),
+        1,
+        "held again, under its own number"
+    );
+    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(
+        due_now(&mut conn).is_empty(),
+        "still leased to the live instance"
+    );
+}
