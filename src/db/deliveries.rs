@@ -1315,7 +1315,7 @@ pub fn requeue_dead(
                 select = select.filter(deliveries::target.eq(target.to_owned()));
             }
             if let Some(since) = since {
-                select = select.filter(deliveries::created_at.ge(since));
+                select = select.filter(deliveries::queued_at.ge(since));
             }
             select.load(c)
         })?;

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel::sql_types::{Bool, Integer};
+use diesel::sql_types::{Bool, Double, Integer};
 
 use super::{now, on_backend, write_transaction, AnyConnection, Store};
 
@@ -68,6 +68,8 @@ pub struct Registration {
     listed: bool,
     /// Whether it has held its lock under its number: from then on it keeps that number.
     registered: bool,
+    /// When it last warned that this host's clock and the database's disagree.
+    skew_warned: Option<std::time::Instant>,
     /// The other instances whose lock was free at the last look.
     free: HashSet<i64>,
 }
@@ -95,6 +97,7 @@ impl Registration {
             lock: None,
             listed: false,
             registered: false,
+            skew_warned: None,
             free: HashSet::new(),
         }
     }
@@ -116,6 +119,27 @@ impl Registration {
             Lock::Postgres(own) => own,
             Lock::File(..) => conn,
         };
+        if matches!(self.store, Store::Postgres(_)) {
+            if let Some(skew) = clock_skew(conn)? {
+                if self
+                    .skew_warned
+                    .is_none_or(|at| at.elapsed() >= SKEW_WARN_EVERY)
+                {
+                    self.skew_warned = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        instance = id,
+                        skew_seconds = format!("{skew:+.3}"),
+                        "this host's clock is {:.1} s {} the database's: leases, retry waits \
+                         (Retry-After among them) and received times are written from this \
+                         host's clock and compared with the database's, so deliveries may go \
+                         out again while under way, early or late, or out of order. Keep the \
+                         clocks of every host in sync with the database's (NTP, chrony)",
+                        skew.abs(),
+                        if skew > 0.0 { "behind" } else { "ahead of" }
+                    );
+                }
+            }
+        }
         // Listed again if another instance took this one for dead (it lost its lock a while).
         if !self.listed || !is_listed(conn, id)? {
             list(conn, id)?;
@@ -219,6 +243,32 @@ fn lock_path(path: &str, id: i64) -> String {
         .map(|real| real.to_string_lossy().into_owned())
         .unwrap_or_else(|_| path.to_owned());
     format!("{file}-hookbox-{id}.lock")
+}
+
+/// How far this host's clock may be from the database's before a look warns.
+const SKEW_TOLERATED: f64 = 1.0;
+
+/// How often the clock warning may be repeated while the clocks disagree.
+const SKEW_WARN_EVERY: Duration = Duration::from_secs(600);
+
+#[derive(QueryableByName)]
+struct DatabaseClock {
+    #[diesel(sql_type = Double)]
+    seconds: f64,
+}
+
+/// How far the database's clock is ahead of this host's, in seconds, when that is more than
+/// [`SKEW_TOLERATED`] beyond what the round trip leaves unknown; `None` when they agree.
+fn clock_skew(conn: &mut AnyConnection) -> QueryResult<Option<f64>> {
+    let seconds = |at: chrono::DateTime<chrono::Utc>| at.timestamp_micros() as f64 / 1e6;
+    let before = seconds(chrono::Utc::now());
+    let database =
+        diesel::sql_query("SELECT extract(epoch FROM clock_timestamp())::float8 AS seconds")
+            .get_result::<DatabaseClock>(conn)?
+            .seconds;
+    let after = seconds(chrono::Utc::now());
+    let skew = database - (before + after) / 2.0;
+    Ok((skew.abs() > SKEW_TOLERATED + (after - before) / 2.0).then_some(skew))
 }
 
 /// Takes instance `id`'s lock for as long as it is held; `None` when another holds it.

@@ -350,3 +350,49 @@ fn the_source_live_line_says_how_a_source_tells_replays() {
     assert!(live("stripe").contains("dedupe=\"body\""), "{log}");
     assert!(live("standard").contains("dedupe=\"id\""), "{log}");
 }
+
+#[actix_web::test]
+async fn a_host_clock_far_from_the_databases_is_warned_about() {
+    if skip_on_sqlite(
+        "a_host_clock_far_from_the_databases_is_warned_about",
+        "an SQLite file has no clock of its own",
+    ) {
+        return;
+    }
+    // libfaketime puts this process's wall clock 30 s behind (the monotonic clock left alone).
+    const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "libfaketime is not installed (apt-get install libfaketime; .ci/run does)"
+    );
+    let db = TestDb::create();
+    let forward = "\n[sources.stripe.forward]\nurl = \"http://127.0.0.1:9/hook\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n";
+    let config = config_text(&db.url, forward);
+    let behind = Process::serve_with_env(
+        &config,
+        &[
+            ("LD_PRELOAD", FAKETIME),
+            ("FAKETIME", "-30s"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_NO_CACHE", "1"),
+        ],
+    );
+    behind.wait_for_log("this host's clock is");
+    let log = behind.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("this host's clock is"))
+        .expect("the warning");
+    assert!(
+        line.contains("WARN") && line.contains("behind the database's") && line.contains("NTP"),
+        "{line}"
+    );
+    // A host whose clock agrees says nothing of it.
+    let in_step = Process::serve(&config);
+    in_step.wait_for_log("forward dispatcher registered");
+    assert!(
+        !in_step.log().contains("this host's clock"),
+        "{}",
+        in_step.log()
+    );
+}

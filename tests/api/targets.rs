@@ -309,6 +309,25 @@ async fn dead_deliveries_are_requeued_in_bulk_by_source_and_target() {
         "{body}"
     );
 
+    // `since` is when a delivery was last queued (its claim, or its last requeue or
+    // redeliver), not when it was first: rows first queued two hours ago and queued again
+    // since (as here, by their claim a moment ago) count for `since=1h`.
+    {
+        use diesel::prelude::*;
+        use hookbox::db::pg_schema::deliveries as pg;
+        use hookbox::db::sqlite_schema::deliveries as lite;
+        let two_hours_ago = chrono::Utc::now() - chrono::Duration::hours(2);
+        let aged = match &mut app.db.connect() {
+            hookbox::db::AnyConnection::Postgres(c) => diesel::update(pg::table)
+                .set(pg::created_at.eq(two_hours_ago))
+                .execute(c),
+            hookbox::db::AnyConnection::Sqlite(c) => diesel::update(lite::table)
+                .set(lite::created_at.eq(two_hours_ago))
+                .execute(c),
+        }
+        .expect("age the rows");
+        assert_eq!(aged, 6);
+    }
     assert_eq!(
         admin_post(
             &app,
