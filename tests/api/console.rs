@@ -500,6 +500,17 @@ async fn the_dead_filter_re_queues_every_dead_delivery_with_one_button() {
         assert!(widened.text().contains(extra.0), "{}", widened.text());
         assert_eq!(dead_deliveries(&app), 3, "nothing was re-queued");
     }
+    // A field given twice is refused too: the first (empty: every source) would be read.
+    let twice = post_form(
+        &app,
+        "/console/deliveries/requeue",
+        Some(&cookie),
+        &[("source", ""), ("source", "github"), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(twice.status, 400, "{}", twice.text());
+    assert!(twice.text().contains("given twice"), "{}", twice.text());
+    assert_eq!(dead_deliveries(&app), 3, "nothing was re-queued");
 
     // The downstream is mended; then the button.
     downstream.behave(always(200));
@@ -943,8 +954,8 @@ async fn the_event_page_shows_deliveries_per_target_and_redelivers_the_event() {
     for shown in [
         "<td class=\"target\">a</td>",
         "<td class=\"target\">b</td>",
-        "id=\"redeliver-a\"",
-        "id=\"redeliver-b\"",
+        "id=\"redeliver-to-a\"",
+        "id=\"redeliver-to-b\"",
         "id=\"redeliver-all\"",
     ] {
         assert!(page.contains(shown), "{shown} in {page}");

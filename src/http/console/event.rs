@@ -208,7 +208,8 @@ fn deliveries_table(
 /// A form that redelivers the event: to `target`, or to every target when `None`.
 fn redeliver_form(csrf: &str, source: &str, event_id: &str, target: Option<&str>) -> Markup {
     let id = match target {
-        Some(target) => format!("redeliver-{target}"),
+        // Apart from the every-target button's, whatever the target is named (`all`).
+        Some(target) => format!("redeliver-to-{target}"),
         None => "redeliver-all".to_owned(),
     };
     html! {

@@ -223,19 +223,29 @@ fn check_csrf(session: &Session, body: &[u8]) -> Result<(), Refused> {
     Err(Refused::Forged)
 }
 
-/// Whether a POST's form carries only the fields its form has (`takes`, with `csrf`): a field
-/// it does not take (a misspelt `soruce`, a `target` on the bulk form) would be ignored and
-/// widen what the form does, so it is refused, as the console's other addresses are.
+/// Whether a POST's form carries only the fields its form has (`takes`, with `csrf`), each
+/// once: a field it does not take (a misspelt `soruce`, a `target` on the bulk form) would be
+/// ignored, and a second value of one (`source=&source=gh`) would be, as [`field`] reads the
+/// first; either would widen what the form does, so it is refused, as the console's other
+/// addresses are.
 fn check_fields(body: &[u8], takes: &[&str]) -> Result<(), Refused> {
-    match form_urlencoded::parse(body)
-        .find(|(name, _)| name != "csrf" && !takes.contains(&name.as_ref()))
-    {
-        None => Ok(()),
-        Some((name, _)) => Err(Refused::NotMade(format!(
-            "this form has no field {:?}",
-            crate::ids::ClientText::new(&name, 64).to_string()
-        ))),
+    let shown = |name: &str| crate::ids::ClientText::new(name, 64).to_string();
+    let mut seen = std::collections::HashSet::new();
+    for (name, _) in form_urlencoded::parse(body) {
+        if name != "csrf" && !takes.contains(&name.as_ref()) {
+            return Err(Refused::NotMade(format!(
+                "this form has no field {:?}",
+                shown(&name)
+            )));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(Refused::NotMade(format!(
+                "the field {:?} is given twice; this form sends each once",
+                shown(&name)
+            )));
+        }
     }
+    Ok(())
 }
 
 /// A page with one sentence on it and a way back to the overview.
