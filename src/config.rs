@@ -1080,6 +1080,30 @@ impl RawForward {
                         ),
                     ));
                 }
+                // What the NATS client would ignore: a typo there would show only at the
+                // first event (a path, a query), or fail every attempt (port 0).
+                let address = server.clone().into_inner();
+                let ignored = if server.port() == 0 {
+                    Some(
+                        "port 0: a NATS server listens on a port from 1 to 65535 (4222 by default)",
+                    )
+                } else if !matches!(address.path(), "" | "/")
+                    || address.query().is_some()
+                    || address.fragment().is_some()
+                {
+                    Some(
+                        "a path, query or fragment, which NATS does not use: the URL is the \
+                         server's alone (nats://HOST:PORT); the subject says where events go",
+                    )
+                } else {
+                    None
+                };
+                if let Some(problem) = ignored {
+                    return Err(ConfigError::at(
+                        key("url"),
+                        format!("{:?} has {problem}", crate::redact::target_url(&url)),
+                    ));
+                }
                 Transport::Nats {
                     subject: template(self.subject, "subject", Kind::NatsSubject, &key)?,
                 }
@@ -2269,6 +2293,9 @@ mod tests {
             (format!("url = \"http://a\"\nsecret = \"{WHSEC}\"\nrouting_key = \"k\"\n"), "routing_key"),
             ("url = \"kafka://u:hunter2@broker:9092\"\n".to_owned(), "url"),
             ("url = \"nats://\"\nsubject = \"a\"\n".to_owned(), "url"),
+            ("url = \"nats://127.0.0.1:0\"\nsubject = \"a\"\n".to_owned(), "url"),
+            ("url = \"nats://127.0.0.1:4222/x\"\nsubject = \"a\"\n".to_owned(), "url"),
+            ("url = \"nats://127.0.0.1:4222?x=1\"\nsubject = \"a\"\n".to_owned(), "url"),
             ("url = \"amqp://guest:hunter2@h:notaport/\"\nexchange = \"x\"\nrouting_key = \"k\"\n".to_owned(), "url"),
             (format!("{nats}url_env = \"HOME\"\nsubject = \"a\"\n"), "url_env"),
             ("subject = \"a\"\n".to_owned(), "url"),
