@@ -770,5 +770,7 @@ fn handshake(answer: Answer) -> HttpResponse {
         .unwrap_or(actix_web::http::StatusCode::OK);
     HttpResponse::build(status)
         .insert_header((header::CONTENT_TYPE, answer.content_type))
+        // An echoed challenge is the client's text: never read as another type than it says.
+        .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
         .body(answer.body)
 }

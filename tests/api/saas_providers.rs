@@ -405,6 +405,8 @@ async fn each_handshake_is_answered_exactly_never_stored_and_counted_as_a_handsh
     let answer = app.get(&format!("/webhooks/meta?{query}"), None).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(answer.header("content-type"), Some("text/plain"));
+    // The echoed challenge is the client's: never sniffed as HTML.
+    assert_eq!(answer.header("x-content-type-options"), Some("nosniff"));
     assert_eq!(answer.text(), "1158201444");
     for (wrong, why) in [
         (
