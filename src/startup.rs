@@ -265,6 +265,19 @@ fn open_database(config: &Config, handlers: &Handlers) -> anyhow::Result<DbPool>
     // What /readyz checks, once at the start: a store that cannot take a claim's writes (a
     // role without INSERT or UPDATE, a read-only file) would answer every delivery 503.
     if let Ok(mut conn) = pool.get() {
+        // Received times on PostgreSQL's clock from the first claim on (a forwarding
+        // instance's looks measure again every 2 s, and warn past a second).
+        if matches!(config.database.store, db::Store::Postgres(_)) {
+            if let Ok(Some(skew)) = db::instances::follow_database_clock(&mut conn) {
+                tracing::warn!(
+                    skew_seconds = format!("{skew:+.3}"),
+                    "this host's clock is {:.1} s {} the database's; hookbox writes its times \
+                     on the database's clock, but keep the clocks in sync (NTP, chrony)",
+                    skew.abs(),
+                    if skew > 0.0 { "behind" } else { "ahead of" }
+                );
+            }
+        }
         if let Err(e) = db::events::takes_writes(&mut conn) {
             tracing::warn!(
                 error = %e,

@@ -120,7 +120,7 @@ impl Registration {
             Lock::File(..) => conn,
         };
         if matches!(self.store, Store::Postgres(_)) {
-            if let Some(skew) = clock_skew(conn)? {
+            if let Some(skew) = follow_database_clock(conn)? {
                 if self
                     .skew_warned
                     .is_none_or(|at| at.elapsed() >= SKEW_WARN_EVERY)
@@ -129,11 +129,11 @@ impl Registration {
                     tracing::warn!(
                         instance = id,
                         skew_seconds = format!("{skew:+.3}"),
-                        "this host's clock is {:.1} s {} the database's: leases, retry waits \
-                         (Retry-After among them) and received times are written from this \
-                         host's clock and compared with the database's, so deliveries may go \
-                         out again while under way, early or late, or out of order. Keep the \
-                         clocks of every host in sync with the database's (NTP, chrony)",
+                        "this host's clock is {:.1} s {} the database's: hookbox writes \
+                         received times, leases and retry times on the database's clock (this \
+                         host's, corrected by the difference measured every 2 s), but not its \
+                         log lines, nor a clock that jumps between two looks. Keep the clocks \
+                         of every host in sync with the database's (NTP, chrony)",
                         skew.abs(),
                         if skew > 0.0 { "behind" } else { "ahead of" }
                     );
@@ -248,6 +248,10 @@ fn lock_path(path: &str, id: i64) -> String {
 /// How far this host's clock may be from the database's before a look warns.
 const SKEW_TOLERATED: f64 = 1.0;
 
+/// How far this host's clock may be from the database's before times are written on the
+/// database's clock instead.
+const SKEW_FOLLOWED: f64 = 0.05;
+
 /// How often the clock warning may be repeated while the clocks disagree.
 const SKEW_WARN_EVERY: Duration = Duration::from_secs(600);
 
@@ -257,9 +261,9 @@ struct DatabaseClock {
     seconds: f64,
 }
 
-/// How far the database's clock is ahead of this host's, in seconds, when that is more than
-/// [`SKEW_TOLERATED`] beyond what the round trip leaves unknown; `None` when they agree.
-fn clock_skew(conn: &mut AnyConnection) -> QueryResult<Option<f64>> {
+/// How far the database's clock is ahead of this host's, in seconds, measured now (with the
+/// round trip's half as its uncertainty).
+fn measure_skew(conn: &mut AnyConnection) -> QueryResult<(f64, f64)> {
     let seconds = |at: chrono::DateTime<chrono::Utc>| at.timestamp_micros() as f64 / 1e6;
     let before = seconds(chrono::Utc::now());
     let database =
@@ -267,8 +271,18 @@ fn clock_skew(conn: &mut AnyConnection) -> QueryResult<Option<f64>> {
             .get_result::<DatabaseClock>(conn)?
             .seconds;
     let after = seconds(chrono::Utc::now());
-    let skew = database - (before + after) / 2.0;
-    Ok((skew.abs() > SKEW_TOLERATED + (after - before) / 2.0).then_some(skew))
+    Ok((database - (before + after) / 2.0, (after - before) / 2.0))
+}
+
+/// Measures how far PostgreSQL's clock is from this host's and has [`super::now`] follow the
+/// database's from then on, when they differ by more than [`SKEW_FOLLOWED`] beyond what the
+/// round trip leaves unknown (else this host's clock is used as it is). Returns the difference
+/// in seconds when it is past [`SKEW_TOLERATED`], to be warned about.
+pub fn follow_database_clock(conn: &mut AnyConnection) -> QueryResult<Option<f64>> {
+    let (skew, uncertain) = measure_skew(conn)?;
+    let followed = skew.abs() > SKEW_FOLLOWED + uncertain;
+    super::set_clock_offset(if followed { (skew * 1e6) as i64 } else { 0 });
+    Ok((skew.abs() > SKEW_TOLERATED + uncertain).then_some(skew))
 }
 
 /// Takes instance `id`'s lock for as long as it is held; `None` when another holds it.

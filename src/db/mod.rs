@@ -924,11 +924,29 @@ pub fn serialize_time_opt<S: serde::Serializer>(
     }
 }
 
-/// Now, to the microsecond: both stores keep microseconds, and a time stored must read back
-/// as the same time.
+/// Now on the store's clock, to the microsecond: both stores keep microseconds, and a time
+/// stored must read back as the same time. This host's clock, corrected by how far
+/// PostgreSQL's is measured to be from it ([`set_clock_offset`]): the dispatchers compare the
+/// times written with the database's `now()`, and hosts whose clocks differ share one database.
 pub fn now() -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
-        .expect("now is a representable time")
+    DateTime::from_timestamp_micros(now_micros()).expect("now is a representable time")
+}
+
+/// [`now`] in microseconds since the Unix epoch.
+pub fn now_micros() -> i64 {
+    Utc::now()
+        .timestamp_micros()
+        .saturating_add(CLOCK_OFFSET_MICROS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// How far the store's clock is ahead of this host's, in microseconds (0 on SQLite, whose
+/// clock is the host's).
+static CLOCK_OFFSET_MICROS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Sets how far PostgreSQL's clock is ahead of this host's (negative: behind), as measured;
+/// [`now`] adds it from then on.
+pub fn set_clock_offset(micros: i64) {
+    CLOCK_OFFSET_MICROS.store(micros, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[cfg(test)]

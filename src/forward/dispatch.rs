@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use chrono::Utc;
 use tokio::time::Instant;
 
 use super::lane::Lane;
@@ -256,7 +255,7 @@ async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &
         .metrics
         .record_forward(&due.source, &due.target, result, elapsed);
     if result == ForwardResult::Delivered {
-        let lag_micros = Utc::now().timestamp_micros() - due.queued_at_micros;
+        let lag_micros = crate::db::now_micros() - due.queued_at_micros;
         outbox.metrics.record_lag(
             &due.source,
             &due.target,

@@ -14,8 +14,6 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use chrono::Utc;
-
 use super::StoredResponse;
 
 /// Entries kept at most; the oldest goes first.
@@ -87,7 +85,7 @@ impl ReplayCache {
         if entry.source != source || entry.event_id != event_id {
             return None;
         }
-        let age = Utc::now().signed_duration_since(entry.response.received_at);
+        let age = crate::db::now().signed_duration_since(entry.response.received_at);
         if age.to_std().is_ok_and(|age| age >= window) {
             return None;
         }
@@ -131,6 +129,7 @@ impl ReplayCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::Utc;
 
     fn response(age: chrono::Duration) -> StoredResponse {
         StoredResponse {

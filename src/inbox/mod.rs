@@ -272,7 +272,8 @@ fn answer(response: &Response) -> Answer<'_> {
     }
 }
 
-/// The times `n` deliveries were received, in the order given: now to the microsecond (the
+/// The times `n` deliveries were received, in the order given: now on the store's clock
+/// ([`crate::db::now`]) to the microsecond (the
 /// stores keep microseconds, and a time stored must read back as the same time), each strictly
 /// later than the one before and than every time this process gave out before. So within a
 /// process no two events share a received time, and an ordered target gets them in the order
@@ -284,7 +285,7 @@ fn received_times(n: usize) -> Vec<DateTime<Utc>> {
     let count = i64::try_from(n).unwrap_or(i64::MAX);
     let mut last = LAST.load(Ordering::SeqCst);
     let first = loop {
-        let first = Utc::now().timestamp_micros().max(last.saturating_add(1));
+        let first = crate::db::now_micros().max(last.saturating_add(1));
         let end = first.saturating_add(count - 1);
         match LAST.compare_exchange(last, end, Ordering::SeqCst, Ordering::SeqCst) {
             Ok(_) => break first,

@@ -352,9 +352,9 @@ fn the_source_live_line_says_how_a_source_tells_replays() {
 }
 
 #[actix_web::test]
-async fn a_host_clock_far_from_the_databases_is_warned_about() {
+async fn a_host_clock_far_from_the_databases_is_warned_about_and_followed() {
     if skip_on_sqlite(
-        "a_host_clock_far_from_the_databases_is_warned_about",
+        "a_host_clock_far_from_the_databases_is_warned_about_and_followed",
         "an SQLite file has no clock of its own",
     ) {
         return;
@@ -387,6 +387,48 @@ async fn a_host_clock_far_from_the_databases_is_warned_about() {
         line.contains("WARN") && line.contains("behind the database's") && line.contains("NTP"),
         "{line}"
     );
+    // And its times are on the database's clock: a Retry-After of 3 s is waited out, where
+    // a due time on this host's clock (30 s behind) would have been due at once.
+    let downstream = crate::downstream::Downstream::start(|_, earlier| match earlier {
+        0 => (503, Duration::ZERO),
+        _ => (200, Duration::ZERO),
+    });
+    downstream.retry_after("3");
+    let forward = format!(
+        "\n[sources.stripe.forward]\nurl = \"{}\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+        downstream.url
+    );
+    let db = TestDb::create();
+    let config = config_text(&db.url, &forward);
+    let behind = Process::serve_with_env(
+        &config,
+        &[
+            ("LD_PRELOAD", FAKETIME),
+            ("FAKETIME", "-30s"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_NO_CACHE", "1"),
+        ],
+    );
+    let id = unique_id("evt");
+    let body = stripe_event(&id, "charge.refunded", 1);
+    let delivery = delivery_for(&parse_config(&config), "stripe", &body, &id, unix_now());
+    let answer = try_send(&behind.address, &delivery, Duration::from_secs(10))
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let key = format!("stripe:{id}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while downstream.for_key(&key).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "never retried");
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    let attempts = downstream.for_key(&key);
+    let waited = attempts[1].at - attempts[0].at;
+    assert!(
+        waited >= Duration::from_millis(2900),
+        "retried after {waited:?}, before its Retry-After of 3 s"
+    );
+
     // A host whose clock agrees says nothing of it.
     let in_step = Process::serve(&config);
     in_step.wait_for_log("forward dispatcher registered");
