@@ -42,23 +42,42 @@ pub enum SendError {
     Network(String),
 }
 
-/// Whether `--event-type` would have travelled in a header of the scheme's (as GitHub's
-/// `X-GitHub-Event`): signed with a stand-in type, does the receiver read it back?
-fn type_travels_in_a_header(verifier: &signing::Verifier, options: &SendOptions) -> bool {
-    const STAND_IN: &str = "hookbox.send.type";
-    let identity = signing::identity(verifier, &options.body, Some("id"), Some(STAND_IN));
+/// `body` signed as the source's provider would, now, for `event_id` and `event_type`, with
+/// the identity it was signed under.
+fn signed_now(
+    verifier: &signing::Verifier,
+    body: &[u8],
+    event_id: &str,
+    event_type: Option<&str>,
+) -> (crate::providers::Identity, crate::providers::Signed) {
+    let identity = signing::identity(verifier, body, Some(event_id), event_type);
     let signed = signing::signed(
         verifier,
-        &options.body,
+        body,
         unix_now(),
         &identity,
         &signing::ContentType::Default,
     );
+    (identity, signed)
+}
+
+/// The event type the receiver reads from `signed`.
+fn type_read(verifier: &signing::Verifier, signed: &crate::providers::Signed) -> Option<String> {
     let json: Option<serde_json::Value> = serde_json::from_slice(&signed.body).ok();
     verifier
         .identify_body(&signed.headers, &signed.body, json.as_ref())
         .event_type
-        .as_deref()
+}
+
+/// Whether `--event-type` would have travelled in a header of the scheme's (as GitHub's
+/// `X-GitHub-Event`): signed with a stand-in type, does the receiver read it back?
+fn type_travels_in_a_header(verifier: &signing::Verifier, body: &[u8]) -> bool {
+    const STAND_IN: &str = "hookbox.send.type";
+    type_read(
+        verifier,
+        &signed_now(verifier, body, "id", Some(STAND_IN)).1,
+    )
+    .as_deref()
         == Some(STAND_IN)
 }
 
@@ -93,36 +112,25 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         ));
     }
     let event_id = options.event_id.clone().unwrap_or_else(generated_id);
-    let identity = signing::identity(
+    let (identity, signed) = signed_now(
         verifier,
         &options.body,
-        Some(&event_id),
+        &event_id,
         options.event_type.as_deref(),
-    );
-    let signed = signing::signed(
-        verifier,
-        &options.body,
-        unix_now(),
-        &identity,
-        &signing::ContentType::Default,
     );
     // Read back as the receiver reads it: a type the scheme takes from the body is not the
     // flag's, and sending it anyway would store another type than the one asked for.
-    let read_type = |signed: &crate::providers::Signed| {
-        let json: Option<serde_json::Value> = serde_json::from_slice(&signed.body).ok();
-        verifier
-            .identify_body(&signed.headers, &signed.body, json.as_ref())
-            .event_type
-    };
     if let Some(wanted) = options.event_type.as_deref() {
-        if read_type(&signed).as_deref() != Some(wanted) {
+        if type_read(verifier, &signed).as_deref() != Some(wanted) {
             return Err(SendError::Usage(format!(
                 "the {} scheme reads the event type from the body, so --event-type does not \
                  apply; change the type in the body instead",
                 verifier.scheme()
             )));
         }
-    } else if read_type(&signed).is_none() && type_travels_in_a_header(verifier, options) {
+    } else if type_read(verifier, &signed).is_none()
+        && type_travels_in_a_header(verifier, &options.body)
+    {
         // GitHub, GitLab and the like always send their type header; without it the event
         // is stored with no type, which filters and `events` patterns then never match.
         errln!(

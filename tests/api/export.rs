@@ -292,6 +292,17 @@ fn stored_events_at(times: &[&str]) -> (TestDb, TempFile) {
     (db, config)
 }
 
+/// A FIFO named `fifo` in `dir`.
+fn fifo_in(dir: &TempDir) -> std::path::PathBuf {
+    let fifo = dir.0.join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    fifo
+}
+
 /// The names of what `dir` holds, sorted.
 fn names_in(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -346,12 +357,7 @@ fn export_out_never_writes_through_a_link_planted_at_a_partial_path() {
 fn export_out_writes_straight_through_a_fifo_and_a_link_to_stdout() {
     let (_db, config) = stored_events(2);
     let dir = TempDir::new();
-    let fifo = dir.0.join("fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("run mkfifo");
-    assert!(made.success());
+    let fifo = fifo_in(&dir);
     let reader = std::thread::spawn({
         let fifo = fifo.clone();
         move || std::fs::read_to_string(fifo).expect("read the FIFO")
@@ -394,12 +400,7 @@ fn export_out_to_a_fifo_whose_reader_goes_away_says_so_and_how_far_it_got() {
     // More than a pipe holds (64 KB), so the export is still writing when the reader leaves.
     let (_db, config) = stored_events(1500);
     let dir = TempDir::new();
-    let fifo = dir.0.join("fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("run mkfifo");
-    assert!(made.success());
+    let fifo = fifo_in(&dir);
     let reader = std::thread::spawn({
         let fifo = fifo.clone();
         move || {

@@ -365,18 +365,16 @@ async fn a_host_clock_far_from_the_databases_is_warned_about_and_followed() {
         std::path::Path::new(FAKETIME).exists(),
         "libfaketime is not installed (apt-get install libfaketime; .ci/run does)"
     );
+    let thirty_seconds_behind = [
+        ("LD_PRELOAD", FAKETIME),
+        ("FAKETIME", "-30s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ("FAKETIME_NO_CACHE", "1"),
+    ];
     let db = TestDb::create();
     let forward = "\n[sources.stripe.forward]\nurl = \"http://127.0.0.1:9/hook\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n";
     let config = config_text(&db.url, forward);
-    let behind = Process::serve_with_env(
-        &config,
-        &[
-            ("LD_PRELOAD", FAKETIME),
-            ("FAKETIME", "-30s"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-            ("FAKETIME_NO_CACHE", "1"),
-        ],
-    );
+    let behind = Process::serve_with_env(&config, &thirty_seconds_behind);
     behind.wait_for_log("this host's clock is");
     let log = behind.log();
     let line = log
@@ -400,15 +398,7 @@ async fn a_host_clock_far_from_the_databases_is_warned_about_and_followed() {
     );
     let db = TestDb::create();
     let config = config_text(&db.url, &forward);
-    let behind = Process::serve_with_env(
-        &config,
-        &[
-            ("LD_PRELOAD", FAKETIME),
-            ("FAKETIME", "-30s"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-            ("FAKETIME_NO_CACHE", "1"),
-        ],
-    );
+    let behind = Process::serve_with_env(&config, &thirty_seconds_behind);
     let id = unique_id("evt");
     let body = stripe_event(&id, "charge.refunded", 1);
     let delivery = delivery_for(&parse_config(&config), "stripe", &body, &id, unix_now());
