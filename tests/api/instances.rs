@@ -65,6 +65,20 @@ fn registered(number: i64) -> (TestDb, Store, AnyConnection, Registration, i64) 
     (db, store, conn, first, number)
 }
 
+/// Stores event `event_id` with its one outbox row leased to instance `holder` for an hour.
+fn store_leased(conn: &mut AnyConnection, event_id: &str, holder: i64) {
+    let headers = serde_json::json!({});
+    let leased = [ToQueue {
+        target: "t",
+        lease: Some(Lease {
+            until: db::now() + chrono::Duration::hours(1),
+            by: holder,
+        }),
+    }];
+    events::claim_and_queue(conn, &[(event(event_id, &headers), &leased[..])])
+        .expect("the event is stored");
+}
+
 #[test]
 fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives() {
     let (db, store, mut conn, first, first_number) = registered(1001);
@@ -135,16 +149,7 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
         return;
     }
     let (db, store, mut conn, mut first, first_number) = registered(3003);
-    let headers = serde_json::json!({});
-    let leased = [ToQueue {
-        target: "t",
-        lease: Some(Lease {
-            until: db::now() + chrono::Duration::hours(1),
-            by: first_number,
-        }),
-    }];
-    events::claim_and_queue(&mut conn, &[(event("a", &headers), &leased[..])])
-        .expect("the event is stored");
+    store_leased(&mut conn, "a", first_number);
     let mut second = Registration::new(store, Arc::new(AtomicI64::new(4004)));
     assert!(second.look(&mut conn).expect("it registers").is_empty());
 
@@ -208,16 +213,7 @@ fn a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_sam
     let mut first = Registration::new(store.clone(), number.clone());
     assert!(first.look(&mut conn).expect("it registers").is_empty());
     let first_number = number.load(std::sync::atomic::Ordering::SeqCst);
-    let headers = serde_json::json!({});
-    let leased = [ToQueue {
-        target: "t",
-        lease: Some(Lease {
-            until: db::now() + chrono::Duration::hours(1),
-            by: first_number,
-        }),
-    }];
-    events::claim_and_queue(&mut conn, &[(event("a", &headers), &leased[..])])
-        .expect("the event is stored");
+    store_leased(&mut conn, "a", first_number);
     let mut second = Registration::new(store, Arc::new(AtomicI64::new(6006)));
     assert!(second.look(&mut conn).expect("it registers").is_empty());
 
