@@ -269,13 +269,7 @@ fn open_database(config: &Config, handlers: &Handlers) -> anyhow::Result<DbPool>
         // instance's looks measure again every 2 s, and warn past a second).
         if matches!(config.database.store, db::Store::Postgres(_)) {
             if let Ok(Some(skew)) = db::instances::follow_database_clock(&mut conn) {
-                tracing::warn!(
-                    skew_seconds = format!("{skew:+.3}"),
-                    "this host's clock is {:.1} s {} the database's; hookbox writes its times \
-                     on the database's clock, but keep the clocks in sync (NTP, chrony)",
-                    skew.abs(),
-                    if skew > 0.0 { "behind" } else { "ahead of" }
-                );
+                db::instances::warn_of_skew(skew);
             }
         }
         if let Err(e) = db::events::takes_writes(&mut conn) {

@@ -126,17 +126,7 @@ impl Registration {
                     .is_none_or(|at| at.elapsed() >= SKEW_WARN_EVERY)
                 {
                     self.skew_warned = Some(std::time::Instant::now());
-                    tracing::warn!(
-                        instance = id,
-                        skew_seconds = format!("{skew:+.3}"),
-                        "this host's clock is {:.1} s {} the database's: hookbox writes \
-                         received times, leases and retry times on the database's clock (this \
-                         host's, corrected by the difference measured every 2 s), but not its \
-                         log lines, nor a clock that jumps between two looks. Keep the clocks \
-                         of every host in sync with the database's (NTP, chrony)",
-                        skew.abs(),
-                        if skew > 0.0 { "behind" } else { "ahead of" }
-                    );
+                    warn_of_skew(skew);
                 }
             }
         }
@@ -272,6 +262,20 @@ fn measure_skew(conn: &mut AnyConnection) -> QueryResult<(f64, f64)> {
             .seconds;
     let after = seconds(chrono::Utc::now());
     Ok((database - (before + after) / 2.0, (after - before) / 2.0))
+}
+
+/// The WARN for a host clock `skew` seconds behind the database's (negative: ahead).
+pub fn warn_of_skew(skew: f64) {
+    tracing::warn!(
+        skew_seconds = format!("{skew:+.3}"),
+        "this host's clock is {:.1} s {} the database's: hookbox writes received times, leases \
+         and retry times on the database's clock (this host's, corrected by the difference it \
+         measures at startup and every 2 s while it forwards), but not its log lines, nor a \
+         clock that jumps between two measures. Keep the clocks of every host in sync with the \
+         database's (NTP, chrony)",
+        skew.abs(),
+        if skew > 0.0 { "behind" } else { "ahead of" }
+    );
 }
 
 /// Measures how far PostgreSQL's clock is from this host's and has [`super::now`] follow the

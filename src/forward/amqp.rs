@@ -178,8 +178,11 @@ struct Lent(Option<Channel>);
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        if let Some(channel) = self.0.take() {
-            tokio::spawn(async move {
+        // No runtime (the process is stopping and its runtime going): the connection's end
+        // closes the channel anyway.
+        if let (Some(channel), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(async move {
                 let _ = channel
                     .close(200, ShortString::from("hookbox: the attempt timed out"))
                     .await;
