@@ -107,17 +107,20 @@ impl Registration {
     }
 
     /// Keeps this instance registered (takes its lock and inserts its row, again if either
-    /// was lost), then takes back the rows of every other instance that died. `conn` is a
-    /// pooled connection in this process's turn to write (SQLite's statements run on it;
-    /// PostgreSQL's on the lock's own connection). Returns the instances taken back from.
-    pub fn look(&mut self, conn: &mut AnyConnection) -> anyhow::Result<Vec<TakenBack>> {
+    /// was lost), then takes back the rows of every other instance that died. `pooled` is a
+    /// pooled connection in this process's turn to write, which SQLite's statements run on;
+    /// PostgreSQL's run on the lock's own connection, and need none (a busy pool must not
+    /// hold up the look that takes a broken lock again). Returns the instances taken back
+    /// from.
+    pub fn look(&mut self, pooled: Option<&mut AnyConnection>) -> anyhow::Result<Vec<TakenBack>> {
         if matches!(self.store, Store::SqliteMemory) || !self.keep()? {
             return Ok(Vec::new());
         }
         let (id, lock) = (self.id(), self.lock.as_mut().expect("kept"));
-        let conn = match lock {
-            Lock::Postgres(own) => own,
-            Lock::File(..) => conn,
+        let conn = match (lock, pooled) {
+            (Lock::Postgres(own), _) => own,
+            (Lock::File(..), Some(pooled)) => pooled,
+            (Lock::File(..), None) => anyhow::bail!("a look on SQLite needs a pooled connection"),
         };
         if matches!(self.store, Store::Postgres(_)) {
             if let Some(skew) = follow_database_clock(conn)? {
@@ -157,11 +160,8 @@ impl Registration {
     }
 
     /// Holds this instance's lock: checks the one it holds, or takes one (at the start, on a
-    /// new number if another instance holds this one's). Whether it holds it now. Also run
-    /// before each look takes a pooled connection ([`Registration::look`] needs one on SQLite):
-    /// on PostgreSQL the lock has a connection of its own, and a pool busy for seconds must
-    /// not keep it from being taken again before another instance's looks find it free.
-    pub fn keep(&mut self) -> anyhow::Result<bool> {
+    /// new number if another instance holds this one's). Whether it holds it now.
+    fn keep(&mut self) -> anyhow::Result<bool> {
         if matches!(self.store, Store::SqliteMemory) {
             return Ok(false);
         }

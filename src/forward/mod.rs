@@ -322,13 +322,17 @@ impl Outbox {
         registration: &Arc<Mutex<Registration>>,
     ) -> Result<bool, String> {
         let (pool, registration) = (self.pool.clone(), registration.clone());
+        let on_postgres = matches!(self.store, Store::Postgres(_));
         let looked = web::block(move || {
             let mut registration = registration.lock().unwrap_or_else(|e| e.into_inner());
-            // The lock first, without waiting for a pooled connection.
-            registration.keep().map_err(|e| format!("{e:#}"))?;
+            // On PostgreSQL the look runs on the lock's own connection: no wait for a pooled
+            // one (held by slow requests) delays taking a broken lock again.
+            if on_postgres {
+                return registration.look(None).map_err(|e| format!("{e:#}"));
+            }
             let mut looked = Err(String::new());
             let turn = in_turn(&pool, |conn| {
-                looked = registration.look(conn).map_err(|e| format!("{e:#}"));
+                looked = registration.look(Some(conn)).map_err(|e| format!("{e:#}"));
                 Ok(())
             });
             turn.map_err(|e| format!("{e:#}")).and(looked)

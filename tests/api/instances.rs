@@ -60,7 +60,10 @@ fn registered(number: i64) -> (TestDb, Store, AnyConnection, Registration, i64) 
     db::migrate(&mut conn, |_| Ok(())).expect("the migrations apply");
     let id = Arc::new(AtomicI64::new(number));
     let mut first = Registration::new(store.clone(), id.clone());
-    assert!(first.look(&mut conn).expect("it registers").is_empty());
+    assert!(first
+        .look(Some(&mut conn))
+        .expect("it registers")
+        .is_empty());
     let number = id.load(std::sync::atomic::Ordering::SeqCst);
     (db, store, conn, first, number)
 }
@@ -111,7 +114,10 @@ fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives(
 
     // A second instance looks while the first lives: nothing is taken back.
     let mut second = Registration::new(store, Arc::new(AtomicI64::new(2002)));
-    assert!(second.look(&mut conn).expect("it registers").is_empty());
+    assert!(second
+        .look(Some(&mut conn))
+        .expect("it registers")
+        .is_empty());
     assert_eq!(db.count("instances"), 2);
     assert!(due_now(&mut conn).is_empty());
 
@@ -119,7 +125,7 @@ fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives(
     drop(first);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let taken_back = loop {
-        let taken_back = second.look(&mut conn).expect("it looks");
+        let taken_back = second.look(Some(&mut conn)).expect("it looks");
         if !taken_back.is_empty() || std::time::Instant::now() > deadline {
             break taken_back;
         }
@@ -137,7 +143,7 @@ fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives(
         [("a".to_owned(), 1, 1), ("b".to_owned(), 1, 1)]
     );
     // Taken back once: a later look finds nobody else.
-    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
 }
 
 #[test]
@@ -151,7 +157,10 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
     let (db, store, mut conn, mut first, first_number) = registered(3003);
     store_leased(&mut conn, "a", first_number);
     let mut second = Registration::new(store, Arc::new(AtomicI64::new(4004)));
-    assert!(second.look(&mut conn).expect("it registers").is_empty());
+    assert!(second
+        .look(Some(&mut conn))
+        .expect("it registers")
+        .is_empty());
 
     // The first instance's lock connection is cut (as a PostgreSQL restart would): its lock
     // is free until its own next look takes it again.
@@ -170,11 +179,11 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // The second instance finds it free once: not yet taken for dead.
-    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
     assert!(due_now(&mut conn).is_empty());
     // The first takes its lock again, under its own number; the second then finds it alive.
     assert!(first
-        .look(&mut conn)
+        .look(Some(&mut conn))
         .expect("it registers again")
         .is_empty());
     assert_eq!(
@@ -184,8 +193,8 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
         1,
         "its lock is held again, under its own number"
     );
-    assert!(second.look(&mut conn).expect("it looks").is_empty());
-    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
     assert!(
         due_now(&mut conn).is_empty(),
         "the live instance's row stays leased"
@@ -211,11 +220,17 @@ fn a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_sam
     db::migrate(&mut conn, |_| Ok(())).expect("the migrations apply");
     let number = Arc::new(AtomicI64::new(5005));
     let mut first = Registration::new(store.clone(), number.clone());
-    assert!(first.look(&mut conn).expect("it registers").is_empty());
+    assert!(first
+        .look(Some(&mut conn))
+        .expect("it registers")
+        .is_empty());
     let first_number = number.load(std::sync::atomic::Ordering::SeqCst);
     store_leased(&mut conn, "a", first_number);
     let mut second = Registration::new(store, Arc::new(AtomicI64::new(6006)));
-    assert!(second.look(&mut conn).expect("it registers").is_empty());
+    assert!(second
+        .look(Some(&mut conn))
+        .expect("it registers")
+        .is_empty());
 
     // A session of its own stands for the old one: it waits for the lock, gets it the moment
     // the instance's connection is cut, and holds it.
@@ -246,14 +261,14 @@ fn a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_sam
     let zombie = waiting.join().expect("the stand-in holds the lock");
 
     // The instance cannot take its lock yet: it keeps its number, and waits.
-    assert!(first.look(&mut conn).expect("it looks").is_empty());
+    assert!(first.look(Some(&mut conn)).expect("it looks").is_empty());
     assert_eq!(
         number.load(std::sync::atomic::Ordering::SeqCst),
         first_number,
         "the same number"
     );
-    assert!(second.look(&mut conn).expect("it looks").is_empty());
-    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
     assert!(due_now(&mut conn).is_empty(), "held for it meanwhile");
 
     // The old session ends: the instance takes its lock again under its number, and its row
@@ -270,7 +285,7 @@ fn a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_sam
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(first.look(&mut conn).expect("it looks").is_empty());
+    assert!(first.look(Some(&mut conn)).expect("it looks").is_empty());
     assert_eq!(
         db.count(&format!(
             "pg_locks WHERE locktype = 'advisory' AND objid = {first_number} AND granted"
@@ -278,8 +293,8 @@ fn a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_sam
         1,
         "held again, under its own number"
     );
-    assert!(second.look(&mut conn).expect("it looks").is_empty());
-    assert!(second.look(&mut conn).expect("it looks").is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
     assert!(
         due_now(&mut conn).is_empty(),
         "still leased to the live instance"
