@@ -307,12 +307,17 @@ const KINDS: [&str; 3] = [
     "customer created",
 ];
 
-/// `n` stripe events: (id, type, body) of each.
+/// `n` stripe events of the tests' types in turn: (id, type, body) of each.
 fn make_events(n: usize) -> Vec<(String, String, String)> {
+    events_of(n, |i| KINDS[i % KINDS.len()].to_owned())
+}
+
+/// `n` stripe events, the `i`th of type `kind(i)`: (id, type, body) of each.
+fn events_of(n: usize, kind: impl Fn(usize) -> String) -> Vec<(String, String, String)> {
     (0..n)
         .map(|i| {
             let id = unique_id("evt");
-            let kind = KINDS[i % KINDS.len()].to_owned();
+            let kind = kind(i);
             let body = stripe_event(&id, &kind, 1);
             (id, kind, body)
         })
@@ -363,17 +368,27 @@ async fn send_events(
 
 /// Waits until `n` deliveries of `target` are delivered.
 async fn until_delivered(db: &TestDb, target: &str, n: i64, limit: Duration) {
+    until_in_state(db, target, "delivered", n, limit).await;
+}
+
+/// Waits until `n` deliveries of `target` are dead.
+async fn until_dead(db: &TestDb, target: &str, n: i64, limit: Duration) {
+    until_in_state(db, target, "dead", n, limit).await;
+}
+
+/// Waits until `n` deliveries of `target` are in `state`.
+async fn until_in_state(db: &TestDb, target: &str, state: &str, n: i64, limit: Duration) {
     let deadline = Instant::now() + limit;
     loop {
-        let delivered = db.count(&format!(
-            "deliveries WHERE target = '{target}' AND state = 'delivered'"
+        let counted = db.count(&format!(
+            "deliveries WHERE target = '{target}' AND state = '{state}'"
         ));
-        if delivered == n {
+        if counted == n {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "{delivered} of {n} deliveries to {target} delivered after {limit:?}"
+            "{counted} of {n} deliveries to {target} {state} after {limit:?}"
         );
         actix_web::rt::time::sleep(Duration::from_millis(50)).await;
     }
@@ -614,24 +629,12 @@ async fn routed_and_unroutable_publishes_in_flight_together_are_each_judged_as_t
         Handlers::default(),
     )
     .await;
-    let events: Vec<(String, String, String)> = (0..300)
-        .map(|i| {
-            let id = unique_id("evt");
-            let kind = if i % 2 == 0 { "good.paid" } else { "bad.paid" }.to_owned();
-            let body = stripe_event(&id, &kind, 1);
-            (id, kind, body)
-        })
-        .collect();
+    let events = events_of(300, |i| {
+        if i % 2 == 0 { "good.paid" } else { "bad.paid" }.to_owned()
+    });
     assert_eq!(deliver(&app.config, &app.address, &events).await, 300);
     until_delivered(&app.db, "rabbit", 150, Duration::from_secs(60)).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while app.db.count("deliveries WHERE state = 'dead'") < 150 {
-        assert!(
-            Instant::now() < deadline,
-            "the unroutable ones never all dead"
-        );
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_dead(&app.db, "rabbit", 150, Duration::from_secs(60)).await;
     let good: BTreeSet<&str> = events
         .iter()
         .filter(|(_, kind, _)| kind.starts_with("good"))
@@ -682,29 +685,17 @@ async fn a_publish_to_a_missing_exchange_fails_alone() {
     )
     .await;
     let missing = format!("{}_missing", rabbit.exchange);
-    let events: Vec<(String, String, String)> = (0..100)
-        .map(|i| {
-            let id = unique_id("evt");
-            let kind = if i % 5 == 4 {
-                &missing
-            } else {
-                &rabbit.exchange
-            }
-            .clone();
-            let body = stripe_event(&id, &kind, 1);
-            (id, kind, body)
-        })
-        .collect();
+    let events = events_of(100, |i| {
+        if i % 5 == 4 {
+            &missing
+        } else {
+            &rabbit.exchange
+        }
+        .clone()
+    });
     assert_eq!(deliver(&app.config, &app.address, &events).await, 100);
     until_delivered(&app.db, "rabbit", 80, Duration::from_secs(60)).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while app.db.count("deliveries WHERE state = 'dead'") < 20 {
-        assert!(
-            Instant::now() < deadline,
-            "the missing exchange's never all dead"
-        );
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_dead(&app.db, "rabbit", 20, Duration::from_secs(60)).await;
     for (id, kind, _) in &events {
         let shown = deliveries(&app, id).await;
         if kind == &missing {
