@@ -220,6 +220,56 @@ impl Template {
     }
 }
 
+impl Template {
+    /// Every subject a NATS subject template renders to for `source`'s events, as one NATS
+    /// pattern: each token that holds the event's id or type is `*`.
+    pub fn subjects_of(&self, source: &str) -> String {
+        let mut shape = String::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Text(text) => shape.push_str(text),
+                Piece::Value(Field::Source) => self.push_value(&mut shape, source),
+                // A literal holds no `*` (checked when parsed), so it marks the event's tokens.
+                Piece::Value(Field::EventId | Field::EventType) => shape.push('*'),
+            }
+        }
+        shape
+            .split('.')
+            .map(|token| if token.contains('*') { "*" } else { token })
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// What this template renders to for every event of `source`, where that is one name:
+    /// no placeholder but `{source}`.
+    pub fn fixed(&self, source: &str) -> Option<String> {
+        self.pieces
+            .iter()
+            .all(|p| matches!(p, Piece::Text(_) | Piece::Value(Field::Source)))
+            .then(|| {
+                self.render(Names {
+                    source,
+                    event_id: "",
+                    event_type: None,
+                })
+            })
+    }
+}
+
+/// Whether some subject matches both NATS subject patterns (tokens joined by `.`; `*` matches
+/// any one token, a last `>` one or more).
+pub fn subjects_overlap(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.split('.'), b.split('.'));
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return true,
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(x), Some(y)) if x == y || x == "*" || y == "*" => {}
+            _ => return false,
+        }
+    }
+}
+
 impl fmt::Display for Template {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.written)
@@ -247,6 +297,49 @@ mod tests {
             event_id,
             event_type,
         }
+    }
+
+    #[test]
+    fn a_subject_templates_subjects_are_a_pattern_with_the_events_tokens_as_wildcards() {
+        let parse = |text| Template::parse(text, Kind::NatsSubject).expect("valid");
+        assert_eq!(
+            parse("webhooks.{source}.{event_type}").subjects_of("stripe"),
+            "webhooks.stripe.*"
+        );
+        assert_eq!(
+            parse("hooks.t-{event_type}.{event_id}.x").subjects_of("a b"),
+            "hooks.*.*.x"
+        );
+        assert_eq!(parse("in.{source}-all").subjects_of("gh"), "in.gh-all");
+        assert!(subjects_overlap("webhooks.>", "webhooks.stripe.*"));
+        assert!(subjects_overlap("webhooks.*.*", "webhooks.stripe.*"));
+        assert!(subjects_overlap(
+            "webhooks.stripe.paid",
+            "webhooks.stripe.*"
+        ));
+        assert!(subjects_overlap(">", "a"));
+        assert!(!subjects_overlap("webhooks.github.*", "webhooks.stripe.*"));
+        assert!(!subjects_overlap("webhooks.*", "webhooks.stripe.*"));
+        assert!(!subjects_overlap(
+            "webhooks.stripe.*.>",
+            "webhooks.stripe.*"
+        ));
+        assert!(!subjects_overlap("webhooks.>", "webhooks"));
+    }
+
+    #[test]
+    fn an_exchange_is_fixed_only_without_the_events_own_placeholders() {
+        let parse = |text| Template::parse(text, Kind::AmqpExchange).expect("valid");
+        assert_eq!(
+            parse("webhooks").fixed("stripe").as_deref(),
+            Some("webhooks")
+        );
+        assert_eq!(
+            parse("in.{source}").fixed("stripe").as_deref(),
+            Some("in.stripe")
+        );
+        assert_eq!(parse("").fixed("stripe").as_deref(), Some(""));
+        assert_eq!(parse("{event_type}").fixed("stripe"), None);
     }
 
     #[test]

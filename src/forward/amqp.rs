@@ -7,7 +7,8 @@
 //! Delivered means the broker's confirm (ack) with nothing returned; a nack, a return (no
 //! queue is bound for the routing key), a missing exchange or a lost connection is a retry.
 //!
-//! One connection per target, opened when its first delivery is due, and on it one
+//! One connection per target, opened by the check as the dispatcher starts (or by the next
+//! attempt, should that fail), and on it one
 //! confirm-mode channel per publish in flight, kept for the next once its confirm is in: a
 //! channel never has two publishes awaiting their confirms. lapin gives a returned
 //! (unroutable) message to whichever confirm it resolves next, and a multiple ack resolves
@@ -21,9 +22,11 @@
 use std::sync::Arc;
 
 use futures_util::future::LocalBoxFuture;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
@@ -107,6 +110,53 @@ impl Amqp {
     async fn give_back(&self, channel: Channel) {
         if channel.status().connected() {
             self.link.lock().await.idle.push(channel);
+        }
+    }
+
+    /// Checks, as the dispatcher starts, that the broker lets this target in, and that its
+    /// exchange exists where the exchange is the same for every event of `source`: what is
+    /// ready, or what is wrong.
+    pub async fn check(&self, source: &str) -> Result<bus::Ready, String> {
+        let told = |error: String| crate::redact::message_about(&error, &self.url);
+        let channel = self.channel().await.map_err(told)?;
+        let Some(exchange) = self.exchange.fixed(source) else {
+            self.give_back(channel).await;
+            return Ok(bus::Ready::said(
+                "RabbitMQ answers (the exchange is named by each event)",
+            ));
+        };
+        if exchange.is_empty() {
+            self.give_back(channel).await;
+            return Ok(bus::Ready::said(
+                "RabbitMQ answers; publishing to the default exchange",
+            ));
+        }
+        // A passive declare only asks whether it exists. The broker closes the channel of one
+        // that does not, so that channel is not kept.
+        let passive = ExchangeDeclareOptions {
+            passive: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        match channel
+            .exchange_declare(
+                ShortString::from(exchange.clone()),
+                ExchangeKind::Topic,
+                passive,
+                FieldTable::default(),
+            )
+            .await
+        {
+            Ok(()) => {
+                self.give_back(channel).await;
+                Ok(bus::Ready::said(format!(
+                    "RabbitMQ answers; exchange {exchange:?} exists"
+                )))
+            }
+            Err(e) => Err(told(format!(
+                "exchange {exchange:?} is not there to publish to (hookbox never declares \
+                 exchanges; declare it, e.g. `rabbitmqadmin declare exchange name={exchange} \
+                 type=topic durable=true`): {e}"
+            ))),
         }
     }
 

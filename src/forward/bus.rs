@@ -1,10 +1,13 @@
-//! What the two event-bus transports ([`super::nats`], [`super::amqp`]) share: the event's
-//! names and media type, the wait before a dropped connection is opened again, and failures
-//! told without the URL's secrets.
+//! What the two event-bus transports ([`super::nats`], [`super::amqp`]) share: the check as
+//! the dispatcher starts, the event's names and media type, the wait before a dropped
+//! connection is opened again, and failures told without the URL's secrets.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::transport::Handoff;
+use super::{Link, Target};
 use crate::db::deliveries::Due;
 use crate::routing::Names;
 
@@ -14,6 +17,76 @@ const RECONNECT_BASE: Duration = Duration::from_millis(250);
 
 /// No reconnect waits longer than this.
 const RECONNECT_CAP: Duration = Duration::from_secs(30);
+
+/// What a bus target's startup check found ready.
+pub struct Ready {
+    /// What, in a few words, for the log.
+    pub said: String,
+    /// The JetStream streams that capture the target's subjects (none for RabbitMQ).
+    pub streams: Vec<String>,
+}
+
+impl Ready {
+    pub fn said(said: impl Into<String>) -> Ready {
+        Ready {
+            said: said.into(),
+            streams: Vec::new(),
+        }
+    }
+}
+
+/// Checks each bus target of `lanes` (source, target) once, as the dispatcher starts, and logs
+/// what it found: a wrong URL or login, a missing stream or exchange shows at startup rather
+/// than at the first event; so do two NATS targets of one source whose subjects one stream
+/// captures. Holds nothing up: deliveries wait in the outbox and are retried meanwhile, as
+/// always.
+pub async fn check_targets(lanes: Vec<(String, Arc<Target>)>) {
+    let checked = futures_util::future::join_all(lanes.into_iter().map(|(source, target)| async move {
+        let found = match &target.link {
+            Link::Nats(nats) => nats.check(&source).await,
+            Link::Amqp(amqp) => amqp.check(&source).await,
+            Link::Http(_) => return None,
+        };
+        let (name, url) = (&target.config.name, target.config.shown_url());
+        match found {
+            Ok(ready) => {
+                tracing::info!(
+                    source = %source, target = %name, url = %url,
+                    "forward target ready: {}", ready.said
+                );
+                Some((source, name.clone(), ready.streams))
+            }
+            Err(why) => {
+                tracing::warn!(
+                    source = %source, target = %name, url = %url,
+                    "forward target not ready: {why}. Its deliveries wait in the outbox and are \
+                     retried until it is"
+                );
+                None
+            }
+        }
+    }))
+    .await;
+    let mut sharing: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    for (source, target, streams) in checked.iter().flatten() {
+        for stream in streams {
+            sharing.entry((source, stream)).or_default().push(target);
+        }
+    }
+    for ((source, stream), targets) in sharing {
+        if targets.len() > 1 {
+            tracing::warn!(
+                source = %source, stream = %stream,
+                "targets {} of source {source} publish into one stream, {stream}: each event's \
+                 Nats-Msg-Id is the same for all its targets, so the stream takes the first \
+                 target's publish and drops the others' as duplicates (retried until its \
+                 duplicate window has passed). Give each NATS target of a source a stream of \
+                 its own (subjects that do not overlap)",
+                targets.join(", ")
+            );
+        }
+    }
+}
 
 /// The event's names, for a subject or routing key template.
 pub fn names(due: &Due) -> Names<'_> {

@@ -349,6 +349,13 @@ pub async fn run(outbox: Outbox, wake: Wake) {
     // process started shows from the start.
     let mut gauges_at: Option<Instant> = None;
     actix_web::rt::spawn(look_after_instances(outbox.clone(), wake.clone()));
+    actix_web::rt::spawn(super::bus::check_targets(
+        outbox
+            .lanes
+            .iter()
+            .map(|lane| (lane.source.clone(), lane.target.clone()))
+            .collect(),
+    ));
     // The first look is at every lane: rows may be waiting from before this process started.
     let mut look = true;
     let mut poll = false;

@@ -6,7 +6,7 @@
 //! ride along as headers. Delivered means the stream's publish acknowledgement; no stream for
 //! the subject, no acknowledgement in time, or a lost connection is a retry.
 //!
-//! One connection per target, opened when its first delivery is due (on the dispatcher's
+//! One connection per target, opened by the check as the dispatcher starts (on the dispatcher's
 //! runtime, never the provider-facing workers') and kept for the life of the process.
 //! async-nats reopens it when it drops, with its own backoff (immediately, then doubling up to
 //! 4 s); publishes made meanwhile wait in the client and time out as retries.
@@ -18,12 +18,13 @@ use async_nats::header::{HeaderMap, HeaderValue};
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_nats::{ConnectOptions, ServerAddr};
 use futures_util::future::LocalBoxFuture;
+use futures_util::StreamExt;
 use tokio::sync::OnceCell;
 
 use super::bus;
 use super::transport::{hookbox_headers, idempotency_key, Handoff, Transport};
 use crate::db::deliveries::Due;
-use crate::routing::Template;
+use crate::routing::{self, Template};
 use crate::secret::Secret;
 
 /// A target's JetStream: where it is, how to log in, and the subject template.
@@ -35,7 +36,7 @@ pub struct Nats {
     login: Login,
     subject: Template,
     timeout: Duration,
-    /// Opened on the first delivery.
+    /// Opened by the startup check or the first delivery, whichever comes first.
     jetstream: OnceCell<jetstream::Context>,
     /// What last went wrong with the connection (a refused login, a server gone), until it is
     /// up again: said with an attempt that timed out, whose own error cannot tell why.
@@ -246,6 +247,61 @@ impl Nats {
                 &self.url,
             ),
         }
+    }
+}
+
+impl Nats {
+    /// Checks, as the dispatcher starts, that the server answers, has JetStream, and holds a
+    /// stream that captures `source`'s subjects: what is ready, or what is wrong.
+    pub async fn check(&self, source: &str) -> Result<bus::Ready, String> {
+        let told = |error: String| crate::redact::message_about(&error, &self.url);
+        let jetstream = self.jetstream().await.map_err(told)?;
+        if self.connected(&jetstream.client()).await.is_err() {
+            let trouble = self.trouble().map_or(String::new(), |t| format!(": {t}"));
+            return Err(told(format!(
+                "the NATS server does not answer within the target's timeout ({}){trouble}",
+                humantime::format_duration(self.timeout)
+            )));
+        }
+        if let Some(why) = jetstream_missing(jetstream).await {
+            return Err(why);
+        }
+        let subjects = self.subject.subjects_of(source);
+        let mut streams = jetstream.streams();
+        let mut capturing = Vec::new();
+        while let Some(info) = streams.next().await {
+            match info {
+                Ok(info) => {
+                    if info
+                        .config
+                        .subjects
+                        .iter()
+                        .any(|s| routing::subjects_overlap(s, &subjects))
+                    {
+                        capturing.push(info.config.name);
+                    }
+                }
+                // Listing streams may be denied to this login; publishing may still work.
+                Err(e) => {
+                    return Ok(bus::Ready::said(told(format!(
+                        "JetStream answers (its streams could not be listed: {e})"
+                    ))))
+                }
+            }
+        }
+        if capturing.is_empty() {
+            return Err(format!(
+                "no stream captures subjects like {subjects} (hookbox never creates streams; \
+                 add the subjects to a stream, e.g. `nats stream add --subjects \"{subjects}\"`)"
+            ));
+        }
+        Ok(bus::Ready {
+            said: format!(
+                "JetStream answers; stream {} captures subjects like {subjects}",
+                capturing.join(", ")
+            ),
+            streams: capturing,
+        })
     }
 }
 

@@ -1140,3 +1140,81 @@ async fn a_bus_password_shows_as_stars_in_the_log_the_admin_api_and_the_console(
     assert!(page.text().contains("RabbitMQ"), "{}", page.text());
     assert!(!page.text().contains(password), "{}", page.text());
 }
+
+#[actix_web::test]
+async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_event() {
+    let stream = Stream::create(NATS).await;
+    let rabbit = Rabbit::create(true).await;
+    let uncaptured = unique_name();
+    let missing = format!("{}_missing", rabbit.exchange);
+    let down = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        listener.local_addr().expect("its address").port()
+    };
+    let db = TestDb::create();
+    let targets = [
+        nats_target(
+            "bus",
+            NATS,
+            &format!("{}.{{source}}.{{event_type}}", stream.prefix),
+        ),
+        nats_target(
+            "copy",
+            NATS,
+            &format!("{}.copy.{{event_type}}", stream.prefix),
+        ),
+        nats_target(
+            "nostream",
+            NATS,
+            &format!("{uncaptured}.{{source}}.{{event_type}}"),
+        ),
+        nats_target(
+            "down",
+            &format!("nats://127.0.0.1:{down}"),
+            "a.{event_type}",
+        ),
+        amqp_target("rabbit", &rabbit.exchange, 2),
+        amqp_target("noexchange", &missing, 2),
+    ]
+    .concat();
+    let server = Process::serve(&config_text(&db.url, &targets));
+    for line in [
+        format!(
+            "forward target ready: JetStream answers; stream {} captures subjects like {}.stripe.*",
+            stream.name, stream.prefix
+        ),
+        format!(
+            "forward target ready: JetStream answers; stream {} captures subjects like {}.copy.*",
+            stream.name, stream.prefix
+        ),
+        format!(
+            "targets bus, copy of source stripe publish into one stream, {}",
+            stream.name
+        ),
+        format!("forward target not ready: no stream captures subjects like {uncaptured}.stripe.*"),
+        "forward target not ready: the NATS server does not answer within the target's timeout (2s)"
+            .to_owned(),
+        format!(
+            "forward target ready: RabbitMQ answers; exchange {:?} exists",
+            rabbit.exchange
+        ),
+        format!("forward target not ready: exchange {missing:?} is not there to publish to"),
+    ] {
+        server.wait_for_log(&line);
+    }
+    let log = server.log();
+    for name in ["bus", "copy", "nostream", "down", "rabbit", "noexchange"] {
+        assert_eq!(
+            log.lines()
+                .filter(|l| l.contains("forward target") && l.contains(&format!("target={name} ")))
+                .count(),
+            1,
+            "one line names target {name}:\n{log}"
+        );
+    }
+    assert_eq!(
+        db.count("deliveries"),
+        0,
+        "the checks queue and send nothing"
+    );
+}
