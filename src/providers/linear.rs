@@ -16,6 +16,8 @@ use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, Signatur
 pub struct Linear {
     keys: Keys,
     window: Duration,
+    /// The source's `tolerance` is wider than Linear's minute, which it cannot widen.
+    wide_tolerance: bool,
 }
 
 /// Linear's own window: a delivery more than a minute off is refused whatever `tolerance` says.
@@ -30,6 +32,7 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
         } else {
             WINDOW
         },
+        wide_tolerance: settings.tolerance_set && settings.tolerance > WINDOW,
     }))
 }
 
@@ -46,6 +49,14 @@ const TIMESTAMP_FIELD: &str = "webhookTimestamp";
 impl Provider for Linear {
     fn scheme(&self) -> &'static str {
         "linear"
+    }
+
+    fn setup_warning(&self) -> Option<&'static str> {
+        self.wide_tolerance.then_some(
+            "tolerance is wider than Linear's own minute, which it can only narrow: a delivery \
+             whose webhookTimestamp is more than 60 s off is refused (401 stale_timestamp) \
+             whatever tolerance says; set it to 60s or less, or leave it out",
+        )
     }
 
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
@@ -268,5 +279,22 @@ mod tests {
             Err(SignatureError::Stale)
         );
         assert_eq!(build(None).verify(&sent, body, NOW + 60), Ok(()));
+    }
+
+    #[test]
+    fn a_tolerance_wider_than_the_minute_is_warned_of_at_startup() {
+        let build = |tolerance: Option<Duration>| {
+            Scheme::builtin("linear")
+                .expect("built in")
+                .build_source(&[Secret::new("s")], tolerance)
+                .expect("builds")
+        };
+        let warning = build(Some(Duration::from_secs(300)))
+            .setup_warning()
+            .expect("warned");
+        assert!(warning.contains("set it to 60s or less"), "{warning}");
+        assert_eq!(build(Some(Duration::from_secs(60))).setup_warning(), None);
+        assert_eq!(build(Some(Duration::from_secs(10))).setup_warning(), None);
+        assert_eq!(build(None).setup_warning(), None);
     }
 }

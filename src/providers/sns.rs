@@ -407,8 +407,6 @@ impl Provider for Sns {
         }
     }
 
-    /// What is re-made when a message is signed again (by SNS with a new certificate, or by
-    /// `replay` at a new time), so a re-signed message of one id is still its replay.
     /// AWS's advice is to refuse a message of an unexpected topic; without `topic_arns`, anyone
     /// with an AWS account can subscribe the URL to a topic of theirs, and it is confirmed.
     fn setup_warning(&self) -> Option<&'static str> {
@@ -419,6 +417,8 @@ impl Provider for Sns {
         )
     }
 
+    /// What is re-made when a message is signed again (by SNS with a new certificate, or by
+    /// `replay` at a new time), so a re-signed message of one id is still its replay.
     fn volatile_fields(&self) -> &'static [&'static str] {
         &[
             "/Signature",
