@@ -528,8 +528,11 @@ impl Config {
                 let key = e.path().to_string();
                 // toml appends "in `table`" on a line of its own; the path already says where.
                 let inner = e.inner().to_string();
-                let problem =
-                    in_plain_words(&without_values(inner.lines().next().unwrap_or_default()));
+                let problem = with_a_hint(
+                    &key,
+                    in_plain_words(&without_values(inner.lines().next().unwrap_or_default())),
+                    registry,
+                );
                 if key == "." || key.is_empty() {
                     ConfigError(problem)
                 } else {
@@ -681,6 +684,21 @@ fn key_on_line(text: &str, line: usize) -> Option<String> {
                 .unwrap_or_default();
             Some(format!("{}.{key}", bare(inner)?))
         }
+    }
+}
+
+/// `problem` at `key`, with what to write instead where serde's own words do not say it: a
+/// listen address given as a number, a source without its scheme.
+fn with_a_hint(key: &str, problem: String, registry: &Registry) -> String {
+    if key == "server.listen" && problem.starts_with("invalid type:") {
+        format!("{problem} (write the address in quotes, like \"127.0.0.1:8080\")")
+    } else if problem == "missing field `scheme`" {
+        format!(
+            "{problem}: every source names its scheme, one of {}",
+            registry.names()
+        )
+    } else {
+        problem
     }
 }
 
@@ -1202,12 +1220,42 @@ fn template(
     Template::parse(&text, kind).map_err(|e| ConfigError::at(key(field), e))
 }
 
-/// Reads a humantime duration (`90s`, `5m`, `72h`, `30d`).
+/// Reads a humantime duration (`90s`, `5m`, `72h`, `30d`). A bare number (`window = 3600`) is
+/// refused with the text that would say it (`"3600s"`): a duration names its unit.
 fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let text = String::deserialize(d)?;
-    parse_duration(&text)
-        .map(Some)
-        .map_err(serde::de::Error::custom)
+    struct Text;
+    impl serde::de::Visitor<'_> for Text {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration in quotes, like \"90s\", \"5m\", \"72h\" or \"30d\"")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
+            parse_duration(text).map_err(E::custom)
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Duration, E> {
+            Err(E::custom(format!(
+                "a duration needs its unit, in quotes: write {n} seconds as \"{n}s\" (or like \
+                 \"5m\", \"72h\", \"30d\")"
+            )))
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Duration, E> {
+            // TOML integers are i64; a u64 beyond it is said the same way.
+            self.visit_i64(i64::try_from(n).unwrap_or(i64::MAX))
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Duration, E> {
+            Err(E::custom(format!(
+                "a duration needs its unit, in quotes: write {n} seconds as \"{}ms\" (or like \
+                 \"90s\", \"5m\", \"72h\")",
+                (n * 1000.0).round()
+            )))
+        }
+    }
+    d.deserialize_any(Text).map(Some)
 }
 
 /// Parses a humantime duration, with an error that says what a good one looks like.
@@ -1510,6 +1558,14 @@ impl RawConfig {
         within("retention.purge_interval", retention.purge_interval, YEAR)?;
         check_window(retention.window).map_err(|e| ConfigError::at("retention.window", e))?;
         let (admin_token, admin_token_off) = match &self.admin.token_env {
+            Some(name) if name.trim().is_empty() => {
+                return Err(ConfigError::at(
+                    "admin.token_env",
+                    "names no environment variable: give the name of the one that holds the \
+                     admin token (e.g. \"HOOKBOX_ADMIN_TOKEN\"), or leave token_env out to keep \
+                     the admin API and the console off",
+                ))
+            }
             Some(name) => admin_token(env.var(name)),
             None => (None, None),
         };
@@ -2433,6 +2489,51 @@ mod tests {
         assert!(
             message.starts_with("sources.s.dedupe:") && message.contains("\"body\""),
             "{message}"
+        );
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_kind_says_what_to_write_instead() {
+        let forward = "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[sources.s.forward]\n\
+                       url = \"http://127.0.0.1:9/\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n";
+        for (text, says) in [
+            (
+                "[retention]\nwindow = 3600\n".to_owned(),
+                "retention.window: a duration needs its unit, in quotes: write 3600 seconds as \"3600s\"",
+            ),
+            (
+                "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\ntolerance = 300\n".to_owned(),
+                "sources.s.tolerance: a duration needs its unit, in quotes: write 300 seconds as \"300s\"",
+            ),
+            (
+                format!("{forward}timeout = 1.5\n"),
+                "sources.s.forward.timeout: a duration needs its unit, in quotes: write 1.5 seconds as \"1500ms\"",
+            ),
+            (
+                "[server]\nin_flight_wait = true\n".to_owned(),
+                "server.in_flight_wait: invalid type: boolean, expected a duration in quotes, like \"90s\"",
+            ),
+            (
+                "[server]\nlisten = 8080\n".to_owned(),
+                "server.listen: invalid type: integer, expected a string (write the address in quotes, like \"127.0.0.1:8080\")",
+            ),
+            (
+                "[sources.s]\nsecrets = [\"x\"]\n".to_owned(),
+                "sources.s: missing field `scheme`: every source names its scheme, one of stripe, standard,",
+            ),
+            (
+                "[admin]\ntoken_env = \" \"\n".to_owned(),
+                "admin.token_env: names no environment variable",
+            ),
+        ] {
+            let message = error(&text);
+            assert!(message.starts_with(says), "{text:?}: {message}");
+        }
+        let config =
+            Config::parse(&format!("{forward}timeout = \"1500ms\"\n"), &no_env).expect("valid");
+        assert_eq!(
+            config.sources[0].forward[0].timeout,
+            Duration::from_millis(1500)
         );
     }
 
