@@ -19,14 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::db::events::{self, Exported, Span};
 use crate::db::{self, AnyConnection};
-
-/// Headers a capture never carries, whatever was stored: credentials of the sender's own.
-const NEVER_KEPT: [&str; 4] = [
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "set-cookie",
-];
+use crate::redact::CREDENTIAL_HEADERS;
 
 /// How many stored events `export` reads per query. Each batch is held in memory at once, so
 /// this bounds the export's memory whatever the table's size.
@@ -314,7 +307,9 @@ fn capture_line(row: Exported) -> CaptureLine {
             .filter_map(|(name, value)| {
                 let name = name.to_ascii_lowercase();
                 match value {
-                    serde_json::Value::String(value) if !NEVER_KEPT.contains(&name.as_str()) => {
+                    serde_json::Value::String(value)
+                        if !CREDENTIAL_HEADERS.contains(&name.as_str()) =>
+                    {
                         Some((name, value))
                     }
                     _ => None,

@@ -14,6 +14,15 @@
 /// `?api_key=`, `?access_token=`, `?secret=`, `?sig=`, `?auth=`).
 const SECRET_PARAMETERS: &[&str] = &["pass", "token", "key", "secret", "sig", "auth"];
 
+/// Headers hookbox never keeps with an event, nor writes into a capture, whatever a scheme
+/// reads: credentials of the sender's own.
+pub const CREDENTIAL_HEADERS: [&str; 4] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+];
+
 /// What a secret is shown as.
 const MASK: &str = "***";
 

@@ -58,6 +58,7 @@ pub fn sources(
         .map(|source| {
             let provider = source.provider.clone();
             let mut kept_headers = provider.kept_headers();
+            kept_headers.retain(|name| !crate::redact::CREDENTIAL_HEADERS.contains(&name.as_str()));
             kept_headers.push("content-type".to_owned());
             let forward = source
                 .forward

@@ -765,6 +765,19 @@ impl Provider for Hmac {
         !matches!(self.rule.event_id, IdSource::At(Locator::Header(_)))
     }
 
+    /// A signature (or another header the check reads) in `Authorization` or a cookie, which
+    /// hookbox never keeps: its captures cannot be replayed `--as-is`.
+    fn setup_warning(&self) -> Option<&'static str> {
+        self.kept_headers()
+            .iter()
+            .any(|name| crate::redact::CREDENTIAL_HEADERS.contains(&name.as_str()))
+            .then_some(
+                "this source's signature travels in Authorization (or a cookie), which hookbox \
+                 never keeps with an event: its captures cannot be replayed --as-is (they fail \
+                 verification); a default replay, which signs each delivery again, works",
+            )
+    }
+
     /// Every header the check or the identity reads, lowercase and without repeats.
     fn kept_headers(&self) -> Vec<String> {
         let rule = &self.rule;
@@ -1304,6 +1317,25 @@ mod tests {
         assert_eq!(identity.event_id.as_deref(), Some("991"));
         assert!(json.needs_json());
         assert_eq!(json.kept_headers(), ["x-acme-signature"]);
+    }
+
+    #[test]
+    fn a_signature_in_authorization_is_warned_of_at_startup() {
+        let in_authorization = GenericRule::body_sha256(
+            "Authorization",
+            Some("HMAC "),
+            Encoding::Hex,
+            IdSource::At(Locator::Header("X-Acme-Event-Id".into())),
+            None,
+        );
+        let warning = generic(in_authorization, &[SECRET])
+            .setup_warning()
+            .expect("warned");
+        assert!(warning.contains("--as-is"), "{warning}");
+        assert_eq!(
+            generic(rule(None, Encoding::Hex), &[SECRET]).setup_warning(),
+            None
+        );
     }
 
     #[test]

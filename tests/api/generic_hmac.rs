@@ -52,6 +52,14 @@ encoding = "hex"
 event_id = "header:X-GitHub-Delivery"
 event_type = "header:X-GitHub-Event"
 
+[sources.bearer]
+scheme = "hmac"
+secrets = ["bearer-secret"]
+signature_header = "Authorization"
+signature_prefix = "HMAC "
+event_id = "header:X-Delivery"
+event_type = "header:X-Kind"
+
 [sources.nonced]
 scheme = "hmac"
 secrets = ["nonce-secret"]
@@ -359,6 +367,39 @@ async fn github_legacy_signs_with_sha1_behind_its_prefix() {
     }
     let rotated = github_legacy("gh-older-secret", &body, &other);
     processed_then_replayed(&app, &rotated, &other, "issues").await;
+}
+
+#[actix_web::test]
+async fn a_signature_in_authorization_verifies_and_is_never_stored() {
+    let app = spawn().await;
+    let body = issue_body("signed in Authorization");
+    let signature = hex::encode(mac::<Hmac<Sha256>>("bearer-secret", body.as_bytes()));
+    let request = Request {
+        source: "bearer",
+        headers: vec![
+            ("Authorization".into(), format!("HMAC {signature}")),
+            ("X-Delivery".into(), "d-1".into()),
+            ("X-Kind".into(), "issues".into()),
+            ("Content-Type".into(), "application/json".into()),
+        ],
+        body: body.into_bytes(),
+    };
+    processed_then_replayed(&app, &request, "d-1", "issues").await;
+    refused(
+        &app,
+        &request.tampered("signed", "forged"),
+        "invalid_signature",
+        1,
+    )
+    .await;
+    let stored = |text: &str| {
+        app.db.count(&format!(
+            "events WHERE source = 'bearer' AND CAST(headers AS TEXT) LIKE '%{text}%'"
+        ))
+    };
+    assert_eq!(stored("x-delivery"), 1, "its other headers are kept");
+    assert_eq!(stored("authorization"), 0, "Authorization never is");
+    assert_eq!(stored(&signature), 0);
 }
 
 #[actix_web::test]
