@@ -199,10 +199,11 @@ fn timestamp_of(body: &[u8]) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use super::super::tests::{headers, verifier};
-    use super::super::{Scheme, SignatureError};
+    use super::super::{Provider, Scheme, SignatureError};
     use super::{stamped, timestamp_of};
     use crate::secret::Secret;
 
@@ -257,14 +258,16 @@ mod tests {
         );
     }
 
+    /// A Linear source with the secret `s` and `tolerance`, if set.
+    fn build(tolerance: Option<Duration>) -> Arc<dyn Provider> {
+        Scheme::builtin("linear")
+            .expect("built in")
+            .build_source(&[Secret::new("s")], tolerance)
+            .expect("builds")
+    }
+
     #[test]
     fn tolerance_narrows_the_minute_but_never_widens_it() {
-        let build = |tolerance: Option<Duration>| {
-            Scheme::builtin("linear")
-                .expect("built in")
-                .build_source(&[Secret::new("s")], tolerance)
-                .expect("builds")
-        };
         let body = br#"{"webhookTimestamp":1763649000000}"#;
         let sent = build(None).sign(body, NOW, "d", None);
         let wide = build(Some(Duration::from_secs(600)));
@@ -283,12 +286,6 @@ mod tests {
 
     #[test]
     fn a_tolerance_wider_than_the_minute_is_warned_of_at_startup() {
-        let build = |tolerance: Option<Duration>| {
-            Scheme::builtin("linear")
-                .expect("built in")
-                .build_source(&[Secret::new("s")], tolerance)
-                .expect("builds")
-        };
         let warning = build(Some(Duration::from_secs(300)))
             .setup_warning()
             .expect("warned");
