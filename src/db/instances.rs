@@ -8,25 +8,34 @@
 //! `<path>-hookbox-<id>.lock`. Either goes when the process ends, however it ends. Every row
 //! the dispatcher leases names it (`deliveries.leased_by`).
 //!
-//! At every look (at the start, then every few seconds) a dispatcher tries the lock of each
-//! other instance in the table. One whose lock it gets at two looks in a row has died: the
-//! rows it had leased and not settled are due again at once ([`super::deliveries`]'s
-//! `release_leased_by`), and its row is deleted. (Two looks, because a live instance whose
-//! lock connection broke takes its lock again at its own next look: one free lock alone would
-//! have its attempts under way sent a second time at once.) Without this they would wait for their leases to run out (twice the
-//! target's timeout and 5 s: 25 s at the default), which is still what happens where there is
-//! no lock to try (an in-memory SQLite store lives and dies with its one process anyway).
+//! At every look (at the start, then every few seconds) a dispatcher looks at the lock of each
+//! other instance in the table. One whose lock is free at a look, and still free at a later
+//! look at least [`FREE_FOR`] after, has died: the rows it had leased and not settled are due
+//! again at once ([`super::deliveries`]'s `release_leased_by`), and its row is deleted.
+//! Without this they would wait for their leases to run out (twice the target's timeout and
+//! 5 s: 25 s at the default), which is still what happens where there is no lock to try (an
+//! in-memory SQLite store lives and dies with its one process anyway).
+//!
+//! Why a time, not one free lock, nor two looks in a row: a live instance whose lock
+//! connection broke takes its lock again at its own next look, up to a look period (2 s) and
+//! a new connection later. One free lock alone would have its attempts under way sent a
+//! second time at once; and two looks in a row are a look period apart, no more, so where two
+//! instances look within milliseconds of each other (as two started together do), a break
+//! between their looks was seen twice before the live one's next look had made its connection.
+//! On PostgreSQL a look that only asks reads `pg_locks` rather than trying the lock: trying it
+//! holds it for the moment, and the live instance taking its lock again at that moment would
+//! fail, and wait another look period.
 //!
 //! Rows leased by an instance whose lock is held are left alone. Should a live instance lose
 //! its lock for longer than a look (its lock connection broke and cannot be made again),
 //! another may take its rows back while it is still sending them: they are sent again with
 //! their one key, at least once as always.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use diesel::sql_types::{Bool, Double, Integer};
@@ -36,6 +45,13 @@ use super::{now, on_backend, write_transaction, AnyConnection, Store};
 /// The first key of every instance's advisory lock on PostgreSQL ("hkbx"); the second is the
 /// instance's number. Any number will do, as long as every hookbox uses the same one.
 const INSTANCE_LOCK_CLASS: i32 = 0x686b_6278;
+
+/// How long another instance's lock must stay free (from the look that first finds it free to
+/// a look that finds it free again) before that instance is taken for dead: a look period
+/// (2 s) and half a second. With looks every 2 s that is the third look to find it free, 4 to
+/// 6 s after it died; a live instance has taken its lock again by its own next look, 2 s and
+/// a connection after the break.
+pub const FREE_FOR: Duration = Duration::from_millis(2500);
 
 /// How long the lock connection waits on a lock (it never should: every try is a try).
 const LOCK_CONNECTION_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -70,8 +86,9 @@ pub struct Registration {
     registered: bool,
     /// When it last warned that this host's clock and the database's disagree.
     skew_warned: Option<std::time::Instant>,
-    /// The other instances whose lock was free at the last look.
-    free: HashSet<i64>,
+    /// The other instances whose lock was free at the last look, each since the look that
+    /// first found it free.
+    free: HashMap<i64, Instant>,
 }
 
 enum Lock {
@@ -98,7 +115,7 @@ impl Registration {
             listed: false,
             registered: false,
             skew_warned: None,
-            free: HashSet::new(),
+            free: HashMap::new(),
         }
     }
 
@@ -139,13 +156,14 @@ impl Registration {
             self.listed = true;
         }
         let mut taken_back = Vec::new();
-        let mut free = HashSet::new();
+        let mut free = HashMap::new();
         for (other, host, pid) in others(conn, id)? {
-            let confirm = self.free.contains(&other);
+            let since = self.free.get(&other).copied();
+            let confirm = since.is_some_and(|since| since.elapsed() >= FREE_FOR);
             match look_at(&self.store, conn, other, confirm)? {
                 Found::Alive => {}
                 Found::Free => {
-                    free.insert(other);
+                    free.insert(other, since.unwrap_or_else(Instant::now));
                 }
                 Found::TakenBack(rows) => taken_back.push(TakenBack {
                     id: other,
@@ -170,9 +188,8 @@ impl Registration {
                 tracing::warn!(
                     instance = self.id(),
                     "the connection that holds this instance's lock broke; taking it again \
-                     (should that fail for longer than two of another instance's looks, 2 s \
-                     apart, it takes this one's deliveries under way back and sends them again, \
-                     with the same key)"
+                     (should its lock stay free for more than 2.5 s, another instance takes this \
+                     one's deliveries under way back and sends them again, with the same key)"
                 );
                 self.lock = None;
                 self.listed = false;
@@ -194,9 +211,10 @@ impl Registration {
             }
             tracing::warn!(
                 instance = id,
-                "this instance's lock is still held by the session of its broken connection \
-                 (the database has not seen it end yet); taking it again at the next look, 2 s \
-                 from now"
+                "this instance's lock is still held: by the session of its broken connection \
+                 (the database has not seen it end yet), or by another instance that took this \
+                 one for dead and is taking its deliveries under way back (they are sent \
+                 again, with the same key); taking it again at the next look, 2 s from now"
             );
             return Ok(false);
         }
@@ -371,10 +389,12 @@ enum Found {
     TakenBack(usize),
 }
 
-/// Tries instance `id`'s lock; if it is free and `confirm` (it was free at the last look
-/// too), takes its leased rows back and deletes its row. On PostgreSQL its lock is held for
-/// the transaction that does so (so it cannot come back to life under the same number
-/// meanwhile); on SQLite its lock file is held locked until the rows are back, then removed.
+/// Whether instance `id`'s lock is free; if it is and `confirm` (it has been free since a
+/// look at least [`FREE_FOR`] ago), takes its leased rows back and deletes its row. On
+/// PostgreSQL a look that does not confirm only reads `pg_locks`, and one that does holds the
+/// lock for the transaction that takes the rows back (so the instance cannot come back to life
+/// under the same number meanwhile); on SQLite the lock file is tried, and held locked until
+/// the rows are back, then removed.
 fn look_at(
     store: &Store,
     conn: &mut AnyConnection,
@@ -387,16 +407,31 @@ fn look_at(
         Ok(rows)
     };
     match store {
+        Store::Postgres(_) if !confirm => {
+            let locked: Locked = diesel::sql_query(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND classid = $1::oid AND objid = $2::oid AND objsubid = 2 AND granted) \
+                 AS locked",
+            )
+            .bind::<Integer, _>(INSTANCE_LOCK_CLASS)
+            .bind::<Integer, _>(second_key(id))
+            .get_result(conn)?;
+            Ok(if locked.locked {
+                Found::Alive
+            } else {
+                Found::Free
+            })
+        }
         Store::Postgres(_) => Ok(write_transaction(conn, |conn| {
             let locked: Locked =
                 diesel::sql_query("SELECT pg_try_advisory_xact_lock($1, $2) AS locked")
                     .bind::<Integer, _>(INSTANCE_LOCK_CLASS)
                     .bind::<Integer, _>(second_key(id))
                     .get_result(conn)?;
-            Ok::<_, diesel::result::Error>(match (locked.locked, confirm) {
-                (false, _) => Found::Alive,
-                (true, false) => Found::Free,
-                (true, true) => Found::TakenBack(forget(conn)?),
+            Ok::<_, diesel::result::Error>(match locked.locked {
+                false => Found::Alive,
+                true => Found::TakenBack(forget(conn)?),
             })
         })?),
         Store::SqliteFile(path) => {

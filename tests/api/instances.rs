@@ -5,11 +5,11 @@
 
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hookbox::db::deliveries::{Lease, ToQueue};
 use hookbox::db::events::{self, Answer, NewEvent};
-use hookbox::db::instances::Registration;
+use hookbox::db::instances::{Registration, FREE_FOR};
 use hookbox::db::{self, deliveries, AnyConnection, Store};
 
 use crate::helpers::*;
@@ -66,6 +66,25 @@ fn registered(number: i64) -> (TestDb, Store, AnyConnection, Registration, i64) 
         .is_empty());
     let number = id.load(std::sync::atomic::Ordering::SeqCst);
     (db, store, conn, first, number)
+}
+
+/// Cuts the connection that holds instance `number`'s lock on PostgreSQL (as a restart of
+/// PostgreSQL, or a network break, would), and waits until the lock is free.
+fn cut_lock_connection(db: &TestDb, number: i64) {
+    let cut = db.count(&format!(
+        "(SELECT pg_terminate_backend(pid) AS done FROM pg_locks \
+          WHERE locktype = 'advisory' AND classid = 1751868024 AND objid = {number} \
+            AND granted) AS cut WHERE cut.done"
+    ));
+    assert_eq!(cut, 1, "one lock connection was cut");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db.count(&format!(
+        "pg_locks WHERE locktype = 'advisory' AND objid = {number}"
+    )) > 0
+    {
+        assert!(Instant::now() < deadline, "the lock never went");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Stores event `event_id` with its one outbox row leased to instance `holder` for an hour.
@@ -164,20 +183,7 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
 
     // The first instance's lock connection is cut (as a PostgreSQL restart would): its lock
     // is free until its own next look takes it again.
-    let cut = db.count(&format!(
-        "(SELECT pg_terminate_backend(pid) AS done FROM pg_locks \
-          WHERE locktype = 'advisory' AND classid = 1751868024 AND objid = {first_number} \
-            AND granted) AS cut WHERE cut.done"
-    ));
-    assert_eq!(cut, 1, "one lock connection was cut");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while db.count(&format!(
-        "pg_locks WHERE locktype = 'advisory' AND objid = {first_number}"
-    )) > 0
-    {
-        assert!(std::time::Instant::now() < deadline, "the lock never went");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    cut_lock_connection(&db, first_number);
     // The second instance finds it free once: not yet taken for dead.
     assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
     assert!(due_now(&mut conn).is_empty());
@@ -200,6 +206,64 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
         "the live instance's row stays leased"
     );
     assert_eq!(db.count("instances"), 2);
+}
+
+#[test]
+fn a_lock_found_free_at_looks_closer_than_the_wait_is_not_yet_taken_for_dead() {
+    if skip_on_sqlite(
+        "a_lock_found_free_at_looks_closer_than_the_wait_is_not_yet_taken_for_dead",
+        "a file lock cannot be lost by a live process",
+    ) {
+        return;
+    }
+    // Two instances started together look within milliseconds of each other. A break of the
+    // first's lock connection between their looks was seen at two of the second's looks (a
+    // look period apart) before the first's own next look had made its connection again: its
+    // attempts under way were sent a second time at once.
+    let (db, store, mut conn, mut first, first_number) = registered(7007);
+    store_leased(&mut conn, "a", first_number);
+    let mut second = Registration::new(store, Arc::new(AtomicI64::new(8008)));
+    assert!(second
+        .look(Some(&mut conn))
+        .expect("it registers")
+        .is_empty());
+
+    cut_lock_connection(&db, first_number);
+    let cut_at = Instant::now();
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
+    assert!(
+        second.look(Some(&mut conn)).expect("it looks").is_empty(),
+        "free at two looks in a row, but not for long enough"
+    );
+    assert!(due_now(&mut conn).is_empty(), "still leased to the first");
+    // The first takes its lock again at its own next look; the second finds it alive, and
+    // the time its lock was free counts no more.
+    assert!(first.look(Some(&mut conn)).expect("it looks").is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
+    while cut_at.elapsed() < FREE_FOR {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cut_lock_connection(&db, first_number);
+    let free_from = Instant::now();
+    assert!(
+        second.look(Some(&mut conn)).expect("it looks").is_empty(),
+        "free since this look, not since the first break"
+    );
+    assert!(due_now(&mut conn).is_empty());
+
+    // The first never looks again: once its lock has been free that long, it is dead.
+    let deadline = Instant::now() + FREE_FOR + Duration::from_secs(10);
+    let taken_back = loop {
+        let taken_back = second.look(Some(&mut conn)).expect("it looks");
+        if !taken_back.is_empty() {
+            break taken_back;
+        }
+        assert!(Instant::now() < deadline, "never taken for dead");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(free_from.elapsed() >= FREE_FOR, "{:?}", free_from.elapsed());
+    assert_eq!((taken_back[0].id, taken_back[0].rows), (first_number, 1));
+    assert_eq!(due_now(&mut conn), [("a".to_owned(), 1, 1)]);
 }
 
 #[test]
