@@ -27,6 +27,7 @@ pub struct Ready {
 }
 
 impl Ready {
+    /// Ready, as `said`, with no stream to compare with other targets'.
     pub fn said(said: impl Into<String>) -> Ready {
         Ready {
             said: said.into(),
