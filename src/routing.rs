@@ -270,6 +270,19 @@ pub fn subjects_overlap(a: &str, b: &str) -> bool {
     }
 }
 
+/// Whether every subject that matches NATS subject pattern `narrow` also matches `wide`.
+pub fn subjects_cover(wide: &str, narrow: &str) -> bool {
+    let (mut wide, mut narrow) = (wide.split('.'), narrow.split('.'));
+    loop {
+        match (wide.next(), narrow.next()) {
+            (None, None) | (Some(">"), Some(_)) => return true,
+            (_, Some(">")) => return false,
+            (Some(w), Some(n)) if w == n || w == "*" => {}
+            _ => return false,
+        }
+    }
+}
+
 impl fmt::Display for Template {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.written)
@@ -325,6 +338,14 @@ mod tests {
             "webhooks.stripe.*"
         ));
         assert!(!subjects_overlap("webhooks.>", "webhooks"));
+        assert!(subjects_cover("webhooks.>", "webhooks.stripe.*"));
+        assert!(subjects_cover("webhooks.*.*", "webhooks.stripe.*"));
+        assert!(subjects_cover("webhooks.stripe.*", "webhooks.stripe.*"));
+        assert!(subjects_cover(">", "a.*"));
+        assert!(!subjects_cover("webhooks.stripe.paid", "webhooks.stripe.*"));
+        assert!(!subjects_cover("webhooks.*.*", "webhooks.>"));
+        assert!(!subjects_cover("webhooks.*", "webhooks.stripe.*"));
+        assert!(!subjects_cover("webhooks.stripe.*.*", "webhooks.stripe.*"));
     }
 
     #[test]

@@ -268,16 +268,17 @@ impl Nats {
         }
         let subjects = self.subject.subjects_of(source);
         let mut streams = jetstream.streams();
-        let mut capturing = Vec::new();
+        // The streams that capture some of the target's subjects, and whether one captures all.
+        let (mut capturing, mut whole) = (Vec::new(), false);
         while let Some(info) = streams.next().await {
             match info {
                 Ok(info) => {
-                    if info
-                        .config
-                        .subjects
+                    let theirs = &info.config.subjects;
+                    if theirs
                         .iter()
                         .any(|s| routing::subjects_overlap(s, &subjects))
                     {
+                        whole |= theirs.iter().any(|s| routing::subjects_cover(s, &subjects));
                         capturing.push(info.config.name);
                     }
                 }
@@ -295,11 +296,21 @@ impl Nats {
                  add the subjects to a stream, e.g. `nats stream add --subjects \"{subjects}\"`)"
             ));
         }
-        Ok(bus::Ready {
-            said: format!(
+        let said = if whole {
+            format!(
                 "JetStream answers; stream {} captures subjects like {subjects}",
                 capturing.join(", ")
-            ),
+            )
+        } else {
+            // Not a warning: the target's `events` filter may keep the others away.
+            format!(
+                "JetStream answers; stream {} captures some subjects like {subjects}, not all: \
+                 an event whose subject no stream captures is retried, then dead",
+                capturing.join(", ")
+            )
+        };
+        Ok(bus::Ready {
+            said,
             streams: capturing,
         })
     }

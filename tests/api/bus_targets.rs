@@ -30,7 +30,8 @@ fn unique_name() -> String {
     unique_id("hb").replace('-', "_")
 }
 
-/// A JetStream stream of its own capturing `<prefix>.>`, deleted when dropped.
+/// A JetStream stream of its own capturing `<prefix>.>` (or the subjects asked for), deleted
+/// when dropped.
 struct Stream {
     server: String,
     name: String,
@@ -42,6 +43,11 @@ struct Stream {
 impl Stream {
     /// A file-backed stream on the server at `server` with a two-minute duplicate window.
     async fn create(server: &str) -> Stream {
+        Stream::capturing(server, |prefix| vec![format!("{prefix}.>")]).await
+    }
+
+    /// [`Stream::create`], capturing the subjects `subjects` makes of its prefix.
+    async fn capturing(server: &str, subjects: impl Fn(&str) -> Vec<String>) -> Stream {
         let name = unique_name();
         let prefix = name.clone();
         let client = async_nats::connect(server).await.expect("connect to NATS");
@@ -49,7 +55,7 @@ impl Stream {
         jetstream
             .create_stream(jetstream::stream::Config {
                 name: name.clone(),
-                subjects: vec![format!("{prefix}.>")],
+                subjects: subjects(&prefix),
                 storage: StorageType::File,
                 duplicate_window: Duration::from_secs(120),
                 ..Default::default()
@@ -1144,6 +1150,10 @@ async fn a_bus_password_shows_as_stars_in_the_log_the_admin_api_and_the_console(
 #[actix_web::test]
 async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_event() {
     let stream = Stream::create(NATS).await;
+    let part = Stream::capturing(NATS, |prefix| {
+        vec![format!("{prefix}.stripe.charge_refunded")]
+    })
+    .await;
     let rabbit = Rabbit::create(true).await;
     let uncaptured = unique_name();
     let missing = format!("{}_missing", rabbit.exchange);
@@ -1162,6 +1172,11 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
             "copy",
             NATS,
             &format!("{}.copy.{{event_type}}", stream.prefix),
+        ),
+        nats_target(
+            "part",
+            NATS,
+            &format!("{}.{{source}}.{{event_type}}", part.prefix),
         ),
         nats_target(
             "nostream",
@@ -1191,6 +1206,10 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
             "targets bus, copy of source stripe publish into one stream, {}",
             stream.name
         ),
+        format!(
+            "forward target ready: JetStream answers; stream {} captures some subjects like {}.stripe.*, not all",
+            part.name, part.prefix
+        ),
         format!("forward target not ready: no stream captures subjects like {uncaptured}.stripe.*"),
         "forward target not ready: the NATS server does not answer within the target's timeout (2s)"
             .to_owned(),
@@ -1203,7 +1222,15 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
         server.wait_for_log(&line);
     }
     let log = server.log();
-    for name in ["bus", "copy", "nostream", "down", "rabbit", "noexchange"] {
+    for name in [
+        "bus",
+        "copy",
+        "part",
+        "nostream",
+        "down",
+        "rabbit",
+        "noexchange",
+    ] {
         assert_eq!(
             log.lines()
                 .filter(|l| l.contains("forward target") && l.contains(&format!("target={name} ")))
