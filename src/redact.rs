@@ -23,6 +23,18 @@ pub const CREDENTIAL_HEADERS: [&str; 4] = [
     "set-cookie",
 ];
 
+/// Takes the [`CREDENTIAL_HEADERS`] out of a kept headers object (names compared ignoring
+/// case).
+pub fn drop_credentials(headers: &mut serde_json::Value) {
+    if let Some(headers) = headers.as_object_mut() {
+        headers.retain(|name, _| {
+            !CREDENTIAL_HEADERS
+                .iter()
+                .any(|credential| name.eq_ignore_ascii_case(credential))
+        });
+    }
+}
+
 /// What a secret is shown as.
 const MASK: &str = "***";
 

@@ -15,7 +15,11 @@
 //! - an AMQP exchange name: in a value, anything but `A-Z a-z 0-9 - _ . :` (AMQP's characters
 //!   for an exchange name) becomes `_`, and the name is cut at 255 bytes.
 //!
-//! Low in the tree: `config` parses templates and `forward` renders them.
+//! Also which event types a target's `events` patterns take ([`pattern_matches`], and
+//! [`patterns_overlap`] for two targets'), and which subjects a stream takes
+//! ([`subjects_overlap`], [`subjects_cover`]), for the startup check of NATS targets.
+//!
+//! Low in the tree: `config` parses templates and patterns, and `forward` renders them.
 
 use std::fmt;
 
@@ -221,23 +225,20 @@ impl Template {
 }
 
 impl Template {
-    /// Every subject a NATS subject template renders to for `source`'s events, as one NATS
-    /// pattern: each token that holds the event's id or type is `*`.
+    /// Every subject a NATS subject template renders to for `source`'s events, as its tokens
+    /// with `*` for the event's id or type: `webhooks.stripe.*`, `hooks.t-*` (a literal holds
+    /// no `*`, checked when parsed). A token with `*` and more is not a NATS pattern; see
+    /// [`nats_pattern`] for one.
     pub fn subjects_of(&self, source: &str) -> String {
         let mut shape = String::new();
         for piece in &self.pieces {
             match piece {
                 Piece::Text(text) => shape.push_str(text),
                 Piece::Value(Field::Source) => self.push_value(&mut shape, source),
-                // A literal holds no `*` (checked when parsed), so it marks the event's tokens.
                 Piece::Value(Field::EventId | Field::EventType) => shape.push('*'),
             }
         }
         shape
-            .split('.')
-            .map(|token| if token.contains('*') { "*" } else { token })
-            .collect::<Vec<_>>()
-            .join(".")
     }
 
     /// What this template renders to for every event of `source`, where that is one name:
@@ -256,28 +257,89 @@ impl Template {
     }
 }
 
-/// Whether some subject matches both NATS subject patterns (tokens joined by `.`; `*` matches
-/// any one token, a last `>` one or more).
-pub fn subjects_overlap(a: &str, b: &str) -> bool {
-    let (mut a, mut b) = (a.split('.'), b.split('.'));
+/// Whether `text` matches `pattern`, where `*` stands for any run of characters (none
+/// included) and every other character for itself.
+pub fn pattern_matches(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// Whether some text matches both `a` and `b`, patterns as for [`pattern_matches`]: whether
+/// two targets' `events` patterns can take the same event type.
+pub fn patterns_overlap(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // reach[i][j]: some text takes `a` to its i-th character and `b` to its j-th at once.
+    let mut reach = vec![vec![false; b.len() + 1]; a.len() + 1];
+    reach[0][0] = true;
+    for i in 0..=a.len() {
+        for j in 0..=b.len() {
+            if !reach[i][j] {
+                continue;
+            }
+            let (x, y) = (a.get(i).copied(), b.get(j).copied());
+            // A star may stand for nothing.
+            if x == Some('*') {
+                reach[i + 1][j] = true;
+            }
+            if y == Some('*') {
+                reach[i][j + 1] = true;
+            }
+            // One more character of the text: a literal moves on, a star takes it and stays.
+            match (x, y) {
+                (Some('*'), Some(c)) if c != '*' => reach[i][j + 1] = true,
+                (Some(c), Some('*')) if c != '*' => reach[i + 1][j] = true,
+                (Some(c), Some(d)) if c == d && c != '*' => reach[i + 1][j + 1] = true,
+                _ => {}
+            }
+        }
+    }
+    reach[a.len()][b.len()]
+}
+
+/// [`Template::subjects_of`]'s subjects as a NATS pattern: a token holding `*` is `*`.
+pub fn nats_pattern(subjects: &str) -> String {
+    subjects
+        .split('.')
+        .map(|token| if token.contains('*') { "*" } else { token })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Whether a stream whose subject pattern is `stream` (NATS: `*` any one token, a last `>` one
+/// or more) captures some of `subjects` ([`Template::subjects_of`]'s).
+pub fn subjects_overlap(stream: &str, subjects: &str) -> bool {
+    let (mut stream, mut ours) = (stream.split('.'), subjects.split('.'));
     loop {
-        match (a.next(), b.next()) {
-            (None, None) => return true,
-            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
-            (Some(x), Some(y)) if x == y || x == "*" || y == "*" => {}
+        match (stream.next(), ours.next()) {
+            (None, None) | (Some(">"), Some(_)) => return true,
+            (Some(s), Some(o))
+                if s == "*" || s == o || (o.contains('*') && pattern_matches(o, s)) => {}
             _ => return false,
         }
     }
 }
 
-/// Whether every subject that matches NATS subject pattern `narrow` also matches `wide`.
-pub fn subjects_cover(wide: &str, narrow: &str) -> bool {
-    let (mut wide, mut narrow) = (wide.split('.'), narrow.split('.'));
+/// Whether a stream whose subject pattern is `stream` captures all of `subjects`.
+pub fn subjects_cover(stream: &str, subjects: &str) -> bool {
+    let (mut stream, mut ours) = (stream.split('.'), subjects.split('.'));
     loop {
-        match (wide.next(), narrow.next()) {
+        match (stream.next(), ours.next()) {
             (None, None) | (Some(">"), Some(_)) => return true,
-            (_, Some(">")) => return false,
-            (Some(w), Some(n)) if w == n || w == "*" => {}
+            (Some(s), Some(o)) if s == "*" || (s == o && !o.contains('*')) => {}
             _ => return false,
         }
     }
@@ -321,8 +383,9 @@ mod tests {
         );
         assert_eq!(
             parse("hooks.t-{event_type}.{event_id}.x").subjects_of("a b"),
-            "hooks.*.*.x"
+            "hooks.t-*.*.x"
         );
+        assert_eq!(nats_pattern("hooks.t-*.*.x"), "hooks.*.*.x");
         assert_eq!(parse("in.{source}-all").subjects_of("gh"), "in.gh-all");
         assert!(subjects_overlap("webhooks.>", "webhooks.stripe.*"));
         assert!(subjects_overlap("webhooks.*.*", "webhooks.stripe.*"));
@@ -338,12 +401,15 @@ mod tests {
             "webhooks.stripe.*"
         ));
         assert!(!subjects_overlap("webhooks.>", "webhooks"));
+        assert!(subjects_overlap("hooks.t-paid", "hooks.t-*"));
+        assert!(!subjects_overlap("hooks.u-only", "hooks.t-*"));
+        assert!(subjects_cover("hooks.*", "hooks.t-*"));
+        assert!(!subjects_cover("hooks.t-paid", "hooks.t-*"));
         assert!(subjects_cover("webhooks.>", "webhooks.stripe.*"));
         assert!(subjects_cover("webhooks.*.*", "webhooks.stripe.*"));
         assert!(subjects_cover("webhooks.stripe.*", "webhooks.stripe.*"));
         assert!(subjects_cover(">", "a.*"));
         assert!(!subjects_cover("webhooks.stripe.paid", "webhooks.stripe.*"));
-        assert!(!subjects_cover("webhooks.*.*", "webhooks.>"));
         assert!(!subjects_cover("webhooks.*", "webhooks.stripe.*"));
         assert!(!subjects_cover("webhooks.stripe.*.*", "webhooks.stripe.*"));
     }
@@ -361,6 +427,50 @@ mod tests {
         );
         assert_eq!(parse("").fixed("stripe").as_deref(), Some(""));
         assert_eq!(parse("{event_type}").fixed("stripe"), None);
+    }
+
+    #[test]
+    fn star_matches_any_run_of_characters() {
+        for (pattern, text, matches) in [
+            ("*", "", true),
+            ("*", "a.b", true),
+            ("a.*", "a.b", true),
+            ("a.*", "a.", true),
+            ("a.*", "a", false),
+            ("*.created", "customer.created", true),
+            ("*.created", "customer.created.x", false),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxcyyb", false),
+            ("ab*ba", "aba", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("a.b", "aXb", false),
+        ] {
+            assert_eq!(
+                pattern_matches(pattern, text),
+                matches,
+                "{pattern} ~ {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn two_patterns_overlap_when_some_type_matches_both() {
+        for (a, b, overlap) in [
+            ("x.*", "y.*", false),
+            ("x.*", "x.paid", true),
+            ("*", "anything", true),
+            ("pay*", "*ed", true),
+            ("*.created", "customer.*", true),
+            ("a*b", "a*c", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("*.paid", "*.refunded", false),
+        ] {
+            assert_eq!(patterns_overlap(a, b), overlap, "{a} ~ {b}");
+            assert_eq!(patterns_overlap(b, a), overlap, "{b} ~ {a}");
+        }
     }
 
     #[test]

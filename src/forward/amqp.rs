@@ -7,8 +7,7 @@
 //! Delivered means the broker's confirm (ack) with nothing returned; a nack, a return (no
 //! queue is bound for the routing key), a missing exchange or a lost connection is a retry.
 //!
-//! One connection per target, opened by the check as the dispatcher starts (or by the next
-//! attempt, should that fail), and on it one
+//! One connection per target, opened when its first delivery is due, and on it one
 //! confirm-mode channel per publish in flight, kept for the next once its confirm is in: a
 //! channel never has two publishes awaiting their confirms. lapin gives a returned
 //! (unroutable) message to whichever confirm it resolves next, and a multiple ack resolves
@@ -115,29 +114,47 @@ impl Amqp {
 
     /// Checks, as the dispatcher starts, that the broker lets this target in, and that its
     /// exchange exists where the exchange is the same for every event of `source`: what is
-    /// ready, or what is wrong.
+    /// ready, or what is wrong. On a connection of its own, closed after: the deliveries' link
+    /// is never held while the check waits on a broker that does not answer.
     pub async fn check(&self, source: &str) -> Result<bus::Ready, String> {
         let told = |error: String| crate::redact::message_about(&error, &self.url);
-        let channel = self.channel().await.map_err(told)?;
+        let properties =
+            ConnectionProperties::default().with_connection_name("hookbox (startup check)".into());
+        let connection = Connection::connect(&self.url, properties)
+            .await
+            .map_err(|e| told(format!("cannot connect to RabbitMQ: {e}")))?;
+        let checked = self.check_exchange(&connection, source).await.map_err(told);
+        let _ = connection.close(200, "hookbox: checked".into()).await;
+        checked
+    }
+
+    /// [`Amqp::check`]'s look at the exchange, on `connection`.
+    async fn check_exchange(
+        &self,
+        connection: &Connection,
+        source: &str,
+    ) -> Result<bus::Ready, String> {
         let Some(exchange) = self.exchange.fixed(source) else {
-            self.give_back(channel).await;
             return Ok(bus::Ready::said(
                 "RabbitMQ answers (the exchange is named by each event)",
             ));
         };
         if exchange.is_empty() {
-            self.give_back(channel).await;
             return Ok(bus::Ready::said(
                 "RabbitMQ answers; publishing to the default exchange",
             ));
         }
-        // A passive declare only asks whether it exists. The broker closes the channel of one
-        // that does not, so that channel is not kept.
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| format!("cannot open a channel: {e}"))?;
+        // A passive declare only asks whether it exists (the broker closes the channel of one
+        // that does not).
         let passive = ExchangeDeclareOptions {
             passive: true,
             ..ExchangeDeclareOptions::default()
         };
-        match channel
+        channel
             .exchange_declare(
                 ShortString::from(exchange.clone()),
                 ExchangeKind::Topic,
@@ -145,19 +162,16 @@ impl Amqp {
                 FieldTable::default(),
             )
             .await
-        {
-            Ok(()) => {
-                self.give_back(channel).await;
-                Ok(bus::Ready::said(format!(
-                    "RabbitMQ answers; exchange {exchange:?} exists"
-                )))
-            }
-            Err(e) => Err(told(format!(
-                "exchange {exchange:?} is not there to publish to (hookbox never declares \
-                 exchanges; declare it, e.g. `rabbitmqadmin declare exchange name={exchange} \
-                 type=topic durable=true`): {e}"
-            ))),
-        }
+            .map_err(|e| {
+                format!(
+                    "exchange {exchange:?} is not there to publish to (hookbox never declares \
+                     exchanges; declare it, e.g. `rabbitmqadmin declare exchange name={exchange} \
+                     type=topic durable=true`): {e}"
+                )
+            })?;
+        Ok(bus::Ready::said(format!(
+            "RabbitMQ answers; exchange {exchange:?} exists"
+        )))
     }
 
     /// One attempt: publish the event and wait for the broker's confirm. The dispatcher

@@ -24,6 +24,8 @@ pub struct Ready {
     pub said: String,
     /// The JetStream streams that capture the target's subjects (none for RabbitMQ).
     pub streams: Vec<String>,
+    /// The server that holds them, without credentials.
+    pub server: String,
 }
 
 impl Ready {
@@ -32,50 +34,79 @@ impl Ready {
         Ready {
             said: said.into(),
             streams: Vec::new(),
+            server: String::new(),
         }
     }
 }
 
-/// Checks each bus target of `lanes` (source, target) once, as the dispatcher starts, and logs
-/// what it found: a wrong URL or login, a missing stream or exchange shows at startup rather
-/// than at the first event; so do two NATS targets of one source whose subjects one stream
-/// captures. Holds nothing up: deliveries wait in the outbox and are retried meanwhile, as
-/// always.
+/// Checks each bus target of `lanes` (source, target) once, as the dispatcher starts, each
+/// within its `timeout`, and logs what it found: a wrong URL or login, a missing stream or
+/// exchange shows at startup rather than at the first event; so do two NATS targets of one
+/// source that may get the same events and publish into one stream. Holds nothing up:
+/// deliveries wait in the outbox and are retried meanwhile, as always.
 pub async fn check_targets(lanes: Vec<(String, Arc<Target>)>) {
-    let checked = futures_util::future::join_all(lanes.into_iter().map(|(source, target)| async move {
-        let found = match &target.link {
-            Link::Nats(nats) => nats.check(&source).await,
-            Link::Amqp(amqp) => amqp.check(&source).await,
-            Link::Http(_) => return None,
-        };
-        let (name, url) = (&target.config.name, target.config.shown_url());
-        match found {
-            Ok(ready) => {
-                tracing::info!(
-                    source = %source, target = %name, url = %url,
-                    "forward target ready: {}", ready.said
-                );
-                Some((source, name.clone(), ready.streams))
+    let checked =
+        futures_util::future::join_all(lanes.into_iter().map(|(source, target)| async move {
+            let check = async {
+                match &target.link {
+                    Link::Nats(nats) => Some(nats.check(&source).await),
+                    Link::Amqp(amqp) => Some(amqp.check(&source).await),
+                    Link::Http(_) => None,
+                }
+            };
+            let found = match tokio::time::timeout(target.config.timeout, check).await {
+                Ok(None) => return None,
+                Ok(Some(found)) => found,
+                Err(_) => Err(format!(
+                    "no answer within the target's timeout ({})",
+                    humantime::format_duration(target.config.timeout)
+                )),
+            };
+            let (name, url) = (&target.config.name, target.config.shown_url());
+            match found {
+                Ok(ready) => {
+                    tracing::info!(
+                        source = %source, target = %name, url = %url,
+                        "forward target ready: {}", ready.said
+                    );
+                    Some((source, target, ready))
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        source = %source, target = %name, url = %url,
+                        "forward target not ready: {}. Its deliveries wait in the outbox and are \
+                         retried until it is",
+                        why.trim_end_matches('.')
+                    );
+                    None
+                }
             }
-            Err(why) => {
-                tracing::warn!(
-                    source = %source, target = %name, url = %url,
-                    "forward target not ready: {why}. Its deliveries wait in the outbox and are \
-                     retried until it is"
-                );
-                None
-            }
-        }
-    }))
-    .await;
-    let mut sharing: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
-    for (source, target, streams) in checked.iter().flatten() {
-        for stream in streams {
-            sharing.entry((source, stream)).or_default().push(target);
+        }))
+        .await;
+    let mut sharing: BTreeMap<(&str, &str, &str), Vec<&Target>> = BTreeMap::new();
+    for (source, target, ready) in checked.iter().flatten() {
+        for stream in &ready.streams {
+            sharing
+                .entry((source, &ready.server, stream))
+                .or_default()
+                .push(target);
         }
     }
-    for ((source, stream), targets) in sharing {
-        if targets.len() > 1 {
+    for ((source, _, stream), targets) in sharing {
+        // Only targets that may get one event: the stream keeps one copy of it.
+        let mut meet: Vec<&str> = Vec::new();
+        for (i, a) in targets.iter().enumerate() {
+            for b in &targets[i + 1..] {
+                if a.config.may_share_events(&b.config) {
+                    for name in [&a.config.name, &b.config.name] {
+                        if !meet.contains(&name.as_str()) {
+                            meet.push(name);
+                        }
+                    }
+                }
+            }
+        }
+        if meet.len() > 1 {
             tracing::warn!(
                 source = %source, stream = %stream,
                 "targets {} of source {source} publish into one stream, {stream}: each event's \
@@ -83,7 +114,7 @@ pub async fn check_targets(lanes: Vec<(String, Arc<Target>)>) {
                  target's publish and drops the others' as duplicates (retried until its \
                  duplicate window has passed). Give each NATS target of a source a stream of \
                  its own (subjects that do not overlap)",
-                targets.join(", ")
+                meet.join(", ")
             );
         }
     }

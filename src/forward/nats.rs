@@ -6,7 +6,7 @@
 //! ride along as headers. Delivered means the stream's publish acknowledgement; no stream for
 //! the subject, no acknowledgement in time, or a lost connection is a retry.
 //!
-//! One connection per target, opened by the check as the dispatcher starts (on the dispatcher's
+//! One connection per target, opened when its first delivery is due (on the dispatcher's
 //! runtime, never the provider-facing workers') and kept for the life of the process.
 //! async-nats reopens it when it drops, with its own backoff (immediately, then doubling up to
 //! 4 s); publishes made meanwhile wait in the client and time out as retries.
@@ -36,7 +36,7 @@ pub struct Nats {
     login: Login,
     subject: Template,
     timeout: Duration,
-    /// Opened by the startup check or the first delivery, whichever comes first.
+    /// Opened on the first delivery.
     jetstream: OnceCell<jetstream::Context>,
     /// What last went wrong with the connection (a refused login, a server gone), until it is
     /// up again: said with an attempt that timed out, whose own error cannot tell why.
@@ -86,16 +86,9 @@ impl Nats {
     async fn jetstream(&self) -> Result<&jetstream::Context, String> {
         self.jetstream
             .get_or_try_init(|| async {
-                let options = match &self.login {
-                    Login::None => ConnectOptions::new(),
-                    Login::Password(user, password) => ConnectOptions::with_user_and_password(
-                        user.clone(),
-                        password.expose().to_owned(),
-                    ),
-                    Login::Token(token) => ConnectOptions::with_token(token.expose().to_owned()),
-                };
                 let problem = self.problem.clone();
-                let client = options
+                let client = self
+                    .options()
                     .event_callback(move |event| {
                         let seen = match event {
                             async_nats::Event::Connected => Some(None),
@@ -121,6 +114,17 @@ impl Nats {
                     .build(client))
             })
             .await
+    }
+
+    /// How to log in, as the URL says.
+    fn options(&self) -> ConnectOptions {
+        match &self.login {
+            Login::None => ConnectOptions::new(),
+            Login::Password(user, password) => {
+                ConnectOptions::with_user_and_password(user.clone(), password.expose().to_owned())
+            }
+            Login::Token(token) => ConnectOptions::with_token(token.expose().to_owned()),
+        }
     }
 
     /// What last went wrong with the connection, while it is not up.
@@ -251,18 +255,51 @@ impl Nats {
 }
 
 impl Nats {
-    /// Checks, as the dispatcher starts, that the server answers, has JetStream, and holds a
-    /// stream that captures `source`'s subjects: what is ready, or what is wrong.
+    /// Checks, as the dispatcher starts, that the server answers, takes the login, has
+    /// JetStream, and holds a stream that captures `source`'s subjects: what is ready, or what
+    /// is wrong. On a connection of its own, tried once and closed after: the deliveries'
+    /// connection is opened by the first of them, as it would be without the check, and a
+    /// refused login does not retry (and log) for ever with no event to send.
     pub async fn check(&self, source: &str) -> Result<bus::Ready, String> {
         let told = |error: String| crate::redact::message_about(&error, &self.url);
-        let jetstream = self.jetstream().await.map_err(told)?;
-        if self.connected(&jetstream.client()).await.is_err() {
-            let trouble = self.trouble().map_or(String::new(), |t| format!(": {t}"));
-            return Err(told(format!(
-                "the NATS server does not answer within the target's timeout ({}){trouble}",
-                humantime::format_duration(self.timeout)
-            )));
-        }
+        let client = self
+            .options()
+            .name("hookbox (startup check)")
+            .connection_timeout(self.timeout)
+            .connect(self.server.clone())
+            .await
+            .map_err(|e| {
+                use async_nats::ConnectErrorKind;
+                told(match e.kind() {
+                    ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
+                        format!(
+                            "the NATS server refuses the login the URL gives (its user and \
+                             password, or token): {e}"
+                        )
+                    }
+                    ConnectErrorKind::TimedOut => format!(
+                        "the NATS server does not answer within the target's timeout ({})",
+                        humantime::format_duration(self.timeout)
+                    ),
+                    _ => format!("cannot connect to the NATS server: {e}"),
+                })
+            })?;
+        let jetstream = jetstream::ContextBuilder::new()
+            .timeout(self.timeout)
+            .build(client);
+        let checked = self.check_streams(&jetstream, source).await;
+        // Closed now, not when the last clone of the client goes.
+        let _ = jetstream.client().drain().await;
+        checked
+    }
+
+    /// [`Nats::check`]'s look at JetStream and its streams.
+    async fn check_streams(
+        &self,
+        jetstream: &jetstream::Context,
+        source: &str,
+    ) -> Result<bus::Ready, String> {
+        let told = |error: String| crate::redact::message_about(&error, &self.url);
         if let Some(why) = jetstream_missing(jetstream).await {
             return Err(why);
         }
@@ -293,7 +330,10 @@ impl Nats {
         if capturing.is_empty() {
             return Err(format!(
                 "no stream captures subjects like {subjects} (hookbox never creates streams; \
-                 add the subjects to a stream, e.g. `nats stream add --subjects \"{subjects}\"`)"
+                 add the subjects to a stream, e.g. `nats stream add WEBHOOKS --subjects '{}' \
+                 --dupe-window 1h`, the window as long as the target's retries: see \
+                 docs/bus-targets.md)",
+                routing::nats_pattern(&subjects)
             ));
         }
         let said = if whole {
@@ -312,6 +352,7 @@ impl Nats {
         Ok(bus::Ready {
             said,
             streams: capturing,
+            server: self.server.clone().into_inner().to_string(),
         })
     }
 }

@@ -1154,6 +1154,8 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
         vec![format!("{prefix}.stripe.charge_refunded")]
     })
     .await;
+    let split = Stream::create(NATS).await;
+    let token = Stream::capturing(NATS, |prefix| vec![format!("{prefix}.u-only")]).await;
     let rabbit = Rabbit::create(true).await;
     let uncaptured = unique_name();
     let missing = format!("{}_missing", rabbit.exchange);
@@ -1161,31 +1163,38 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         listener.local_addr().expect("its address").port()
     };
+    let silent = silent_then_forwarding(Duration::from_secs(3600), "127.0.0.1:4222");
     let db = TestDb::create();
+    let subject = |prefix: &str, rest: &str| format!("{prefix}.{rest}");
     let targets = [
         nats_target(
             "bus",
             NATS,
-            &format!("{}.{{source}}.{{event_type}}", stream.prefix),
+            &subject(&stream.prefix, "{source}.{event_type}"),
         ),
-        nats_target(
-            "copy",
-            NATS,
-            &format!("{}.copy.{{event_type}}", stream.prefix),
-        ),
+        nats_target("copy", NATS, &subject(&stream.prefix, "copy.{event_type}")),
         nats_target(
             "part",
             NATS,
-            &format!("{}.{{source}}.{{event_type}}", part.prefix),
+            &subject(&part.prefix, "{source}.{event_type}"),
         ),
+        // One stream, but never one event: no warning.
+        nats_target("x", NATS, &subject(&split.prefix, "x.{event_type}")) + "events = [\"x.*\"]\n",
+        nats_target("y", NATS, &subject(&split.prefix, "y.{event_type}")) + "events = [\"y.*\"]\n",
+        nats_target("token", NATS, &subject(&token.prefix, "t-{event_type}")),
         nats_target(
             "nostream",
             NATS,
-            &format!("{uncaptured}.{{source}}.{{event_type}}"),
+            &subject(&uncaptured, "{source}.{event_type}"),
         ),
         nats_target(
             "down",
             &format!("nats://127.0.0.1:{down}"),
+            "a.{event_type}",
+        ),
+        nats_target(
+            "silent",
+            &format!("nats://127.0.0.1:{silent}"),
             "a.{event_type}",
         ),
         amqp_target("rabbit", &rabbit.exchange, 2),
@@ -1193,15 +1202,14 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
     ]
     .concat();
     let server = Process::serve(&config_text(&db.url, &targets));
+    let ready = |name: &str, subjects: &str| {
+        format!(
+            "forward target ready: JetStream answers; stream {name} captures subjects like {subjects} "
+        )
+    };
     for line in [
-        format!(
-            "forward target ready: JetStream answers; stream {} captures subjects like {}.stripe.*",
-            stream.name, stream.prefix
-        ),
-        format!(
-            "forward target ready: JetStream answers; stream {} captures subjects like {}.copy.*",
-            stream.name, stream.prefix
-        ),
+        ready(&stream.name, &subject(&stream.prefix, "stripe.*")),
+        ready(&stream.name, &subject(&stream.prefix, "copy.*")),
         format!(
             "targets bus, copy of source stripe publish into one stream, {}",
             stream.name
@@ -1210,8 +1218,16 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
             "forward target ready: JetStream answers; stream {} captures some subjects like {}.stripe.*, not all",
             part.name, part.prefix
         ),
+        ready(&split.name, &subject(&split.prefix, "x.*")),
+        ready(&split.name, &subject(&split.prefix, "y.*")),
+        format!(
+            "forward target not ready: no stream captures subjects like {}.t-* (",
+            token.prefix
+        ),
         format!("forward target not ready: no stream captures subjects like {uncaptured}.stripe.*"),
-        "forward target not ready: the NATS server does not answer within the target's timeout (2s)"
+        "forward target not ready: cannot connect to the NATS server: IO error: Connection refused"
+            .to_owned(),
+        "forward target not ready: no answer within the target's timeout (2s). Its deliveries"
             .to_owned(),
         format!(
             "forward target ready: RabbitMQ answers; exchange {:?} exists",
@@ -1226,8 +1242,12 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
         "bus",
         "copy",
         "part",
+        "x",
+        "y",
+        "token",
         "nostream",
         "down",
+        "silent",
         "rabbit",
         "noexchange",
     ] {
@@ -1239,9 +1259,65 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
             "one line names target {name}:\n{log}"
         );
     }
+    assert!(!log.contains("targets x, y"), "{log}");
+    assert!(!log.contains(".. Its"), "one period: {log}");
     assert_eq!(
         db.count("deliveries"),
         0,
         "the checks queue and send nothing"
     );
+}
+
+/// A port that holds every connection made in its first `silent_for` without a word, and
+/// joins every later one to `to`: a server that hangs, then answers.
+fn silent_then_forwarding(silent_for: Duration, to: &'static str) -> u16 {
+    use std::io::copy;
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    let opened = Instant::now();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for client in listener.incoming().flatten() {
+            if opened.elapsed() < silent_for {
+                held.push(client);
+                continue;
+            }
+            let Ok(server) = TcpStream::connect(to) else {
+                continue;
+            };
+            let (mut client_in, mut server_out) = (
+                client.try_clone().expect("a clone"),
+                server.try_clone().expect("a clone"),
+            );
+            let (mut server_in, mut client_out) = (server, client);
+            std::thread::spawn(move || copy(&mut client_in, &mut server_out));
+            std::thread::spawn(move || copy(&mut server_in, &mut client_out));
+        }
+    });
+    port
+}
+
+#[actix_web::test]
+async fn a_broker_silent_at_startup_gets_the_events_once_it_answers() {
+    // The startup check waited on a broker that took the connection and said nothing, with
+    // the target's connection locked: every later attempt timed out behind it, until a
+    // restart.
+    let rabbit = Rabbit::create(true).await;
+    let port = silent_then_forwarding(Duration::from_secs(4), "127.0.0.1:5672");
+    let db = TestDb::create();
+    let target = format!(
+        "\n[[sources.stripe.forward]]\nname = \"rabbit\"\n\
+         url = \"amqp://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"{}\"\n\
+         routing_key = \"{{source}}.{{event_type}}\"\ntimeout = \"2s\"\nmax_attempts = 30\n",
+        rabbit.exchange
+    );
+    let config = config_text(&db.url, &target);
+    let server = Process::serve(&config);
+    server.wait_for_log(
+        "forward target not ready: no answer within the target's timeout (2s). Its deliveries",
+    );
+    send_events(&parse_config(&config), &server.address, 1).await;
+    until_delivered(&db, "rabbit", 1, Duration::from_secs(30)).await;
+    rabbit.until_ready(1, Duration::from_secs(10)).await;
 }
