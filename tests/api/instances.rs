@@ -87,6 +87,31 @@ fn cut_lock_connection(db: &TestDb, number: i64) {
     }
 }
 
+/// A second instance on `store` (asking for number `number`), registered.
+fn second_registered(store: Store, conn: &mut AnyConnection, number: i64) -> Registration {
+    let mut second = Registration::new(store, Arc::new(AtomicI64::new(number)));
+    assert!(second.look(Some(conn)).expect("it registers").is_empty());
+    second
+}
+
+/// Has `looking` look every 20 ms until it takes another instance's rows back (within
+/// `limit`); what it took back.
+fn until_taken_back(
+    looking: &mut Registration,
+    conn: &mut AnyConnection,
+    limit: Duration,
+) -> Vec<hookbox::db::instances::TakenBack> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let taken_back = looking.look(Some(conn)).expect("it looks");
+        if !taken_back.is_empty() {
+            return taken_back;
+        }
+        assert!(Instant::now() < deadline, "nothing taken back in {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Stores event `event_id` with its one outbox row leased to instance `holder` for an hour.
 fn store_leased(conn: &mut AnyConnection, event_id: &str, holder: i64) {
     let headers = serde_json::json!({});
@@ -132,25 +157,14 @@ fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives(
     );
 
     // A second instance looks while the first lives: nothing is taken back.
-    let mut second = Registration::new(store, Arc::new(AtomicI64::new(2002)));
-    assert!(second
-        .look(Some(&mut conn))
-        .expect("it registers")
-        .is_empty());
+    let mut second = second_registered(store, &mut conn, 2002);
     assert_eq!(db.count("instances"), 2);
     assert!(due_now(&mut conn).is_empty());
 
     // The first goes (its lock with it), with its two rows leased for another hour.
     drop(first);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let taken_back = loop {
-        let taken_back = second.look(Some(&mut conn)).expect("it looks");
-        if !taken_back.is_empty() || std::time::Instant::now() > deadline {
-            break taken_back;
-        }
-        // PostgreSQL lets go of a closed session's locks as its backend exits.
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    // PostgreSQL lets go of a closed session's locks as its backend exits.
+    let taken_back = until_taken_back(&mut second, &mut conn, Duration::from_secs(10));
     assert_eq!(taken_back.len(), 1, "{taken_back:?}");
     assert_eq!((taken_back[0].id, taken_back[0].rows), (first_number, 2));
     assert_eq!(taken_back[0].pid, i64::from(std::process::id()));
@@ -175,11 +189,7 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
     }
     let (db, store, mut conn, mut first, first_number) = registered(3003);
     store_leased(&mut conn, "a", first_number);
-    let mut second = Registration::new(store, Arc::new(AtomicI64::new(4004)));
-    assert!(second
-        .look(Some(&mut conn))
-        .expect("it registers")
-        .is_empty());
+    let mut second = second_registered(store, &mut conn, 4004);
 
     // The first instance's lock connection is cut (as a PostgreSQL restart would): its lock
     // is free until its own next look takes it again.
@@ -222,11 +232,7 @@ fn a_lock_found_free_at_looks_closer_than_the_wait_is_not_yet_taken_for_dead() {
     // attempts under way were sent a second time at once.
     let (db, store, mut conn, mut first, first_number) = registered(7007);
     store_leased(&mut conn, "a", first_number);
-    let mut second = Registration::new(store, Arc::new(AtomicI64::new(8008)));
-    assert!(second
-        .look(Some(&mut conn))
-        .expect("it registers")
-        .is_empty());
+    let mut second = second_registered(store, &mut conn, 8008);
 
     cut_lock_connection(&db, first_number);
     let cut_at = Instant::now();
@@ -252,15 +258,7 @@ fn a_lock_found_free_at_looks_closer_than_the_wait_is_not_yet_taken_for_dead() {
     assert!(due_now(&mut conn).is_empty());
 
     // The first never looks again: once its lock has been free that long, it is dead.
-    let deadline = Instant::now() + FREE_FOR + Duration::from_secs(10);
-    let taken_back = loop {
-        let taken_back = second.look(Some(&mut conn)).expect("it looks");
-        if !taken_back.is_empty() {
-            break taken_back;
-        }
-        assert!(Instant::now() < deadline, "never taken for dead");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let taken_back = until_taken_back(&mut second, &mut conn, FREE_FOR + Duration::from_secs(10));
     assert!(free_from.elapsed() >= FREE_FOR, "{:?}", free_from.elapsed());
     assert_eq!((taken_back[0].id, taken_back[0].rows), (first_number, 1));
     assert_eq!(due_now(&mut conn), [("a".to_owned(), 1, 1)]);
@@ -290,11 +288,7 @@ fn a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_sam
         .is_empty());
     let first_number = number.load(std::sync::atomic::Ordering::SeqCst);
     store_leased(&mut conn, "a", first_number);
-    let mut second = Registration::new(store, Arc::new(AtomicI64::new(6006)));
-    assert!(second
-        .look(Some(&mut conn))
-        .expect("it registers")
-        .is_empty());
+    let mut second = second_registered(store, &mut conn, 6006);
 
     // A session of its own stands for the old one: it waits for the lock, gets it the moment
     // the instance's connection is cut, and holds it.
