@@ -19,6 +19,7 @@
 //! connect ([`bus::Reconnect`]), so a dead broker costs each attempt nothing but a quick retry.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -38,6 +39,8 @@ use crate::routing::{self, Template};
 pub struct Amqp {
     /// The configured URL, credentials included (lapin logs in with them).
     url: String,
+    /// How long an attempt may take: a connect's probe takes at most half of it.
+    timeout: Duration,
     exchange: Template,
     routing_key: Template,
     link: Mutex<Link>,
@@ -52,10 +55,12 @@ struct Link {
 }
 
 impl Amqp {
-    /// The transport of a target at `url` (checked by the config).
-    pub fn new(url: &str, exchange: Template, routing_key: Template) -> Amqp {
+    /// The transport of a target at `url` (checked by the config); each attempt may take
+    /// `timeout`.
+    pub fn new(url: &str, exchange: Template, routing_key: Template, timeout: Duration) -> Amqp {
         Amqp {
             url: url.to_owned(),
+            timeout,
             exchange,
             routing_key,
             link: Mutex::default(),
@@ -79,14 +84,12 @@ impl Amqp {
         {
             link.connection = None;
             link.reconnect.check()?;
-            let properties = ConnectionProperties::default().with_connection_name("hookbox".into());
-            match Connection::connect(&self.url, properties).await {
+            match self.connect("hookbox").await {
                 Ok(connection) => {
                     link.connection = Some(connection);
                     link.reconnect.connected();
                 }
-                Err(e) => {
-                    let error = format!("cannot connect to RabbitMQ: {e}");
+                Err(error) => {
                     link.reconnect.failed(error.clone());
                     return Err(error);
                 }
@@ -118,14 +121,22 @@ impl Amqp {
     /// is never held while the check waits on a broker that does not answer.
     pub async fn check(&self, source: &str) -> Result<bus::Ready, String> {
         let told = |error: String| crate::redact::message_about(&error, &self.url);
-        let properties =
-            ConnectionProperties::default().with_connection_name("hookbox (startup check)".into());
-        let connection = Connection::connect(&self.url, properties)
+        let connection = self
+            .connect("hookbox (startup check)")
             .await
-            .map_err(|e| told(format!("cannot connect to RabbitMQ: {e}")))?;
+            .map_err(told)?;
         let checked = self.check_exchange(&connection, source).await.map_err(told);
         let _ = connection.close(200, "hookbox: checked".into()).await;
         checked
+    }
+
+    /// Opens a connection named `name`, once the broker has shown it speaks AMQP ([`probe`]).
+    async fn connect(&self, name: &str) -> Result<Connection, String> {
+        probe(&self.url, self.timeout / 2).await?;
+        let properties = ConnectionProperties::default().with_connection_name(name.into());
+        Connection::connect(&self.url, properties)
+            .await
+            .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))
     }
 
     /// [`Amqp::check`]'s look at the exchange, on `connection`.
@@ -233,6 +244,46 @@ impl Amqp {
             ),
         }
     }
+}
+
+/// Whether the broker at `url` answers AMQP's protocol header within `wait`, on a socket of
+/// its own, closed after. lapin's handshake has no time limit, and a connect given up on (its
+/// attempt timed out) leaves its socket and its I/O thread behind, waiting on the broker for
+/// ever: against a broker that takes connections and says nothing (frozen, or behind a
+/// proxy whose backend is gone), one of each per attempt. So lapin is called only once the
+/// broker has answered here. Over TLS (`amqps://`) the broker speaks only after the client's
+/// handshake, so there the probe only makes the TCP connection.
+async fn probe(url: &str, wait: Duration) -> Result<(), String> {
+    use lapin::uri::{AMQPScheme, AMQPUri};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let uri: AMQPUri = url
+        .parse()
+        .map_err(|e| format!("the RabbitMQ URL cannot be read: {e}"))?;
+    let (host, port) = (uri.authority.host.as_str(), uri.authority.port);
+    let talk = async {
+        let mut socket = tokio::net::TcpStream::connect((host, port))
+            .await
+            .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
+        if uri.scheme == AMQPScheme::AMQPS {
+            return Ok(());
+        }
+        socket
+            .write_all(b"AMQP\x00\x00\x09\x01")
+            .await
+            .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
+        let mut first = [0u8; 1];
+        match socket.read(&mut first).await {
+            Ok(1..) => Ok(()),
+            Ok(0) => Err("RabbitMQ closed the connection before its handshake".to_owned()),
+            Err(e) => Err(format!("cannot connect to RabbitMQ: {e}")),
+        }
+    };
+    tokio::time::timeout(wait, talk).await.unwrap_or_else(|_| {
+        Err(format!(
+            "RabbitMQ took the connection but did not answer within {}",
+            humantime::format_duration(wait)
+        ))
+    })
 }
 
 /// A channel lent to one attempt. Dropped with it (the attempt timed out before the confirm),

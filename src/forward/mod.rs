@@ -87,6 +87,7 @@ impl Target {
                 &config.url,
                 exchange.clone(),
                 routing_key.clone(),
+                config.timeout,
             ))),
         };
         Ok(Target { config, link })

@@ -11,6 +11,7 @@
 //! async-nats reopens it when it drops, with its own backoff (immediately, then doubling up to
 //! 4 s); publishes made meanwhile wait in the client and time out as retries.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,9 @@ pub struct Nats {
     /// What last went wrong with the connection (a refused login, a server gone), until it is
     /// up again: said with an attempt that timed out, whose own error cannot tell why.
     problem: Arc<std::sync::Mutex<Option<String>>>,
+    /// The server refused the login at the last try, and the connection has not been up
+    /// since: an attempt says so at once rather than waiting out its timeout.
+    refused: Arc<AtomicBool>,
 }
 
 /// The credentials a NATS URL carries in its userinfo.
@@ -79,6 +83,7 @@ impl Nats {
             timeout,
             jetstream: OnceCell::new(),
             problem: Arc::default(),
+            refused: Arc::default(),
         })
     }
 
@@ -86,10 +91,17 @@ impl Nats {
     async fn jetstream(&self) -> Result<&jetstream::Context, String> {
         self.jetstream
             .get_or_try_init(|| async {
-                let problem = self.problem.clone();
+                let (problem, refused) = (self.problem.clone(), self.refused.clone());
                 let client = self
                     .options()
                     .event_callback(move |event| {
+                        match &event {
+                            async_nats::Event::Connected => refused.store(false, Ordering::SeqCst),
+                            async_nats::Event::ServerError(
+                                async_nats::ServerError::AuthorizationViolation,
+                            ) => refused.store(true, Ordering::SeqCst),
+                            _ => {}
+                        }
                         let seen = match event {
                             async_nats::Event::Connected => Some(None),
                             async_nats::Event::ServerError(_)
@@ -149,6 +161,13 @@ impl Nats {
         use async_nats::connection::State;
         let deadline = tokio::time::Instant::now() + self.timeout;
         while client.connection_state() != State::Connected {
+            if self.refused.load(Ordering::SeqCst) {
+                return Err(Failure::Retry(
+                    "the NATS server refuses the login the URL gives (its user and password, or \
+                     token)"
+                        .to_owned(),
+                ));
+            }
             if tokio::time::Instant::now() >= deadline {
                 return Err(Failure::Retry(
                     "the connection to the NATS server is not up (is it running?)".to_owned(),
@@ -262,10 +281,16 @@ impl Nats {
     /// refused login does not retry (and log) for ever with no event to send.
     pub async fn check(&self, source: &str) -> Result<bus::Ready, String> {
         let told = |error: String| crate::redact::message_about(&error, &self.url);
+        // Each of the connect and the two requests may take a third of the target's timeout
+        // (whole milliseconds), so that a login that may not use JetStream's API (whose
+        // requests go unanswered) is said before the check's own time runs out.
+        let third = Duration::from_millis(
+            u64::try_from((self.timeout / 3).as_millis()).unwrap_or(u64::MAX),
+        );
         let client = self
             .options()
             .name("hookbox (startup check)")
-            .connection_timeout(self.timeout)
+            .connection_timeout(third)
             .connect(self.server.clone())
             .await
             .map_err(|e| {
@@ -278,16 +303,24 @@ impl Nats {
                         )
                     }
                     ConnectErrorKind::TimedOut => format!(
-                        "the NATS server does not answer within the target's timeout ({})",
-                        humantime::format_duration(self.timeout)
+                        "the NATS server does not answer within {}",
+                        humantime::format_duration(third)
                     ),
                     _ => format!("cannot connect to the NATS server: {e}"),
                 })
             })?;
+        let server = client.server_info();
         let jetstream = jetstream::ContextBuilder::new()
-            .timeout(self.timeout)
+            .timeout(third)
             .build(client);
-        let checked = self.check_streams(&jetstream, source).await;
+        let checked = self
+            .check_streams(&jetstream, source)
+            .await
+            .map(|ready| bus::Ready {
+                // Streams are the cluster's (or the server's), however its URL is written.
+                server: server.cluster.clone().unwrap_or(server.server_id.clone()),
+                ..ready
+            });
         // Closed now, not when the last clone of the client goes.
         let _ = jetstream.client().drain().await;
         checked
@@ -352,7 +385,7 @@ impl Nats {
         Ok(bus::Ready {
             said,
             streams: capturing,
-            server: self.server.clone().into_inner().to_string(),
+            server: String::new(),
         })
     }
 }

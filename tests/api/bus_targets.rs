@@ -1227,7 +1227,7 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
         format!("forward target not ready: no stream captures subjects like {uncaptured}.stripe.*"),
         "forward target not ready: cannot connect to the NATS server: IO error: Connection refused"
             .to_owned(),
-        "forward target not ready: no answer within the target's timeout (2s). Its deliveries"
+        "forward target not ready: the NATS server does not answer within 666ms. Its deliveries"
             .to_owned(),
         format!(
             "forward target ready: RabbitMQ answers; exchange {:?} exists",
@@ -1315,9 +1315,57 @@ async fn a_broker_silent_at_startup_gets_the_events_once_it_answers() {
     let config = config_text(&db.url, &target);
     let server = Process::serve(&config);
     server.wait_for_log(
-        "forward target not ready: no answer within the target's timeout (2s). Its deliveries",
+        "forward target not ready: RabbitMQ took the connection but did not answer within 1s",
     );
     send_events(&parse_config(&config), &server.address, 1).await;
     until_delivered(&db, "rabbit", 1, Duration::from_secs(30)).await;
     rabbit.until_ready(1, Duration::from_secs(10)).await;
+}
+
+#[actix_web::test]
+async fn a_broker_that_takes_connections_and_says_nothing_costs_no_thread_or_socket_per_attempt() {
+    // A connect given up on (its attempt timed out) left lapin's socket and I/O thread behind,
+    // waiting on the broker for ever: one of each per attempt while a broker was frozen.
+    let port = silent_then_forwarding(Duration::from_secs(3600), "127.0.0.1:5672");
+    let db = TestDb::create();
+    let target = format!(
+        "\n[[sources.stripe.forward]]\nname = \"rabbit\"\n\
+         url = \"amqp://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"x\"\n\
+         routing_key = \"{{source}}\"\ntimeout = \"1s\"\nmax_attempts = 100\n"
+    );
+    let config = config_text(&db.url, &target);
+    let server = Process::serve(&config);
+    server.wait_for_log("forward target not ready");
+    let pid = server.child.id();
+    let count = |what: &str| {
+        std::fs::read_dir(format!("/proc/{pid}/{what}"))
+            .expect("the process's own folder")
+            .count()
+    };
+    send_events(&parse_config(&config), &server.address, 10).await;
+    let until_attempts = |n: i64| {
+        let db = &db;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while db.count(&format!("deliveries WHERE attempts >= {n}")) < 10 {
+                assert!(Instant::now() < deadline, "the attempts never came");
+                actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // Counted once every delivery has had an attempt (the pool's connections are open).
+    until_attempts(1).await;
+    let (threads, sockets) = (count("task"), count("fd"));
+    until_attempts(4).await;
+    assert!(
+        count("task") <= threads + 2,
+        "{threads} threads, now {}",
+        count("task")
+    );
+    assert!(
+        count("fd") <= sockets + 2,
+        "{sockets} descriptors, now {}",
+        count("fd")
+    );
+    assert_eq!(db.count("deliveries WHERE state = 'delivered'"), 0);
 }
