@@ -24,7 +24,10 @@
 //! between their looks was seen twice before the live one's next look had made its connection.
 //! On PostgreSQL a look that only asks reads `pg_locks` rather than trying the lock: trying it
 //! holds it for the moment, and the live instance taking its lock again at that moment would
-//! fail, and wait another look period.
+//! fail, and wait another look period. And an instance that takes its lock again counts it in
+//! its row (`locks_taken`): a lock held again and lost again between two looks of another
+//! instance (two breaks a few seconds apart) starts that one's wait over, where it would
+//! otherwise have looked free all along.
 //!
 //! Rows leased by an instance whose lock is held are left alone. Should a live instance lose
 //! its lock for longer than a look (its lock connection broke and cannot be made again),
@@ -84,11 +87,14 @@ pub struct Registration {
     listed: bool,
     /// Whether it has held its lock under its number: from then on it keeps that number.
     registered: bool,
+    /// It took its lock again (its lock connection broke) and has yet to count that in its
+    /// row's `locks_taken`.
+    retaken: bool,
     /// When it last warned that this host's clock and the database's disagree.
     skew_warned: Option<std::time::Instant>,
     /// The other instances whose lock was free at the last look, each since the look that
-    /// first found it free.
-    free: HashMap<i64, Instant>,
+    /// first found it free, and its `locks_taken` then.
+    free: HashMap<i64, (Instant, i64)>,
 }
 
 enum Lock {
@@ -114,6 +120,7 @@ impl Registration {
             lock: None,
             listed: false,
             registered: false,
+            retaken: false,
             skew_warned: None,
             free: HashMap::new(),
         }
@@ -155,15 +162,24 @@ impl Registration {
             list(conn, id)?;
             self.listed = true;
         }
+        if self.retaken {
+            count_lock_taken(conn, id)?;
+            self.retaken = false;
+        }
         let mut taken_back = Vec::new();
         let mut free = HashMap::new();
-        for (other, host, pid) in others(conn, id)? {
-            let since = self.free.get(&other).copied();
+        for (other, host, pid, locks_taken) in others(conn, id)? {
+            // Free since an earlier look, and not taken again (and lost again) in between.
+            let since = self
+                .free
+                .get(&other)
+                .filter(|(_, taken)| *taken == locks_taken)
+                .map(|(since, _)| *since);
             let confirm = since.is_some_and(|since| since.elapsed() >= FREE_FOR);
             match look_at(&self.store, conn, other, confirm)? {
                 Found::Alive => {}
                 Found::Free => {
-                    free.insert(other, since.unwrap_or_else(Instant::now));
+                    free.insert(other, (since.unwrap_or_else(Instant::now), locks_taken));
                 }
                 Found::TakenBack(rows) => taken_back.push(TakenBack {
                     id: other,
@@ -206,6 +222,7 @@ impl Registration {
             let id = self.id();
             if let Some(lock) = try_lock(&self.store, id)? {
                 self.lock = Some(lock);
+                self.retaken = true;
                 tracing::info!(instance = id, "this instance's lock is held again");
                 return Ok(true);
             }
@@ -360,13 +377,23 @@ fn list(conn: &mut AnyConnection, id: i64) -> QueryResult<()> {
     Ok(())
 }
 
-/// The other instances in the table, the earliest registered first.
-fn others(conn: &mut AnyConnection, id: i64) -> QueryResult<Vec<(i64, String, i64)>> {
+/// The other instances in the table, the earliest registered first: (id, host, pid,
+/// locks_taken) of each.
+fn others(conn: &mut AnyConnection, id: i64) -> QueryResult<Vec<(i64, String, i64, i64)>> {
     on_backend!(conn, c => instances::table
         .filter(instances::id.ne(id))
         .order(instances::started_at)
-        .select((instances::id, instances::host, instances::pid))
+        .select((instances::id, instances::host, instances::pid, instances::locks_taken))
         .load(c))
+}
+
+/// Counts, in instance `id`'s row, that it took its lock again: another instance that saw
+/// the lock free starts its wait over.
+fn count_lock_taken(conn: &mut AnyConnection, id: i64) -> QueryResult<()> {
+    on_backend!(conn, c => diesel::update(instances::table.find(id))
+        .set(instances::locks_taken.eq(instances::locks_taken + 1))
+        .execute(c))?;
+    Ok(())
 }
 
 fn is_listed(conn: &mut AnyConnection, id: i64) -> QueryResult<bool> {

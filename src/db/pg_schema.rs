@@ -27,6 +27,7 @@ diesel::table! {
         host -> Text,
         pid -> Int8,
         started_at -> Timestamptz,
+        locks_taken -> Int8,
     }
 }
 

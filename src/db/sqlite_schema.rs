@@ -28,6 +28,7 @@ diesel::table! {
         host -> Text,
         pid -> BigInt,
         started_at -> TimestamptzSqlite,
+        locks_taken -> BigInt,
     }
 }
 

@@ -265,6 +265,44 @@ fn a_lock_found_free_at_looks_closer_than_the_wait_is_not_yet_taken_for_dead() {
 }
 
 #[test]
+fn a_lock_taken_again_and_lost_again_between_two_looks_starts_the_wait_over() {
+    if skip_on_sqlite(
+        "a_lock_taken_again_and_lost_again_between_two_looks_starts_the_wait_over",
+        "a file lock cannot be lost by a live process",
+    ) {
+        return;
+    }
+    // Two breaks of the first's lock connection a few seconds apart: the second instance saw
+    // the lock free, missed the moment it was held again, and saw it free again once the
+    // wait was over, so it took back the rows of an instance that was sending them.
+    let (db, store, mut conn, mut first, first_number) = registered(9009);
+    store_leased(&mut conn, "a", first_number);
+    let mut second = second_registered(store, &mut conn, 9119);
+    cut_lock_connection(&db, first_number);
+    let cut_at = Instant::now();
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
+    assert!(first
+        .look(Some(&mut conn))
+        .expect("it takes its lock again")
+        .is_empty());
+    cut_lock_connection(&db, first_number);
+    while cut_at.elapsed() < FREE_FOR {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        second.look(Some(&mut conn)).expect("it looks").is_empty(),
+        "free again, but held in between: the wait starts over"
+    );
+    assert!(due_now(&mut conn).is_empty(), "still leased to the first");
+    assert!(first
+        .look(Some(&mut conn))
+        .expect("it takes its lock again")
+        .is_empty());
+    assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
+    assert!(due_now(&mut conn).is_empty());
+}
+
+#[test]
 fn a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_same_number() {
     if skip_on_sqlite(
         "a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_same_number",
