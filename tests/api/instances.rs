@@ -112,6 +112,34 @@ fn until_taken_back(
     }
 }
 
+/// Two instances registered on one fresh PostgreSQL database, the first with event `a`'s row
+/// leased to it.
+struct Pair {
+    db: TestDb,
+    conn: AnyConnection,
+    first: Registration,
+    first_number: i64,
+    second: Registration,
+}
+
+/// A [`Pair`], the first asking for number `first`, the second for `second`; `None` on SQLite,
+/// where a live process cannot lose its file lock (test `test` says it is skipped).
+fn pair_with_a_leased_row(test: &str, first: i64, second: i64) -> Option<Pair> {
+    if skip_on_sqlite(test, "a file lock cannot be lost by a live process") {
+        return None;
+    }
+    let (db, store, mut conn, first, first_number) = registered(first);
+    store_leased(&mut conn, "a", first_number);
+    let second = second_registered(store, &mut conn, second);
+    Some(Pair {
+        db,
+        conn,
+        first,
+        first_number,
+        second,
+    })
+}
+
 /// Stores event `event_id` with its one outbox row leased to instance `holder` for an hour.
 fn store_leased(conn: &mut AnyConnection, event_id: &str, holder: i64) {
     let headers = serde_json::json!({});
@@ -181,15 +209,20 @@ fn the_rows_an_instance_leased_come_back_once_it_is_gone_and_not_while_it_lives(
 
 #[test]
 fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
-    if skip_on_sqlite(
+    let Some(Pair {
+        db,
+        mut conn,
+        mut first,
+        first_number,
+        mut second,
+    }) = pair_with_a_leased_row(
         "a_live_instance_whose_lock_connection_broke_keeps_its_rows",
-        "a file lock cannot be lost by a live process",
-    ) {
+        3003,
+        4004,
+    )
+    else {
         return;
-    }
-    let (db, store, mut conn, mut first, first_number) = registered(3003);
-    store_leased(&mut conn, "a", first_number);
-    let mut second = second_registered(store, &mut conn, 4004);
+    };
 
     // The first instance's lock connection is cut (as a PostgreSQL restart would): its lock
     // is free until its own next look takes it again.
@@ -220,19 +253,24 @@ fn a_live_instance_whose_lock_connection_broke_keeps_its_rows() {
 
 #[test]
 fn a_lock_found_free_at_looks_closer_than_the_wait_is_not_yet_taken_for_dead() {
-    if skip_on_sqlite(
-        "a_lock_found_free_at_looks_closer_than_the_wait_is_not_yet_taken_for_dead",
-        "a file lock cannot be lost by a live process",
-    ) {
-        return;
-    }
     // Two instances started together look within milliseconds of each other. A break of the
     // first's lock connection between their looks was seen at two of the second's looks (a
     // look period apart) before the first's own next look had made its connection again: its
     // attempts under way were sent a second time at once.
-    let (db, store, mut conn, mut first, first_number) = registered(7007);
-    store_leased(&mut conn, "a", first_number);
-    let mut second = second_registered(store, &mut conn, 8008);
+    let Some(Pair {
+        db,
+        mut conn,
+        mut first,
+        first_number,
+        mut second,
+    }) = pair_with_a_leased_row(
+        "a_lock_found_free_at_looks_closer_than_the_wait_is_not_yet_taken_for_dead",
+        7007,
+        8008,
+    )
+    else {
+        return;
+    };
 
     cut_lock_connection(&db, first_number);
     let cut_at = Instant::now();
@@ -266,18 +304,23 @@ fn a_lock_found_free_at_looks_closer_than_the_wait_is_not_yet_taken_for_dead() {
 
 #[test]
 fn a_lock_taken_again_and_lost_again_between_two_looks_starts_the_wait_over() {
-    if skip_on_sqlite(
-        "a_lock_taken_again_and_lost_again_between_two_looks_starts_the_wait_over",
-        "a file lock cannot be lost by a live process",
-    ) {
-        return;
-    }
     // Two breaks of the first's lock connection a few seconds apart: the second instance saw
     // the lock free, missed the moment it was held again, and saw it free again once the
     // wait was over, so it took back the rows of an instance that was sending them.
-    let (db, store, mut conn, mut first, first_number) = registered(9009);
-    store_leased(&mut conn, "a", first_number);
-    let mut second = second_registered(store, &mut conn, 9119);
+    let Some(Pair {
+        db,
+        mut conn,
+        mut first,
+        first_number,
+        mut second,
+    }) = pair_with_a_leased_row(
+        "a_lock_taken_again_and_lost_again_between_two_looks_starts_the_wait_over",
+        9009,
+        9119,
+    )
+    else {
+        return;
+    };
     cut_lock_connection(&db, first_number);
     let cut_at = Instant::now();
     assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
