@@ -24,10 +24,12 @@
 //! between their looks was seen twice before the live one's next look had made its connection.
 //! On PostgreSQL a look that only asks reads `pg_locks` rather than trying the lock: trying it
 //! holds it for the moment, and the live instance taking its lock again at that moment would
-//! fail, and wait another look period. And an instance that takes its lock again counts it in
-//! its row (`locks_taken`): a lock held again and lost again between two looks of another
-//! instance (two breaks a few seconds apart) starts that one's wait over, where it would
-//! otherwise have looked free all along.
+//! fail, and wait another look period. And an instance about to take its lock again counts it
+//! in its row (`locks_taken`) first, on the connection that will hold it: a lock held again
+//! and lost again between two looks of another instance (two breaks a few seconds apart, or a
+//! new connection that breaks at once) starts that one's wait over, where it would otherwise
+//! have looked free all along. What is left is an instance that cannot connect again at all
+//! for 2.5 s.
 //!
 //! Rows leased by an instance whose lock is held are left alone. Should a live instance lose
 //! its lock for longer than a look (its lock connection broke and cannot be made again),
@@ -87,9 +89,6 @@ pub struct Registration {
     listed: bool,
     /// Whether it has held its lock under its number: from then on it keeps that number.
     registered: bool,
-    /// It took its lock again (its lock connection broke) and has yet to count that in its
-    /// row's `locks_taken`.
-    retaken: bool,
     /// When it last warned that this host's clock and the database's disagree.
     skew_warned: Option<std::time::Instant>,
     /// The other instances whose lock was free at the last look, each since the look that
@@ -120,7 +119,6 @@ impl Registration {
             lock: None,
             listed: false,
             registered: false,
-            retaken: false,
             skew_warned: None,
             free: HashMap::new(),
         }
@@ -161,10 +159,6 @@ impl Registration {
         if !self.listed || !is_listed(conn, id)? {
             list(conn, id)?;
             self.listed = true;
-        }
-        if self.retaken {
-            count_lock_taken(conn, id)?;
-            self.retaken = false;
         }
         let mut taken_back = Vec::new();
         let mut free = HashMap::new();
@@ -220,9 +214,8 @@ impl Registration {
             // session ends, and sent again while this instance still sends them. Until that
             // session ends it holds the lock for this instance, so no one takes them.
             let id = self.id();
-            if let Some(lock) = try_lock(&self.store, id)? {
+            if let Some(lock) = try_lock(&self.store, id, true)? {
                 self.lock = Some(lock);
-                self.retaken = true;
                 tracing::info!(instance = id, "this instance's lock is held again");
                 return Ok(true);
             }
@@ -237,7 +230,7 @@ impl Registration {
         }
         for _ in 0..8 {
             let id = self.id();
-            if let Some(lock) = try_lock(&self.store, id)? {
+            if let Some(lock) = try_lock(&self.store, id, false)? {
                 self.lock = Some(lock);
                 self.registered = true;
                 tracing::info!(instance = id, "forward dispatcher registered");
@@ -325,11 +318,16 @@ pub fn follow_database_clock(conn: &mut AnyConnection) -> QueryResult<Option<f64
 }
 
 /// Takes instance `id`'s lock for as long as it is held; `None` when another holds it.
-fn try_lock(store: &Store, id: i64) -> anyhow::Result<Option<Lock>> {
+fn try_lock(store: &Store, id: i64, again: bool) -> anyhow::Result<Option<Lock>> {
     match store {
         Store::Postgres(url) => {
             let mut conn =
                 AnyConnection::Postgres(super::pg::connect(url, LOCK_CONNECTION_LOCK_TIMEOUT)?);
+            if again {
+                // Counted before the lock is tried, on the connection that will hold it: a lock
+                // held again is always counted, however soon this connection breaks.
+                count_lock_taken(&mut conn, id)?;
+            }
             let locked: Locked = diesel::sql_query("SELECT pg_try_advisory_lock($1, $2) AS locked")
                 .bind::<Integer, _>(INSTANCE_LOCK_CLASS)
                 .bind::<Integer, _>(second_key(id))
@@ -387,8 +385,8 @@ fn others(conn: &mut AnyConnection, id: i64) -> QueryResult<Vec<(i64, String, i6
         .load(c))
 }
 
-/// Counts, in instance `id`'s row, that it took its lock again: another instance that saw
-/// the lock free starts its wait over.
+/// Counts, in instance `id`'s row, that it is about to take its lock again: another instance
+/// that saw the lock free starts its wait over. (A row gone, taken for dead, counts nothing.)
 fn count_lock_taken(conn: &mut AnyConnection, id: i64) -> QueryResult<()> {
     on_backend!(conn, c => diesel::update(instances::table.find(id))
         .set(instances::locks_taken.eq(instances::locks_taken + 1))

@@ -406,6 +406,16 @@ fn a_lock_still_held_by_a_broken_connections_session_is_waited_for_under_the_sam
         first_number,
         "the same number"
     );
+    // Each try to take it again is counted before the lock is tried, so a lock held and lost
+    // again within moments (its new connection broke at once) is never taken for free all
+    // along by another.
+    assert_eq!(
+        db.count(&format!(
+            "instances WHERE id = {first_number} AND locks_taken = 1"
+        )),
+        1,
+        "the try is counted, though it got no lock"
+    );
     assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
     assert!(second.look(Some(&mut conn)).expect("it looks").is_empty());
     assert!(due_now(&mut conn).is_empty(), "held for it meanwhile");
