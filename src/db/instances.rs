@@ -28,8 +28,8 @@
 //! in its row (`locks_taken`) first, on the connection that will hold it: a lock held again
 //! and lost again between two looks of another instance (two breaks a few seconds apart, or a
 //! new connection that breaks at once) starts that one's wait over, where it would otherwise
-//! have looked free all along. What is left is an instance that cannot connect again at all
-//! for 2.5 s.
+//! have looked free all along. What is left is an instance that cannot try its lock again at
+//! all for 2.5 s (no new connection, or its count held up by a lock on its row).
 //!
 //! Rows leased by an instance whose lock is held are left alone. Should a live instance lose
 //! its lock for longer than a look (its lock connection broke and cannot be made again),
