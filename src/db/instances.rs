@@ -87,6 +87,9 @@ pub struct Registration {
     lock: Option<Lock>,
     /// Whether its row is known to be in the table.
     listed: bool,
+    /// Whether its row was ever in the table: a row gone since was deleted by another instance
+    /// that took this one for dead.
+    was_listed: bool,
     /// Whether it has held its lock under its number: from then on it keeps that number.
     registered: bool,
     /// When it last warned that this host's clock and the database's disagree.
@@ -118,6 +121,7 @@ impl Registration {
             id,
             lock: None,
             listed: false,
+            was_listed: false,
             registered: false,
             skew_warned: None,
             free: HashMap::new(),
@@ -157,8 +161,18 @@ impl Registration {
         }
         // Listed again if another instance took this one for dead (it lost its lock a while).
         if !self.listed || !is_listed(conn, id)? {
-            list(conn, id)?;
+            if list(conn, id)? && self.was_listed {
+                tracing::warn!(
+                    instance = id,
+                    "another instance sharing the database took this one for dead (it found this \
+                     one's lock free for 2.5 s or more: the connection that holds it broke and was \
+                     not made again in time) and took back its deliveries under way, if it had \
+                     any: that one sends them again, with the same key, so a downstream may get \
+                     some twice; this instance is registered again and goes on"
+                );
+            }
             self.listed = true;
+            self.was_listed = true;
         }
         let mut taken_back = Vec::new();
         let mut free = HashMap::new();
@@ -198,8 +212,9 @@ impl Registration {
                 tracing::warn!(
                     instance = self.id(),
                     "the connection that holds this instance's lock broke; taking it again \
-                     (should its lock stay free for more than 2.5 s, another instance takes this \
-                     one's deliveries under way back and sends them again, with the same key)"
+                     (should it not take its lock again within 2.5 s, another instance may take \
+                     this one for dead and send its deliveries under way again, with the same \
+                     key)"
                 );
                 self.lock = None;
                 self.listed = false;
@@ -356,14 +371,14 @@ fn second_key(id: i64) -> i32 {
     i32::try_from(id).unwrap_or_default()
 }
 
-/// Inserts this instance's row, unless it is there.
-fn list(conn: &mut AnyConnection, id: i64) -> QueryResult<()> {
+/// Inserts this instance's row, unless it is there; whether it inserted it.
+fn list(conn: &mut AnyConnection, id: i64) -> QueryResult<bool> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
     let pid = i64::from(std::process::id());
     let started_at = now();
-    on_backend!(conn, c => diesel::insert_into(instances::table)
+    let inserted = on_backend!(conn, c => diesel::insert_into(instances::table)
         .values((
             instances::id.eq(id),
             instances::host.eq(&host),
@@ -372,7 +387,7 @@ fn list(conn: &mut AnyConnection, id: i64) -> QueryResult<()> {
         ))
         .on_conflict_do_nothing()
         .execute(c))?;
-    Ok(())
+    Ok(inserted > 0)
 }
 
 /// The other instances in the table, the earliest registered first: (id, host, pid,

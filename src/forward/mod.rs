@@ -346,9 +346,10 @@ impl Outbox {
                 host = %dead.host,
                 pid = dead.pid,
                 deliveries = dead.rows,
-                "an instance sharing this database has stopped; its deliveries under way are \
-                 due again now (they go with the same key, so one that reached the downstream \
-                 before it stopped may arrive twice)"
+                "an instance sharing this database has stopped (or its lock was free for 2.5 s \
+                 or more: it lost the connection that holds it, and is told at its next look); \
+                 its deliveries under way are due again now (they go with the same key, so one \
+                 that reached the downstream before it stopped may arrive twice)"
             );
         }
         Ok(looked.iter().any(|dead| dead.rows > 0))

@@ -459,8 +459,12 @@ impl Failure {
                  subject to a stream)"
                     .to_owned(),
             ),
+            // The connection was up when the message went (see `connected`).
             PublishErrorKind::TimedOut => Failure::Retry(
-                "none within the target's timeout (is the NATS server up?)".to_owned(),
+                "no acknowledgement from JetStream within the target's timeout (the connection \
+                 dropped meanwhile, the server is overloaded, or the stream that captures the \
+                 subject does not acknowledge publishes: `no_ack`)"
+                    .to_owned(),
             ),
             // The server's own limit: the event is too large for it, however often it is sent.
             PublishErrorKind::MaxPayloadExceeded => Failure::Dead(error),

@@ -428,3 +428,58 @@ async fn a_host_clock_far_from_the_databases_is_warned_about_and_followed() {
         in_step.log()
     );
 }
+
+#[actix_web::test]
+async fn an_instance_taken_for_dead_while_alive_is_told_and_goes_on() {
+    // Another instance takes this one for dead (found its lock free long enough: a lock
+    // connection lost) by deleting its row and taking back its rows. Done here by hand, as
+    // that look would: the instance, alive, finds its row gone at its next look.
+    let downstream = crate::downstream::Downstream::start(crate::downstream::always(200));
+    let forward = format!(
+        "\n[sources.stripe.forward]\nurl = \"{}\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+        downstream.url
+    );
+    let db = TestDb::create();
+    let config = config_text(&db.url, &forward);
+    let process = Process::serve(&config);
+    process.wait_for_log("forward dispatcher registered");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while db.count("instances") == 0 {
+        assert!(std::time::Instant::now() < deadline, "never listed");
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !process.log().contains("took this one for dead"),
+        "{}",
+        process.log()
+    );
+    diesel::sql_query("DELETE FROM instances")
+        .execute(&mut db.connect())
+        .expect("the row goes");
+    process.wait_for_log("took this one for dead");
+    let log = process.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("took this one for dead"))
+        .expect("the warning");
+    assert!(line.contains("WARN") && line.contains("same key"), "{line}");
+    // Listed again, once, and forwarding goes on.
+    assert_eq!(db.count("instances"), 1);
+    let id = unique_id("evt");
+    let body = stripe_event(&id, "charge.refunded", 1);
+    let delivery = delivery_for(&parse_config(&config), "stripe", &body, &id, unix_now());
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let key = format!("stripe:{id}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while downstream.for_key(&key).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "never forwarded");
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = process.log();
+    assert_eq!(
+        log.matches("took this one for dead").count(),
+        1,
+        "told once:\n{log}"
+    );
+}
