@@ -251,31 +251,21 @@ impl Amqp {
 /// attempt timed out) leaves its socket and its I/O thread behind, waiting on the broker for
 /// ever: against a broker that takes connections and says nothing (frozen, or behind a
 /// proxy whose backend is gone), one of each per attempt. So lapin is called only once the
-/// broker has answered here. Over TLS (`amqps://`) the broker speaks only after the client's
-/// handshake, so there the probe only makes the TCP connection.
+/// broker has answered here. Over TLS (`amqps://`) the probe makes its own TLS session first,
+/// and the header goes inside it.
 async fn probe(url: &str, wait: Duration) -> Result<(), String> {
     use lapin::uri::{AMQPScheme, AMQPUri};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let uri: AMQPUri = url
         .parse()
         .map_err(|e| format!("the RabbitMQ URL cannot be read: {e}"))?;
     let (host, port) = (uri.authority.host.as_str(), uri.authority.port);
     let talk = async {
-        let mut socket = tokio::net::TcpStream::connect((host, port))
+        let socket = tokio::net::TcpStream::connect((host, port))
             .await
             .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
-        if uri.scheme == AMQPScheme::AMQPS {
-            return Ok(());
-        }
-        socket
-            .write_all(b"AMQP\x00\x00\x09\x01")
-            .await
-            .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
-        let mut first = [0u8; 1];
-        match socket.read(&mut first).await {
-            Ok(1..) => Ok(()),
-            Ok(0) => Err("RabbitMQ closed the connection before its handshake".to_owned()),
-            Err(e) => Err(format!("cannot connect to RabbitMQ: {e}")),
+        match uri.scheme {
+            AMQPScheme::AMQPS => speaks_amqp(tls_session(host, socket).await?).await,
+            AMQPScheme::AMQP => speaks_amqp(socket).await,
         }
     };
     tokio::time::timeout(wait, talk).await.unwrap_or_else(|_| {
@@ -284,6 +274,47 @@ async fn probe(url: &str, wait: Duration) -> Result<(), String> {
             humantime::format_duration(wait)
         ))
     })
+}
+
+/// Sends AMQP 0-9-1's protocol header on `stream` and waits for the broker's first byte.
+async fn speaks_amqp<S>(mut stream: S) -> Result<(), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(b"AMQP\x00\x00\x09\x01")
+        .await
+        .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
+    let mut first = [0u8; 1];
+    match stream.read(&mut first).await {
+        Ok(1..) => Ok(()),
+        Ok(0) => Err("RabbitMQ closed the connection before its handshake".to_owned()),
+        Err(e) => Err(format!("cannot connect to RabbitMQ: {e}")),
+    }
+}
+
+/// The probe's TLS session over `socket`. Its certificate is not checked here: lapin checks it
+/// as it connects, and says why it refuses one; the probe asks only that a broker answers.
+async fn tls_session(
+    host: &str,
+    socket: tokio::net::TcpStream,
+) -> Result<tokio_openssl::SslStream<tokio::net::TcpStream>, String> {
+    use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+    let failed = |e: &dyn std::fmt::Display| format!("cannot connect to RabbitMQ over TLS: {e}");
+    let mut connector = SslConnector::builder(SslMethod::tls_client()).map_err(|e| failed(&e))?;
+    connector.set_verify(SslVerifyMode::NONE);
+    let ssl = connector
+        .build()
+        .configure()
+        .and_then(|c| c.verify_hostname(false).into_ssl(host))
+        .map_err(|e| failed(&e))?;
+    let mut session = tokio_openssl::SslStream::new(ssl, socket).map_err(|e| failed(&e))?;
+    std::pin::Pin::new(&mut session)
+        .connect()
+        .await
+        .map_err(|e| failed(&e))?;
+    Ok(session)
 }
 
 /// A channel lent to one attempt. Dropped with it (the attempt timed out before the confirm),

@@ -1326,11 +1326,24 @@ async fn a_broker_silent_at_startup_gets_the_events_once_it_answers() {
 async fn a_broker_that_takes_connections_and_says_nothing_costs_no_thread_or_socket_per_attempt() {
     // A connect given up on (its attempt timed out) left lapin's socket and I/O thread behind,
     // waiting on the broker for ever: one of each per attempt while a broker was frozen.
+    silent_broker_costs_nothing_per_attempt("amqp").await;
+}
+
+#[actix_web::test]
+async fn a_tls_broker_that_takes_connections_and_says_nothing_costs_no_thread_or_socket_per_attempt(
+) {
+    // Over TLS the probe made only the TCP connection, and lapin's handshake leaked as before.
+    silent_broker_costs_nothing_per_attempt("amqps").await;
+}
+
+/// A target at `scheme://` a port that takes connections and never answers: once every
+/// delivery has had an attempt, three more attempts each cost no thread and no descriptor.
+async fn silent_broker_costs_nothing_per_attempt(scheme: &str) {
     let port = silent_then_forwarding(Duration::from_secs(3600), "127.0.0.1:5672");
     let db = TestDb::create();
     let target = format!(
         "\n[[sources.stripe.forward]]\nname = \"rabbit\"\n\
-         url = \"amqp://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"x\"\n\
+         url = \"{scheme}://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"x\"\n\
          routing_key = \"{{source}}\"\ntimeout = \"1s\"\nmax_attempts = 100\n"
     );
     let config = config_text(&db.url, &target);
@@ -1368,4 +1381,65 @@ async fn a_broker_that_takes_connections_and_says_nothing_costs_no_thread_or_soc
         count("fd")
     );
     assert_eq!(db.count("deliveries WHERE state = 'delivered'"), 0);
+}
+
+#[actix_web::test]
+async fn over_tls_the_probe_lets_lapin_connect_once_the_broker_answers() {
+    // A TLS server that answers AMQP's protocol header (its first byte) inside the session:
+    // the probe passes, and lapin's own connect goes on to check the certificate, which a
+    // self-signed one fails. That failure, not the probe's "did not answer", is what is told.
+    use openssl::ssl::{SslAcceptor, SslMethod};
+    let key = TestKey::new();
+    let mut acceptor = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).expect("TLS");
+    acceptor
+        .set_private_key(
+            &openssl::pkey::PKey::private_key_from_pem(key.key_pem.as_bytes()).expect("a key"),
+        )
+        .expect("the key");
+    acceptor
+        .set_certificate(
+            &openssl::x509::X509::from_pem(key.cert_pem.as_bytes()).expect("a certificate"),
+        )
+        .expect("the certificate");
+    let acceptor = acceptor.build();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    let probed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    std::thread::spawn({
+        let probed = probed.clone();
+        move || {
+            use std::io::{Read, Write};
+            let mut held = Vec::new();
+            for client in listener.incoming().flatten() {
+                let Ok(mut session) = acceptor.accept(client) else {
+                    continue;
+                };
+                let mut header = [0u8; 8];
+                if session.read_exact(&mut header).is_ok() && &header == b"AMQP\x00\x00\x09\x01" {
+                    probed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let _ = session.write_all(&[1]);
+                }
+                held.push(session);
+            }
+        }
+    });
+    let db = TestDb::create();
+    let target = format!(
+        "\n[[sources.stripe.forward]]\nname = \"rabbit\"\n\
+         url = \"amqps://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"x\"\n\
+         routing_key = \"{{source}}\"\ntimeout = \"2s\"\n"
+    );
+    let server = Process::serve(&config_text(&db.url, &target));
+    server.wait_for_log("forward target not ready");
+    let log = server.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("forward target not ready"))
+        .expect("the line");
+    assert!(
+        probed.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "{log}"
+    );
+    assert!(!line.contains("did not answer"), "{line}");
+    assert!(line.contains("certificate"), "{line}");
 }
