@@ -778,6 +778,31 @@ pub fn is_migrated(conn: &mut AnyConnection) -> anyhow::Result<bool> {
     }
 }
 
+/// Runs `work`, one statement of the transaction under way, with a bound on its whole run at
+/// `deadline` (PostgreSQL's `statement_timeout`, for that statement only): `lock_timeout`
+/// bounds each wait for a lock on its own, so a statement that waits on several claims in
+/// turn (a batch's INSERT behind another copy of the batch, then behind a claim of one of its
+/// items) would wait the in-flight wait for each. Past the deadline it fails as
+/// [`pg::is_statement_timeout`]. On SQLite the write lock is the one wait, bounded already.
+pub fn within_deadline<T>(
+    conn: &mut AnyConnection,
+    deadline: Instant,
+    work: impl FnOnce(&mut AnyConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    use diesel::connection::SimpleConnection;
+    if !matches!(conn, AnyConnection::Postgres(_)) {
+        return work(conn);
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    conn.batch_execute(&format!(
+        "SET LOCAL statement_timeout = {}",
+        left.as_millis().max(1)
+    ))?;
+    let done = work(conn)?;
+    conn.batch_execute("SET LOCAL statement_timeout TO DEFAULT")?;
+    Ok(done)
+}
+
 /// Whether the error says a delivery waited on another transaction past the in-flight wait:
 /// PostgreSQL's lock timeout on another transaction's claim, or SQLite's busy timeout on the
 /// write lock.

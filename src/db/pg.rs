@@ -133,6 +133,13 @@ pub fn is_lock_timeout(error: &DieselError) -> bool {
         if info.message().contains("lock timeout"))
 }
 
+/// Whether the error says a statement ran past the `statement_timeout` hookbox set for it
+/// ([`super::within_deadline`]): SQLSTATE 57014, matched by the server's message as above.
+pub fn is_statement_timeout(error: &DieselError) -> bool {
+    matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
+        if info.message().contains("statement timeout"))
+}
+
 /// After a lock timeout: whether another session holds one of hookbox's tables in a mode that
 /// blocks writing rows (a migration's `ALTER`, a `LOCK TABLE`, an index built without
 /// `CONCURRENTLY`), rather than a duplicate's uncommitted claim holding the event's row.

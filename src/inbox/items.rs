@@ -74,14 +74,19 @@ pub fn claim_batch(
     conn.waiting_until(deadline, |conn| {
         // Round twice only when a stored row vanished between the conflict and its read.
         for _ in 0..2 {
-            match db::write_transaction(conn, |conn| claim_in_transaction(conn, items, handler)) {
+            let claimed = db::write_transaction(conn, |conn| {
+                claim_in_transaction(conn, items, handler, deadline)
+            });
+            match claimed {
                 Ok(outcome) => return Ok(outcome),
                 Err(Abort::Mismatch) => return Ok(BatchOutcome::Mismatch),
                 Err(Abort::Vanished) => continue,
                 Err(Abort::Failed(ClaimError::Database(e))) if db::sqlite::is_busy(&e) => {
                     return Ok(BatchOutcome::Busy)
                 }
-                Err(Abort::Failed(ClaimError::Database(e))) if db::is_lock_timeout(&e) => {
+                Err(Abort::Failed(ClaimError::Database(e)))
+                    if db::is_lock_timeout(&e) || db::pg::is_statement_timeout(&e) =>
+                {
                     return Ok(match db::tables_locked(conn) {
                         true => BatchOutcome::Locked,
                         false => BatchOutcome::InFlight,
@@ -108,6 +113,7 @@ fn claim_in_transaction(
     conn: &mut AnyConnection,
     items: &[Delivery],
     handler: &dyn Handler,
+    deadline: std::time::Instant,
 ) -> Result<BatchOutcome, Abort> {
     // Each item its own time, in the delivery's order (see `received_times`).
     let received_at = super::received_times(items.len());
@@ -132,7 +138,8 @@ fn claim_in_transaction(
         .iter()
         .map(|index| new_event(&items[*index], received_at[*index], None))
         .collect();
-    let claimed = events::claim(conn, &rows)?;
+    // The whole INSERT within the deadline, however many claims it waits behind in turn.
+    let claimed = db::within_deadline(conn, deadline, |conn| events::claim(conn, &rows))?;
     for index in unique {
         let item = &items[index];
         let row = claimed

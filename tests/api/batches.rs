@@ -619,3 +619,69 @@ async fn a_gocardless_delivery_with_a_wrong_signature_is_498_and_nothing_is_stor
     let good = app.send(&delivery).await;
     assert_eq!(good.status, 200, "{}", good.text());
 }
+
+#[actix_web::test]
+async fn a_batch_behind_another_copy_and_a_held_item_gets_409_within_in_flight_wait() {
+    if skip_on_sqlite(
+        "a_batch_behind_another_copy_and_a_held_item_gets_409_within_in_flight_wait",
+        "the one write lock is one wait",
+    ) {
+        return;
+    }
+    // A second copy of a batch waited for the first copy's claims of the other items, then
+    // for the held item: PostgreSQL's lock_timeout bounds each wait on its own, so it waited
+    // the in-flight wait twice (bb59: 19 and 28 s against a wait of 10 s).
+    const WAIT: Duration = Duration::from_secs(3);
+    let app = spawn(counting(Duration::ZERO)).await;
+    // A first delivery opens the pool's connections, so what is timed below is the wait alone.
+    let warm = [gocardless_event(&unique_id("EV"), "confirmed")];
+    let answer = app.send(&batch(&app.config, "gocardless", 0, &warm)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    // Claimed in id order: the held one last.
+    let mut ids: Vec<String> = (0..4).map(|_| unique_id("EV_A")).collect();
+    ids.push(unique_id("EV_Z"));
+    let held = crate::in_flight::HeldClaim::take(&app.db.url, "gocardless", &ids[4]);
+    let events: Vec<Value> = ids
+        .iter()
+        .map(|id| gocardless_event(id, "confirmed"))
+        .collect();
+    let (first, second) = (
+        batch(&app.config, "gocardless", 0, &events),
+        batch(&app.config, "gocardless", 0, &events),
+    );
+    let waiting =
+        "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let (first, (second, waited)) = futures_util::future::join(app.send(&first), async {
+        // Once the first copy waits on the held item (holding the other four), the second.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while app.db.count(waiting) == 0 {
+            assert!(std::time::Instant::now() < deadline, "never waited");
+            actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = std::time::Instant::now();
+        let answer = app.send(&second).await;
+        (answer, started.elapsed())
+    })
+    .await;
+    for answer in [&first, &second] {
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (409, "in_progress"),
+            "{}",
+            answer.text()
+        );
+    }
+    assert!(
+        waited <= WAIT + Duration::from_secs(1),
+        "the second copy's 409 came after {waited:?}, not within in_flight_wait ({WAIT:?}) + 1 s"
+    );
+    assert_eq!(app.db.count("events"), 1, "only the warm-up's item");
+
+    // Once the held claim goes, the provider's retry stores every item once.
+    drop(held);
+    let retried = app
+        .send(&batch(&app.config, "gocardless", 0, &events))
+        .await;
+    assert_eq!(retried.status, 200, "{}", retried.text());
+    assert_eq!(app.db.count("events"), 6);
+}
