@@ -259,7 +259,9 @@ async fn answer(
         }
     };
     let json = incoming.json;
-    let targets = targets_for(&source, incoming.event_type.as_deref());
+    // Filtered on as kept (cut, controls escaped), as the admin API and the header show it.
+    let event_type = incoming.event_type.map(EventType::from);
+    let targets = targets_for(&source, event_type.as_ref());
     let event_id = EventId::try_from(incoming.event_id).map_err(ApiError::InvalidEventId)?;
     super::observe::identified(request, &event_id);
     tracing::Span::current().record("event.id", tracing::field::display(&event_id));
@@ -300,7 +302,7 @@ async fn answer(
         headers: kept_headers(&source, request.headers()),
         source: source.name.clone(),
         event_id: event_id.clone(),
-        event_type: incoming.event_type.map(EventType::from),
+        event_type,
         body,
         json,
         forward: targets,
@@ -370,13 +372,14 @@ async fn batch(
             &item.payload,
             Some(&item.json),
         );
-        let forward = targets_for(source, item.event_type.as_deref());
+        let event_type = item.event_type.map(EventType::from);
+        let forward = targets_for(source, event_type.as_ref());
         deliveries.push(Delivery {
             fingerprint,
             headers: headers.clone(),
             source: source.name.clone(),
             event_id,
-            event_type: item.event_type.map(EventType::from),
+            event_type,
             body: web::Bytes::from(item.payload),
             json: Some(item.json),
             forward,
@@ -488,12 +491,12 @@ fn claim_failed(e: ClaimError) -> Failed {
 }
 
 /// The names of the source's forward targets whose `events` patterns match an event of this
-/// type: the claim queues one outbox row for each.
-fn targets_for(source: &Source, event_type: Option<&str>) -> Vec<String> {
+/// type (as kept): the claim queues one outbox row for each.
+fn targets_for(source: &Source, event_type: Option<&EventType>) -> Vec<String> {
     source
         .forward
         .iter()
-        .filter(|t| t.config.wants(event_type))
+        .filter(|t| t.config.wants(event_type.map(EventType::as_str)))
         .map(|t| t.config.name.clone())
         .collect()
 }

@@ -752,3 +752,24 @@ async fn a_dead_delivery_to_a_target_since_removed_from_the_config_is_not_requeu
         "it stays dead"
     );
 }
+
+#[actix_web::test]
+async fn patterns_match_the_event_type_as_kept_cut_at_255_bytes() {
+    // The type is kept cut at 255 bytes for the admin API and the X-Hookbox-Event-Type
+    // header; the filter matched the whole type, so a pattern on what was cut off queued a
+    // row whose header showed a type the pattern does not match (bb56).
+    let tail = Downstream::start(always(200));
+    let head = Downstream::start(always(200));
+    let app = spawn_targets(&[
+        target("tail", &tail.url, Some(r#"["*z"]"#)),
+        target("head", &head.url, Some(r#"["aaa*"]"#)),
+    ])
+    .await;
+    let long = format!("{}z", "a".repeat(300));
+    let id = send_event(&app, &long).await;
+    let listed = settled(&app, &[&id], "delivered").await;
+    assert_eq!(targets_of(&listed[0]), ["head"]);
+    let sent = &head.for_key(&format!("stripe:{id}"))[0];
+    assert_eq!(sent.header("x-hookbox-event-type"), "a".repeat(255));
+    assert!(tail.received().is_empty());
+}
