@@ -669,6 +669,11 @@ fn connect_hint(message: &str) -> &'static str {
         "check the user and password in DATABASE_URL or [database].url"
     } else if message.contains("timeout expired") {
         "nothing answered within connect_timeout: is the host reachable, and is it PostgreSQL?"
+    } else if message.contains("received invalid response")
+        || message.contains("expected authentication request")
+    {
+        // "received invalid response to SSL negotiation: H": an HTTP server, say.
+        "something answered at that host and port, but not as PostgreSQL: check them"
     } else if message.contains("invalid ") {
         // libpq's own reading of the URL: "invalid port number", "invalid sslmode value",
         // "invalid connection option", "invalid URI query parameter".

@@ -492,3 +492,37 @@ fn every_commands_help_says_what_its_exit_codes_mean() {
         "{serve}"
     );
 }
+
+#[test]
+fn a_database_url_that_reaches_another_kind_of_server_is_not_called_unreadable() {
+    if store_is_sqlite() {
+        return;
+    }
+    // An HTTP server at the URL's port (nginx answers 400 to anything): libpq's "received
+    // invalid response to SSL negotiation" was read as a URL libpq cannot read, exit 2, where
+    // a supervisor's restart (exit 1) may find the right server there later.
+    let http = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = http.local_addr().expect("its address").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in http.incoming().flatten() {
+            let mut first = [0u8; 512];
+            let _ = stream.read(&mut first);
+            let _ = stream.write_all(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    for sslmode in ["prefer", "disable"] {
+        let url = format!("postgres://postgres@127.0.0.1:{port}/x?sslmode={sslmode}");
+        for command in ["migrate", "export", "purge"] {
+            let (code, _, stderr) = run_hookbox(
+                &[command, "--config", "/dev/null"],
+                &[("DATABASE_URL", &url), ("PGSSLMODE", sslmode)],
+            );
+            assert_eq!(code, 1, "{command} {sslmode}: {stderr}");
+            assert!(stderr.contains("but not as PostgreSQL"), "{stderr}");
+            assert!(!stderr.contains("cannot read the URL"), "{stderr}");
+        }
+    }
+}
