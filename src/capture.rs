@@ -493,18 +493,34 @@ pub fn stop_streaming() -> Streamed {
 }
 
 /// Where [`write_whole`] writes a capture whole for `path`: `path` itself, or for a symbolic
-/// link the file it leads to (renaming over the link would replace the link); `None` to write
-/// straight through: a path under `/dev` or `/proc` (`/dev/stdout`, `/proc/self/fd/1`), which
-/// names an open stream whatever it resolves to.
+/// link the file it leads to (renaming over the link would replace the link), made there if
+/// it is not there yet; `None` to write straight through: a path under `/dev` or `/proc`
+/// (`/dev/stdout`, `/proc/self/fd/1`), which names an open stream whatever it resolves to, or
+/// a link that leads nowhere a file can be made.
 fn where_to_write(path: &Path) -> Option<PathBuf> {
     if path.starts_with("/dev") || path.starts_with("/proc") {
         return None;
     }
-    let linked = std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink());
-    if !linked {
+    let is_link = |path: &Path| {
+        std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink())
+    };
+    if !is_link(path) {
         return Some(path.to_path_buf());
     }
-    let target = std::fs::canonicalize(path).ok()?;
+    let target = std::fs::canonicalize(path).ok().or_else(|| {
+        // A link to a file not made yet: followed link by link (as the kernel does, at most
+        // 40) to the name at the end, in its directory.
+        let mut led = path.to_path_buf();
+        for _ in 0..40 {
+            if !is_link(&led) {
+                let directory = std::fs::canonicalize(led.parent()?).ok()?;
+                return Some(directory.join(led.file_name()?));
+            }
+            let next = std::fs::read_link(&led).ok()?;
+            led = led.parent()?.join(next);
+        }
+        None
+    })?;
     (!target.starts_with("/dev") && !target.starts_with("/proc")).then_some(target)
 }
 

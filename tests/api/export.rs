@@ -861,6 +861,36 @@ fn an_export_out_through_a_link_writes_where_it_leads_and_a_stream_straight_thro
             .count(),
         3
     );
+    // A link to a capture not made yet (through a second link, relative): made where it
+    // leads, the links left as they are.
+    let first = dir.0.join("first.ndjson");
+    let second = dir.0.join("second.ndjson");
+    std::os::unix::fs::symlink("second.ndjson", &first).expect("a link");
+    std::os::unix::fs::symlink("new.ndjson", &second).expect("a link");
+    let (code, _, stderr) = run_hookbox(
+        &[
+            "export",
+            "--config",
+            &config.path(),
+            "--out",
+            &first.to_string_lossy(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    for link in [&first, &second] {
+        assert!(std::fs::symlink_metadata(link)
+            .expect("the link")
+            .file_type()
+            .is_symlink());
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.0.join("new.ndjson"))
+            .expect("made where the links lead")
+            .lines()
+            .count(),
+        3
+    );
     // Its own stdout, redirected to a file, named as a path under /proc: written straight
     // through, nothing renamed over it.
     let out = dir.0.join("stdout.ndjson");
@@ -883,5 +913,15 @@ fn an_export_out_through_a_link_writes_where_it_leads_and_a_stream_straight_thro
     );
     let mut names = names_in(&dir.0);
     names.sort();
-    assert_eq!(names, ["link.ndjson", "real.ndjson", "stdout.ndjson"]);
+    assert_eq!(
+        names,
+        [
+            "first.ndjson",
+            "link.ndjson",
+            "new.ndjson",
+            "real.ndjson",
+            "second.ndjson",
+            "stdout.ndjson"
+        ]
+    );
 }
