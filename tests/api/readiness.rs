@@ -273,3 +273,46 @@ async fn readyz_notices_the_sqlite_file_deleted_or_replaced_under_serve() {
     }
     assert_eq!(app.get("/readyz", None).await.status, 200);
 }
+
+#[test]
+fn a_purge_by_a_role_that_may_not_delete_says_what_to_grant() {
+    let Some(server) = server_for_roles("a_purge_by_a_role_that_may_not_delete_says_what_to_grant")
+    else {
+        return;
+    };
+    // The database's own words alone ("permission denied for table events") said nothing of
+    // what to do (bb57, a read-only SQLite file; the same failure as a role here).
+    let db = TestDb::create();
+    let role = Role::create(&format!("{}_role", db.name));
+    as_superuser(
+        &db,
+        &format!("ALTER DATABASE {} OWNER TO {}", db.name, role.0),
+    );
+    as_superuser(&db, &format!("ALTER SCHEMA public OWNER TO {}", role.0));
+    let url = with_database(&server, &db.name).replace("://postgres@", &format!("://{}@", role.0));
+    let config = TempFile::new(&config_text(&url, ""));
+    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config.path()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    insert_events(
+        &db.url,
+        &[RawEvent {
+            source: "stripe".to_owned(),
+            event_id: unique_id("evt_old"),
+            received_at: chrono::Utc::now() - chrono::Duration::days(10),
+            payload: b"{}".to_vec(),
+        }],
+    );
+    as_superuser(&db, &format!("REVOKE DELETE ON events FROM {}", role.0));
+    let (code, _, stderr) = run_hookbox(
+        &["purge", "--config", &config.path(), "--older-than", "1d"],
+        &[],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("does not take this user's deletes") && stderr.contains("grant"),
+        "{stderr}"
+    );
+    assert_eq!(db.count("events"), 1, "nothing removed");
+    drop(db);
+    drop(role);
+}
