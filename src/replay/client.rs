@@ -17,7 +17,7 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Network failures are retried this often, waiting about 250 ms, 500 ms, 1 s between tries
 /// (the upper half of each step, jittered).
-const NETWORK_RETRIES: u32 = 3;
+pub const NETWORK_RETRIES: u32 = 3;
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const BACKOFF_CAP: Duration = Duration::from_secs(1);
 

@@ -351,10 +351,24 @@ async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progre
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut deadline: Option<tokio::time::Instant> = None;
+    // The first delivery that got no answer is told at once, with why: the counts alone said
+    // nothing of it until the summary, and each such delivery takes its retries' time.
+    let mut told_unanswered = false;
     loop {
         let signalled = tokio::select! {
             done = results.next() => match done {
                 Some(done) => {
+                    if let Done::Unanswered(_, message) = &done {
+                        if !std::mem::replace(&mut told_unanswered, true) {
+                            progress.note(&format!(
+                                "a delivery got no answer: {message}; each delivery is tried {} \
+                                 times before it counts as unanswered, so a receiver that is \
+                                 not there makes this run slow (Ctrl-C stops it, and says what \
+                                 was sent)",
+                                client::NETWORK_RETRIES + 1
+                            ));
+                        }
+                    }
                     count(tally, done);
                     progress.update(tally);
                     false

@@ -62,6 +62,14 @@ impl Progress {
         }
     }
 
+    /// A line for the operator now, above the bar on a terminal.
+    pub fn note(&self, line: &str) {
+        match self {
+            Progress::Bar(bar) => bar.println(format!("replay: {line}")),
+            Progress::Plain { .. } => errln!("replay: {line}"),
+        }
+    }
+
     /// Clears the bar before the summary is printed.
     pub fn finish(&self) {
         if let Progress::Bar(bar) = self {

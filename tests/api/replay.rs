@@ -512,13 +512,25 @@ async fn a_receiver_that_never_answers_is_retried_then_counted_failed() {
     // Port 1, where nothing listens (as in the other tests that need a refused connection): a
     // port taken from the ephemeral range and let go could be handed to another test's server
     // during the retries, which then answered them (a CI run counted the delivery rejected).
-    let file = github_capture(1);
+    let file = github_capture(2);
     let started = Instant::now();
     let run = replay_github(&file, "http://127.0.0.1:1", &[]).await;
 
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(run.report["counts"], counts(1, 0, 0, 0, 1));
+    assert_eq!(run.report["counts"], counts(2, 0, 0, 0, 2));
     assert_eq!(failures(&run)[0]["error"], "network");
+    // Why is said as the first one ends, once, not only in the summary (bb57).
+    let told: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("replay: a delivery got no answer"))
+        .collect();
+    assert_eq!(told.len(), 1, "{}", run.stderr);
+    assert!(
+        told[0].contains("check --to") && told[0].contains("tried 4 times"),
+        "{}",
+        told[0]
+    );
     // Steps of 250, 500 and 1000 ms, each waited at least half of (equal jitter).
     assert!(
         started.elapsed() >= Duration::from_millis(875),
