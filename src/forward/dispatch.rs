@@ -200,6 +200,19 @@ fn untried(due: &Due, after: Duration) -> Settled {
     }
 }
 
+/// `handoff`, if it ends within `timeout`. When the time is up, it gets a last look after the
+/// runtime has read what came meanwhile: a process stopped (SIGSTOP, a frozen VM) past the
+/// timeout wakes to its timer and the answer that came while it slept at once, and the timer
+/// alone would have the attempt sent again though it was answered.
+async fn within<F: std::future::Future>(timeout: Duration, handoff: F) -> Option<F::Output> {
+    let mut handoff = std::pin::pin!(handoff);
+    if let Ok(done) = tokio::time::timeout(timeout, handoff.as_mut()).await {
+        return Some(done);
+    }
+    tokio::task::yield_now().await;
+    futures_util::FutureExt::now_or_never(handoff)
+}
+
 /// Sends one attempt within the target's timeout, judges it, logs it and counts it.
 // At ERROR level, so that its fields are on every line whatever level `RUST_LOG` lets through.
 #[tracing::instrument(
@@ -211,9 +224,9 @@ fn untried(due: &Due, after: Duration) -> Settled {
 async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &Due) -> Settle {
     let config = &lane.target.config;
     let started = std::time::Instant::now();
-    let handoff = match tokio::time::timeout(config.timeout, transport.hand_off(due)).await {
-        Ok(handoff) => handoff,
-        Err(_) => Handoff::Failed {
+    let handoff = match within(config.timeout, transport.hand_off(due)).await {
+        Some(handoff) => handoff,
+        None => Handoff::Failed {
             status: None,
             error: format!(
                 "no answer within {}{}",

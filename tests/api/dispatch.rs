@@ -683,3 +683,47 @@ async fn an_ordered_target_gets_events_that_arrive_together_in_the_order_they_we
     assert_eq!(order, expected, "the sink's order is the received order");
     assert_eq!(downstream.most_in_flight(), 1, "one at a time");
 }
+
+#[actix_web::test]
+async fn a_process_stopped_past_its_timeout_mid_attempt_keeps_the_answer_that_came_meanwhile() {
+    // The process wakes to its attempt's timer and to the answer that came while it was
+    // stopped at once: the timer won, the attempt was counted unanswered, and the event sent
+    // again (bb58: every attempt in flight at a SIGSTOP longer than the timeout).
+    let downstream = Downstream::start(|_, _| (200, Duration::from_millis(300)));
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &target("ledger", &downstream.url, "timeout = \"1s\""),
+    );
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    let ids = ids(1);
+    send_all(&process.address, &config, &ids, 1).await;
+    poll_until(
+        "the attempt reaches the downstream",
+        Duration::from_secs(10),
+        || downstream.answering() > 0,
+    )
+    .await;
+    signal(&process, "STOP");
+    // Stopped past the 1 s timeout, the downstream's answer (after 300 ms) waits in its socket.
+    std::thread::sleep(Duration::from_millis(1800));
+    assert_eq!(downstream.received().len(), 1, "answered while stopped");
+    signal(&process, "CONT");
+    poll_until("the row is settled", Duration::from_secs(10), || {
+        db.count("deliveries WHERE state = 'delivered'") == 1
+    })
+    .await;
+    assert_eq!(
+        db.count("deliveries WHERE attempts = 1"),
+        1,
+        "{}",
+        process.log()
+    );
+    assert_eq!(downstream.received().len(), 1, "sent once");
+    assert!(
+        !process.log().contains("no answer within"),
+        "{}",
+        process.log()
+    );
+}
