@@ -53,6 +53,19 @@ fn as_superuser(db: &TestDb, statement: &str) {
         .unwrap_or_else(|e| panic!("{statement}: {e}"));
 }
 
+/// A role of the test's own that owns `db` and its schema (so it migrates), and the URL of
+/// `db` on `server` as that role.
+fn owned_by_a_role(server: &str, db: &TestDb) -> (Role, String) {
+    let role = Role::create(&format!("{}_role", db.name));
+    as_superuser(
+        db,
+        &format!("ALTER DATABASE {} OWNER TO {}", db.name, role.0),
+    );
+    as_superuser(db, &format!("ALTER SCHEMA public OWNER TO {}", role.0));
+    let url = with_database(server, &db.name).replace("://postgres@", &format!("://{}@", role.0));
+    (role, url)
+}
+
 #[actix_web::test]
 async fn after_revoke_insert_readyz_is_not_ready_and_a_delivery_says_permission() {
     let Some(server) =
@@ -62,13 +75,7 @@ async fn after_revoke_insert_readyz_is_not_ready_and_a_delivery_says_permission(
     };
     let db = TestDb::create();
     // Dropped after the app's database, which is dropped with the app, declared later.
-    let role = Role::create(&format!("{}_role", db.name));
-    as_superuser(
-        &db,
-        &format!("ALTER DATABASE {} OWNER TO {}", db.name, role.0),
-    );
-    as_superuser(&db, &format!("ALTER SCHEMA public OWNER TO {}", role.0));
-    let url = with_database(&server, &db.name).replace("://postgres@", &format!("://{}@", role.0));
+    let (role, url) = owned_by_a_role(&server, &db);
     let config = parse_config(&config_text(&url, ""));
     let app = TestApp::spawn_on(db, config, Handlers::default()).await;
 
@@ -283,13 +290,7 @@ fn a_purge_by_a_role_that_may_not_delete_says_what_to_grant() {
     // The database's own words alone ("permission denied for table events") said nothing of
     // what to do (bb57, a read-only SQLite file; the same failure as a role here).
     let db = TestDb::create();
-    let role = Role::create(&format!("{}_role", db.name));
-    as_superuser(
-        &db,
-        &format!("ALTER DATABASE {} OWNER TO {}", db.name, role.0),
-    );
-    as_superuser(&db, &format!("ALTER SCHEMA public OWNER TO {}", role.0));
-    let url = with_database(&server, &db.name).replace("://postgres@", &format!("://{}@", role.0));
+    let (role, url) = owned_by_a_role(&server, &db);
     let config = TempFile::new(&config_text(&url, ""));
     let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config.path()], &[]);
     assert_eq!(code, 0, "{stderr}");
