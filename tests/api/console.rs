@@ -460,6 +460,55 @@ async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
 }
 
 #[actix_web::test]
+async fn a_form_posted_with_a_query_is_refused_and_changes_nothing() {
+    // The forms ignored a query: `?source=` naming one source re-queued every source's dead
+    // deliveries, and `?target=` redelivered to every target (bb61).
+    let (_downstream, app, ids) = with_dead_deliveries(1).await;
+    let id = ids[0].as_str();
+    let delivery_id = deliveries(&app, id).await[0]["id"]
+        .as_i64()
+        .expect("a delivery id");
+    let cookie = log_in(&app).await;
+    let csrf = csrf_of(&event_page(&app, &cookie, "stripe", id).await.text());
+    let requeue_one = format!("/console/deliveries/{delivery_id}/requeue?source=other");
+    let posts: [(&str, Vec<(&str, &str)>); 4] = [
+        (
+            "/console/deliveries/requeue?source=nosuchsource",
+            vec![("csrf", &csrf), ("source", "")],
+        ),
+        (
+            &requeue_one,
+            vec![("csrf", &csrf), ("source", "stripe"), ("event_id", id)],
+        ),
+        (
+            "/console/events/redeliver?target=default",
+            vec![
+                ("csrf", &csrf),
+                ("source", "stripe"),
+                ("event_id", id),
+                ("target", ""),
+            ],
+        ),
+        ("/console/logout?next=/", vec![("csrf", &csrf)]),
+    ];
+    for (path, fields) in &posts {
+        let refused = post_form(&app, path, Some(&cookie), fields).await;
+        assert_eq!(refused.status, 400, "{path}: {}", refused.text());
+        assert!(
+            refused.text().contains("not one the console makes"),
+            "{path}: {}",
+            refused.text()
+        );
+    }
+    assert_eq!(dead_deliveries(&app), 1, "nothing was re-queued");
+    assert_eq!(
+        event_page(&app, &cookie, "stripe", id).await.status,
+        200,
+        "still logged in"
+    );
+}
+
+#[actix_web::test]
 async fn the_dead_filter_re_queues_every_dead_delivery_with_one_button() {
     // After a downstream is mended, its dead deliveries go again from the list, not one event
     // page at a time.

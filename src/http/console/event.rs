@@ -11,7 +11,7 @@ use serde::Deserialize;
 use maud::{html, Markup};
 
 use super::html::{link, page, redirect, respond, show_body, time, visible, visible_lines};
-use super::{check_csrf, check_fields, field, message, FormBody, Refused, Session};
+use super::{check_csrf, check_fields, field, message, FormBody, NoQuery, Refused, Session};
 use crate::db::deliveries::DeliveryView;
 use crate::db::events::{self, StoredEvent};
 use crate::db::AnyConnection;
@@ -352,6 +352,7 @@ pub async fn requeue(
     path: web::Path<i64>,
     FormBody(body): FormBody,
     Admin(session): Admin<Session>,
+    _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
     check_fields(&body, &["source", "event_id"])?;
@@ -381,6 +382,7 @@ pub async fn redeliver(
     state: web::Data<AppState>,
     FormBody(body): FormBody,
     Admin(session): Admin<Session>,
+    _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
     check_fields(&body, &["source", "event_id", "target"])?;

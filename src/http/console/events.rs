@@ -10,7 +10,7 @@ use serde::Deserialize;
 use maud::{html, Markup};
 
 use super::html::{link, page, redirect, respond, time, visible};
-use super::{check_csrf, check_fields, field, FormBody, Refused, Session};
+use super::{check_csrf, check_fields, field, FormBody, NoQuery, Refused, Session};
 use crate::config::parse_time_or_ago;
 use crate::db::events::{self, Filter, Listed};
 use crate::db::AnyConnection;
@@ -349,6 +349,7 @@ pub async fn requeue_dead(
     state: web::Data<AppState>,
     FormBody(body): FormBody,
     Admin(session): Admin<Session>,
+    _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
     check_fields(&body, &["source"])?;

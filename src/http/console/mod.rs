@@ -53,6 +53,14 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     );
 }
 
+/// The query of a page or form that takes none (the overview, every POST): one is an address
+/// the console never makes (400), not a page that looks filtered and is not, nor a form whose
+/// action an unknown field widens (a POST ignored its query, and re-queued every source's dead
+/// deliveries under `?source=` naming one).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoQuery {}
+
 /// Why a console request is not served; each has its own answer.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
@@ -347,6 +355,7 @@ async fn logout(
     request: HttpRequest,
     FormBody(body): FormBody,
     Admin(session): Admin<Session>,
+    _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
     check_fields(&body, &[])?;

@@ -7,7 +7,7 @@ use actix_web::{web, HttpResponse};
 use maud::{html, Markup};
 
 use super::html::{link, page, respond, time};
-use super::{chart, Refused, Session};
+use super::{chart, NoQuery, Refused, Session};
 use crate::activity::{current_minute, HISTORY_MINUTES};
 use crate::db::deliveries;
 use crate::http::auth::Admin;
@@ -15,12 +15,6 @@ use crate::http::with_db;
 use crate::metrics::UNKNOWN_SOURCE;
 use crate::purge::PurgeResult;
 use crate::state::AppState;
-
-/// The overview takes no query: one is an address the console never makes (400), as on the
-/// other pages, not a page that looks filtered and is not.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NoQuery {}
 
 /// `GET /console`.
 pub async fn show(
