@@ -832,6 +832,12 @@ pub struct Entries {
     current: Option<(PathBuf, BufReader<File>, u64)>,
 }
 
+/// Whether the file `reader` reads from starts as a gzip stream does (a capture compressed for
+/// keeping: `export | gzip`), without taking anything from it.
+fn compressed(reader: &mut BufReader<File>) -> bool {
+    io::BufRead::fill_buf(reader).is_ok_and(|start| start.starts_with(&[0x1f, 0x8b]))
+}
+
 impl Entries {
     /// Entries of `files`, in order.
     pub fn new(files: Vec<InputFile>) -> Entries {
@@ -849,7 +855,11 @@ impl Entries {
             .map(|file| match file.kind {
                 InputKind::Body => 1,
                 InputKind::Capture => File::open(file.read_from()).map_or(1, |f| {
-                    BufReader::new(f)
+                    let mut reader = BufReader::new(f);
+                    if compressed(&mut reader) {
+                        return 1;
+                    }
+                    reader
                         .split(b'\n')
                         .map_while(Result::ok)
                         .filter(|line| !without_bom(line).trim_ascii().is_empty())
@@ -914,7 +924,21 @@ impl Iterator for Entries {
                     });
                 }
                 (InputKind::Capture, Ok(f)) => {
-                    self.current = Some((file.path, BufReader::new(f), 0));
+                    let mut reader = BufReader::new(f);
+                    if compressed(&mut reader) {
+                        // One entry for the file, not one per "line" of compressed bytes.
+                        let message = format!(
+                            "the file is gzip-compressed: decompress it first, or pipe it in \
+                             (zcat {} | hookbox replay - ...)",
+                            file.path.display()
+                        );
+                        return Some(Entry {
+                            file: file.path,
+                            line: None,
+                            item: Err(Unreadable::new(message)),
+                        });
+                    }
+                    self.current = Some((file.path, reader, 0));
                 }
                 (_, Err(e)) => {
                     return Some(Entry {
@@ -1066,6 +1090,25 @@ mod tests {
                 (Some(5), true),
                 (None, true)
             ]
+        );
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn a_gzip_compressed_capture_is_one_entry_that_says_so() {
+        let dir = std::env::temp_dir().join(format!("hookbox-gzip-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let capture = dir.join("a.ndjson.gz");
+        // The gzip header, and bytes that hold newlines as a compressed stream may.
+        std::fs::write(&capture, b"\x1f\x8b\x08\x00\x00\x00\x00\x00\n\x03\nabc\n").expect("write");
+        let files = vec![InputFile::new(capture, InputKind::Capture)];
+        assert_eq!(Entries::count(&files), 1);
+        let entries: Vec<Entry> = Entries::new(files).collect();
+        assert_eq!(entries.len(), 1);
+        let message = &entries[0].item.as_ref().expect_err("refused").message;
+        assert!(
+            message.contains("gzip-compressed") && message.contains("zcat"),
+            "{message}"
         );
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
