@@ -115,6 +115,13 @@ impl EventId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The id as a log line shows it ([`ClientText`]): a provider's id is the client's choice,
+    /// and where it travels unsigned (a header of some schemes) anyone holding one delivery may
+    /// resend it under another.
+    pub fn logged(&self) -> ClientText<'_> {
+        ClientText::new(&self.0, usize::MAX)
+    }
 }
 
 /// Why a provider's event id cannot be used.

@@ -21,6 +21,7 @@ use super::lane::Lane;
 use super::transport::{Handoff, Transport, Transports};
 use super::{Outbox, Wake};
 use crate::db::deliveries::{Due, Settle, Settled};
+use crate::ids::ClientText;
 use crate::metrics::ForwardResult;
 use crate::retry;
 
@@ -169,7 +170,7 @@ impl Runner {
             tracing::warn!(
                 source = %due.source,
                 target = %due.target,
-                event.id = %due.event_id,
+                event.id = %ClientText::new(&due.event_id, usize::MAX),
                 attempt = due.attempt,
                 "not sent: this delivery's lease ran out before its turn came (the process was \
                  stopped or starved for a while), so another instance may have taken it; it goes \
@@ -219,7 +220,12 @@ async fn within<F: std::future::Future>(timeout: Duration, handoff: F) -> Option
     name = "forward",
     level = "error",
     skip_all,
-    fields(source = %due.source, target = %due.target, event.id = %due.event_id, attempt = due.attempt)
+    fields(
+        source = %due.source,
+        target = %due.target,
+        event.id = %ClientText::new(&due.event_id, usize::MAX),
+        attempt = due.attempt
+    )
 )]
 async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &Due) -> Settle {
     let config = &lane.target.config;

@@ -308,7 +308,7 @@ pub(super) async fn redeliver(
     if let Some(n) = requeued.filter(|n| *n > 0) {
         tracing::info!(
             source = %logged_source,
-            event.id = %logged_id,
+            event.id = %crate::ids::ClientText::new(&logged_id, usize::MAX),
             target = logged_target.as_deref().unwrap_or("*"),
             requeued = n,
             "event redelivered by {by}"

@@ -264,7 +264,7 @@ async fn answer(
     let targets = targets_for(&source, event_type.as_ref());
     let event_id = EventId::try_from(incoming.event_id).map_err(ApiError::InvalidEventId)?;
     super::observe::identified(request, &event_id);
-    tracing::Span::current().record("event.id", tracing::field::display(&event_id));
+    tracing::Span::current().record("event.id", tracing::field::display(event_id.logged()));
     // Before any answer from the cache: a replay brings a transmission id of its own.
     bind_transmission(state, &source, &headers, event_id.as_str(), &body, deadline).await?;
 
@@ -338,7 +338,7 @@ async fn answer(
             // Not remembered under this id, where nothing is stored: the replay counts, and
             // the console's per-event count, go to the event stored first.
             tracing::info!(
-                first.event.id = %first_event_id,
+                first.event.id = %crate::ids::ClientText::new(&first_event_id, usize::MAX),
                 "payload already stored under another event id (dedupe = \"body\"): answered as its replay"
             );
             if let Ok(first) = EventId::try_from(first_event_id) {
@@ -391,7 +391,8 @@ async fn batch(
     // The first item names the delivery in the log and the console.
     if let Some(first) = deliveries.first() {
         super::observe::identified(request, &first.event_id);
-        tracing::Span::current().record("event.id", tracing::field::display(&first.event_id));
+        tracing::Span::current()
+            .record("event.id", tracing::field::display(first.event_id.logged()));
     }
 
     // Every item answered from the cache of committed answers: a replay, with no database.

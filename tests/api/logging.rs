@@ -483,3 +483,40 @@ async fn an_instance_taken_for_dead_while_alive_is_told_and_goes_on() {
         "told once:\n{log}"
     );
 }
+
+#[actix_web::test]
+async fn an_event_id_is_logged_with_its_bidi_override_escaped() {
+    // An id is the client's choice (where it travels unsigned, anyone holding one delivery may
+    // resend it under another): a bidi override in it reversed the rest of the log line as a
+    // terminal shows it (bb61). Logged as the console shows it, and the forward span too.
+    let downstream = crate::downstream::Downstream::start(crate::downstream::always(200));
+    let forward = format!(
+        "\n[sources.stripe.forward]\nurl = \"{}\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+        downstream.url
+    );
+    let db = TestDb::create();
+    let config = config_text(&db.url, &forward);
+    let process = Process::serve(&config);
+    let id = format!("{}_\u{202e}lanigiro", unique_id("evt"));
+    let body = stripe_event(&id, "charge.refunded", 1);
+    let delivery = delivery_for(&parse_config(&config), "stripe", &body, &id, unix_now());
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    // The same id with another body: refused, and logged with the request's span.
+    let other = stripe_event(&id, "charge.succeeded", 1);
+    let reused = delivery_for(&parse_config(&config), "stripe", &other, &id, unix_now());
+    let answer = send(&process.address, &reused).await;
+    assert_eq!(answer.status, 422, "{}", answer.text());
+    process.wait_for_log("forwarded");
+    process.wait_for_log("event_id_reused");
+    let log = process.log();
+    assert!(!log.contains('\u{202e}'), "{log}");
+    let escaped = id.replace('\u{202e}', "\\u{202e}");
+    for line in ["event_id_reused", "forwarded"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(line) && l.contains(&format!("event.id={escaped}"))),
+            "{line}: {log}"
+        );
+    }
+}
