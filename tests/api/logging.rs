@@ -520,3 +520,32 @@ async fn an_event_id_is_logged_with_its_bidi_override_escaped() {
         );
     }
 }
+
+#[actix_web::test]
+async fn a_nats_server_that_is_down_is_told_by_hookbox_not_by_the_clients_info_lines() {
+    // The NATS client's own INFO line came every few seconds while the server was down, naming
+    // no target (bb61); each attempt's WARN says it, with the target.
+    let db = TestDb::create();
+    let target = "\n[[sources.stripe.forward]]\nname = \"bus\"\nurl = \"nats://127.0.0.1:1\"\n\
+                  subject = \"x.{source}\"\ntimeout = \"1s\"\n";
+    let config = config_text(&db.url, target);
+    // RUST_LOG empty: the default filter.
+    let process = Process::serve_with_env(&config, &[("RUST_LOG", "")]);
+    let id = unique_id("evt");
+    let body = stripe_event(&id, "charge.refunded", 1);
+    let delivery = delivery_for(&parse_config(&config), "stripe", &body, &id, unix_now());
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    process.wait_for_log("forward attempt failed");
+    let log = process.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("forward attempt failed") && l.contains("target=bus")),
+        "{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains(" INFO ") && l.contains("client error")),
+        "{log}"
+    );
+}
