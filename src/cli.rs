@@ -591,7 +591,10 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
             }
             if crate::db::Failure::of(&e) == crate::db::Failure::Permission {
                 return anyhow::anyhow!(
-                    "{e}: the store {} does not take this user's deletes (a read-only file or                      directory, or a role without DELETE on events and deliveries); what was                      removed before stays removed; run purge as the user serve runs as, or                      grant it (see docs/stores.md, Roles)",
+                    "{e}: the store {} does not take this user's deletes (a read-only file or \
+                     directory, or a role without DELETE on events and deliveries); what was \
+                     removed before stays removed; run purge as the user serve runs as, or \
+                     grant it (see docs/stores.md, Roles)",
                     config.database.display_url()
                 );
             }

@@ -313,6 +313,7 @@ fn a_purge_by_a_role_that_may_not_delete_says_what_to_grant() {
         stderr.contains("does not take this user's deletes") && stderr.contains("grant"),
         "{stderr}"
     );
+    assert!(!stderr.contains("  "), "one space between words: {stderr}");
     assert_eq!(db.count("events"), 1, "nothing removed");
     drop(db);
     drop(role);
