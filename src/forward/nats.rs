@@ -100,6 +100,14 @@ impl Nats {
                             async_nats::Event::ServerError(
                                 async_nats::ServerError::AuthorizationViolation,
                             ) => refused.store(true, Ordering::SeqCst),
+                            // A reconnect's refused login comes as the client's error, in words.
+                            async_nats::Event::ClientError(e)
+                                if e.to_string()
+                                    .to_ascii_lowercase()
+                                    .contains("authorization violation") =>
+                            {
+                                refused.store(true, Ordering::SeqCst)
+                            }
                             _ => {}
                         }
                         let seen = match event {

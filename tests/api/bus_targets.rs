@@ -1086,6 +1086,8 @@ async fn a_nats_login_refused_is_named_in_the_deliverys_last_error() {
     let shown = dead_deliveries(&server.address, id).await;
     let error = shown[0]["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("authorization violation"), "{shown}");
+    // At once, as the docs say, not after the attempt's timeout (bb62).
+    assert!(error.contains("refuses the login"), "{shown}");
     assert!(!shown.to_string().contains("wr0ng-Pa55"), "{shown}");
 }
 
