@@ -1453,3 +1453,38 @@ async fn over_tls_the_probe_lets_lapin_connect_once_the_broker_answers() {
     assert!(!line.contains("did not answer"), "{line}");
     assert!(line.contains("certificate"), "{line}");
 }
+
+#[actix_web::test]
+async fn a_broker_that_answers_the_header_and_then_nothing_fails_the_connect_in_time() {
+    // The probe passed, and lapin's handshake waited until the attempt's own timeout dropped
+    // it: never counted as a failed connect, so the next attempt connected again at once (a
+    // black-box run: 90 handshakes a minute). It now fails within the timeout, and says why.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let mut held = Vec::new();
+        for mut client in listener.incoming().flatten() {
+            let mut header = [0u8; 8];
+            if client.read_exact(&mut header).is_ok() {
+                // The first byte of a Connection.Start frame, and then nothing.
+                let _ = client.write_all(&[1]);
+            }
+            held.push(client);
+        }
+    });
+    let db = TestDb::create();
+    let target = format!(
+        "\n[[sources.stripe.forward]]\nname = \"rabbit\"\n\
+         url = \"amqp://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"x\"\n\
+         routing_key = \"{{source}}\"\ntimeout = \"1s\"\nmax_attempts = 100\n"
+    );
+    let config = config_text(&db.url, &target);
+    let server = Process::serve(&config);
+    send_events(&parse_config(&config), &server.address, 1).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while db.count("deliveries WHERE last_error LIKE '%did not finish its handshake%'") == 0 {
+        assert!(Instant::now() < deadline, "never told: {}", server.log());
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
