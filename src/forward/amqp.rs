@@ -133,9 +133,10 @@ impl Amqp {
     /// Opens a connection named `name`, once the broker has shown it speaks AMQP ([`probe`]),
     /// within a third of the timeout more: a broker that answers the header and then says
     /// nothing would otherwise hold the connect until the attempt's own timeout dropped it, and
-    /// a connect dropped so was never counted as failed, so the next attempt connected again at
-    /// once (a black-box run: 90 handshakes a minute, each leaving lapin's thread behind until the broker
-    /// let go). Failed in time, it waits for the reconnect's backoff like any other.
+    /// a connect dropped so was never counted as failed, so the next attempt connected again
+    /// at once (a black-box run: 90 handshakes a minute, each leaving lapin's thread behind
+    /// until the broker let go). Failed in time, it waits for the reconnect's backoff like any
+    /// other.
     async fn connect(&self, name: &str) -> Result<Connection, String> {
         probe(&self.url, self.timeout / 2).await?;
         let properties = ConnectionProperties::default().with_connection_name(name.into());

@@ -1346,15 +1346,23 @@ async fn a_tls_broker_that_takes_connections_and_says_nothing_costs_no_thread_or
     silent_broker_costs_nothing_per_attempt("amqps").await;
 }
 
+/// A RabbitMQ target `rabbit` at `url` (exchange `x`), each attempt within `timeout`, tried up
+/// to 100 times.
+fn rabbit_at(url: &str, timeout: &str) -> String {
+    format!(
+        "\n[[sources.stripe.forward]]\nname = \"rabbit\"\nurl = \"{url}\"\nexchange = \"x\"\n\
+         routing_key = \"{{source}}\"\ntimeout = \"{timeout}\"\nmax_attempts = 100\n"
+    )
+}
+
 /// A target at `scheme://` a port that takes connections and never answers: once every
 /// delivery has had an attempt, three more attempts each cost no thread and no descriptor.
 async fn silent_broker_costs_nothing_per_attempt(scheme: &str) {
     let port = silent_then_forwarding(Duration::from_secs(3600), "127.0.0.1:5672");
     let db = TestDb::create();
-    let target = format!(
-        "\n[[sources.stripe.forward]]\nname = \"rabbit\"\n\
-         url = \"{scheme}://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"x\"\n\
-         routing_key = \"{{source}}\"\ntimeout = \"1s\"\nmax_attempts = 100\n"
+    let target = rabbit_at(
+        &format!("{scheme}://guest:guest@127.0.0.1:{port}/%2f"),
+        "1s",
     );
     let config = config_text(&db.url, &target);
     let server = Process::serve(&config);
@@ -1434,11 +1442,7 @@ async fn over_tls_the_probe_lets_lapin_connect_once_the_broker_answers() {
         }
     });
     let db = TestDb::create();
-    let target = format!(
-        "\n[[sources.stripe.forward]]\nname = \"rabbit\"\n\
-         url = \"amqps://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"x\"\n\
-         routing_key = \"{{source}}\"\ntimeout = \"2s\"\n"
-    );
+    let target = rabbit_at(&format!("amqps://guest:guest@127.0.0.1:{port}/%2f"), "2s");
     let server = Process::serve(&config_text(&db.url, &target));
     server.wait_for_log("forward target not ready");
     let log = server.log();
@@ -1474,11 +1478,7 @@ async fn a_broker_that_answers_the_header_and_then_nothing_fails_the_connect_in_
         }
     });
     let db = TestDb::create();
-    let target = format!(
-        "\n[[sources.stripe.forward]]\nname = \"rabbit\"\n\
-         url = \"amqp://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"x\"\n\
-         routing_key = \"{{source}}\"\ntimeout = \"1s\"\nmax_attempts = 100\n"
-    );
+    let target = rabbit_at(&format!("amqp://guest:guest@127.0.0.1:{port}/%2f"), "1s");
     let config = config_text(&db.url, &target);
     let server = Process::serve(&config);
     send_events(&parse_config(&config), &server.address, 1).await;

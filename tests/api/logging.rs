@@ -429,11 +429,9 @@ async fn a_host_clock_far_from_the_databases_is_warned_about_and_followed() {
     );
 }
 
-#[actix_web::test]
-async fn an_instance_taken_for_dead_while_alive_is_told_and_goes_on() {
-    // Another instance takes this one for dead (found its lock free long enough: a lock
-    // connection lost) by deleting its row and taking back its rows. Done here by hand, as
-    // that look would: the instance, alive, finds its row gone at its next look.
+/// A downstream that answers 200, and a server on a fresh database whose `stripe` source
+/// forwards to it: the downstream, the database, the config's text and the server.
+fn forwarding_to_a_sink() -> (crate::downstream::Downstream, TestDb, String, Process) {
     let downstream = crate::downstream::Downstream::start(crate::downstream::always(200));
     let forward = format!(
         "\n[sources.stripe.forward]\nurl = \"{}\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
@@ -442,6 +440,15 @@ async fn an_instance_taken_for_dead_while_alive_is_told_and_goes_on() {
     let db = TestDb::create();
     let config = config_text(&db.url, &forward);
     let process = Process::serve(&config);
+    (downstream, db, config, process)
+}
+
+#[actix_web::test]
+async fn an_instance_taken_for_dead_while_alive_is_told_and_goes_on() {
+    // Another instance takes this one for dead (found its lock free long enough: a lock
+    // connection lost) by deleting its row and taking back its rows. Done here by hand, as
+    // that look would: the instance, alive, finds its row gone at its next look.
+    let (downstream, db, config, process) = forwarding_to_a_sink();
     process.wait_for_log("forward dispatcher registered");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while db.count("instances") == 0 {
@@ -489,14 +496,7 @@ async fn an_event_id_is_logged_with_its_bidi_override_escaped() {
     // An id is the client's choice (where it travels unsigned, anyone holding one delivery may
     // resend it under another): a bidi override in it reversed the rest of the log line as a
     // terminal shows it (bb61). Logged as the console shows it, and the forward span too.
-    let downstream = crate::downstream::Downstream::start(crate::downstream::always(200));
-    let forward = format!(
-        "\n[sources.stripe.forward]\nurl = \"{}\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
-        downstream.url
-    );
-    let db = TestDb::create();
-    let config = config_text(&db.url, &forward);
-    let process = Process::serve(&config);
+    let (_downstream, _db, config, process) = forwarding_to_a_sink();
     let id = format!("{}_\u{202e}lanigiro", unique_id("evt"));
     let body = stripe_event(&id, "charge.refunded", 1);
     let delivery = delivery_for(&parse_config(&config), "stripe", &body, &id, unix_now());
