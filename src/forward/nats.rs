@@ -475,7 +475,10 @@ impl Failure {
                     .to_owned(),
             ),
             // The server's own limit: the event is too large for it, however often it is sent.
-            PublishErrorKind::MaxPayloadExceeded => Failure::Dead(error),
+            PublishErrorKind::MaxPayloadExceeded => Failure::Dead(format!(
+                "{error} (the event is larger than the NATS server's max_payload: raise it in \
+                 the server's config, up to 64 MB, and redeliver the event)"
+            )),
             _ => Failure::Retry(error),
         }
     }

@@ -1042,6 +1042,7 @@ async fn an_event_too_large_for_the_nats_server_is_dead_at_once_even_on_a_fresh_
     );
     let error = shown[0]["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("Payload size limit"), "{shown}");
+    assert!(error.contains("raise it"), "what to mend: {shown}");
     // The small ones beside it went out at their first attempt, not after a timeout. The
     // stream holds them a moment before their outcomes are written: each is waited for.
     stream.until_holds(2, Duration::from_secs(20)).await;
