@@ -7,8 +7,20 @@
 //! starts for them ([`book`]): in one transaction it locks the row, takes as many starts as it
 //! wants from there on, one `interval` apart, and moves `next_start` past them. It then starts
 //! each attempt at its moment. Starts booked by different instances never fall within an
-//! interval of each other, so no window of the rate's length holds more than N of them (N + 1,
-//! counting a start at each edge of a closed window).
+//! interval of each other; the interval is the pace's (`forward::pace`), a little over the
+//! rate's window over N, so that a start that comes a little late still leaves N in any window.
+//!
+//! A booking knows where its moments fall on the caller's clock only as closely as its read's
+//! round trip: the schedule was read somewhere between the statement's sending and its answer.
+//! The caller counts its moments from the answer (never early), so each may be up to that round
+//! trip late on the schedule; the booking therefore leaves the schedule free for as long after
+//! its last start ([`plan`]'s `answered_in`), and a start of the next booking never comes
+//! closer to it than an interval. It also books its first start no sooner than two such round
+//! trips ahead (the update and the commit are still to come), so that a database far away
+//! (a round trip of 12 ms once left a target at `100/s` with every moment missed before the
+//! booking was back, and nothing sent) still gets moments it can keep. A read answered later
+//! than the caller's `widest` books nothing ([`Booked::too_slow`]): so long a gap would hold
+//! every instance's starts up.
 //!
 //! Each booking also writes its interval (`interval_us`) and reads the one before it: an
 //! instance whose `rate` for the target differs from the last booker's learns of it
@@ -72,6 +84,9 @@ pub struct Booked {
     /// differs from this one's: the instances sharing the store disagree on the target's
     /// `rate` (during a rolling change of it, or by mistake).
     pub other_interval: Option<Duration>,
+    /// Whether the read was answered later than `widest` after it was sent, so that nothing
+    /// was booked (`count` is 0): the caller books again.
+    pub too_slow: bool,
 }
 
 #[derive(QueryableByName)]
@@ -85,7 +100,8 @@ struct Schedule {
 }
 
 /// Books up to `want` starts of `source`'s target `target`, `interval` apart, none later than
-/// `within` from now, after every start booked before (by any instance).
+/// `within` from now, after every start booked before (by any instance); none when the
+/// schedule's read is answered later than `widest`.
 pub fn book(
     conn: &mut AnyConnection,
     source: &str,
@@ -93,11 +109,12 @@ pub fn book(
     want: u32,
     interval: Duration,
     within: Duration,
+    widest: Duration,
 ) -> QueryResult<Booked> {
     write_transaction(conn, |conn| {
         // Inserted the first time, locked (and read) every time: one booking at a time per
         // target, however many instances book.
-        let sent = std::time::Instant::now();
+        let mut sent = std::time::Instant::now();
         let schedule: Schedule = match conn {
             AnyConnection::Postgres(c) => {
                 // One round trip: the commit does not wait for the disk, the lock is waited
@@ -108,6 +125,8 @@ pub fn book(
                     LOCK_WAIT.as_millis(),
                     IDLE_LIMIT.as_millis()
                 ))?;
+                // The read's round trip, not the settings' before it.
+                sent = std::time::Instant::now();
                 diesel::sql_query(
                     "INSERT INTO paces (source, target, next_start) VALUES ($1, $2, 0) \
                      ON CONFLICT (source, target) DO UPDATE SET next_start = paces.next_start \
@@ -131,13 +150,28 @@ pub fn book(
             .get_result(c)?,
         };
         let as_of = std::time::Instant::now();
+        let answered_in = as_of.saturating_duration_since(sent);
         let interval = micros(interval);
+        let other_interval = (schedule.interval_us > 0 && schedule.interval_us != interval)
+            .then(|| Duration::from_micros(schedule.interval_us.unsigned_abs()));
+        if answered_in > widest {
+            // Nothing written: the transaction ends with the schedule as it was.
+            return Ok(Booked {
+                count: 0,
+                first_in: Duration::ZERO,
+                as_of,
+                sent,
+                other_interval,
+                too_slow: true,
+            });
+        }
         let (first, count, next) = plan(
             schedule.next_start,
             schedule.now,
             want,
             interval,
             micros(within),
+            micros(answered_in),
         );
         if count > 0 {
             on_backend!(conn, c => diesel::update(paces::table.find((source, target)))
@@ -149,8 +183,8 @@ pub fn book(
             first_in: Duration::from_micros(u64::try_from(first - schedule.now).unwrap_or(0)),
             as_of,
             sent,
-            other_interval: (schedule.interval_us > 0 && schedule.interval_us != interval)
-                .then(|| Duration::from_micros(schedule.interval_us.unsigned_abs())),
+            other_interval,
+            too_slow: false,
         })
     })
 }
@@ -159,16 +193,25 @@ pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1)
 }
 
-/// A booking on a schedule free from `next` at `now`: the first start, how many, and where
-/// the schedule is free from after them (all in microseconds). The pace's unit tests book
-/// through it too, from a schedule kept in memory.
-pub(crate) fn plan(next: i64, now: i64, want: u32, interval: i64, within: i64) -> (i64, u32, i64) {
+/// A booking on a schedule free from `next`, read at `now` by a statement answered in
+/// `answered_in`: the first start, how many, and where the schedule is free from after them
+/// (all in microseconds). The first start is two `answered_in` ahead of `now` at the soonest,
+/// and the schedule stays free for `answered_in` after the last (see the module's docs). The
+/// pace's unit tests book through it too, from a schedule kept in memory.
+pub(crate) fn plan(
+    next: i64,
+    now: i64,
+    want: u32,
+    interval: i64,
+    within: i64,
+    answered_in: i64,
+) -> (i64, u32, i64) {
     let furthest = now
         .saturating_add(within)
         .saturating_add(interval)
         .saturating_add(micros(CLOCK_SLACK));
     let next = if next > furthest { now } else { next };
-    let first = next.max(now);
+    let first = next.max(now.saturating_add(answered_in.saturating_mul(2)));
     let room = now.saturating_add(within) - first;
     if room < 0 {
         return (first, 0, next);
@@ -178,7 +221,9 @@ pub(crate) fn plan(next: i64, now: i64, want: u32, interval: i64, within: i64) -
     (
         first,
         count,
-        first.saturating_add(interval.saturating_mul(i64::from(count))),
+        first
+            .saturating_add(interval.saturating_mul(i64::from(count)))
+            .saturating_add(answered_in),
     )
 }
 
@@ -192,7 +237,7 @@ mod tests {
     fn a_free_schedule_books_from_now_and_moves_past_what_it_booked() {
         // 20/s: 50 ms apart, within a second.
         assert_eq!(
-            plan(0, 10_000 * MS, 4, 50 * MS, 1000 * MS),
+            plan(0, 10_000 * MS, 4, 50 * MS, 1000 * MS, 0),
             (10_000 * MS, 4, 10_200 * MS)
         );
     }
@@ -200,7 +245,7 @@ mod tests {
     #[test]
     fn a_booking_comes_after_the_starts_booked_before_it() {
         assert_eq!(
-            plan(10_300 * MS, 10_000 * MS, 2, 50 * MS, 1000 * MS),
+            plan(10_300 * MS, 10_000 * MS, 2, 50 * MS, 1000 * MS, 0),
             (10_300 * MS, 2, 10_400 * MS)
         );
     }
@@ -209,14 +254,14 @@ mod tests {
     fn a_booking_takes_only_the_starts_within_its_reach() {
         // Free from 800 ms ahead: 800, 850, ..., 1000 ms are within a second.
         assert_eq!(
-            plan(10_800 * MS, 10_000 * MS, 16, 50 * MS, 1000 * MS),
+            plan(10_800 * MS, 10_000 * MS, 16, 50 * MS, 1000 * MS, 0),
             (10_800 * MS, 5, 11_050 * MS)
         );
     }
 
     #[test]
     fn a_schedule_booked_beyond_reach_books_nothing_and_says_when_it_frees() {
-        let (first, count, next) = plan(11_500 * MS, 10_000 * MS, 3, 50 * MS, 1000 * MS);
+        let (first, count, next) = plan(11_500 * MS, 10_000 * MS, 3, 50 * MS, 1000 * MS, 0);
         assert_eq!((first, count, next), (11_500 * MS, 0, 11_500 * MS));
     }
 
@@ -224,8 +269,24 @@ mod tests {
     fn a_schedule_no_booking_could_have_made_starts_again_from_now() {
         // Ten minutes ahead, where bookings reach 1.05 s: the clock went back.
         assert_eq!(
-            plan(610_000 * MS, 10_000 * MS, 1, 50 * MS, 1000 * MS),
+            plan(610_000 * MS, 10_000 * MS, 1, 50 * MS, 1000 * MS, 0),
             (10_000 * MS, 1, 10_050 * MS)
+        );
+    }
+
+    #[test]
+    fn a_booking_answered_slowly_starts_two_answers_ahead_and_leaves_one_free_after() {
+        // Read at 10 s, answered 12 ms after it was sent: the first start 24 ms ahead (the
+        // update and the commit are still to come), and the schedule free 12 ms after the last
+        // start's interval (where on the booker's clock its starts fall is known no closer).
+        assert_eq!(
+            plan(0, 10_000 * MS, 2, 10 * MS, 1000 * MS, 12 * MS),
+            (10_024 * MS, 2, 10_056 * MS)
+        );
+        // A schedule booked further ahead than that is booked from where it is free.
+        assert_eq!(
+            plan(10_100 * MS, 10_000 * MS, 1, 10 * MS, 1000 * MS, 12 * MS),
+            (10_100 * MS, 1, 10_122 * MS)
         );
     }
 
@@ -233,9 +294,12 @@ mod tests {
     fn a_slow_rate_books_one_start_an_interval_ahead() {
         // 2/m: 30 s apart, within 30 s.
         let s = 1_000_000;
-        assert_eq!(plan(0, 100 * s, 3, 30 * s, 30 * s), (100 * s, 2, 160 * s));
         assert_eq!(
-            plan(160 * s, 100 * s, 1, 30 * s, 30 * s),
+            plan(0, 100 * s, 3, 30 * s, 30 * s, 0),
+            (100 * s, 2, 160 * s)
+        );
+        assert_eq!(
+            plan(160 * s, 100 * s, 1, 30 * s, 30 * s, 0),
             (160 * s, 0, 160 * s)
         );
     }

@@ -430,7 +430,15 @@ impl Outbox {
         async move {
             web::block(move || {
                 in_turn(&pool, |conn| {
-                    paces::book(conn, &source, &target, want, interval, reach)
+                    paces::book(
+                        conn,
+                        &source,
+                        &target,
+                        want,
+                        interval,
+                        reach,
+                        pace::WIDEST_ANSWER,
+                    )
                 })
             })
             .await

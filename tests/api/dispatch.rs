@@ -10,6 +10,7 @@ use hookbox::Handlers;
 use crate::downstream::Downstream;
 use crate::forward::poll_until;
 use crate::helpers::*;
+use crate::proxy::Proxy;
 
 const FORWARD_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
@@ -115,6 +116,10 @@ async fn a_fast_rate_sends_at_least_as_fast_as_a_slow_one() {
 
 /// Waits until every event of `ids` (100) reached the sink, then asserts it got one attempt
 /// each, at 20 a second: over at least 4.5 s, and no one-second window starting more than 21.
+/// hookbox starts no more than 20 in any second (`forward::pace`'s tests hold it to that); at
+/// the sink an arrival also waits for the connection and the machine, which on two busy cores
+/// moved single arrivals by 40 ms, so the sink's count is allowed the one more the issue's
+/// acceptance allows.
 async fn assert_twenty_a_second(downstream: &Downstream, ids: &[String]) {
     poll_until(
         "every event reached the sink",
@@ -201,7 +206,9 @@ async fn instances_that_pace_one_target_at_different_rates_warn_of_it() {
         })
         .await;
     }
-    for (process, this, other) in [(&one, "50ms", "20ms"), (&two, "20ms", "50ms")] {
+    // The least time between two starts: the rate's window over N, widened by its slack
+    // (`forward::pace`): 51.25 ms at 20/s, 20.2 ms at 50/s.
+    for (process, this, other) in [(&one, "51.25ms", "20.2ms"), (&two, "20.2ms", "51.25ms")] {
         let log = process.log();
         assert!(
             log.lines()
@@ -276,6 +283,45 @@ async fn a_paced_target_whose_schedule_is_held_starts_nothing_until_it_is_let_go
         "at 20/s once let go, not in a burst: {starts:?}"
     );
     until_logged(&process, "booking this target's starts in the store again").await;
+}
+
+#[actix_web::test]
+async fn a_paced_target_behind_a_database_far_away_is_sent_at_its_rate() {
+    if skip_on_sqlite(
+        "a_paced_target_behind_a_database_far_away_is_sent_at_its_rate",
+        "no network between hookbox and its SQLite file",
+    ) {
+        return;
+    }
+    // A round trip of 16 ms to PostgreSQL (another zone, a busy server). A booking's moments
+    // were counted from its question, and at 100/s (10 ms apart) every one was past before
+    // the booking was back: the target was sent nothing, and nothing was logged.
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let db = TestDb::create();
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+    let text = config_text(
+        &proxied_url,
+        &target("ledger", &downstream.url, "rate = \"100/s\""),
+    );
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    proxy.delay(Duration::from_millis(8));
+    let ids = ids(40);
+    send_all(&process.address, &config, &ids, 20).await;
+    poll_until(
+        "every event reached the sink",
+        Duration::from_secs(30),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+    let mut starts: Vec<_> = downstream.received().iter().map(|r| r.at).collect();
+    starts.sort();
+    assert_eq!(starts.len(), 40, "one attempt each");
+    assert!(
+        starts[39] - starts[0] >= Duration::from_millis(390),
+        "at 100/s, not faster: {:?}",
+        starts[39] - starts[0]
+    );
 }
 
 /// A sink that answers 200 after a few milliseconds, except the first two attempts of

@@ -22,7 +22,16 @@ fn migrated() -> (TestDb, AnyConnection) {
 
 /// Books `want` starts of the target `t`, `interval` apart, within `reach`.
 fn book(conn: &mut AnyConnection, want: u32, interval: Duration, reach: Duration) -> Booked {
-    paces::book(conn, "s", "t", want, interval, reach).expect("a booking")
+    paces::book(
+        conn,
+        "s",
+        "t",
+        want,
+        interval,
+        reach,
+        Duration::from_millis(250),
+    )
+    .expect("a booking")
 }
 
 /// The target's `next_start`, in microseconds.
@@ -50,18 +59,25 @@ fn bookings_of_two_connections_follow_one_another_up_to_their_reach() {
 
     let first = book(&mut one, 4, interval, reach);
     assert_eq!(first.count, 4);
-    assert_eq!(first.first_in, Duration::ZERO, "a free schedule starts now");
+    // The read's round trip: where in it the schedule was read, the booker cannot tell.
+    let answered_in = first.as_of - first.sent;
+    assert!(
+        first.first_in <= 2 * answered_in + 2 * Duration::from_micros(1),
+        "a free schedule starts two round trips from now (the update and the commit are still \
+         to come): {first:?}"
+    );
 
     let second = book(&mut two, 4, interval, reach);
     assert_eq!(second.count, 4, "{second:?}");
     assert!(
-        second.first_in > 150 * MS && second.first_in <= 200 * MS,
-        "after the first booking's four starts: {second:?}"
+        second.first_in > 150 * MS && second.first_in <= 200 * MS + 3 * answered_in,
+        "after the first booking's four starts, and the round trip after them: {second:?}"
     );
 
-    // Free from 400 ms ahead: only the starts up to a second ahead are booked.
+    // Free from 400 ms ahead (and the round trips left free after each booking): only the
+    // starts up to a second ahead are booked, 400 ms to 1 s.
     let third = book(&mut one, 20, interval, reach);
-    assert!((13..=14).contains(&third.count), "{third:?}");
+    assert!((12..=13).contains(&third.count), "{third:?}");
 
     let full = book(&mut two, 1, interval, reach);
     assert_eq!(full.count, 0, "booked beyond reach: {full:?}");
@@ -69,6 +85,20 @@ fn bookings_of_two_connections_follow_one_another_up_to_their_reach() {
         full.first_in > reach,
         "says when the schedule has room: {full:?}"
     );
+}
+
+#[test]
+fn a_booking_answered_later_than_the_widest_kept_books_nothing() {
+    let (_db, mut conn) = migrated();
+    let (interval, reach) = (50 * MS, 1000 * MS);
+    book(&mut conn, 2, interval, reach);
+    let before = next_start(&mut conn);
+    // No answer comes within no time at all.
+    let slow =
+        paces::book(&mut conn, "s", "t", 4, interval, reach, Duration::ZERO).expect("a booking");
+    assert!(slow.too_slow, "{slow:?}");
+    assert_eq!(slow.count, 0, "{slow:?}");
+    assert_eq!(next_start(&mut conn), before, "the schedule as it was");
 }
 
 #[test]
@@ -93,10 +123,12 @@ fn concurrent_bookings_never_take_the_same_start() {
     for thread in threads {
         thread.join().expect("a booking thread");
     }
-    assert_eq!(
-        next_start(&mut conn) - from,
-        100 * 1_000_000,
-        "a hundred starts, none booked twice"
+    // A hundred starts a second apart, and after each booking the schedule left free for as
+    // long as its read took (under a quarter of a second, or it books nothing).
+    let booked = next_start(&mut conn) - from;
+    assert!(
+        (100 * 1_000_000..100 * 1_250_000).contains(&booked),
+        "a hundred starts, none booked twice: {booked} µs"
     );
 }
 

@@ -3,19 +3,22 @@
 //! Cut: every open connection is closed and new ones are closed as soon as they arrive, which
 //! is what hookbox sees when the database goes away. Stall: no byte (and no close) gets through
 //! in either direction, but every socket stays open and new connections are accepted, which is
-//! what a frozen database host or a black-holed network looks like from both ends.
+//! what a frozen database host or a black-holed network looks like from both ends. Delay: every
+//! chunk of bytes is passed on that long after it arrived, each way (a database far away).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub struct Proxy {
     pub port: u16,
     cut: Arc<AtomicBool>,
     stalled: Arc<AtomicBool>,
+    /// Each way, in microseconds.
+    delay: Arc<AtomicU64>,
     open: Arc<Mutex<Vec<TcpStream>>>,
 }
 
@@ -26,9 +29,11 @@ impl Proxy {
         let port = listener.local_addr().expect("proxy address").port();
         let cut = Arc::new(AtomicBool::new(false));
         let stalled = Arc::new(AtomicBool::new(false));
+        let delay = Arc::new(AtomicU64::new(0));
         let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
         thread::spawn({
-            let (cut, stalled, open) = (cut.clone(), stalled.clone(), open.clone());
+            let (cut, stalled, delay, open) =
+                (cut.clone(), stalled.clone(), delay.clone(), open.clone());
             move || {
                 for client in listener.incoming().map_while(Result::ok) {
                     if cut.load(Ordering::SeqCst) {
@@ -45,8 +50,8 @@ impl Proxy {
                         }
                     }
                     drop(tracked);
-                    pipe(&client, &server, stalled.clone());
-                    pipe(&server, &client, stalled.clone());
+                    pipe(&client, &server, stalled.clone(), delay.clone());
+                    pipe(&server, &client, stalled.clone(), delay.clone());
                 }
             }
         });
@@ -54,6 +59,7 @@ impl Proxy {
             port,
             cut,
             stalled,
+            delay,
             open,
         }
     }
@@ -84,6 +90,12 @@ impl Proxy {
         self.stalled.store(true, Ordering::SeqCst);
     }
 
+    /// From now on, every byte takes `each_way` longer to get through, in either direction.
+    pub fn delay(&self, each_way: Duration) {
+        let micros = u64::try_from(each_way.as_micros()).expect("a short delay");
+        self.delay.store(micros, Ordering::SeqCst);
+    }
+
     /// The database is back: new connections go through, and a stall ends (what was held back
     /// is delivered).
     pub fn restore(&self) {
@@ -99,21 +111,38 @@ fn hold(stalled: &AtomicBool) {
     }
 }
 
-fn pipe(from: &TcpStream, to: &TcpStream, stalled: Arc<AtomicBool>) {
-    let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
+/// Passes what `from` sends on to `to`: a thread reads and notes when each chunk arrived, and
+/// another writes it on once the delay has passed since then (so chunks keep their order and
+/// their spacing) and no stall holds it.
+fn pipe(from: &TcpStream, to: &TcpStream, stalled: Arc<AtomicBool>, delay: Arc<AtomicU64>) {
+    let (Ok(from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
+    let (chunks, arrived) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    let reader = from.try_clone();
     thread::spawn(move || {
+        let Ok(mut reader) = reader else {
+            return;
+        };
         let mut buffer = [0u8; 16 * 1024];
         loop {
-            match from.read(&mut buffer) {
+            match reader.read(&mut buffer) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    hold(&stalled);
-                    if to.write_all(&buffer[..n]).is_err() {
+                    let due = Instant::now() + Duration::from_micros(delay.load(Ordering::SeqCst));
+                    if chunks.send((due, buffer[..n].to_vec())).is_err() {
                         break;
                     }
                 }
+            }
+        }
+    });
+    thread::spawn(move || {
+        for (due, chunk) in arrived {
+            thread::sleep(due.saturating_duration_since(Instant::now()));
+            hold(&stalled);
+            if to.write_all(&chunk).is_err() {
+                break;
             }
         }
         // A close seen during a stall is held back too.
