@@ -342,6 +342,7 @@ fn serve_on(
         App::new()
             .app_data(state.clone())
             .configure(http::routes)
+            .wrap(actix_web::middleware::from_fn(http::close_unread))
             .wrap(actix_web::middleware::from_fn(http::answer_with_id))
             .wrap(tracing_actix_web::TracingLogger::<http::RequestSpan>::new())
     })

@@ -8,6 +8,7 @@ pub mod error;
 mod observe;
 mod ops;
 mod request_id;
+mod unread;
 mod webhook;
 
 use actix_web::web;
@@ -19,6 +20,7 @@ use crate::state::AppState;
 pub use console::Sessions;
 pub use error::ApiError;
 pub use request_id::{answer_with_id, RequestSpan};
+pub use unread::close_unread;
 pub use webhook::{refused, refused_by};
 
 /// Runs `work` on a blocking thread with a pooled connection (again on a fresh one if that

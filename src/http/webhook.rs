@@ -179,12 +179,10 @@ async fn answer(
         read_body(request, &mut payload, state.max_body_bytes),
     )
     .await;
+    // A body left unread is closed after the answer (see `http::unread`).
     let body = match read {
         Ok(body) => body?,
-        Err(_) => {
-            close_after_answer(payload);
-            return Err(ApiError::RequestTimeout.into());
-        }
+        Err(_) => return Err(ApiError::RequestTimeout.into()),
     };
     let headers = RequestHeaders(request.headers());
     let inbound = Inbound {
@@ -673,22 +671,6 @@ fn respond_batch(
 
 /// Reads the body, refusing more than `limit` bytes before reading them where the client
 /// announced its length, and as soon as the limit is passed otherwise.
-/// How long the reader of a body that stopped coming is kept after its 408: past the answer's
-/// write, which follows the handler at once.
-const UNREAD_HELD: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Keeps the reader of a body that stopped coming until the 408 has gone out, so that actix
-/// closes the connection after it (an unread body it is still reading for). Dropped with the
-/// handler, a chunked body would be drained on the connection instead, for as long as the
-/// client keeps it open: a client that never sends the last chunk held a socket, and a file
-/// descriptor, for ever (a Content-Length body is closed either way).
-fn close_after_answer(payload: web::Payload) {
-    actix_web::rt::spawn(async move {
-        tokio::time::sleep(UNREAD_HELD).await;
-        drop(payload);
-    });
-}
-
 async fn read_body(
     request: &HttpRequest,
     payload: &mut web::Payload,

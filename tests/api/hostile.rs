@@ -660,6 +660,52 @@ async fn a_chunked_body_that_never_ends_is_408_and_its_connection_closed() {
 }
 
 #[actix_web::test]
+async fn an_answer_before_a_chunked_body_that_never_ends_closes_its_connection() {
+    // Answered before the body is read, and the body dropped with the handler: actix drained
+    // it for as long as the client kept the connection, so a client that never sent the last
+    // chunk held a socket (and a file descriptor) for ever, without a secret.
+    let app = TestApp::spawn().await;
+    for (method, path, status) in [
+        ("POST", "/webhooks/nosuch", 404),
+        ("PUT", "/webhooks/stripe", 405),
+        ("GET", "/healthz", 200),
+        ("POST", "/admin/deliveries/requeue", 401),
+        // The first chunk alone is over max_body_bytes (64 KiB in the tests).
+        ("POST", "/webhooks/stripe", 413),
+    ] {
+        let chunk = vec![b'x'; 70_000];
+        let mut sent = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+            chunk.len()
+        )
+        .into_bytes();
+        sent.extend_from_slice(&chunk);
+        sent.extend_from_slice(b"\r\n");
+        let address = app.address.clone();
+        let (answer, closed) = actix_web::rt::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut stream = raw::connect(&address, Duration::from_secs(10));
+            stream.write_all(&sent).expect("send the start");
+            let answer = raw::read_answer(&mut stream);
+            let mut more = [0u8; 64];
+            let closed = stream.read(&mut more);
+            (answer, closed.map_err(|e| e.kind()))
+        })
+        .await
+        .expect("the client's thread");
+        let answer = answer.expect("an answer");
+        assert_eq!(answer.status, status, "{method} {path}");
+        assert_eq!(
+            closed,
+            Ok(0),
+            "{method} {path}: the server closes the connection after its answer"
+        );
+    }
+    assert_eq!(app.db.count("events"), 0);
+}
+
+#[actix_web::test]
 async fn a_broken_chunked_body_is_400_saying_the_body_could_not_be_read_not_that_it_is_not_json() {
     // GitHub's scheme needs no JSON: "could not be read as the JSON this scheme needs" would
     // send the operator looking at the payload, not the framing.
