@@ -153,7 +153,7 @@ fn purge_locked(
                 report.interrupted = true;
                 return Ok(report);
             }
-            let purged = db::events::purge_batch(conn, source, &named, cutoff, BATCH_SIZE)?;
+            let purged = purge_batch(conn, source, &named, cutoff)?;
             report.pending_forwards += purged.pending_forwards;
             let removed = purged.sources;
             for removed_source in &removed {
@@ -174,6 +174,27 @@ fn purge_locked(
         db::transmissions::purge(conn, source, &named, cutoff)?;
     }
     Ok(report)
+}
+
+/// How many times a batch PostgreSQL ended to break a deadlock is made again before the pass
+/// fails. The outbox rows a batch deletes are locked in the order the dispatcher locks the ones
+/// it settles; another writer (an operator's bulk requeue) may still lock them otherwise.
+const DEADLOCK_TRIES: u32 = 3;
+
+/// One batch of the pass, made again after a deadlock (it rolled back whole).
+fn purge_batch(
+    conn: &mut AnyConnection,
+    source: Option<&str>,
+    named: &[String],
+    cutoff: DateTime<Utc>,
+) -> QueryResult<db::events::Purged> {
+    let mut tries = 1;
+    loop {
+        match db::events::purge_batch(conn, source, named, cutoff, BATCH_SIZE) {
+            Err(e) if db::pg::is_deadlock(&e) && tries < DEADLOCK_TRIES => tries += 1,
+            done => return done,
+        }
+    }
 }
 
 /// What a pass would remove, without removing anything.

@@ -304,8 +304,11 @@ pub(super) fn remove_of_events_pg(
         #[diesel(sql_type = BigInt)]
         n: i64,
     }
+    // Locked in ascending id order before they go, as [`settle`] locks the rows it updates.
     let pending: Pending = diesel::sql_query(
-        "WITH gone AS (DELETE FROM deliveries WHERE event_row = ANY($1) RETURNING state) \
+        "WITH gone AS (DELETE FROM deliveries WHERE id IN (\
+            SELECT id FROM deliveries WHERE event_row = ANY($1) ORDER BY id FOR UPDATE) \
+         RETURNING state) \
          SELECT count(*) FILTER (WHERE state = 'pending') AS n FROM gone",
     )
     .bind::<Array<BigInt>, _>(event_rows)
@@ -818,8 +821,14 @@ pub fn settle(conn: &mut AnyConnection, outcomes: &[Settled]) -> QueryResult<()>
         return Ok(());
     }
     let now = now();
+    // Rows are locked in ascending id order, as the purge locks the rows it deletes (see
+    // `remove_of_events_pg`): two transactions that each lock several rows of the outbox, in
+    // different orders, deadlock, and the loser's whole batch is lost (a purge pass under load
+    // lost the dispatcher batches of thousands of outcomes, each then sent again).
+    let mut outcomes: Vec<&Settled> = outcomes.iter().collect();
+    outcomes.sort_unstable_by_key(|s| s.id);
     let (delivered, others): (Vec<&Settled>, Vec<&Settled>) = outcomes
-        .iter()
+        .into_iter()
         .partition(|s| matches!(s.outcome, Settle::Delivered { .. }));
     match &mut *conn {
         AnyConnection::Postgres(c) if others.is_empty() => settle_delivered_pg(c, &delivered, now),
@@ -847,6 +856,15 @@ fn settle_in_transaction(
         match &mut *conn {
             AnyConnection::Postgres(c) => {
                 super::pg::commit_without_waiting(c)?;
+                // The delivered rows and the others are updated apart: every row is locked
+                // first, in one ascending pass.
+                let mut ids: Vec<i64> = delivered.iter().chain(others).map(|s| s.id).collect();
+                ids.sort_unstable();
+                diesel::sql_query(
+                    "SELECT id FROM deliveries WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                )
+                .bind::<Array<BigInt>, _>(&ids)
+                .execute(c)?;
                 settle_delivered_pg(c, delivered, now)?
             }
             AnyConnection::Sqlite(c) => settle_delivered_sqlite(c, delivered, now)?,

@@ -133,6 +133,13 @@ pub fn is_lock_timeout(error: &DieselError) -> bool {
         if info.message().contains("lock timeout"))
 }
 
+/// Whether the error says the transaction was ended to break a deadlock (SQLSTATE 40P01,
+/// matched by the server's message as above): it rolled back, and may be run again.
+pub fn is_deadlock(error: &DieselError) -> bool {
+    matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
+        if info.message().contains("deadlock detected"))
+}
+
 /// Whether the error says a statement ran past the `statement_timeout` hookbox set for it
 /// ([`super::within_deadline`]): SQLSTATE 57014, matched by the server's message as above.
 pub fn is_statement_timeout(error: &DieselError) -> bool {

@@ -460,15 +460,16 @@ impl Outbox {
         let pool = self.pool.clone();
         let n = outcomes.len();
         // A store busy with another process's writes (SQLite, where the busy timeout is the
-        // short in-flight wait) is waited out for a while: an outcome not recorded is an
-        // attempt made again once its lease runs out.
+        // short in-flight wait) is waited out for a while, and a batch PostgreSQL ended to break
+        // a deadlock is made again: an outcome not recorded is an attempt made again once its
+        // lease runs out.
         let stored = web::block(move || {
             let patience = Instant::now() + SETTLE_PATIENCE;
             loop {
                 let stored = in_turn(&pool, |conn| deliveries::settle(conn, &outcomes));
                 let busy = stored.as_ref().err().is_some_and(|e| {
                     e.downcast_ref::<diesel::result::Error>()
-                        .is_some_and(db::is_lock_timeout)
+                        .is_some_and(|e| db::is_lock_timeout(e) || db::pg::is_deadlock(e))
                 });
                 if !busy || Instant::now() >= patience {
                     return stored;

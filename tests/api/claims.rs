@@ -719,3 +719,90 @@ fn a_purge_takes_its_events_outbox_rows_and_no_others_and_a_purged_event_queues_
         3
     );
 }
+
+/// Waits (up to 10 s) until `n` sessions of the database at `url` wait for a row lock.
+fn until_waiting_for_locks(url: &str, n: i64) {
+    let database = url.rsplit('/').next().expect("a database name");
+    let limit = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while count_at(
+        url,
+        &format!("pg_stat_activity WHERE datname = '{database}' AND wait_event_type = 'Lock'"),
+    ) < n
+    {
+        assert!(
+            std::time::Instant::now() < limit,
+            "{n} sessions never waited for a lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_purge_and_a_batch_of_outcomes_on_the_same_rows_never_deadlock() {
+    if skip_on_sqlite(
+        "a_purge_and_a_batch_of_outcomes_on_the_same_rows_never_deadlock",
+        "one writer at a time: no row locks taken in an order",
+    ) {
+        return;
+    }
+    let (db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let t = to(&["t"]);
+    events::claim_and_queue(
+        &mut conn,
+        &[
+            (row("a", None, db::now(), &headers), &t[..]),
+            (row("b", None, db::now(), &headers), &t[..]),
+        ],
+    )
+    .expect("the events are stored");
+    let mut taken = deliveries::take_due(&mut conn, &[lane_t(false)], 7).expect("the take runs");
+    taken.sort_by_key(|d| d.id);
+    let [a, b] = &taken[..] else {
+        panic!("two rows taken: {taken:?}")
+    };
+    // Another session holds the first row a moment, so that both transactions below queue
+    // for it. The purge locked the rows it deleted as it found them (the first first), the
+    // dispatcher's batch as its outcomes came (the second, delivered, then the first): once
+    // the first was let go, each held what the other waited for, and PostgreSQL ended one.
+    let mut holder = db.connect();
+    let AnyConnection::Postgres(pg) = &mut holder else {
+        unreachable!("PostgreSQL, as skip_on_sqlite let through")
+    };
+    diesel::connection::SimpleConnection::batch_execute(
+        pg,
+        &format!(
+            "BEGIN; SELECT id FROM deliveries WHERE id = {} FOR UPDATE",
+            a.id
+        ),
+    )
+    .expect("the first row is held");
+    let url = db.url.clone();
+    let purge = std::thread::spawn(move || {
+        events::purge_batch(
+            &mut connect_url(&url),
+            None,
+            &[],
+            db::now() + chrono::Duration::hours(1),
+            100,
+        )
+        .map(|purged| purged.sources.len())
+    });
+    until_waiting_for_locks(&db.url, 1);
+    let (url, outcomes) = (db.url.clone(), vec![delivered(b), retried(a)]);
+    let settle = std::thread::spawn(move || deliveries::settle(&mut connect_url(&url), &outcomes));
+    until_waiting_for_locks(&db.url, 2);
+    diesel::connection::SimpleConnection::batch_execute(pg, "ROLLBACK")
+        .expect("the first row is let go");
+    assert_eq!(
+        purge.join().expect("the purge's thread"),
+        Ok(2),
+        "the purge removed both events"
+    );
+    assert_eq!(
+        settle.join().expect("the batch's thread"),
+        Ok(()),
+        "the outcomes of rows purged meanwhile change nothing"
+    );
+    assert_eq!(db.count("deliveries"), 0);
+}
