@@ -755,7 +755,8 @@ pub struct Purged {
 }
 
 /// Deletes up to `limit` events received before `cutoff`, of `source` (or of every source but
-/// `named`), and their outbox rows. Batches by `ctid` on PostgreSQL, where the outbox rows go in
+/// `named`), and their outbox rows; none with an attempt under way at `now` (see
+/// [`super::not_in_flight`]). Batches by `ctid` on PostgreSQL, where the outbox rows go in
 /// a second statement of the same transaction
 /// ([`deliveries::remove_of_events_pg`](super::deliveries::remove_of_events_pg)), which counts
 /// the pending ones; and by `id` on SQLite, where its foreign key's cascade takes them, counted
@@ -765,9 +766,14 @@ pub fn purge_batch(
     source: Option<&str>,
     named: &[String],
     cutoff: DateTime<Utc>,
+    now: DateTime<Utc>,
     limit: i64,
 ) -> QueryResult<Purged> {
-    let filter = super::purge_filter(conn, source, "received_at");
+    let filter = format!(
+        "{}{}",
+        super::purge_filter(conn, source, "received_at"),
+        super::not_in_flight(conn)
+    );
     let (removed, pending_forwards): (Vec<Removed>, u64) = match conn {
         AnyConnection::Postgres(_) => {
             let sql = format!(
@@ -777,7 +783,7 @@ pub fn purge_batch(
             );
             write_transaction(conn, |conn| {
                 let removed: Vec<Removed> =
-                    super::purge_statement(conn, &sql, source, named, cutoff)?;
+                    super::purge_statement(conn, &sql, source, named, cutoff, Some(now))?;
                 let mut pending = 0;
                 if let AnyConnection::Postgres(c) = conn {
                     let rows: Vec<i64> = removed.iter().map(|r| r.id).collect();
@@ -793,9 +799,9 @@ pub fn purge_batch(
             // One write: the count sees the rows the delete takes.
             write_transaction(conn, |conn| {
                 let pending: Vec<Count> =
-                    super::purge_statement(conn, &count, source, named, cutoff)?;
+                    super::purge_statement(conn, &count, source, named, cutoff, Some(now))?;
                 let removed: Vec<Removed> =
-                    super::purge_statement(conn, &delete, source, named, cutoff)?;
+                    super::purge_statement(conn, &delete, source, named, cutoff, Some(now))?;
                 let pending = pending.first().map_or(0, |c| c.n);
                 Ok::<_, DieselError>((removed, u64::try_from(pending).unwrap_or(0)))
             })?
@@ -818,7 +824,7 @@ pub fn count_pending_older(
         "SELECT id FROM events WHERE {}",
         super::purge_filter(conn, source, "received_at")
     ));
-    let counted: Vec<Count> = super::purge_statement(conn, &sql, source, named, cutoff)?;
+    let counted: Vec<Count> = super::purge_statement(conn, &sql, source, named, cutoff, None)?;
     Ok(counted
         .first()
         .map_or(0, |c| u64::try_from(c.n).unwrap_or(0)))
@@ -835,7 +841,7 @@ pub fn count_older(
         "SELECT source, count(*) AS n FROM events WHERE {} GROUP BY source",
         super::purge_filter(conn, source, "received_at")
     );
-    let counted: Vec<Counted> = super::purge_statement(conn, &sql, source, named, cutoff)?;
+    let counted: Vec<Counted> = super::purge_statement(conn, &sql, source, named, cutoff, None)?;
     Ok(counted.into_iter().map(|c| (c.source, c.n)).collect())
 }
 

@@ -887,14 +887,34 @@ pub(crate) fn purge_filter(conn: &AnyConnection, source: Option<&str>, at: &str)
     }
 }
 
+/// The part of a retention pass's filter of `events` that leaves out an event one of whose
+/// outbox rows is leased past `now` (the third bind of [`purge_statement`]): an attempt under
+/// way. Its row, and the lease an ordered target's other instances wait on, stay until the
+/// attempt's outcome is written; the next pass takes the event. Deleting it let another
+/// instance start the ordered target's next event while the attempt was still in flight
+/// (found by a black-box run: every request from then on overlapped the one before).
+pub(crate) fn not_in_flight(conn: &AnyConnection) -> &'static str {
+    match conn {
+        AnyConnection::Postgres(_) => {
+            " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_row = events.id \
+             AND d.state = 'pending' AND d.leased_until > $3)"
+        }
+        AnyConnection::Sqlite(_) => {
+            " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_row = events.id \
+             AND d.state = 'pending' AND d.leased_until > ?3)"
+        }
+    }
+}
+
 /// Runs a purge statement `sql` (with a [`purge_filter`]) with its binds: the cutoff, then
-/// `source` or `named`.
+/// `source` or `named`, then `now` when the statement has a third (see [`not_in_flight`]).
 pub(crate) fn purge_statement<R>(
     conn: &mut AnyConnection,
     sql: &str,
     source: Option<&str>,
     named: &[String],
     cutoff: DateTime<Utc>,
+    now: Option<DateTime<Utc>>,
 ) -> QueryResult<Vec<R>>
 where
     R: diesel::QueryableByName<diesel::pg::Pg>
@@ -904,19 +924,33 @@ where
     match conn {
         AnyConnection::Postgres(c) => {
             let query = diesel::sql_query(sql).bind::<pg::Instant, _>(cutoff);
-            match source {
-                Some(source) => query.bind::<Text, _>(source).load(c),
-                None => query.bind::<Array<Text>, _>(named).load(c),
+            match (source, now) {
+                (Some(source), None) => query.bind::<Text, _>(source).load(c),
+                (Some(source), Some(now)) => query
+                    .bind::<Text, _>(source)
+                    .bind::<pg::Instant, _>(now)
+                    .load(c),
+                (None, None) => query.bind::<Array<Text>, _>(named).load(c),
+                (None, Some(now)) => query
+                    .bind::<Array<Text>, _>(named)
+                    .bind::<pg::Instant, _>(now)
+                    .load(c),
             }
         }
         AnyConnection::Sqlite(c) => {
             let query = diesel::sql_query(sql).bind::<sqlite::Instant, _>(cutoff);
-            match source {
-                Some(source) => query.bind::<Text, _>(source).load(c),
-                None => {
-                    let named = serde_json::to_string(named).expect("a list of strings serializes");
-                    query.bind::<Text, _>(named).load(c)
-                }
+            let named = serde_json::to_string(named).expect("a list of strings serializes");
+            match (source, now) {
+                (Some(source), None) => query.bind::<Text, _>(source).load(c),
+                (Some(source), Some(now)) => query
+                    .bind::<Text, _>(source)
+                    .bind::<sqlite::Instant, _>(now)
+                    .load(c),
+                (None, None) => query.bind::<Text, _>(named).load(c),
+                (None, Some(now)) => query
+                    .bind::<Text, _>(named)
+                    .bind::<sqlite::Instant, _>(now)
+                    .load(c),
             }
         }
     }

@@ -87,6 +87,6 @@ pub fn purge(
         "DELETE FROM transmissions WHERE {} RETURNING transmission_id",
         super::purge_filter(conn, source, "seen_at")
     );
-    let gone: Vec<Gone> = super::purge_statement(conn, &sql, source, named, cutoff)?;
+    let gone: Vec<Gone> = super::purge_statement(conn, &sql, source, named, cutoff, None)?;
     Ok(gone.into_iter().map(|row| row.transmission_id).collect())
 }

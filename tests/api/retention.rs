@@ -288,6 +288,95 @@ fn purge_says_how_many_forward_deliveries_still_pending_go_with_their_events() {
 }
 
 #[test]
+fn purge_leaves_an_event_whose_forward_attempt_is_under_way_for_the_next_pass() {
+    use diesel::RunQueryDsl;
+    let db = TestDb::create();
+    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
+    insert_aged(&db, "stripe", "old", 2, "4 days");
+    // Both queued; old_1's attempt under way (leased for an hour more). Deleting its row took
+    // the lease an ordered target's other instances wait on, and one of them started the next
+    // event while this attempt was in flight.
+    let leased_until = if store_is_sqlite() {
+        format!(
+            "'{}'",
+            (chrono::Utc::now() + chrono::Duration::hours(1)).format("%Y-%m-%d %H:%M:%S%.6f+00:00")
+        )
+    } else {
+        "now() + interval '1 hour'".to_owned()
+    };
+    for sql in [
+        "INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
+         SELECT id, 'default', source, received_at, received_at FROM events"
+            .to_owned(),
+        format!(
+            "UPDATE deliveries SET leased_until = {leased_until}, attempts = 1 WHERE event_row IN \
+             (SELECT id FROM events WHERE event_id = 'old_1')"
+        ),
+    ] {
+        diesel::sql_query(sql)
+            .execute(&mut db.connect())
+            .expect("outbox rows");
+    }
+    let (code, stdout, stderr) = run_hookbox(&["purge", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("removed 1 in total"), "{stdout}");
+    assert_eq!(
+        db.count("events WHERE event_id = 'old_1'"),
+        1,
+        "the event whose attempt is under way stays"
+    );
+    assert_eq!(db.count("deliveries"), 1, "and its row with its lease");
+
+    // Its outcome written, the next pass takes it.
+    diesel::sql_query("UPDATE deliveries SET state = 'delivered'")
+        .execute(&mut db.connect())
+        .expect("the outcome");
+    let (code, stdout, stderr) = run_hookbox(&["purge", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("removed 1 in total"), "{stdout}");
+    assert_eq!(db.count("events"), 0);
+    assert_eq!(db.count("deliveries"), 0);
+}
+
+#[test]
+fn purge_cuts_on_the_database_s_clock_not_a_host_clock_ahead_of_it() {
+    if skip_on_sqlite(
+        "purge_cuts_on_the_database_s_clock_not_a_host_clock_ahead_of_it",
+        "the file and every process sharing it are on one host's clock",
+    ) {
+        return;
+    }
+    const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "libfaketime is not installed (apt-get install libfaketime; .ci/run does)"
+    );
+    let db = TestDb::create();
+    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
+    // Received 15 s ago, by the database's clock (as every instance writes received times).
+    insert_aged(&db, "stripe", "recent", 1, "15 seconds");
+    // `purge` on a host whose clock is 30 s ahead: its window of 40 s cut at 10 s ago by its
+    // own clock, and the event, still within its window, went (a provider's retry of it was
+    // then processed a second time).
+    let (code, stdout, stderr) = run_hookbox(
+        &["purge", "--config", &config_path, "--older-than", "40s"],
+        &[
+            ("LD_PRELOAD", FAKETIME),
+            ("FAKETIME", "+30s"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_NO_CACHE", "1"),
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("removed 0 in total"), "{stdout}");
+    assert_eq!(
+        db.count("events"),
+        1,
+        "within its window by the database's clock"
+    );
+}
+
+#[test]
 fn a_nonsense_older_than_is_exit_2_with_a_clear_message() {
     let (code, _, stderr) = run_hookbox(&["purge", "--older-than", "a while", "--dry-run"], &[]);
     assert_eq!(code, 2, "{stderr}");
