@@ -676,6 +676,22 @@ impl RsaSigningKey {
         Ok(RsaSigningKey { key, cert_url })
     }
 
+    /// Why a delivery signed with this key's `--cert-url` would be refused by a receiver whose
+    /// `cert_urls` are `allowlist`: 401 without fetching it, saying no more than
+    /// `invalid_signature` (`send` with the PayPal page's own sample did just that, found by a
+    /// newcomer's run). `None` when the list admits it.
+    pub fn not_admitted_by(&self, allowlist: &Allowlist) -> Option<String> {
+        allowlist.admit(&self.cert_url).is_none().then(|| {
+            format!(
+                "--cert-url: {} is not within this source's cert_urls (the provider's own hosts \
+                 when it names none): a receiver with this config refuses every delivery \
+                 signed so, 401 without fetching it. Add a prefix of it to the source's \
+                 cert_urls, or give a --cert-url within them; nothing was sent",
+                self.cert_url
+            )
+        })
+    }
+
     /// The signature over `signed` with `digest`, in standard base64.
     pub fn sign_base64(&self, digest: MessageDigest, signed: &[u8]) -> String {
         let signature = RsaSigner::new(digest, &self.key)

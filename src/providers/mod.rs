@@ -337,6 +337,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Built to sign from a config's source: why the receiver with that config would refuse
+    /// every delivery signed so (a `--cert-url` its `cert_urls` do not admit), for `send` and
+    /// `replay` to refuse before sending; `None` when there is nothing against it.
+    fn signing_refused(&self) -> Option<String> {
+        None
+    }
+
     /// A setting this source lacks that the provider's own advice calls for, said as `serve`
     /// logs it at startup (a WARN naming the key); `None` when there is none.
     fn setup_warning(&self) -> Option<&'static str> {

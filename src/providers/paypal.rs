@@ -140,6 +140,10 @@ impl PayPal {
 }
 
 impl Provider for PayPal {
+    fn signing_refused(&self) -> Option<String> {
+        self.signer.as_ref()?.not_admitted_by(&self.allowlist)
+    }
+
     fn scheme(&self) -> &'static str {
         "paypal"
     }

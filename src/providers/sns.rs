@@ -274,6 +274,10 @@ fn confirmed() -> Answer {
 }
 
 impl Provider for Sns {
+    fn signing_refused(&self) -> Option<String> {
+        self.signer.as_ref()?.not_admitted_by(&self.allowlist)
+    }
+
     fn scheme(&self) -> &'static str {
         "sns"
     }

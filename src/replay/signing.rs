@@ -96,6 +96,11 @@ impl Signer {
                         } else {
                             format!("config error: sources.{}.{e}", source.name)
                         }
+                    })
+                    // Signed as the config's source, checked as its receiver would check it.
+                    .and_then(|verifier| match verifier.signing_refused() {
+                        Some(why) => Err(why),
+                        None => Ok(verifier),
                     });
                 (source.name.as_str().to_owned(), verifier)
             })

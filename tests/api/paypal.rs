@@ -11,7 +11,7 @@ use std::time::Duration;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use futures_util::future::join_all;
 use hookbox::providers::Signing;
-use hookbox::replay::{signing, Signer};
+use hookbox::replay::signing;
 use hookbox::secret::Secret;
 
 use crate::helpers::*;
@@ -102,13 +102,20 @@ fn signed_for(
         cert_url: Some(cert_url.to_owned()),
         to_query: None,
     };
-    let signer = Signer::from_config(config, Vec::new(), &signing).expect("the test config signs");
-    let verifier = signer
-        .for_source("paypal")
+    // The source's scheme built to sign, as `Signer::from_config` builds it, without its check
+    // that the receiver admits `cert_url`: some of these deliveries are to be refused.
+    let source = config
+        .sources
+        .iter()
+        .find(|s| s.name.as_str() == "paypal")
+        .expect("a paypal source");
+    let verifier = source
+        .scheme
+        .build_signer(&[], source.tolerance, &signing)
         .expect("the paypal source signs");
-    let identity = signing::identity(verifier, body.as_bytes(), None, None);
+    let identity = signing::identity(&verifier, body.as_bytes(), None, None);
     let signed = signing::signed(
-        verifier,
+        &verifier,
         body.as_bytes(),
         at,
         &identity,
@@ -567,6 +574,22 @@ async fn send_and_replay_sign_as_paypal_with_key_and_cert_url_and_name_a_missing
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--key"), "{stderr}");
     assert!(!stderr.contains("PRIVATE KEY"), "{stderr}");
+
+    // A certificate URL the source's cert_urls do not admit: the receiver with this config
+    // would refuse it 401 without fetching it, saying only invalid_signature.
+    let elsewhere = "http://127.0.0.1:9/certs/CERT-elsewhere";
+    let args = send(&["--key", key_path.as_str(), "--cert-url", elsewhere]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, stderr) = run_hookbox_async(&refs).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(elsewhere)
+            && stderr.contains("cert_urls")
+            && stderr.contains("nothing was sent"),
+        "{stderr}"
+    );
+    assert_eq!(stored(&app), 1, "nothing more was stored");
+    assert_eq!(server.requests.load(Ordering::SeqCst), 1);
 }
 
 #[actix_web::test]
