@@ -141,6 +141,22 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
             verifier.scheme()
         );
     }
+    // As the receiver reads what is sent: the id of a scheme that derives it from the signed
+    // body (Braintree's form), and whether it is a handshake (answered, never stored).
+    let json: Option<serde_json::Value> = serde_json::from_slice(&signed.body).ok();
+    let read = verifier.identify_body(&signed.headers, &signed.body, json.as_ref());
+    let handshake = verifier
+        .handshake(
+            &crate::providers::Inbound {
+                method: "POST",
+                query: signed.query.as_deref().unwrap_or_default(),
+                headers: &signed.headers,
+                body: &signed.body,
+                now: unix_now(),
+            },
+            json.as_ref(),
+        )
+        .is_some();
     // A header HTTP cannot carry (a CR or LF in --event-id or --event-type) is the command
     // line's to change, as replay says before it sends anything.
     for (name, value) in &signed.headers {
@@ -182,6 +198,9 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
             "replayed (Idempotent-Replayed: true; the answer stored when it was first processed)"
                 .to_owned()
         }
+        200..=299 if handshake => {
+            "answered as a handshake (the provider's check of the URL; never stored)".to_owned()
+        }
         200..=299 => "processed".to_owned(),
         status => {
             let kind = if status < 500 { "rejected" } else { "failed" };
@@ -191,15 +210,16 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
             }
         }
     };
-    let written = writeln!(
-        out,
-        "POST {} (event {})",
-        request.url,
-        identity.event_id.as_deref().unwrap_or("-")
-    )
-    .and_then(|()| writeln!(out, "{} {reason}: {verdict}", answer.status))
-    .and_then(|()| out.write_all(&answer.body))
-    .and_then(|()| writeln!(out));
+    let event = if handshake {
+        "a handshake".to_owned()
+    } else {
+        let id = read.event_id.or(identity.event_id);
+        format!("event {}", id.as_deref().unwrap_or("-"))
+    };
+    let written = writeln!(out, "POST {} ({event})", request.url)
+        .and_then(|()| writeln!(out, "{} {reason}: {verdict}", answer.status))
+        .and_then(|()| out.write_all(&answer.body))
+        .and_then(|()| writeln!(out));
     // The answer came; a closed stdout is no reason to report otherwise.
     drop(written);
     Ok((200..300).contains(&answer.status))

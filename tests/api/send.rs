@@ -301,3 +301,32 @@ fn a_source_no_config_names_is_told_apart_from_no_config_at_all() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("(it has github)"), "{stderr}");
 }
+
+#[actix_web::test]
+async fn a_handshake_sent_is_said_to_be_one_not_processed() {
+    // Slack's URL check: answered with its challenge and never stored. "200 OK: processed",
+    // with an event id, told a newcomer it was stored.
+    let app = TestApp::spawn().await;
+    let config = TempFile::new(&config_text(&app.db.url, ""));
+    let body = TempFile::with_extension(
+        br#"{"token":"t","challenge":"3eZbrw1aBm2rZgRNFdxV","type":"url_verification"}"#,
+        "json",
+    );
+    let (code, out, stderr) = send_body(
+        &app,
+        &["--source", "slack", "--config", &config.path()],
+        &body,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{stderr}");
+    assert!(out.contains("(a handshake)"), "{out}");
+    assert!(
+        out.contains("200 OK: answered as a handshake") && out.contains("never stored"),
+        "{out}"
+    );
+    assert!(
+        out.contains("3eZbrw1aBm2rZgRNFdxV"),
+        "the answer is shown: {out}"
+    );
+    assert_eq!(app.db.count("events"), 0);
+}
