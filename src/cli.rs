@@ -592,9 +592,10 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
             if crate::db::Failure::of(&e) == crate::db::Failure::Permission {
                 return anyhow::anyhow!(
                     "{e}: the store {} does not take this user's deletes (a read-only file or \
-                     directory, or a role without DELETE on events and deliveries); what was \
-                     removed before stays removed; run purge as the user serve runs as, or \
-                     grant it (see docs/stores.md, Roles)",
+                     directory, or a role without DELETE on one of hookbox's tables, the one \
+                     named: events, deliveries, or transmissions, added by a migration since \
+                     the grants were run); what was removed before stays removed; run purge as \
+                     the user serve runs as, or run the GRANT of docs/stores.md, Roles, again",
                     config.database.display_url()
                 );
             }

@@ -182,9 +182,11 @@ const PUBLIC_KEY_SPELLING: &str = "whpk_ followed by the base64 of the 32-byte E
 /// when it has no prefix.
 fn derive_key(secret: &str) -> Result<Vec<u8>, String> {
     let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
-    let key = SECRET_BASE64
-        .decode(encoded)
-        .map_err(|_| "a standard secret must be base64 after \"whsec_\"".to_owned())?;
+    let key = SECRET_BASE64.decode(encoded).map_err(|_| {
+        "a standard secret must be base64 after \"whsec_\" (make one with: echo \
+             \"whsec_$(openssl rand -base64 32)\")"
+            .to_owned()
+    })?;
     if key.is_empty() {
         return Err("a standard secret must not be empty after \"whsec_\"".to_owned());
     }
