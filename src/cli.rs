@@ -569,7 +569,10 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
                 }
             }
         });
+        // What the batches committed so far removed, said should a later one fail.
+        let mut committed = retention::Report::default();
         let mut progress = |so_far: &retention::Report| {
+            committed.clone_from(so_far);
             removed.store(so_far.total(), Ordering::Relaxed);
             *batch_began
                 .lock()
@@ -580,6 +583,11 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut progress);
         drop(done);
         let _ = ticker.join();
+        if pass.is_err() {
+            for (source, n) in &committed.removed {
+                outln!("removed {n} from {source} before the failure");
+            }
+        }
         let pass = pass.map_err(|e| {
             // On SQLite only: PostgreSQL's purge waits on rows without a timeout.
             if crate::db::sqlite::is_busy(&e) {

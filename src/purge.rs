@@ -124,13 +124,21 @@ async fn pass(
 ) -> PurgeResult {
     let (pool, metrics, plan, stop) = (pool.clone(), metrics.clone(), plan.clone(), stop.clone());
     let pass = web::block(move || {
+        // What the batches committed so far removed: a pass that fails after some has still
+        // removed that much, and counts it (a black-box run's metrics and log lines were a
+        // batch of 5000 short after a pass failed past its first batch).
+        let mut so_far = retention::Report::default();
         let pass = db::with_connection(&pool, |conn| {
-            retention::purge_logged(conn, &plan, &stop, &mut |_| {})
-        })?;
-        if let Some(report) = &pass {
-            metrics.record_purge(&report.removed, !report.interrupted);
+            retention::purge_logged(conn, &plan, &stop, &mut |report| {
+                so_far.clone_from(report);
+            })
+        });
+        match &pass {
+            Ok(Some(report)) => metrics.record_purge(&report.removed, !report.interrupted),
+            Ok(None) => {}
+            Err(_) => metrics.record_purge(&so_far.removed, false),
         }
-        Ok::<_, db::DbError>(pass)
+        pass.map_err(|e| (e, so_far))
     })
     .await;
     match pass {
@@ -139,10 +147,13 @@ async fn pass(
             interrupted: report.interrupted,
         },
         Ok(Ok(None)) => PurgeResult::Skipped,
-        Ok(Err(e)) => {
+        Ok(Err((e, so_far))) => {
             tracing::warn!(
                 error = %e,
-                "purge pass failed; the next one is at the next interval"
+                removed = so_far.total(),
+                by_source = %so_far.summary(),
+                "purge pass failed; what it removed before (counted here) stays removed, and \
+                 the next pass is at the next interval"
             );
             PurgeResult::Failed(e.to_string())
         }
