@@ -31,7 +31,16 @@ use crate::startup::Application;
 /// PostgreSQL for several instances), processes the event and stores the response in one
 /// transaction, and answers every redelivery with the stored response.
 #[derive(Parser, Debug)]
-#[command(name = "hookbox", version, about, long_about)]
+#[command(
+    name = "hookbox",
+    version,
+    about,
+    long_about,
+    after_help = "Start with `hookbox serve --config hookbox.toml` (examples/hookbox.toml is a\n\
+                  first config; without --config: $HOOKBOX_CONFIG, then ./hookbox.toml), and\n\
+                  `hookbox send` to post it a signed test event. `hookbox COMMAND --help`\n\
+                  explains each command; README.md and docs/ explain the rest."
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

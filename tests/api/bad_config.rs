@@ -491,6 +491,16 @@ fn every_commands_help_says_what_its_exit_codes_mean() {
         serve.contains("RUST_LOG") && serve.contains("token_env"),
         "{serve}"
     );
+    // And the top level says where to start (it listed the commands, and nothing more).
+    for flag in ["-h", "--help"] {
+        let (code, top, _) = run_hookbox(&[flag], &[]);
+        assert_eq!(code, 0);
+        assert!(
+            top.contains("Start with `hookbox serve --config")
+                && top.contains("README.md and docs/"),
+            "{top}"
+        );
+    }
 }
 
 #[test]
