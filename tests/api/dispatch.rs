@@ -286,9 +286,9 @@ async fn a_paced_target_whose_schedule_is_held_starts_nothing_until_it_is_let_go
 }
 
 #[actix_web::test]
-async fn a_paced_target_behind_a_database_far_away_is_sent_at_its_rate() {
+async fn a_paced_target_behind_a_database_far_away_is_sent_never_faster_than_its_rate() {
     if skip_on_sqlite(
-        "a_paced_target_behind_a_database_far_away_is_sent_at_its_rate",
+        "a_paced_target_behind_a_database_far_away_is_sent_never_faster_than_its_rate",
         "no network between hookbox and its SQLite file",
     ) {
         return;
