@@ -668,24 +668,19 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_start_woken_late_does_not_push_the_next_back() {
-        // A timer wakes a millisecond or so late; spacing each start from the one before's
-        // wake-up slipped every start by that much, and `100/s` started about 80 a second.
-        // Here the thread is held from well before the first moment (80 ms) to 95 ms, so the
-        // first start comes about 15 ms late (of a 25 ms slack); the second must still come at
-        // its own moment (182.5 ms: 10/s is 102.5 ms apart), not an interval after the late
-        // start (197.5 ms).
+    /// When each of `n` attempts paced at 10/s started, sorted, from a schedule free from
+    /// `free_from` ms, with the thread held (as a busy machine would) from 10 ms for `held` ms.
+    async fn starts_with_the_thread_held(n: usize, free_from: u64, held: u64) -> Vec<Duration> {
         let pace = Pace::new("10/s".parse().expect("a rate"));
         let schedule = Schedule::new(&pace);
         let begin = Instant::now();
-        schedule.book_until(begin + Duration::from_millis(80));
+        schedule.book_until(begin + Duration::from_millis(free_from));
         let held = async {
             tokio::time::sleep(Duration::from_millis(10)).await;
-            std::thread::sleep(Duration::from_millis(85));
+            std::thread::sleep(Duration::from_millis(held));
         };
         let starts = async {
-            futures_util::future::join_all((0..2).map(|_| async {
+            futures_util::future::join_all((0..n).map(|_| async {
                 let turn = pace.start("s", "t", |want| schedule.book(want)).await;
                 assert_eq!(turn, Turn::Now);
                 Instant::now() - begin
@@ -694,6 +689,18 @@ mod tests {
         };
         let (mut starts, ()) = tokio::join!(starts, held);
         starts.sort();
+        starts
+    }
+
+    #[tokio::test]
+    async fn a_start_woken_late_does_not_push_the_next_back() {
+        // A timer wakes a millisecond or so late; spacing each start from the one before's
+        // wake-up slipped every start by that much, and `100/s` started about 80 a second.
+        // Here the thread is held from well before the first moment (80 ms) to 95 ms, so the
+        // first start comes about 15 ms late (of a 25 ms slack); the second must still come at
+        // its own moment (182.5 ms: 10/s is 102.5 ms apart), not an interval after the late
+        // start (197.5 ms).
+        let starts = starts_with_the_thread_held(2, 80, 85).await;
         assert!(starts[0] >= Duration::from_millis(93), "late: {starts:?}");
         assert!(
             starts[1] >= Duration::from_millis(180),
@@ -711,24 +718,7 @@ mod tests {
         // within its 25 ms slack), the next ten at their moments. With moments a tenth of a
         // second apart, the eleventh came 980 ms after the first: eleven in one second (seen
         // by a black-box run as 21 of 20/s). Now moments are 102.5 ms apart.
-        let pace = Pace::new("10/s".parse().expect("a rate"));
-        let schedule = Schedule::new(&pace);
-        let begin = Instant::now();
-        schedule.book_until(begin + Duration::from_millis(50));
-        let held = async {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            std::thread::sleep(Duration::from_millis(60));
-        };
-        let starts = async {
-            futures_util::future::join_all((0..11).map(|_| async {
-                let turn = pace.start("s", "t", |want| schedule.book(want)).await;
-                assert_eq!(turn, Turn::Now);
-                Instant::now() - begin
-            }))
-            .await
-        };
-        let (mut starts, ()) = tokio::join!(starts, held);
-        starts.sort();
+        let starts = starts_with_the_thread_held(11, 50, 60).await;
         assert!(
             starts[0] >= Duration::from_millis(65),
             "the first came late: {starts:?}"

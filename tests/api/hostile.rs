@@ -617,6 +617,26 @@ async fn a_client_dribbling_bytes_is_timed_out_while_others_are_served() {
     );
 }
 
+/// Sends `sent` (a request's start) on a connection of its own, reads the answer, then reads
+/// on: `Ok(0)` when the server closed the connection after its answer (within 10 s).
+async fn answered_then_closed(
+    address: &str,
+    sent: Vec<u8>,
+) -> (Result<Answer, String>, Result<usize, std::io::ErrorKind>) {
+    let address = address.to_owned();
+    actix_web::rt::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = raw::connect(&address, Duration::from_secs(10));
+        stream.write_all(&sent).expect("send the start");
+        let answer = raw::read_answer(&mut stream);
+        let mut more = [0u8; 64];
+        let closed = stream.read(&mut more);
+        (answer, closed.map_err(|e| e.kind()))
+    })
+    .await
+    .expect("the client's thread")
+}
+
 #[actix_web::test]
 async fn a_chunked_body_that_never_ends_is_408_and_its_connection_closed() {
     // actix drains an unread chunked body after the answer, for as long as the client keeps
@@ -634,18 +654,7 @@ async fn a_chunked_body_that_never_ends_is_408_and_its_connection_closed() {
         + 4;
     let first_chunk = head_end + 4 + 16 + 2;
     let sent = whole[..first_chunk].to_vec();
-    let address = app.address.clone();
-    let (answer, closed) = actix_web::rt::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let mut stream = raw::connect(&address, Duration::from_secs(10));
-        stream.write_all(&sent).expect("send the start");
-        let answer = raw::read_answer(&mut stream);
-        let mut more = [0u8; 64];
-        let closed = stream.read(&mut more);
-        (answer, closed.map_err(|e| e.kind()))
-    })
-    .await
-    .expect("the client's thread");
+    let (answer, closed) = answered_then_closed(&app.address, sent).await;
     let answer = answer.expect("an answer");
     assert_eq!(
         (answer.status, answer.code().as_deref()),
@@ -682,18 +691,7 @@ async fn an_answer_before_a_chunked_body_that_never_ends_closes_its_connection()
         .into_bytes();
         sent.extend_from_slice(&chunk);
         sent.extend_from_slice(b"\r\n");
-        let address = app.address.clone();
-        let (answer, closed) = actix_web::rt::task::spawn_blocking(move || {
-            use std::io::{Read, Write};
-            let mut stream = raw::connect(&address, Duration::from_secs(10));
-            stream.write_all(&sent).expect("send the start");
-            let answer = raw::read_answer(&mut stream);
-            let mut more = [0u8; 64];
-            let closed = stream.read(&mut more);
-            (answer, closed.map_err(|e| e.kind()))
-        })
-        .await
-        .expect("the client's thread");
+        let (answer, closed) = answered_then_closed(&app.address, sent).await;
         let answer = answer.expect("an answer");
         assert_eq!(answer.status, status, "{method} {path}");
         assert_eq!(

@@ -281,6 +281,34 @@ async fn readyz_notices_the_sqlite_file_deleted_or_replaced_under_serve() {
     assert_eq!(app.get("/readyz", None).await.status, 200);
 }
 
+/// A database owned by a role of its own, migrated by `hookbox migrate` with the config text
+/// `config` makes for its URL, holding one `source` event ten days old, and the role's right
+/// `revoked` (`DELETE ON events`) taken away: the database, the role and the config file (drop
+/// the database first).
+fn migrated_by_a_role_with_an_old_event(
+    server: &str,
+    config: impl Fn(&str) -> String,
+    source: &str,
+    revoked: &str,
+) -> (TestDb, Role, TempFile) {
+    let db = TestDb::create();
+    let (role, url) = owned_by_a_role(server, &db);
+    let config = TempFile::new(&config(&url));
+    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config.path()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    insert_events(
+        &db.url,
+        &[RawEvent {
+            source: source.to_owned(),
+            event_id: unique_id("evt_old"),
+            received_at: chrono::Utc::now() - chrono::Duration::days(10),
+            payload: b"{}".to_vec(),
+        }],
+    );
+    as_superuser(&db, &format!("REVOKE {revoked} FROM {}", role.0));
+    (db, role, config)
+}
+
 #[test]
 fn a_purge_by_a_role_that_may_not_delete_says_what_to_grant() {
     let Some(server) = server_for_roles("a_purge_by_a_role_that_may_not_delete_says_what_to_grant")
@@ -289,21 +317,12 @@ fn a_purge_by_a_role_that_may_not_delete_says_what_to_grant() {
     };
     // The database's own words alone ("permission denied for table events") said nothing of
     // what to do (bb57, a read-only SQLite file; the same failure as a role here).
-    let db = TestDb::create();
-    let (role, url) = owned_by_a_role(&server, &db);
-    let config = TempFile::new(&config_text(&url, ""));
-    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config.path()], &[]);
-    assert_eq!(code, 0, "{stderr}");
-    insert_events(
-        &db.url,
-        &[RawEvent {
-            source: "stripe".to_owned(),
-            event_id: unique_id("evt_old"),
-            received_at: chrono::Utc::now() - chrono::Duration::days(10),
-            payload: b"{}".to_vec(),
-        }],
+    let (db, role, config) = migrated_by_a_role_with_an_old_event(
+        &server,
+        |url| config_text(url, ""),
+        "stripe",
+        "DELETE ON events",
     );
-    as_superuser(&db, &format!("REVOKE DELETE ON events FROM {}", role.0));
     let (code, _, stderr) = run_hookbox(
         &["purge", "--config", &config.path(), "--older-than", "1d"],
         &[],
@@ -329,23 +348,11 @@ fn a_purge_that_fails_past_its_first_batches_says_what_they_removed() {
     // A role granted before a migration added `transmissions` (an upgrade without the GRANT
     // run again): the pass removes the events, then is refused on the transmission ids. It
     // exited 1 without a word of what it had removed, and the hint named other tables.
-    let db = TestDb::create();
-    let (role, url) = owned_by_a_role(&server, &db);
-    let config = TempFile::new(&config_text(&url, ""));
-    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config.path()], &[]);
-    assert_eq!(code, 0, "{stderr}");
-    insert_events(
-        &db.url,
-        &[RawEvent {
-            source: "stripe".to_owned(),
-            event_id: unique_id("evt_old"),
-            received_at: chrono::Utc::now() - chrono::Duration::days(10),
-            payload: b"{}".to_vec(),
-        }],
-    );
-    as_superuser(
-        &db,
-        &format!("REVOKE DELETE ON transmissions FROM {}", role.0),
+    let (db, role, config) = migrated_by_a_role_with_an_old_event(
+        &server,
+        |url| config_text(url, ""),
+        "stripe",
+        "DELETE ON transmissions",
     );
     let (code, stdout, stderr) = run_hookbox(
         &["purge", "--config", &config.path(), "--older-than", "1d"],
@@ -373,31 +380,20 @@ async fn serve_s_purge_that_fails_past_its_first_batches_counts_what_they_remove
         return;
     };
     // As above, in serve's scheduled pass: its metrics and log lines left out what the
-    // committed batches removed (a black-box run's counts were a batch of 5000 short).
-    let db = TestDb::create();
-    let (role, url) = owned_by_a_role(&server, &db);
-    let text = format!(
-        "{}\n[retention]\nwindow = \"5d\"\npurge_interval = \"1s\"\n",
-        config_text(&url, "")
+    // committed batches removed (a black-box run's counts were a batch of 5000 short). An
+    // event of the first source in the pass's order, whose transmission ids go right after.
+    let (db, role, config) = migrated_by_a_role_with_an_old_event(
+        &server,
+        |url| {
+            format!(
+                "{}\n[retention]\nwindow = \"5d\"\npurge_interval = \"1s\"\n",
+                config_text(url, "")
+            )
+        },
+        "acme",
+        "DELETE ON transmissions",
     );
-    let (code, _, stderr) =
-        run_hookbox(&["migrate", "--config", &TempFile::new(&text).path()], &[]);
-    assert_eq!(code, 0, "{stderr}");
-    insert_events(
-        &db.url,
-        &[RawEvent {
-            // The first source in the pass's order, whose transmission ids go right after.
-            source: "acme".to_owned(),
-            event_id: unique_id("evt_old"),
-            received_at: chrono::Utc::now() - chrono::Duration::days(10),
-            payload: b"{}".to_vec(),
-        }],
-    );
-    as_superuser(
-        &db,
-        &format!("REVOKE DELETE ON transmissions FROM {}", role.0),
-    );
-    let process = Process::serve(&text);
+    let process = Process::serve(&std::fs::read_to_string(config.path()).expect("the config"));
     process.wait_for_log("purge pass failed");
     let line = process
         .log()
