@@ -853,7 +853,7 @@ fn settle_in_transaction(
     now: DateTime<Utc>,
 ) -> QueryResult<()> {
     write_transaction(conn, |conn| {
-        match &mut *conn {
+        let rest: Vec<&Settled> = match &mut *conn {
             AnyConnection::Postgres(c) => {
                 super::pg::commit_without_waiting(c)?;
                 // The delivered rows and the others are updated apart: every row is locked
@@ -865,11 +865,24 @@ fn settle_in_transaction(
                 )
                 .bind::<Array<BigInt>, _>(&ids)
                 .execute(c)?;
-                settle_delivered_pg(c, delivered, now)?
+                settle_delivered_pg(c, delivered, now)?;
+                // Attempts to be made again, the most of the others while a downstream
+                // fails, in one statement too: one each, a round trip apiece with the rows
+                // locked, kept a batch's transaction open for seconds under load (a purge
+                // waiting on it, found by a black-box run).
+                let (retried, rest): (Vec<&Settled>, Vec<&Settled>) = others
+                    .iter()
+                    .copied()
+                    .partition(|s| matches!(s.outcome, Settle::Retry { .. }));
+                settle_retried_pg(c, &retried, now)?;
+                rest
             }
-            AnyConnection::Sqlite(c) => settle_delivered_sqlite(c, delivered, now)?,
-        }
-        for settled in others {
+            AnyConnection::Sqlite(c) => {
+                settle_delivered_sqlite(c, delivered, now)?;
+                others.to_vec()
+            }
+        };
+        for settled in rest {
             settle_one(conn, settled, now)?;
         }
         Ok(())
@@ -983,6 +996,86 @@ impl diesel::query_builder::QueryId for SettleDeliveredPg {
 }
 
 impl RunQueryDsl<diesel::PgConnection> for SettleDeliveredPg {}
+
+/// The outcomes of [`settle`] on PostgreSQL that are attempts to be made again
+/// ([`Settle::Retry`]), in one statement, in the batch's transaction.
+fn settle_retried_pg(
+    conn: &mut diesel::PgConnection,
+    retried: &[&Settled],
+    now: DateTime<Utc>,
+) -> QueryResult<()> {
+    if retried.is_empty() {
+        return Ok(());
+    }
+    let mut rows = SettleRetriedPg::default();
+    for settled in retried {
+        let Settle::Retry {
+            status,
+            error,
+            after,
+        } = &settled.outcome
+        else {
+            continue;
+        };
+        rows.ids.push(settled.id);
+        rows.attempts.push(settled.attempt);
+        rows.series.push(settled.series);
+        rows.statuses.push(status_column(*status));
+        rows.errors.push(error.clone());
+        rows.due.push(due_after(now, *after));
+    }
+    rows.execute(conn).map(|_| ())
+}
+
+/// [`settle_retried_pg`]'s UPDATE: each row (`ids`, at the attempt in `attempts` of its
+/// `series`) keeps its status and error and is due again at its `due`, its lease let go, if it
+/// is still pending at that attempt; as [`settle_one`] does one row. Planned on every call, as
+/// [`SettleDeliveredPg`] is, so each row is found by its primary key.
+#[derive(Default)]
+struct SettleRetriedPg {
+    ids: Vec<i64>,
+    attempts: Vec<i32>,
+    series: Vec<i32>,
+    statuses: Vec<Option<i16>>,
+    errors: Vec<String>,
+    due: Vec<DateTime<Utc>>,
+}
+
+impl QueryFragment<Pg> for SettleRetriedPg {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.unsafe_to_cache_prepared();
+        out.push_sql(
+            "UPDATE deliveries d \
+             SET last_status = v.status, last_error = v.error, next_attempt_at = v.due, \
+                 leased_until = NULL, leased_by = NULL \
+             FROM unnest(",
+        );
+        out.push_bind_param::<Array<BigInt>, _>(&self.ids)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Integer>, _>(&self.attempts)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<SmallInt>>, _>(&self.statuses)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Integer>, _>(&self.series)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Text>, _>(&self.errors)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<super::pg::Instant>, _>(&self.due)?;
+        out.push_sql(
+            ") AS v (id, attempt, status, series, error, due) \
+             WHERE d.id = v.id AND d.attempts = v.attempt AND d.series = v.series \
+               AND d.state NOT IN ('delivered', 'dead')",
+        );
+        Ok(())
+    }
+}
+
+impl diesel::query_builder::QueryId for SettleRetriedPg {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl RunQueryDsl<diesel::PgConnection> for SettleRetriedPg {}
 
 /// One outcome of [`settle`]. Its row is found by primary key; the state is tested as neither
 /// delivered nor dead, as in [`SettleDeliveredPg`], so no partial index on pending rows (with

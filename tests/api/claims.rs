@@ -803,3 +803,92 @@ fn a_purge_and_a_batch_of_outcomes_on_the_same_rows_never_deadlock() {
     );
     assert_eq!(db.count("deliveries"), 0);
 }
+
+#[test]
+fn a_batch_of_outcomes_of_every_kind_applies_each_to_its_own_row() {
+    let (_db, mut conn) = migrated();
+    let headers = serde_json::json!({});
+    let t = to(&["t"]);
+    let ids = ["r1", "r2", "d", "x", "stale"];
+    let rows: Vec<_> = ids
+        .iter()
+        .map(|id| (row(id, None, db::now(), &headers), &t[..]))
+        .collect();
+    events::claim_and_queue(&mut conn, &rows).expect("the events are stored");
+    let mut taken = deliveries::take_due(&mut conn, &[lane_t(false)], 7).expect("the take runs");
+    taken.sort_by_key(|d| d.id);
+    assert_eq!(taken.len(), 5);
+    let (r1, r2, d, x, stale) = (&taken[0], &taken[1], &taken[2], &taken[3], &taken[4]);
+    // Two attempts to be made again (on PostgreSQL in one statement), one delivered, one dead,
+    // and a retry of an attempt the row is no longer at, which changes nothing.
+    let again_in = |secs| deliveries::Settle::Retry {
+        status: Some(503),
+        error: format!("the downstream answered 503, again in {secs} s"),
+        after: std::time::Duration::from_secs(secs),
+    };
+    deliveries::settle(
+        &mut conn,
+        &[
+            deliveries::Settled {
+                outcome: again_in(600),
+                ..delivered(r2)
+            },
+            delivered(d),
+            deliveries::Settled {
+                outcome: again_in(30),
+                ..delivered(r1)
+            },
+            deliveries::Settled {
+                outcome: deliveries::Settle::Dead {
+                    status: Some(410),
+                    error: "the downstream answered 410".to_owned(),
+                },
+                ..delivered(x)
+            },
+            deliveries::Settled {
+                attempt: stale.attempt + 1,
+                ..retried(stale)
+            },
+        ],
+    )
+    .expect("the outcomes are stored");
+    let view = |conn: &mut AnyConnection, id: &str| {
+        let row = events::row_of(conn, "held", id)
+            .expect("reads")
+            .expect("stored");
+        deliveries::of_event(conn, row).expect("reads").remove(0)
+    };
+    let now = db::now();
+    for (id, secs) in [("r1", 30), ("r2", 600)] {
+        let v = view(&mut conn, id);
+        assert_eq!(
+            (v.state.as_str(), v.last_status),
+            ("pending", Some(503)),
+            "{id}"
+        );
+        assert_eq!(
+            v.last_error.as_deref(),
+            Some(format!("the downstream answered 503, again in {secs} s").as_str()),
+            "{id}"
+        );
+        let due = v.next_attempt_at.expect("due") - now;
+        assert!(
+            due > chrono::Duration::seconds(secs - 5) && due <= chrono::Duration::seconds(secs),
+            "{id}: due in {due}"
+        );
+    }
+    let v = view(&mut conn, "d");
+    assert_eq!((v.state.as_str(), v.last_status), ("delivered", Some(200)));
+    let v = view(&mut conn, "x");
+    assert_eq!((v.state.as_str(), v.last_status), ("dead", Some(410)));
+    let v = view(&mut conn, "stale");
+    assert_eq!(
+        (v.state.as_str(), v.last_status, v.last_error),
+        ("pending", None, None),
+        "an outcome of another attempt changes nothing"
+    );
+    // Let go: the two retried rows are taken again once due, not before.
+    assert!(deliveries::take_due(&mut conn, &[lane_t(false)], 7)
+        .expect("the take runs")
+        .is_empty());
+}
