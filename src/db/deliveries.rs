@@ -926,26 +926,58 @@ fn settle_delivered_pg(
     if delivered.is_empty() {
         return Ok(());
     }
-    SettleDeliveredPg {
-        ids: delivered.iter().map(|s| s.id).collect(),
-        attempts: delivered.iter().map(|s| s.attempt).collect(),
-        series: delivered.iter().map(|s| s.series).collect(),
-        statuses: delivered
-            .iter()
-            .map(|s| match s.outcome {
-                Settle::Delivered { status } => status_column(status),
-                _ => None,
-            })
-            .collect(),
-        at: now,
+    let mut rows = OutcomeRows::default();
+    for settled in delivered {
+        let Settle::Delivered { status } = settled.outcome else {
+            continue;
+        };
+        rows.push(settled, status);
     }
-    .execute(conn)
-    .map(|_| ())
+    SettleDeliveredPg { rows, at: now }
+        .execute(conn)
+        .map(|_| ())
 }
 
-/// [`settle_delivered_pg`]'s UPDATE: each row (`ids`, at the attempt in `attempts`) delivered
-/// at `at` with its status, if it is still pending at that attempt of that series (neither
-/// delivered nor dead). The rows are bound a column at a time, as arrays.
+/// The rows of a batch of outcomes on PostgreSQL, bound a column at a time, as arrays: each
+/// row's id, the attempt and series its outcome is of, and the status its attempt got.
+#[derive(Default)]
+struct OutcomeRows {
+    ids: Vec<i64>,
+    attempts: Vec<i32>,
+    series: Vec<i32>,
+    statuses: Vec<Option<i16>>,
+}
+
+impl OutcomeRows {
+    /// What an outcome statement's rows are matched by: the row, still at the outcome's attempt
+    /// of its series and neither delivered nor dead (written so that no partial index on
+    /// pending rows can serve it, see [`SettleDeliveredPg`]).
+    const MATCH: &'static str = "WHERE d.id = v.id AND d.attempts = v.attempt \
+                                 AND d.series = v.series AND d.state NOT IN ('delivered', 'dead')";
+
+    fn push(&mut self, settled: &Settled, status: Option<u16>) {
+        self.ids.push(settled.id);
+        self.attempts.push(settled.attempt);
+        self.series.push(settled.series);
+        self.statuses.push(status_column(status));
+    }
+
+    /// `unnest(` and the four columns' binds, in the order `v (id, attempt, status, series`
+    /// names them; the caller adds its own columns and closes both.
+    fn walk_unnest<'b>(&'b self, out: &mut AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("unnest(");
+        out.push_bind_param::<Array<BigInt>, _>(&self.ids)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Integer>, _>(&self.attempts)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<SmallInt>>, _>(&self.statuses)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Integer>, _>(&self.series)
+    }
+}
+
+/// [`settle_delivered_pg`]'s UPDATE: each row delivered at `at` with its status, if it is still
+/// pending at that attempt of that series (neither delivered nor dead).
 ///
 /// Unlike the other statements here it is planned on every call, and its test of the state
 /// is written so that no partial index on pending rows can serve it. Each row delivered leaves
@@ -954,10 +986,7 @@ fn settle_delivered_pg(
 /// them, and a plan kept prepared stays the one made when the table was empty. Planned with the
 /// batch's own arrays and the table's size, the UPDATE finds each row by its primary key.
 struct SettleDeliveredPg {
-    ids: Vec<i64>,
-    attempts: Vec<i32>,
-    series: Vec<i32>,
-    statuses: Vec<Option<i16>>,
+    rows: OutcomeRows,
     at: DateTime<Utc>,
 }
 
@@ -973,29 +1002,13 @@ impl QueryFragment<Pg> for SettleDeliveredPg {
              SET state = 'delivered', last_status = v.status, last_error = NULL, delivered_at = ",
         );
         out.push_bind_param::<super::pg::Instant, _>(&self.at)?;
-        out.push_sql(" FROM unnest(");
-        out.push_bind_param::<Array<BigInt>, _>(&self.ids)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Array<Integer>, _>(&self.attempts)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Array<Nullable<SmallInt>>, _>(&self.statuses)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Array<Integer>, _>(&self.series)?;
-        out.push_sql(
-            ") AS v (id, attempt, status, series), asynchronous \
-             WHERE d.id = v.id AND d.attempts = v.attempt AND d.series = v.series \
-               AND d.state NOT IN ('delivered', 'dead')",
-        );
+        out.push_sql(" FROM ");
+        self.rows.walk_unnest(&mut out)?;
+        out.push_sql(") AS v (id, attempt, status, series), asynchronous ");
+        out.push_sql(OutcomeRows::MATCH);
         Ok(())
     }
 }
-
-impl diesel::query_builder::QueryId for SettleDeliveredPg {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
-impl RunQueryDsl<diesel::PgConnection> for SettleDeliveredPg {}
 
 /// The outcomes of [`settle`] on PostgreSQL that are attempts to be made again
 /// ([`Settle::Retry`]), in one statement, in the batch's transaction.
@@ -1007,7 +1020,7 @@ fn settle_retried_pg(
     if retried.is_empty() {
         return Ok(());
     }
-    let mut rows = SettleRetriedPg::default();
+    let mut retry = SettleRetriedPg::default();
     for settled in retried {
         let Settle::Retry {
             status,
@@ -1017,26 +1030,20 @@ fn settle_retried_pg(
         else {
             continue;
         };
-        rows.ids.push(settled.id);
-        rows.attempts.push(settled.attempt);
-        rows.series.push(settled.series);
-        rows.statuses.push(status_column(*status));
-        rows.errors.push(error.clone());
-        rows.due.push(due_after(now, *after));
+        retry.rows.push(settled, *status);
+        retry.errors.push(error.clone());
+        retry.due.push(due_after(now, *after));
     }
-    rows.execute(conn).map(|_| ())
+    retry.execute(conn).map(|_| ())
 }
 
-/// [`settle_retried_pg`]'s UPDATE: each row (`ids`, at the attempt in `attempts` of its
-/// `series`) keeps its status and error and is due again at its `due`, its lease let go, if it
-/// is still pending at that attempt; as [`settle_one`] does one row. Planned on every call, as
-/// [`SettleDeliveredPg`] is, so each row is found by its primary key.
+/// [`settle_retried_pg`]'s UPDATE: each row keeps its status and error and is due again at its
+/// `due`, its lease let go, if it is still pending at that attempt; as [`settle_one`] does one
+/// row. Planned on every call, as [`SettleDeliveredPg`] is, so each row is found by its
+/// primary key.
 #[derive(Default)]
 struct SettleRetriedPg {
-    ids: Vec<i64>,
-    attempts: Vec<i32>,
-    series: Vec<i32>,
-    statuses: Vec<Option<i16>>,
+    rows: OutcomeRows,
     errors: Vec<String>,
     due: Vec<DateTime<Utc>>,
 }
@@ -1048,34 +1055,32 @@ impl QueryFragment<Pg> for SettleRetriedPg {
             "UPDATE deliveries d \
              SET last_status = v.status, last_error = v.error, next_attempt_at = v.due, \
                  leased_until = NULL, leased_by = NULL \
-             FROM unnest(",
+             FROM ",
         );
-        out.push_bind_param::<Array<BigInt>, _>(&self.ids)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Array<Integer>, _>(&self.attempts)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Array<Nullable<SmallInt>>, _>(&self.statuses)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Array<Integer>, _>(&self.series)?;
+        self.rows.walk_unnest(&mut out)?;
         out.push_sql(", ");
         out.push_bind_param::<Array<Text>, _>(&self.errors)?;
         out.push_sql(", ");
         out.push_bind_param::<Array<super::pg::Instant>, _>(&self.due)?;
-        out.push_sql(
-            ") AS v (id, attempt, status, series, error, due) \
-             WHERE d.id = v.id AND d.attempts = v.attempt AND d.series = v.series \
-               AND d.state NOT IN ('delivered', 'dead')",
-        );
+        out.push_sql(") AS v (id, attempt, status, series, error, due) ");
+        out.push_sql(OutcomeRows::MATCH);
         Ok(())
     }
 }
 
-impl diesel::query_builder::QueryId for SettleRetriedPg {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
+/// The outcome statements on PostgreSQL: built anew for each batch, run as they are.
+macro_rules! outcome_statement {
+    ($($statement:ty),*) => {$(
+        impl diesel::query_builder::QueryId for $statement {
+            type QueryId = ();
+            const HAS_STATIC_QUERY_ID: bool = false;
+        }
+
+        impl RunQueryDsl<diesel::PgConnection> for $statement {}
+    )*};
 }
 
-impl RunQueryDsl<diesel::PgConnection> for SettleRetriedPg {}
+outcome_statement!(SettleDeliveredPg, SettleRetriedPg);
 
 /// One outcome of [`settle`]. Its row is found by primary key; the state is tested as neither
 /// delivered nor dead, as in [`SettleDeliveredPg`], so no partial index on pending rows (with
