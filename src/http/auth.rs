@@ -55,12 +55,17 @@ fn state(request: &HttpRequest) -> &AppState {
         .expect("the application state is registered with every route")
 }
 
-/// The token of `Authorization: Bearer <token>`, or "" when there is none. The scheme's name is
-/// matched without regard to case, and spaces may follow it, as RFC 7235 has it.
+/// The token of `Authorization: Bearer <token>`, or "" when there is none or the request has
+/// more than one `Authorization` (a field of one value: a proxy in front may read the other).
+/// The scheme's name is matched without regard to case, and spaces may follow it, as RFC 7235
+/// has it.
 fn bearer_token(request: &HttpRequest) -> &str {
-    request
-        .headers()
-        .get(header::AUTHORIZATION)
+    let mut values = request.headers().get_all(header::AUTHORIZATION);
+    let first = values.next();
+    if values.next().is_some() {
+        return "";
+    }
+    first
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))

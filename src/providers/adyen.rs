@@ -185,14 +185,17 @@ impl Adyen {
     }
 
     /// Whether `Authorization: Basic` carries the configured credentials (constant time), or
-    /// none are configured.
+    /// none are configured. A request with two `Authorization` headers carries none: the field
+    /// holds one value, and a proxy in front may read the other.
     fn authorized(&self, headers: &dyn Headers) -> bool {
         let Some(expected) = &self.basic_auth else {
             return true;
         };
-        let given = headers
-            .get(AUTHORIZATION)
-            .and_then(|raw| std::str::from_utf8(raw).ok())
+        let [given] = headers.all(AUTHORIZATION)[..] else {
+            return false;
+        };
+        let given = std::str::from_utf8(given)
+            .ok()
             .and_then(|text| text.trim().split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
             .and_then(|(_, encoded)| {
@@ -494,6 +497,13 @@ mod tests {
         assert_eq!(
             provider.verify(&sent, &signed.body, 0),
             Err(SignatureError::Invalid)
+        );
+        let mut twice = signed.headers.clone();
+        twice.push(("Authorization".to_owned(), format!("Basic {wrong}")));
+        assert_eq!(
+            provider.verify(&twice, &signed.body, 0),
+            Err(SignatureError::Invalid),
+            "two Authorization headers, one of them right"
         );
         assert!(!format!("{provider:?}").contains("s3cret"));
         let error = adyen(&[KEY], &[("basic_auth", "no-colon")]).unwrap_err();

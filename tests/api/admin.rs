@@ -105,6 +105,29 @@ async fn the_bearer_scheme_is_read_in_any_case_and_other_schemes_are_401() {
     }
 }
 
+/// `Authorization` is a field that holds one value (RFC 9110 11.6.2): a request with two is
+/// refused whichever of them holds the token, so no proxy in front that reads the other one
+/// disagrees with hookbox about who the caller is.
+#[actix_web::test]
+async fn a_request_with_two_authorization_headers_is_401_whichever_holds_the_token() {
+    let app = TestApp::spawn().await;
+    let good = format!("Bearer {ADMIN_TOKEN}");
+    for pair in [
+        ["Bearer nope", good.as_str()],
+        [good.as_str(), "Bearer nope"],
+        [good.as_str(), good.as_str()],
+    ] {
+        let answer = awc::Client::new()
+            .get(format!("{}/admin/events", app.address))
+            .append_header(("Authorization", pair[0]))
+            .append_header(("Authorization", pair[1]))
+            .send()
+            .await
+            .expect("the server answers");
+        assert_eq!(answer.status().as_u16(), 401, "{pair:?}");
+    }
+}
+
 #[actix_web::test]
 async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
     let app = TestApp::spawn().await;
