@@ -1262,6 +1262,40 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
+/// A duration as the logs and messages show it: days at most (`400days`, `3days 4h`, `90ms`),
+/// never humantime's years and months of fractional days (`400d` was `1year 1month 4days
+/// 13h 30m`), so an operator reads back what they wrote and [`parse_duration`] reads it too.
+#[derive(Debug, Clone, Copy)]
+pub struct Spelt(pub Duration);
+
+impl std::fmt::Display for Spelt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (secs, nanos) = (self.0.as_secs(), self.0.subsec_nanos());
+        if secs == 0 && nanos == 0 {
+            return f.write_str("0s");
+        }
+        let days = secs / 86_400;
+        let parts = [
+            (days, if days == 1 { "day" } else { "days" }),
+            (secs / 3600 % 24, "h"),
+            (secs / 60 % 60, "m"),
+            (secs % 60, "s"),
+            (u64::from(nanos / 1_000_000), "ms"),
+            (u64::from(nanos / 1000 % 1000), "us"),
+            (u64::from(nanos % 1000), "ns"),
+        ];
+        let mut first = true;
+        for (value, unit) in parts.into_iter().filter(|(value, _)| *value > 0) {
+            if !first {
+                f.write_str(" ")?;
+            }
+            first = false;
+            write!(f, "{value}{unit}")?;
+        }
+        Ok(())
+    }
+}
+
 /// Parses a point in time, the one reading shared by `export --since/--until`, the admin API's
 /// `since=` and the console's filters: an RFC 3339 time (`2026-12-02T09:00:00Z`), a date and
 /// time without a zone, taken as UTC (`2026-12-02 09:00`, `2026-12-02T09:00:00`), a date alone,
@@ -1384,7 +1418,7 @@ fn within(
             key,
             format!(
                 "must be longer than 0s and at most {max_text} (it is {})",
-                humantime::format_duration(value)
+                Spelt(value)
             ),
         ));
     }
@@ -1420,7 +1454,7 @@ fn check_cutoff(window: Duration) -> Result<(), String> {
         Err(format!(
             "{} is too far in the past: the cutoff (now minus the window) would fall before \
              4714 BC, the earliest time PostgreSQL stores",
-            humantime::format_duration(window)
+            Spelt(window)
         ))
     }
 }
@@ -1726,6 +1760,25 @@ impl RawSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_is_spelt_in_days_at_most_and_reads_back_as_written() {
+        for (written, spelt) in [
+            ("400d", "400days"),
+            ("30d", "30days"),
+            ("1d", "1day"),
+            ("76h", "3days 4h"),
+            ("10m", "10m"),
+            ("90s", "1m 30s"),
+            ("250ms", "250ms"),
+            ("1500us", "1ms 500us"),
+            ("0s", "0s"),
+        ] {
+            let duration = parse_duration(written).expect("a duration");
+            assert_eq!(Spelt(duration).to_string(), spelt, "{written}");
+            assert_eq!(parse_duration(spelt), Ok(duration), "{spelt} reads back");
+        }
+    }
 
     #[test]
     fn a_time_is_rfc3339_a_utc_date_and_time_a_date_or_a_duration_ago() {

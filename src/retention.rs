@@ -252,10 +252,10 @@ pub fn horizon_warning(source: &SourceConfig, global: Duration) -> Option<String
             "source {}: retention {} is shorter than its provider's redelivery horizon ({why}); \
              a redelivery after {} is processed as new. Set sources.{}.retention to at least {}",
             source.name,
-            humantime::format_duration(window),
-            humantime::format_duration(window),
+            crate::config::Spelt(window),
+            crate::config::Spelt(window),
             source.name,
-            humantime::format_duration(horizon),
+            crate::config::Spelt(horizon),
         )
     })
 }
@@ -273,8 +273,8 @@ pub fn stretched_warning(source: &SourceConfig, global: Duration) -> Option<Stri
                  provider may redeliver them that long ({why}). To keep them for less, set \
                  sources.{}.retention (a redelivery after it is then processed as new)",
                 source.name,
-                humantime::format_duration(horizon),
-                humantime::format_duration(global),
+                crate::config::Spelt(horizon),
+                crate::config::Spelt(global),
                 source.name,
             )
         },
@@ -293,10 +293,10 @@ pub fn tolerance_warning(source: &SourceConfig, global: Duration) -> Option<Stri
              signed time is still accepted is processed again once its event is purged. Set \
              sources.{}.retention longer than {}",
             source.name,
-            humantime::format_duration(window),
-            humantime::format_duration(source.tolerance),
+            crate::config::Spelt(window),
+            crate::config::Spelt(source.tolerance),
             source.name,
-            humantime::format_duration(source.tolerance),
+            crate::config::Spelt(source.tolerance),
         )
     })
 }

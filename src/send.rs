@@ -181,7 +181,7 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
                 errln!(
                     "hookbox: 409 in_progress (another delivery of this event is being \
                      processed, or the store is busy); trying again in {} ({retry} of {})",
-                    humantime::format_duration(wait),
+                    crate::config::Spelt(wait),
                     client::IN_PROGRESS_RETRIES
                 );
             };

@@ -122,8 +122,8 @@ impl Application {
             config.retention.purge_interval,
         );
         tracing::info!(
-            default_window = %humantime::format_duration(config.retention.window),
-            every = %humantime::format_duration(config.retention.purge_interval),
+            default_window = %crate::config::Spelt(config.retention.window),
+            every = %crate::config::Spelt(config.retention.purge_interval),
             "retention purge scheduled (each source's window is on its `source live` line; \
              default_window covers the others)"
         );
@@ -415,7 +415,9 @@ fn log_sources(config: &Config) {
             source = %source.name,
             scheme = source.scheme.name(),
             secrets = source.secrets.len(),
-            retention = %humantime::format_duration(retention::source_window(
+            // Only for a source that checks signatures against public keys.
+            public_keys = Some(source.provider.public_key_count()).filter(|n| *n > 0),
+            retention = %crate::config::Spelt(retention::source_window(
                 source,
                 config.retention.window
             )),
@@ -434,7 +436,7 @@ fn log_sources(config: &Config) {
                 } else {
                     target.events.join(",")
                 },
-                timeout = %humantime::format_duration(target.timeout),
+                timeout = %crate::config::Spelt(target.timeout),
                 max_attempts = target.max_attempts,
                 concurrency = target.concurrency,
                 // The rate is the target's, shared by every instance on the database.

@@ -145,7 +145,7 @@ impl Amqp {
             Ok(connected) => connected.map_err(|e| format!("cannot connect to RabbitMQ: {e}")),
             Err(_) => Err(format!(
                 "RabbitMQ answered AMQP's header but did not finish its handshake within {}",
-                humantime::format_duration(wait)
+                crate::config::Spelt(wait)
             )),
         }
     }
@@ -282,7 +282,7 @@ async fn probe(url: &str, wait: Duration) -> Result<(), String> {
     tokio::time::timeout(wait, talk).await.unwrap_or_else(|_| {
         Err(format!(
             "RabbitMQ took the connection but did not answer within {}",
-            humantime::format_duration(wait)
+            crate::config::Spelt(wait)
         ))
     })
 }

@@ -59,7 +59,7 @@ pub async fn check_targets(lanes: Vec<(String, Arc<Target>)>) {
                 Ok(Some(found)) => found,
                 Err(_) => Err(format!(
                     "no answer within the target's timeout ({})",
-                    humantime::format_duration(target.config.timeout)
+                    crate::config::Spelt(target.config.timeout)
                 )),
             };
             let (name, url) = (&target.config.name, target.config.shown_url());

@@ -236,7 +236,7 @@ async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &
             status: None,
             error: format!(
                 "no answer within {}{}",
-                humantime::format_duration(config.timeout),
+                crate::config::Spelt(config.timeout),
                 transport
                     .trouble()
                     .map_or(String::new(), |trouble| format!("; {trouble}"))

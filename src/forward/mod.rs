@@ -386,7 +386,7 @@ impl Outbox {
                 if let Some(ended) = ended {
                     tracing::info!(
                         failed_tries = ended.failed,
-                        lasted = %humantime::format_duration(round_to_seconds(ended.lasted)),
+                        lasted = %crate::config::Spelt(round_to_seconds(ended.lasted)),
                         "the outbox can be read again; forwarding goes on"
                     );
                 }
@@ -404,7 +404,7 @@ impl Outbox {
         if let Some(warn) = warn {
             tracing::warn!(
                 error = %failure,
-                failing_for = %humantime::format_duration(round_to_seconds(warn.lasted)),
+                failing_for = %crate::config::Spelt(round_to_seconds(warn.lasted)),
                 failed_tries = warn.failed,
                 "cannot read the outbox; nothing is forwarded until it can be (rows stay queued \
                  and are sent then). Retried at every look; at most one such warning a minute, \

@@ -312,7 +312,7 @@ impl Nats {
                     }
                     ConnectErrorKind::TimedOut => format!(
                         "the NATS server does not answer within {}",
-                        humantime::format_duration(third)
+                        crate::config::Spelt(third)
                     ),
                     _ => format!("cannot connect to the NATS server: {e}"),
                 })

@@ -72,7 +72,7 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     let Ok(checked) = tokio::time::timeout(within, checking).await else {
         tracing::warn!(
             "not ready: the database did not answer within {} (server.request_timeout)",
-            humantime::format_duration(within)
+            crate::config::Spelt(within)
         );
         return Err(ApiError::NotReady(
             "the database did not answer within server.request_timeout",

@@ -98,6 +98,10 @@ impl Provider for Discord {
         "discord"
     }
 
+    fn public_key_count(&self) -> usize {
+        self.public_keys.len()
+    }
+
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let signature = hex::decode(required_header(headers, SIGNATURE)?.trim())
             .ok()

@@ -67,6 +67,11 @@ impl PublicKeys {
             .map(PublicKeys)
     }
 
+    /// How many keys are configured.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Whether no key is configured.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

@@ -337,6 +337,12 @@ pub trait Provider: Send + Sync + fmt::Debug {
         None
     }
 
+    /// How many public keys the source checks signatures against (its `public_keys`), for the
+    /// startup line beside its secrets; 0 for a scheme of shared secrets.
+    fn public_key_count(&self) -> usize {
+        0
+    }
+
     /// Built to sign from a config's source: why the receiver with that config would refuse
     /// every delivery signed so (a `--cert-url` its `cert_urls` do not admit), for `send` and
     /// `replay` to refuse before sending; `None` when there is nothing against it.

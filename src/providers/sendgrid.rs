@@ -189,6 +189,10 @@ impl Provider for SendGrid {
         "sendgrid"
     }
 
+    fn public_key_count(&self) -> usize {
+        self.keys.len()
+    }
+
     /// The signature over the timestamp's text and the body, with any key; then the
     /// timestamp within tolerance.
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {

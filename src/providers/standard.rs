@@ -106,6 +106,10 @@ impl Provider for Standard {
         "standard"
     }
 
+    fn public_key_count(&self) -> usize {
+        self.public_keys.len()
+    }
+
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let clock = Clock {
             now,

@@ -333,9 +333,11 @@ fn a_rust_log_that_cannot_be_read_is_said_and_the_default_level_used() {
 }
 
 #[test]
-fn the_source_live_line_says_how_a_source_tells_replays() {
+fn the_source_live_line_says_how_a_source_tells_replays_and_what_it_checks_against() {
     let db = TestDb::create();
-    let text = config_text(&db.url, "").replace(
+    // RFC 8032's first test key, as Discord's Developer Portal shows a public key (hex).
+    let discord = "\n[sources.discord]\nscheme = \"discord\"\npublic_keys = [\"d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a\"]\n";
+    let text = config_text(&db.url, discord).replace(
         "[sources.stripe]\nscheme = \"stripe\"\n",
         "[sources.stripe]\nscheme = \"stripe\"\ndedupe = \"body\"\n",
     );
@@ -349,6 +351,11 @@ fn the_source_live_line_says_how_a_source_tells_replays() {
     };
     assert!(live("stripe").contains("dedupe=\"body\""), "{log}");
     assert!(live("standard").contains("dedupe=\"id\""), "{log}");
+    // Each says what its signatures are checked against: secrets, or public keys.
+    assert!(live("stripe").contains("secrets=2 "), "{log}");
+    assert!(!live("stripe").contains("public_keys"), "{log}");
+    let discord = live("discord");
+    assert!(discord.contains("secrets=0 public_keys=1 "), "{discord}");
 }
 
 #[actix_web::test]
