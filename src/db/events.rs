@@ -99,34 +99,48 @@ pub fn claim(conn: &mut AnyConnection, rows: &[NewEvent<'_>]) -> QueryResult<Vec
         AnyConnection::Postgres(c) => ClaimPg(Columns::of(rows)).get_results(c)?,
         AnyConnection::Sqlite(c) => {
             use super::sqlite_schema::events;
-            let values: Vec<_> = rows
-                .iter()
-                .map(|row| {
-                    let answer = row.answer.as_ref();
-                    (
-                        events::source.eq(row.source),
-                        events::event_id.eq(row.event_id),
-                        events::event_type.eq(row.event_type),
-                        events::fingerprint.eq(row.fingerprint),
-                        events::received_at.eq(row.received_at),
-                        events::payload.eq(row.payload),
-                        events::headers.eq(row.headers),
-                        events::dedupe_key.eq(row.dedupe_key),
-                        events::response_status.eq(answer.map(|a| a.status)),
-                        events::response_content_type.eq(answer.map(|a| a.content_type)),
-                        events::response_body.eq(answer.map(|a| a.body)),
-                    )
-                })
-                .collect();
-            diesel::insert_into(events::table)
-                .values(&values)
-                .on_conflict_do_nothing()
-                .returning((events::id, events::source, events::event_id))
-                .get_results(c)?
+            // SQLite takes at most 32,766 bound values in a statement: a batch of thousands
+            // of items (SendGrid's, GoCardless's) is inserted a part at a time, all in the
+            // batch's transaction (2,979 items in one INSERT failed every retry). The claim
+            // writer's batches, never in a transaction, are far smaller than a part.
+            let mut returned = Vec::with_capacity(rows.len());
+            for part in rows.chunks(SQLITE_ROWS_PER_CLAIM) {
+                let values: Vec<_> = part
+                    .iter()
+                    .map(|row| {
+                        let answer = row.answer.as_ref();
+                        (
+                            events::source.eq(row.source),
+                            events::event_id.eq(row.event_id),
+                            events::event_type.eq(row.event_type),
+                            events::fingerprint.eq(row.fingerprint),
+                            events::received_at.eq(row.received_at),
+                            events::payload.eq(row.payload),
+                            events::headers.eq(row.headers),
+                            events::dedupe_key.eq(row.dedupe_key),
+                            events::response_status.eq(answer.map(|a| a.status)),
+                            events::response_content_type.eq(answer.map(|a| a.content_type)),
+                            events::response_body.eq(answer.map(|a| a.body)),
+                        )
+                    })
+                    .collect();
+                returned.extend(
+                    diesel::insert_into(events::table)
+                        .values(&values)
+                        .on_conflict_do_nothing()
+                        .returning((events::id, events::source, events::event_id))
+                        .get_results::<(i64, String, String)>(c)?,
+                );
+            }
+            returned
         }
     };
     Ok(returned.into_iter().map(claimed_row).collect())
 }
+
+/// The events one INSERT of [`claim`] takes on SQLite: eleven bound values each, well within
+/// the 32,766 a statement may hold.
+pub const SQLITE_ROWS_PER_CLAIM: usize = 1000;
 
 /// Claims `rows` as [`claim`] does and, for each event it claims, queues a delivery to each of
 /// the targets given with it (names within its source): all or nothing, so each event is

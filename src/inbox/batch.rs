@@ -37,6 +37,9 @@ use crate::handlers::{Handler, Response};
 /// Claims one INSERT carries at most.
 pub const MAX_BATCH: usize = 64;
 
+// A batch's claim is one INSERT on SQLite too, outside any transaction: never split in parts.
+const _: () = assert!(MAX_BATCH <= events::SQLITE_ROWS_PER_CLAIM);
+
 type Reply = tokio::sync::oneshot::Sender<Result<Outcome, ClaimError>>;
 
 struct Job {

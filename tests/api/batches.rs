@@ -592,6 +592,39 @@ async fn replay_counts(capture: &TempFile, to: &str, config: &TempFile) -> Value
     report["counts"].clone()
 }
 
+/// A batch of thousands of items (a provider's backlog after an outage: SendGrid and
+/// GoCardless put hundreds in a delivery) is stored whole on both stores; SQLite holds at most
+/// 32,766 bound values in a statement, and 2,979 items in one INSERT were refused on every retry.
+#[actix_web::test]
+async fn a_batch_of_thousands_of_items_is_stored_whole_and_answered_once() {
+    let db = TestDb::create();
+    let text = config_text(&db.url, &sources())
+        .replace("max_body_bytes = 65536", "max_body_bytes = 4194304");
+    let app = TestApp::spawn_on(
+        db,
+        parse_config(&text),
+        Handlers::default().with("gocardless", counting(Duration::ZERO)),
+    )
+    .await;
+    let prefix = unique_id("EV");
+    let ids: Vec<String> = (0..3500).map(|i| format!("{prefix}-{i:04}")).collect();
+    let items: Vec<Value> = ids
+        .iter()
+        .map(|id| gocardless_event(id, "confirmed"))
+        .collect();
+    let delivery = batch(&app.config, "gocardless", 0, &items);
+    let first = app.send(&delivery).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert!(!first.replayed());
+    assert_eq!(app.db.count("events"), 3500);
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(side_effects(&app), once_each(&ids));
+    let again = app.send(&delivery).await;
+    assert!(again.replayed());
+    assert_eq!(seen(&again), seen(&first));
+    assert_eq!(side_effects(&app), once_each(&ids));
+}
+
 #[actix_web::test]
 async fn a_gocardless_delivery_with_a_wrong_signature_is_498_and_nothing_is_stored() {
     let app = spawn(counting(Duration::ZERO)).await;
