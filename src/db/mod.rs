@@ -889,19 +889,24 @@ pub(crate) fn purge_filter(conn: &AnyConnection, source: Option<&str>, at: &str)
 
 /// The part of a retention pass's filter of `events` that leaves out an event one of whose
 /// outbox rows is leased past `now` (the third bind of [`purge_statement`]): an attempt under
-/// way. Its row, and the lease an ordered target's other instances wait on, stay until the
-/// attempt's outcome is written; the next pass takes the event. Deleting it let another
+/// way, taken by a dispatcher (`leased_until`) or handed straight to one by its claim (held by
+/// an instance, `leased_by`, and due when the lease ends; such rows leave `leased_until`
+/// unset, and were purged in flight). Its row, and the lease an ordered target's other
+/// instances wait on, stay until the attempt's outcome is written; the next pass takes the
+/// event. Deleting it let another
 /// instance start the ordered target's next event while the attempt was still in flight
 /// (found by a black-box run: every request from then on overlapped the one before).
 pub(crate) fn not_in_flight(conn: &AnyConnection) -> &'static str {
     match conn {
         AnyConnection::Postgres(_) => {
             " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_row = events.id \
-             AND d.state = 'pending' AND d.leased_until > $3)"
+             AND d.state = 'pending' AND (d.leased_until > $3 \
+             OR (d.leased_by IS NOT NULL AND d.next_attempt_at > $3)))"
         }
         AnyConnection::Sqlite(_) => {
             " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_row = events.id \
-             AND d.state = 'pending' AND d.leased_until > ?3)"
+             AND d.state = 'pending' AND (d.leased_until > ?3 \
+             OR (d.leased_by IS NOT NULL AND d.next_attempt_at > ?3)))"
         }
     }
 }

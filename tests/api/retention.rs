@@ -292,10 +292,12 @@ fn purge_leaves_an_event_whose_forward_attempt_is_under_way_for_the_next_pass() 
     use diesel::RunQueryDsl;
     let db = TestDb::create();
     let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
-    insert_aged(&db, "stripe", "old", 2, "4 days");
-    // Both queued; old_1's attempt under way (leased for an hour more). Deleting its row took
+    insert_aged(&db, "stripe", "old", 3, "4 days");
+    // All queued; old_1's attempt under way (leased for an hour more). Deleting its row took
     // the lease an ordered target's other instances wait on, and one of them started the next
-    // event while this attempt was in flight.
+    // event while this attempt was in flight. old_3's too, as a claim hands a row straight to
+    // its dispatcher: leased to an instance, due when the lease ends, `leased_until` unset (a
+    // black-box run saw such events purged while the sink held their attempt).
     let leased_until = if store_is_sqlite() {
         format!(
             "'{}'",
@@ -312,6 +314,10 @@ fn purge_leaves_an_event_whose_forward_attempt_is_under_way_for_the_next_pass() 
             "UPDATE deliveries SET leased_until = {leased_until}, attempts = 1 WHERE event_row IN \
              (SELECT id FROM events WHERE event_id = 'old_1')"
         ),
+        format!(
+            "UPDATE deliveries SET next_attempt_at = {leased_until}, leased_by = 7, attempts = 1 \
+             WHERE event_row IN (SELECT id FROM events WHERE event_id = 'old_3')"
+        ),
     ] {
         diesel::sql_query(sql)
             .execute(&mut db.connect())
@@ -321,19 +327,23 @@ fn purge_leaves_an_event_whose_forward_attempt_is_under_way_for_the_next_pass() 
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("removed 1 in total"), "{stdout}");
     assert_eq!(
-        db.count("events WHERE event_id = 'old_1'"),
-        1,
-        "the event whose attempt is under way stays"
+        db.count("events WHERE event_id IN ('old_1', 'old_3')"),
+        2,
+        "the events whose attempts are under way stay"
     );
-    assert_eq!(db.count("deliveries"), 1, "and its row with its lease");
+    assert_eq!(
+        db.count("deliveries"),
+        2,
+        "and their rows with their leases"
+    );
 
-    // Its outcome written, the next pass takes it.
+    // Their outcomes written, the next pass takes them.
     diesel::sql_query("UPDATE deliveries SET state = 'delivered'")
         .execute(&mut db.connect())
         .expect("the outcome");
     let (code, stdout, stderr) = run_hookbox(&["purge", "--config", &config_path], &[]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(stdout.contains("removed 1 in total"), "{stdout}");
+    assert!(stdout.contains("removed 2 in total"), "{stdout}");
     assert_eq!(db.count("events"), 0);
     assert_eq!(db.count("deliveries"), 0);
 }
