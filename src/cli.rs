@@ -383,9 +383,13 @@ fn finish(result: anyhow::Result<()>) -> Result<ExitCode, Exit> {
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
-            errln!("hookbox: error: {e:#}");
             // A URL libpq cannot read is bad config, whichever command found it.
             let config = e.downcast_ref::<crate::db::UnreadableUrl>().is_some();
+            if config {
+                errln!("hookbox: config error: {e:#}");
+            } else {
+                errln!("hookbox: error: {e:#}");
+            }
             Ok(ExitCode::from(if config { USAGE } else { 1 }))
         }
     }

@@ -78,7 +78,14 @@ impl Application {
         tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %file, "hookbox starting");
         config.check_listen()?;
         let sources = state::sources(&config, &handlers)?;
-        // Bound before the database is touched: an instance that cannot serve (its port is
+        // libpq reads a PostgreSQL URL only as it connects: one it cannot read is bad config,
+        // said before anything listens (exit 2). So the connection the migrations use is
+        // made first.
+        let migrations_on = match config.database.store {
+            db::Store::Postgres(_) => Some(db::connect(&config.database)?),
+            _ => None,
+        };
+        // Bound before the schema is touched: an instance that cannot serve (its port is
         // taken) fails the start cleanly, and never migrates a shared schema.
         let listeners = listen(&config)?;
         // Whether the SQLite file was there before: a new one is said so in the log.
@@ -86,7 +93,7 @@ impl Application {
             db::Store::SqliteFile(path) => std::path::Path::new(path).exists(),
             _ => true,
         };
-        let pool = open_database(&config, &handlers)?;
+        let pool = open_database(&config, &handlers, migrations_on)?;
         let state = web::Data::new(AppState::new(&config, sources, pool));
         let (server, address) = serve_on(listeners, &config, state.clone())?;
         log_store(&config, state.claims.writers(), sqlite_existed);
@@ -237,15 +244,20 @@ impl Application {
 }
 
 /// Builds the pool and applies hookbox's migrations, then each handler's `prepare`, under one
-/// lock.
-fn open_database(config: &Config, handlers: &Handlers) -> anyhow::Result<DbPool> {
+/// lock, on `migrations_on` when given (PostgreSQL's, made before the listen sockets).
+fn open_database(
+    config: &Config,
+    handlers: &Handlers,
+    migrations_on: Option<db::AnyConnection>,
+) -> anyhow::Result<DbPool> {
     let pool = db::pool(&config.database, config.server.in_flight_wait)?;
     let prepare =
         |conn: &mut db::AnyConnection| handlers.all().try_for_each(|handler| handler.prepare(conn));
-    let migrated = match config.database.store {
+    let migrated = match (&config.database.store, migrations_on) {
+        (_, Some(mut conn)) => db::migrate(&mut conn, prepare)?,
         // The database lives in the pool's one connection.
-        db::Store::SqliteMemory => db::migrate(&mut *pool.get()?, prepare)?,
-        _ => db::migrate_store(&config.database, prepare)?,
+        (db::Store::SqliteMemory, None) => db::migrate(&mut *pool.get()?, prepare)?,
+        (_, None) => db::migrate_store(&config.database, prepare)?,
     };
     // Not refused: while a rolling deploy runs, instances of the version before keep serving
     // beside the newer one that migrated.

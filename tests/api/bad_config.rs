@@ -239,6 +239,18 @@ fn a_database_that_is_not_there_or_never_answers_is_named_for_what_it_is() {
             assert!(stderr.contains("cannot read the URL"), "{stderr}");
             assert!(!stderr.contains("is PostgreSQL running"), "{stderr}");
         }
+        // serve says so before anything listens: its port taken already, the URL is what it
+        // refuses (bad config, exit 2), not the port.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let listen = taken.local_addr().expect("its address").to_string();
+        let (code, _, stderr) = run_hookbox(
+            &["serve", "--config", "/dev/null"],
+            &[("DATABASE_URL", &unreadable), ("HOOKBOX_LISTEN", &listen)],
+        );
+        assert_eq!(code, 2, "serve {unreadable}: {stderr}");
+        assert!(stderr.contains("config error: "), "{stderr}");
+        assert!(stderr.contains("cannot read the URL"), "{stderr}");
+        assert!(!stderr.contains("cannot listen"), "{stderr}");
     }
 
     // A host that takes the connection and never answers: without a connect_timeout in the
