@@ -519,6 +519,63 @@ fn stop_on_ctrl_c(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Progress said from a thread of its own, so that a command waiting on the database says so
+/// rather than going quiet: every `every`, `say(count, waited)` with the count the command
+/// last reported ([`Ticker::advanced`]) and how long ago it did. Stops (and waits for its last
+/// line) when dropped.
+struct Ticker {
+    count: Arc<AtomicU64>,
+    last: Arc<std::sync::Mutex<Instant>>,
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(every: Duration, say: impl Fn(u64, Duration) + Send + 'static) -> Ticker {
+        let count = Arc::new(AtomicU64::new(0));
+        let last = Arc::new(std::sync::Mutex::new(Instant::now()));
+        let (done, ended) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn({
+            let (count, last) = (Arc::clone(&count), Arc::clone(&last));
+            move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    ended.recv_timeout(every)
+                {
+                    let waited = last
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .elapsed();
+                    say(count.load(Ordering::Relaxed), waited);
+                }
+            }
+        });
+        Ticker {
+            count,
+            last,
+            done: Some(done),
+            thread: Some(thread),
+        }
+    }
+
+    /// The command got as far as `count`, now.
+    fn advanced(&self, count: u64) {
+        self.count.store(count, Ordering::Relaxed);
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        drop(self.done.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// How long a purge batch on SQLite waits for the write lock another process holds.
 const PURGE_LOCK_WAIT: Duration = Duration::from_secs(60);
 
@@ -556,46 +613,27 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
                 "rows it removes may be locked by another session"
             }
         };
-        let removed = Arc::new(AtomicU64::new(0));
-        let batch_began = Arc::new(std::sync::Mutex::new(Instant::now()));
-        let (done, ended) = std::sync::mpsc::channel::<()>();
-        let ticker = std::thread::spawn({
-            let (removed, batch_began) = (Arc::clone(&removed), Arc::clone(&batch_began));
-            move || {
-                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                    ended.recv_timeout(Duration::from_secs(2))
-                {
-                    let waited = batch_began
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .elapsed();
-                    let so_far = removed.load(Ordering::Relaxed);
-                    if waited >= Duration::from_secs(2) {
-                        errln!(
-                            "purging: {so_far} removed so far; the batch under way has taken \
-                             {} s ({holder})",
-                            waited.as_secs()
-                        );
-                    } else {
-                        errln!("purging: {so_far} removed so far");
-                    }
-                }
+        let ticker = Ticker::start(Duration::from_secs(2), move |so_far, waited| {
+            if waited >= Duration::from_secs(2) {
+                errln!(
+                    "purging: {so_far} removed so far; the batch under way has taken {} s \
+                     ({holder})",
+                    waited.as_secs()
+                );
+            } else {
+                errln!("purging: {so_far} removed so far");
             }
         });
         // What the batches committed so far removed, said should a later one fail.
         let mut committed = retention::Report::default();
         let mut progress = |so_far: &retention::Report| {
             committed.clone_from(so_far);
-            removed.store(so_far.total(), Ordering::Relaxed);
-            *batch_began
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+            ticker.advanced(so_far.total());
         };
         let stop = Arc::new(AtomicBool::new(false));
         stop_on_ctrl_c(Arc::clone(&stop))?;
         let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut progress);
-        drop(done);
-        let _ = ticker.join();
+        drop(ticker);
         if pass.is_err() {
             for (source, n) in &committed.removed {
                 outln!("removed {n} from {source} before the failure");
@@ -756,15 +794,29 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
     };
     finish((|| {
         let mut conn = connect_existing(&config, "nothing to export")?;
-        // A long export says how far it is, every few seconds, on stderr.
-        let mut last = std::time::Instant::now();
+        // A long export says how far it is, every few seconds, on stderr, and how long the
+        // database has kept it waiting, should it stop answering (a stalled connection holds
+        // the read for as long as the network lets it, with nothing else to say so).
+        let every = crate::replay::progress::PLAIN_EVERY;
+        let stopping = match args.out {
+            Some(_) => "Ctrl-C stops it and leaves --out as it was",
+            None => "Ctrl-C stops it",
+        };
+        let ticker = Ticker::start(every, move |written, waited| {
+            if waited >= every {
+                errln!(
+                    "export: {written} event(s) so far; waiting {} s for the database to \
+                     answer ({stopping})",
+                    waited.as_secs()
+                );
+            } else {
+                errln!("export: {written} event(s) so far");
+            }
+        });
         let mut begun = false;
         let mut progress = |written: u64| {
             begun = true;
-            if last.elapsed() >= crate::replay::progress::PLAIN_EVERY {
-                errln!("export: {written} event(s) so far");
-                last = std::time::Instant::now();
-            }
+            ticker.advanced(written);
         };
         let count = match &args.out {
             None => {
@@ -810,6 +862,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
                 (0, false) => e,
             })?,
         };
+        drop(ticker);
         let place = args
             .out
             .as_ref()

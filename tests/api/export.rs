@@ -263,6 +263,39 @@ fn export_pages_through_more_than_a_batch_in_received_order_with_ties_broken_by_
     );
 }
 
+/// An export the database keeps waiting (a read held behind a lock here; a stalled connection
+/// is the same to it) says so every few seconds instead of going quiet, then finishes.
+#[test]
+fn an_export_the_database_keeps_waiting_says_so_and_finishes_once_it_answers() {
+    if skip_on_sqlite(
+        "an_export_the_database_keeps_waiting_says_so_and_finishes_once_it_answers",
+        "an SQLite reader is never held behind a writer",
+    ) {
+        return;
+    }
+    use diesel::connection::SimpleConnection;
+    let (db, config) = stored_events(3);
+    let mut holder = db.connect();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        .expect("the lock");
+    let out = TempFile::with_extension(b"", "ndjson");
+    let export = Watched::start(
+        &["export", "--config", &config.path(), "--out", &out.path()],
+        &[],
+    );
+    export.says("waiting 5 s for the database to answer");
+    holder.batch_execute("COMMIT").expect("the lock let go");
+    assert!(export.succeeded());
+    assert_eq!(
+        std::fs::read_to_string(out.path())
+            .expect("the capture")
+            .lines()
+            .count(),
+        3
+    );
+}
+
 /// A migrated test database holding `n` stripe events, and a config file naming it.
 fn stored_events(n: usize) -> (TestDb, TempFile) {
     stored_events_at(&vec!["2026-12-01T00:00:00Z"; n])
