@@ -693,17 +693,19 @@ fn with_a_hint(key: &str, problem: String, registry: &Registry) -> String {
 }
 
 /// A serde message with Rust's type names said as a config's reader would: `expected u32`
-/// becomes `expected a whole number from 0 to 4294967295`.
+/// becomes `expected a whole number, at most 4294967295`. Not "from 0": the keys that take
+/// one (`pool_size`, `max_body_bytes`, `concurrency`, `max_attempts`) refuse 0 apart, with
+/// what the least is.
 fn in_plain_words(message: &str) -> String {
     const TYPES: [(&str, &str); 6] = [
-        ("expected u8", "expected a whole number from 0 to 255"),
-        ("expected u16", "expected a whole number from 0 to 65535"),
+        ("expected u8", "expected a whole number, at most 255"),
+        ("expected u16", "expected a whole number, at most 65535"),
         (
             "expected u32",
-            "expected a whole number from 0 to 4294967295",
+            "expected a whole number, at most 4294967295",
         ),
-        ("expected u64", "expected a whole number, 0 or more"),
-        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected u64", "expected a whole number"),
+        ("expected usize", "expected a whole number"),
         ("expected i64", "expected a whole number"),
     ];
     let plain = TYPES
@@ -1689,15 +1691,17 @@ impl RawSource {
             ));
         }
         let secrets: Vec<Secret> = secrets.into_iter().map(Secret::new).collect();
+        // "id", the default, as the `source live` line shows it, may be written too.
         let dedupe_body = match self.dedupe.as_deref() {
-            None => false,
+            None | Some("id") => false,
             Some("body") => true,
             Some(other) => {
                 return Err(ConfigError::at(
                     key("dedupe"),
                     format!(
-                        "{other:?} is not a dedupe mode; the one there is is \"body\" (a payload \
-                         already stored under another event id is answered as a replay)"
+                        "{other:?} is not a dedupe mode; write \"body\" (a payload already \
+                         stored under another event id is answered as a replay) or \"id\" (the \
+                         default: the event id alone)"
                     ),
                 ))
             }
@@ -1740,6 +1744,16 @@ impl RawSource {
         }
         // A scheme whose id is a hash of a payload that verifies in more than one form
         // (Braintree's) dedupes by body always.
+        if self.dedupe.as_deref() == Some("id") && provider.dedupes_body() {
+            return Err(ConfigError::at(
+                key("dedupe"),
+                format!(
+                    "a {} source dedupes by body always (its event id is a hash of a payload \
+                     that verifies in more than one form); remove dedupe = \"id\"",
+                    scheme.name()
+                ),
+            ));
+        }
         let dedupe_body = dedupe_body || provider.dedupes_body();
         Ok(SourceConfig {
             name: source_name,
@@ -2501,15 +2515,26 @@ mod tests {
     }
 
     #[test]
-    fn dedupe_takes_body_and_nothing_else() {
+    fn dedupe_takes_body_or_the_default_id_and_nothing_else() {
         let base = "[sources.s]\nscheme = \"github\"\nsecrets = [\"x\"]\n";
         let config = Config::parse(&format!("{base}dedupe = \"body\"\n"), &no_env).expect("valid");
         assert!(config.sources[0].dedupe_body);
         let config = Config::parse(base, &no_env).expect("valid");
         assert!(!config.sources[0].dedupe_body, "off unless asked for");
+        // The default, as the startup line names it, may be written.
+        let config = Config::parse(&format!("{base}dedupe = \"id\"\n"), &no_env).expect("valid");
+        assert!(!config.sources[0].dedupe_body);
         let message = error(&format!("{base}dedupe = \"payload\"\n"));
         assert!(
             message.starts_with("sources.s.dedupe:") && message.contains("\"body\""),
+            "{message}"
+        );
+        // Braintree's cannot be "id".
+        let braintree =
+            "[sources.b]\nscheme = \"braintree\"\npublic_key = \"pk\"\nsecrets = [\"sk\"]\ndedupe = \"id\"\n";
+        let message = error(braintree);
+        assert!(
+            message.starts_with("sources.b.dedupe:") && message.contains("always"),
             "{message}"
         );
     }
@@ -2576,7 +2601,7 @@ mod tests {
         for (text, says) in [
             (
                 "[database]\npool_size = \"abc\"\n",
-                "database.pool_size: invalid type: string, expected a whole number from 0 to 4294967295 (write the number without quotes)",
+                "database.pool_size: invalid type: string, expected a whole number, at most 4294967295 (write the number without quotes)",
             ),
             (
                 "[sources.gl]\nscheme = \"gitlab\"\nsecrets = [\"abc\", 987654321]\n",
@@ -2596,7 +2621,7 @@ mod tests {
             ),
             (
                 "[server]\nmax_body_bytes = -1\n",
-                "server.max_body_bytes: invalid value: integer `-1`, expected a whole number, 0 or more",
+                "server.max_body_bytes: invalid value: integer `-1`, expected a whole number",
             ),
         ] {
             assert_eq!(error(text), says);

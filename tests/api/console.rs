@@ -156,6 +156,12 @@ async fn an_address_the_console_never_makes_gets_a_console_page_with_its_headers
             400,
             "unknown field `source`",
         ),
+        // The dead filter's box sends 1; `dead=0` was read as ticked.
+        (
+            get_page(&app, "/console/events?dead=0", Some(&cookie)).await,
+            400,
+            "the filter takes 1 (ticked) or nothing",
+        ),
     ] {
         assert_eq!(answer.status, status, "{}", answer.text());
         assert_eq!(answer.header("Content-Security-Policy"), Some(CSP));

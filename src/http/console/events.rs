@@ -109,7 +109,14 @@ impl Filters {
             since: parse_when("since", &self.since)?,
             until: parse_when("until", &self.until)?,
             id: given(&self.id),
-            dead: !self.dead.is_empty(),
+            // The checkbox sends "1" (a box without a value, "on") and an unticked one
+            // nothing: any other value is a query the console never makes (`dead=0` was read
+            // as ticked, found by a black-box run).
+            dead: match self.dead.as_str() {
+                "" => false,
+                "1" | "on" => true,
+                _ => return Err("dead: the filter takes 1 (ticked) or nothing".to_owned()),
+            },
             before: parse_cursor(&self.before)?,
         })
     }
