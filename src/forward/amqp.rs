@@ -207,6 +207,9 @@ impl Amqp {
                      type=topic durable=true`): {e}"
                 )
             })?;
+        // Closed before its connection is: lapin logs a connection closed under an open
+        // channel as an ERROR (`invalid channel state: Closing`), on every healthy start.
+        let _ = channel.close(200, "hookbox: checked".into()).await;
         Ok(bus::Ready::said(format!(
             "RabbitMQ answers; exchange {exchange:?} exists"
         )))

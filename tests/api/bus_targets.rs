@@ -1212,6 +1212,26 @@ async fn a_bus_password_shows_as_stars_in_the_log_the_admin_api_and_the_console(
     assert!(!page.text().contains(password), "{}", page.text());
 }
 
+/// A healthy RabbitMQ target's startup check logs its INFO and nothing at ERROR (a black-box
+/// run saw lapin's `Connection error ... channel.close` before every ready line).
+#[actix_web::test]
+async fn a_healthy_rabbitmq_target_is_checked_at_startup_without_an_error_line() {
+    let rabbit = Rabbit::create(true).await;
+    let db = TestDb::create();
+    let text = config_text(&db.url, &amqp_target("rabbit", &rabbit.exchange, 2));
+    let server = Process::serve(&text);
+    let ready = format!(
+        "forward target ready: RabbitMQ answers; exchange \"{}\" exists",
+        rabbit.exchange
+    );
+    server.wait_for_log(&ready);
+    // A send after the check, so its connection's close has been logged, if it is.
+    send_events(&parse_config(&text), &server.address, 1).await;
+    until_delivered(&db, "rabbit", 1, Duration::from_secs(30)).await;
+    let log = server.log();
+    assert!(!log.lines().any(|line| line.contains("ERROR")), "{log}");
+}
+
 #[actix_web::test]
 async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_event() {
     let stream = Stream::create(NATS).await;
