@@ -989,6 +989,13 @@ impl RawForward {
                 "must be at least 1 (attempts in flight to this target at once)",
             ));
         }
+        // A URL from the environment is named by its key there, url_env, in what is wrong
+        // with it: `url` is not in the file.
+        let url_key = if self.url_env.is_some() {
+            "url_env"
+        } else {
+            "url"
+        };
         let url = match (self.url, self.url_env) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::at(
@@ -1030,7 +1037,7 @@ impl RawForward {
             Some("amqp" | "amqps") => Some("AMQP"),
             _ => {
                 return Err(ConfigError::at(
-                    key("url"),
+                    key(url_key),
                     format!(
                         "{:?} names no transport hookbox has: use http:// or https:// (a signed \
                          POST), nats:// (NATS JetStream) or amqp:// / amqps:// (RabbitMQ)",
@@ -1068,7 +1075,7 @@ impl RawForward {
                 // The rules `replay --to` and `send --to` follow: a host, a port from 1 to
                 // 65535, and nothing an HTTP client drops unsent (`user:password@`, `#part`).
                 url.parse::<crate::replay::Target>().map_err(|problem| {
-                    ConfigError::at(key("url"), crate::redact::message_about(&problem, &url))
+                    ConfigError::at(key(url_key), crate::redact::message_about(&problem, &url))
                 })?;
                 Transport::Http {
                     secret: http_secret(self.secret, self.secret_env, &key, env)?,
@@ -1077,13 +1084,13 @@ impl RawForward {
             Some("NATS") => {
                 let server = url.parse::<async_nats::ServerAddr>().map_err(|e| {
                     ConfigError::at(
-                        key("url"),
+                        key(url_key),
                         crate::redact::message_about(&e.to_string(), &url),
                     )
                 })?;
                 if server.host().is_empty() {
                     return Err(ConfigError::at(
-                        key("url"),
+                        key(url_key),
                         format!(
                             "{:?} names no host (e.g. nats://127.0.0.1:4222)",
                             crate::redact::target_url(&url)
@@ -1110,7 +1117,7 @@ impl RawForward {
                 };
                 if let Some(problem) = ignored {
                     return Err(ConfigError::at(
-                        key("url"),
+                        key(url_key),
                         format!("{:?} has {problem}", crate::redact::target_url(&url)),
                     ));
                 }
@@ -1121,7 +1128,7 @@ impl RawForward {
             Some(_) => {
                 url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
                     ConfigError::at(
-                        key("url"),
+                        key(url_key),
                         format!(
                             "{:?} is not an AMQP URL: {}",
                             crate::redact::target_url(&url),
@@ -2364,6 +2371,19 @@ mod tests {
         );
         assert!(
             message.starts_with("sources.s.forward.url_env:"),
+            "{message}"
+        );
+        // What is wrong with the URL it holds is said of url_env too, the password masked.
+        let env = |name: &str| (name == "BAD_URL").then(|| "amqp://u:pw123456@[::1".to_owned());
+        let message = Config::parse(
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n[sources.s.forward]\n\
+             url_env = \"BAD_URL\"\nexchange = \"\"\nrouting_key = \"q\"\n",
+            &env,
+        )
+        .expect_err("a URL that cannot be read")
+        .to_string();
+        assert!(
+            message.starts_with("sources.s.forward.url_env:") && !message.contains("pw123456"),
             "{message}"
         );
     }
