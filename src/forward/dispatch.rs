@@ -173,8 +173,9 @@ impl Runner {
                 event.id = %ClientText::new(&due.event_id, usize::MAX),
                 attempt = due.attempt,
                 "not sent: this delivery's lease ran out before its turn came (the process was \
-                 stopped or starved for a while), so another instance may have taken it; it goes \
-                 back to the outbox unless one has"
+                 stopped or starved for a while, or, for a paced target, other instances held \
+                 its schedule that long), so another instance may have taken it; it goes back \
+                 to the outbox unless one has"
             );
             started.poke();
             return untried(&due, Duration::ZERO);

@@ -80,11 +80,23 @@ fn bookings_of_two_connections_follow_one_another_up_to_their_reach() {
     assert!((12..=13).contains(&third.count), "{third:?}");
 
     let full = book(&mut two, 1, interval, reach);
-    assert_eq!(full.count, 0, "booked beyond reach: {full:?}");
-    assert!(
-        full.first_in > reach,
-        "says when the schedule has room: {full:?}"
-    );
+    if full.count == 0 {
+        assert!(
+            full.first_in > reach,
+            "says when the schedule has room: {full:?}"
+        );
+    } else {
+        // Only once the reach has moved on past the third booking's last start (a machine busy
+        // with other work held this booking up a few milliseconds): within reach, and an
+        // interval after that start, as closely as two round trips tell.
+        let third_last = third.as_of + third.first_in + interval * (third.count - 1);
+        let first = full.as_of + full.first_in;
+        let known_to = (third.as_of - third.sent) + (full.as_of - full.sent);
+        assert!(
+            full.first_in <= reach && first + known_to >= third_last + interval,
+            "booked beyond reach, or beside the booking before: {third:?} then {full:?}"
+        );
+    }
 }
 
 #[test]
