@@ -148,9 +148,12 @@ pub struct DeliveryView {
     pub last_status: Option<i16>,
     /// The last failure, in a sentence.
     pub last_error: Option<String>,
-    /// When the next attempt is due (pending only).
+    /// When the next attempt is due (pending only). While an attempt is under way, the end of
+    /// its lease: when another is made should this one never report.
     #[serde(serialize_with = "super::serialize_time_opt")]
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Whether an attempt is under way now (an instance holds the row's lease).
+    pub attempt_under_way: bool,
     /// When it was queued (with the claim).
     #[serde(serialize_with = "super::serialize_time")]
     pub created_at: DateTime<Utc>,
@@ -1155,13 +1158,28 @@ type ViewRow = (
     DateTime<Utc>,
     DateTime<Utc>,
     Option<DateTime<Utc>>,
+    Option<i64>,
 );
 
 fn view(row: ViewRow) -> DeliveryView {
-    let (id, target, state, attempts, last_status, last_error, next, created_at, delivered_at) =
-        row;
+    let (
+        id,
+        target,
+        state,
+        attempts,
+        last_status,
+        last_error,
+        next,
+        created_at,
+        delivered_at,
+        leased_by,
+    ) = row;
+    let pending = state == "pending";
     DeliveryView {
-        next_attempt_at: (state == "pending").then_some(next),
+        next_attempt_at: pending.then_some(next),
+        // Held by an instance (taken, or handed over by its claim) until `next`, its lease's
+        // end: a lease run out is an instance that stopped, and the row is due.
+        attempt_under_way: pending && leased_by.is_some() && next > now(),
         id,
         target,
         state,
@@ -1186,6 +1204,7 @@ macro_rules! view_columns {
             deliveries::next_attempt_at,
             deliveries::created_at,
             deliveries::delivered_at,
+            deliveries::leased_by,
         )
     };
 }

@@ -383,6 +383,56 @@ async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
 
 /// A server forwarding stripe to a downstream that answers 410, and `n` events whose
 /// deliveries that made dead: the downstream, the server and the events' ids.
+/// While an attempt is under way, the admin API says so (`attempt_under_way`) and the console
+/// shows "under way", not a next attempt seconds ahead (the lease's end, which read as a retry
+/// planned while the downstream was being called; found by a black-box run).
+#[actix_web::test]
+async fn an_attempt_under_way_is_said_so_by_the_admin_api_and_the_console() {
+    let downstream = Downstream::start(|_, _| (200, Duration::from_secs(2)));
+    let app = TestApp::spawn_with(
+        &forward_extra(&downstream.url, "10s", 3),
+        Handlers::default(),
+    )
+    .await;
+    let cookie = log_in(&app).await;
+    let id = unique_id("evt");
+    let answer = app
+        .send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    poll_until(
+        "the downstream is answering",
+        Duration::from_secs(10),
+        || downstream.answering() == 1,
+    )
+    .await;
+    let listed = deliveries(&app, &id).await;
+    assert_eq!(
+        (&listed[0]["state"], &listed[0]["attempt_under_way"]),
+        (&serde_json::json!("pending"), &serde_json::json!(true)),
+        "{listed}"
+    );
+    let page = event_page(&app, &cookie, "stripe", &id).await.text();
+    assert!(page.contains("under way"), "{page}");
+
+    poll_until("delivered", Duration::from_secs(10), || {
+        downstream.answering() == 0 && !downstream.received().is_empty()
+    })
+    .await;
+    let mut listed = deliveries(&app, &id).await;
+    for _ in 0..100 {
+        if listed[0]["state"] == "delivered" {
+            break;
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        listed = deliveries(&app, &id).await;
+    }
+    assert_eq!(listed[0]["state"], "delivered", "{listed}");
+    assert_eq!(listed[0]["attempt_under_way"], false, "{listed}");
+    let page = event_page(&app, &cookie, "stripe", &id).await.text();
+    assert!(!page.contains("under way"), "{page}");
+}
+
 async fn with_dead_deliveries(n: usize) -> (Downstream, TestApp, Vec<String>) {
     let downstream = Downstream::start(always(410));
     let app = TestApp::spawn_with(

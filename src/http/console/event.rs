@@ -181,7 +181,13 @@ fn deliveries_table(
                         td class="num" { @if let Some(status) = d.last_status { (status) } }
                         td { (visible_lines(d.last_error.as_deref().unwrap_or(""))) }
                         td { (time(d.created_at)) }
-                        td { (when(d.next_attempt_at)) }
+                        td {
+                            @if d.attempt_under_way {
+                                span class="under-way" { "under way" }
+                            } @else {
+                                (when(d.next_attempt_at))
+                            }
+                        }
                         td { (when(d.delivered_at)) }
                         td {
                             @if d.state == "dead" {
