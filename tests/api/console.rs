@@ -174,6 +174,18 @@ async fn an_address_the_console_never_makes_gets_a_console_page_with_its_headers
         );
         assert!(answer.text().contains(says), "{}", answer.text());
     }
+    // The page that refuses dead=0 shows its box unticked: filtering from it again must not
+    // ask for the opposite.
+    let refused = get_page(&app, "/console/events?dead=0", Some(&cookie))
+        .await
+        .text();
+    let at = refused
+        .find("id=\"filter-dead\"")
+        .expect("the dead filter's box");
+    let start = refused[..at].rfind("<input").expect("its tag");
+    let end = at + refused[at..].find('>').expect("its tag's end");
+    let dead_box = &refused[start..=end];
+    assert!(!dead_box.contains("checked"), "{dead_box}");
     // Before logging in, a page that is not there is the login form's business.
     let answer = get_page(&app, "/console/nosuch", None).await;
     assert_eq!(answer.status, 303);

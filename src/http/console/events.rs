@@ -102,6 +102,13 @@ fn parse_cursor(text: &str) -> Result<Option<(DateTime<Utc>, i64)>, String> {
 }
 
 impl Filters {
+    /// Whether the dead filter's box was ticked: it sends "1" ("on", a box without a value).
+    /// The box is shown ticked only then, on the list and on the page that refuses another
+    /// value (`dead=0` shown ticked, filtered again, asked for the opposite).
+    fn dead_ticked(&self) -> bool {
+        matches!(self.dead.as_str(), "1" | "on")
+    }
+
     fn check(&self) -> Result<Query, String> {
         Ok(Query {
             source: given(&self.source),
@@ -114,7 +121,7 @@ impl Filters {
             // as ticked, found by a black-box run).
             dead: match self.dead.as_str() {
                 "" => false,
-                "1" | "on" => true,
+                _ if self.dead_ticked() => true,
                 _ => return Err("dead: the filter takes 1 (ticked) or nothing".to_owned()),
             },
             before: parse_cursor(&self.before)?,
@@ -178,7 +185,7 @@ fn filter_form(state: &AppState, filters: &Filters) -> Markup {
             label {
                 span {
                     input type="checkbox" name="dead" value="1" id="filter-dead"
-                        checked[!filters.dead.is_empty()];
+                        checked[filters.dead_ticked()];
                     " with a dead delivery"
                 }
             }
@@ -230,7 +237,7 @@ pub async fn list(
     // With the dead filter on, one button re-queues them all (the admin API's bulk requeue):
     // after a downstream is mended, rather than one event page at a time.
     let dead_source = filters.source.trim().to_owned();
-    let requeue_all = (!filters.dead.is_empty() && !rows.is_empty()).then(|| {
+    let requeue_all = (filters.dead_ticked() && !rows.is_empty()).then(|| {
         html! {
             form method="post" action="/console/deliveries/requeue" id="requeue-dead" {
                 input type="hidden" name="csrf" value=(session.csrf());
