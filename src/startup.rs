@@ -50,7 +50,13 @@ fn shutdown_signal() -> std::io::Result<futures_util::future::BoxFuture<'static,
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut hangup = signal(SignalKind::hangup())?;
+    // A write past the file-size limit (`ulimit -f`, RLIMIT_FSIZE) sends SIGXFSZ, which ends
+    // the process by default: serve died mid-load, and a supervisor restarted it into the same
+    // limit (found by a black-box run). Caught, the write fails instead, and so does its
+    // delivery, with a 503 that a retry after the limit is raised mends.
+    let mut file_too_large = signal(SignalKind::from_raw(libc::SIGXFSZ))?;
     Ok(Box::pin(async move {
+        let mut told = false;
         loop {
             tokio::select! {
                 _ = terminate.recv() => return "SIGTERM",
@@ -59,6 +65,14 @@ fn shutdown_signal() -> std::io::Result<futures_util::future::BoxFuture<'static,
                     "SIGHUP ignored: hookbox does not reload its config; to apply a changed one, \
                      restart it (SIGTERM stops it gracefully)"
                 ),
+                _ = file_too_large.recv(), if !told => {
+                    told = true;
+                    tracing::error!(
+                        "a write went past this process's file-size limit (ulimit -f, SIGXFSZ): \
+                         deliveries that need the store to grow are answered 503 until the \
+                         limit is raised (said once)"
+                    );
+                }
             }
         }
     }))

@@ -409,3 +409,50 @@ async fn readyz_answers_503_within_the_request_timeout_while_the_database_stalls
         actix_web::rt::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A store that may not grow past the process's file-size limit (`ulimit -f`): the deliveries
+/// that need it to grow get a 503 and serve stays up (SIGXFSZ ended it mid-load, found by a
+/// black-box run; a supervisor then restarted it into the same limit).
+#[actix_web::test]
+async fn a_file_size_limit_reached_is_a_503_not_the_end_of_serve() {
+    if !store_is_sqlite() {
+        eprintln!(
+            "a_file_size_limit_reached_is_a_503_not_the_end_of_serve: skipped on PostgreSQL: \
+             the limit is on the files this process writes, and PostgreSQL's are its server's"
+        );
+        return;
+    }
+    let db = TestDb::create();
+    let config = config_text(&db.url, "");
+    // 2 MB, in the shell's 512-byte blocks: the migrated store and a few dozen events.
+    let mut server = Process::serve_after("ulimit -f 4096", &config);
+    let parsed = parse_config(&config);
+    let mut refused = None;
+    for i in 0..400 {
+        let id = unique_id("evt");
+        let body = stripe_event(&id, &format!("big.{}", "x".repeat(40_000 + i)), 1);
+        let delivery = delivery_for(&parsed, "stripe", &body, &id, unix_now());
+        let answer = try_send(&server.address, &delivery, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("no answer ({e}), serve still up?\n{}", server.log()));
+        if answer.status != 200 {
+            refused = Some(answer);
+            break;
+        }
+    }
+    let refused = refused.expect("the limit is reached within 400 events of 40 KB");
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.header("Retry-After").is_some());
+    assert!(
+        server.child.try_wait().expect("poll").is_none(),
+        "serve is still up:\n{}",
+        server.log()
+    );
+    let health = client()
+        .get(format!("{}/healthz", server.address))
+        .send()
+        .await
+        .expect("serve answers");
+    assert_eq!(health.status().as_u16(), 200);
+    assert!(server.log().contains("file-size limit"), "{}", server.log());
+}

@@ -789,12 +789,28 @@ impl Process {
 
     /// [`Process::serve_with_env`] in the working directory `dir` (the tests' own otherwise).
     pub fn serve_in(config: &str, env: &[(&str, &str)], dir: Option<&std::path::Path>) -> Process {
-        use std::io::BufRead;
-        let config_file = TempFile::new(config);
         let mut command = Command::new(env!("CARGO_BIN_EXE_hookbox"));
         if let Some(dir) = dir {
             command.current_dir(dir);
         }
+        Process::serve_by(command, config, env)
+    }
+
+    /// [`Process::serve`] from a shell that first runs `setup` (`ulimit -f 100`, say).
+    pub fn serve_after(setup: &str, config: &str) -> Process {
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("{setup} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_hookbox"));
+        Process::serve_by(command, config, &[])
+    }
+
+    /// `command` (hookbox, or what execs it) given `serve --config <config>`, started and
+    /// waited for until it says where it listens.
+    fn serve_by(mut command: Command, config: &str, env: &[(&str, &str)]) -> Process {
+        use std::io::BufRead;
+        let config_file = TempFile::new(config);
         let mut child = command
             .arg("serve")
             .arg("--config")
