@@ -44,9 +44,6 @@ pub struct Amqp {
     exchange: Template,
     routing_key: Template,
     link: Mutex<Link>,
-    /// Publishes in a row that got no answer: the connection is made again once they say it
-    /// is dead (see [`bus::Silence`]).
-    silence: bus::Silence,
 }
 
 /// The connection, once open, and its confirm-mode channels that no publish is using.
@@ -67,7 +64,6 @@ impl Amqp {
             exchange,
             routing_key,
             link: Mutex::default(),
-            silence: bus::Silence::default(),
         }
     }
 
@@ -76,18 +72,6 @@ impl Amqp {
     /// confirm is in.
     async fn channel(&self) -> Result<Channel, String> {
         let mut link = self.link.lock().await;
-        if self.silence.taken_as_dead() {
-            if let Some(dead) = link.connection.take() {
-                bus::reopening("RabbitMQ", &self.url);
-                link.idle.clear();
-                // Told to close, within a moment: a connection nobody answers on would hold
-                // the close for ever.
-                actix_web::rt::spawn(async move {
-                    let closing = dead.close(200, "hookbox: no answer, reconnecting".into());
-                    let _ = tokio::time::timeout(Duration::from_secs(1), closing).await;
-                });
-            }
-        }
         while let Some(channel) = link.idle.pop() {
             if channel.status().connected() {
                 return Ok(channel);
@@ -256,12 +240,7 @@ impl Amqp {
             }
             confirmed
         };
-        let publishing = self.silence.publishing();
-        let answered = attempt.await;
-        // Any answer, or an error of the connection's: an attempt that never gets here ran
-        // out of time with no word from the broker.
-        publishing.heard();
-        let outcome = match answered {
+        let outcome = match attempt.await {
             Err(error) => Err(error),
             Ok(Confirmation::Ack(None)) => Ok(()),
             Ok(Confirmation::Ack(Some(returned))) => Err(format!(

@@ -3,7 +3,6 @@
 //! connection is opened again, and failures told without the URL's secrets.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -151,78 +150,6 @@ pub fn refused(error: &str, url: &str) -> Handoff {
         status: None,
         error: crate::redact::message_about(error, url),
     }
-}
-
-/// How many publishes in a row may go unanswered on a connection the client library still
-/// takes as open before it is taken as dead and opened anew.
-const SILENT_IN_A_ROW: u32 = 2;
-
-/// Publishes in a row, on one target's connection, that got no answer at all before their time
-/// ran out. A connection that a NAT or a firewall dropped without a word (half-open) looks open
-/// to the client libraries until their keepalives give up, two or three minutes later, and
-/// every publish meanwhile times out (a black-box run: nine attempts an event, so a target with
-/// `max_attempts` of 8 dead-lettered events while the broker was up). After
-/// [`SILENT_IN_A_ROW`] of them the connection is taken as dead, and the transport opens a new
-/// one. A publish that gets any answer (an acknowledgement, a refusal, an error the connection
-/// gives) ends the run.
-#[derive(Debug, Default)]
-pub struct Silence {
-    in_a_row: AtomicU32,
-    dead: AtomicBool,
-}
-
-impl Silence {
-    /// One publish begins: unanswered, as [`Publishing`] counts it, unless it is
-    /// [`heard`](Publishing::heard) before it is dropped (its attempt's time ran out).
-    pub fn publishing(&self) -> Publishing<'_> {
-        Publishing {
-            silence: self,
-            heard: false,
-        }
-    }
-
-    /// Whether the connection was taken as dead since this was last asked: the transport opens
-    /// a new one.
-    pub fn taken_as_dead(&self) -> bool {
-        self.dead.swap(false, Ordering::SeqCst)
-    }
-}
-
-/// One publish under way, for [`Silence`].
-pub struct Publishing<'a> {
-    silence: &'a Silence,
-    heard: bool,
-}
-
-impl Publishing<'_> {
-    /// The publish got an answer, whatever it said.
-    pub fn heard(mut self) {
-        self.heard = true;
-        self.silence.in_a_row.store(0, Ordering::SeqCst);
-    }
-}
-
-impl Drop for Publishing<'_> {
-    fn drop(&mut self) {
-        if self.heard {
-            return;
-        }
-        let in_a_row = self.silence.in_a_row.fetch_add(1, Ordering::SeqCst) + 1;
-        if in_a_row >= SILENT_IN_A_ROW {
-            self.silence.in_a_row.store(0, Ordering::SeqCst);
-            self.silence.dead.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-/// Logs that `target_url`'s connection is taken as dead (see [`Silence`]).
-pub fn reopening(bus: &str, url: &str) {
-    tracing::warn!(
-        url = %crate::redact::target_url(url),
-        "no answer from {bus} to {SILENT_IN_A_ROW} publishes in a row on a connection the client \
-         still took as open (dropped without a word, by a NAT or a firewall, or the server \
-         frozen): opening a new one"
-    );
 }
 
 /// When a connection that failed may be tried again: each failure in a row doubles the wait

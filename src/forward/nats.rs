@@ -45,9 +45,6 @@ pub struct Nats {
     /// The server refused the login at the last try, and the connection has not been up
     /// since: an attempt says so at once rather than waiting out its timeout.
     refused: Arc<AtomicBool>,
-    /// Publishes in a row that got no acknowledgement nor any error: the connection is made
-    /// again once they say it is dead (see [`bus::Silence`]).
-    silence: bus::Silence,
 }
 
 /// The credentials a NATS URL carries in its userinfo.
@@ -87,7 +84,6 @@ impl Nats {
             jetstream: OnceCell::new(),
             problem: Arc::default(),
             refused: Arc::default(),
-            silence: bus::Silence::default(),
         })
     }
 
@@ -217,14 +213,8 @@ impl Nats {
                 }
             }
         }
-        let publishing = self.silence.publishing();
         let published = async {
             let jetstream = self.jetstream().await.map_err(Failure::Retry)?;
-            if self.silence.taken_as_dead() {
-                bus::reopening("the NATS server", &self.url);
-                // The client reconnects with its own backoff; the wait below sees it.
-                let _ = jetstream.client().force_reconnect().await;
-            }
             self.connected(&jetstream.client()).await?;
             let ack = async {
                 jetstream
@@ -251,11 +241,7 @@ impl Nats {
             };
             Ok((ack, other))
         };
-        let published = published.await;
-        if !matches!(published, Err(Failure::Silent(_))) {
-            publishing.heard();
-        }
-        match published {
+        match published.await {
             Ok((ack, Some(other))) => bus::failed(
                 &format!(
                     "JetStream dropped the publish on subject {subject} as a duplicate: stream \
@@ -278,7 +264,7 @@ impl Nats {
                 );
                 Handoff::Accepted { status: None }
             }
-            Err(Failure::Retry(error) | Failure::Silent(error)) => {
+            Err(Failure::Retry(error)) => {
                 let trouble = self.trouble().map_or(String::new(), |t| format!("; {t}"));
                 bus::failed(
                     &format!(
@@ -470,9 +456,6 @@ impl Transport for Arc<Nats> {
 /// Why a publish failed, and whether another attempt may do better.
 enum Failure {
     Retry(String),
-    /// No acknowledgement and no error: retried, and counted toward taking the connection as
-    /// dead ([`bus::Silence`]).
-    Silent(String),
     Dead(String),
 }
 
@@ -485,7 +468,7 @@ impl Failure {
                     .to_owned(),
             ),
             // The connection was up when the message went (see `connected`).
-            PublishErrorKind::TimedOut => Failure::Silent(
+            PublishErrorKind::TimedOut => Failure::Retry(
                 "no acknowledgement from JetStream within the target's timeout (the connection \
                  dropped meanwhile, the server is overloaded, or the stream that captures the \
                  subject does not acknowledge publishes: `no_ack`)"

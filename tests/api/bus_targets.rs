@@ -850,60 +850,6 @@ async fn while_the_bus_is_down_providers_get_fast_200s_and_every_event_arrives_w
     drop(check);
 }
 
-/// A bus connection dropped without a word (a NAT or a firewall forgot it: neither side is
-/// told) looks open to the client library until its keepalive gives up, minutes later; every
-/// publish meanwhile times out (a black-box run: nine attempts an event, 140-180 s). Two
-/// publishes in a row with no answer at all take the connection as dead, and a new one is
-/// opened at once.
-async fn a_connection_gone_silent_is_opened_anew(bus: &str) {
-    let upstream = if bus == "nats" {
-        "127.0.0.1:4222"
-    } else {
-        "127.0.0.1:5672"
-    };
-    let proxy = crate::proxy::Proxy::start(upstream.to_owned());
-    let through = format!("127.0.0.1:{}", proxy.port);
-    let (stream, rabbit, target) = if bus == "nats" {
-        let stream = Stream::create(NATS).await;
-        let subject = format!("{}.{{source}}.{{event_type}}", stream.prefix);
-        let target = nats_target("bus", &format!("nats://{through}"), &subject);
-        (Some(stream), None, target)
-    } else {
-        let rabbit = Rabbit::create(true).await;
-        let target = amqp_target("bus", &rabbit.exchange, 30)
-            .replace("127.0.0.1:5672", &through)
-            .replace("timeout = \"2s\"", "timeout = \"1s\"");
-        (None, Some(rabbit), target)
-    };
-    let target = target.replace("timeout = \"2s\"", "timeout = \"1s\"");
-    let app = TestApp::spawn_with(&target, Handlers::default()).await;
-    // One event while the link is sound: the connection is open.
-    send_events(&app.config, &app.address, 1).await;
-    until_delivered(&app.db, "bus", 1, Duration::from_secs(30)).await;
-
-    proxy.freeze_open();
-    send_events(&app.config, &app.address, 3).await;
-    // Two attempts of 1 s each time out, then the retries go out on a new connection: well
-    // within the minutes the client's keepalive would take.
-    until_delivered(&app.db, "bus", 4, Duration::from_secs(45)).await;
-    if let Some(stream) = stream {
-        stream.until_holds(4, Duration::from_secs(10)).await;
-    }
-    if let Some(rabbit) = rabbit {
-        rabbit.until_ready(4, Duration::from_secs(10)).await;
-    }
-}
-
-#[actix_web::test]
-async fn a_nats_connection_gone_silent_is_opened_anew_after_two_unanswered_publishes() {
-    a_connection_gone_silent_is_opened_anew("nats").await;
-}
-
-#[actix_web::test]
-async fn a_rabbitmq_connection_gone_silent_is_opened_anew_after_two_unanswered_publishes() {
-    a_connection_gone_silent_is_opened_anew("rabbit").await;
-}
-
 #[actix_web::test]
 async fn after_a_sigkill_mid_stream_every_event_is_in_the_stream_once_and_in_the_queue() {
     if skip_on_sqlite(

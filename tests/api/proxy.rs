@@ -20,8 +20,6 @@ pub struct Proxy {
     /// Each way, in microseconds.
     delay: Arc<AtomicU64>,
     open: Arc<Mutex<Vec<TcpStream>>>,
-    /// Each connection's own stall, for [`Proxy::freeze_open`].
-    frozen: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
 }
 
 impl Proxy {
@@ -33,15 +31,9 @@ impl Proxy {
         let stalled = Arc::new(AtomicBool::new(false));
         let delay = Arc::new(AtomicU64::new(0));
         let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let frozen: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
         thread::spawn({
-            let (cut, stalled, delay, open, frozen) = (
-                cut.clone(),
-                stalled.clone(),
-                delay.clone(),
-                open.clone(),
-                frozen.clone(),
-            );
+            let (cut, stalled, delay, open) =
+                (cut.clone(), stalled.clone(), delay.clone(), open.clone());
             move || {
                 for client in listener.incoming().map_while(Result::ok) {
                     if cut.load(Ordering::SeqCst) {
@@ -58,11 +50,8 @@ impl Proxy {
                         }
                     }
                     drop(tracked);
-                    let this = Arc::new(AtomicBool::new(false));
-                    frozen.lock().expect("proxy lock").push(this.clone());
-                    let stalls = [stalled.clone(), this];
-                    pipe(&client, &server, stalls.clone(), delay.clone());
-                    pipe(&server, &client, stalls, delay.clone());
+                    pipe(&client, &server, stalled.clone(), delay.clone());
+                    pipe(&server, &client, stalled.clone(), delay.clone());
                 }
             }
         });
@@ -72,7 +61,6 @@ impl Proxy {
             stalled,
             delay,
             open,
-            frozen,
         }
     }
 
@@ -102,14 +90,6 @@ impl Proxy {
         self.stalled.store(true, Ordering::SeqCst);
     }
 
-    /// The connections open now go silent for good, closed by neither side, as a NAT or a
-    /// firewall that dropped them would leave them; new ones go through.
-    pub fn freeze_open(&self) {
-        for connection in self.frozen.lock().expect("proxy lock").iter() {
-            connection.store(true, Ordering::SeqCst);
-        }
-    }
-
     /// From now on, every byte takes `each_way` longer to get through, in either direction.
     pub fn delay(&self, each_way: Duration) {
         let micros = u64::try_from(each_way.as_micros()).expect("a short delay");
@@ -124,9 +104,9 @@ impl Proxy {
     }
 }
 
-/// Blocks while the proxy, or this connection, is stalled.
-fn hold(stalls: &[Arc<AtomicBool>; 2]) {
-    while stalls.iter().any(|stall| stall.load(Ordering::SeqCst)) {
+/// Blocks while the proxy is stalled.
+fn hold(stalled: &AtomicBool) {
+    while stalled.load(Ordering::SeqCst) {
         thread::sleep(Duration::from_millis(10));
     }
 }
@@ -134,7 +114,7 @@ fn hold(stalls: &[Arc<AtomicBool>; 2]) {
 /// Passes what `from` sends on to `to`: a thread reads and notes when each chunk arrived, and
 /// another writes it on once the delay has passed since then (so chunks keep their order and
 /// their spacing) and no stall holds it.
-fn pipe(from: &TcpStream, to: &TcpStream, stalls: [Arc<AtomicBool>; 2], delay: Arc<AtomicU64>) {
+fn pipe(from: &TcpStream, to: &TcpStream, stalled: Arc<AtomicBool>, delay: Arc<AtomicU64>) {
     let (Ok(from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
@@ -160,13 +140,13 @@ fn pipe(from: &TcpStream, to: &TcpStream, stalls: [Arc<AtomicBool>; 2], delay: A
     thread::spawn(move || {
         for (due, chunk) in arrived {
             thread::sleep(due.saturating_duration_since(Instant::now()));
-            hold(&stalls);
+            hold(&stalled);
             if to.write_all(&chunk).is_err() {
                 break;
             }
         }
         // A close seen during a stall is held back too.
-        hold(&stalls);
+        hold(&stalled);
         let _ = to.shutdown(Shutdown::Both);
         let _ = from.shutdown(Shutdown::Both);
     });
