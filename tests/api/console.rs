@@ -7,7 +7,7 @@ use hookbox::Handlers;
 
 use crate::admin::spawn_without_admin_token;
 use crate::downstream::{always, Downstream};
-use crate::forward::{deliveries, forward_extra, poll_until};
+use crate::forward::{deliveries, first_delivery_in, forward_extra, poll_until};
 use crate::helpers::*;
 
 /// The console's Content-Security-Policy, exactly.
@@ -431,14 +431,7 @@ async fn an_attempt_under_way_is_said_so_by_the_admin_api_and_the_console() {
         downstream.answering() == 0 && !downstream.received().is_empty()
     })
     .await;
-    let mut listed = deliveries(&app, &id).await;
-    for _ in 0..100 {
-        if listed[0]["state"] == "delivered" {
-            break;
-        }
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-        listed = deliveries(&app, &id).await;
-    }
+    let listed = first_delivery_in(&app, &id, "delivered", Duration::from_secs(5)).await;
     assert_eq!(listed[0]["state"], "delivered", "{listed}");
     assert_eq!(listed[0]["attempt_under_way"], false, "{listed}");
     let page = event_page(&app, &cookie, "stripe", &id).await.text();

@@ -70,6 +70,24 @@ pub async fn deliveries(app: &TestApp, id: &str) -> serde_json::Value {
     answer.json()["deliveries"].clone()
 }
 
+/// The event's deliveries once the first is in `state` (as the admin API lists them), polled
+/// for up to `limit`; the last listing, whatever it says, when the time is up.
+pub async fn first_delivery_in(
+    app: &TestApp,
+    id: &str,
+    state: &str,
+    limit: Duration,
+) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let listed = deliveries(app, id).await;
+        if listed[0]["state"] == state || Instant::now() >= deadline {
+            return listed;
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A server whose stripe source forwards to `downstream`.
 async fn forwarding_app(downstream: &Downstream, timeout: &str, max_attempts: u32) -> TestApp {
     TestApp::spawn_with(
@@ -337,14 +355,7 @@ async fn a_410_stops_the_delivery_at_once() {
         !downstream.for_key(&key).is_empty()
     })
     .await;
-    let mut listed = deliveries(&app, &id).await;
-    for _ in 0..50 {
-        if listed[0]["state"] == "dead" {
-            break;
-        }
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-        listed = deliveries(&app, &id).await;
-    }
+    let listed = first_delivery_in(&app, &id, "dead", Duration::from_millis(2500)).await;
     assert_eq!(listed[0]["state"], "dead");
     assert_eq!(listed[0]["last_status"], 410);
     assert_eq!(app.forward_pass().await, 0, "nothing is due once dead");
@@ -423,14 +434,7 @@ async fn a_downstream_that_never_answers_is_dead_lettered_and_can_be_requeued() 
     app.send(&app.delivery("stripe", &stripe_event(&id, "a", 1), &id))
         .await;
 
-    let mut listed = serde_json::Value::Null;
-    for _ in 0..100 {
-        listed = deliveries(&app, &id).await;
-        if listed[0]["state"] == "dead" {
-            break;
-        }
-        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
-    }
+    let listed = first_delivery_in(&app, &id, "dead", Duration::from_secs(10)).await;
     assert_eq!(listed[0]["state"], "dead", "{listed}");
     assert_eq!(listed[0]["attempts"], 2);
     assert!(
