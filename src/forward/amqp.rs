@@ -17,6 +17,8 @@
 //! shared one lost every other publish's confirm with it. A channel the broker closed is
 //! dropped; a connection that dropped is opened again, no sooner than a backoff after a failed
 //! connect ([`bus::Reconnect`]), so a dead broker costs each attempt nothing but a quick retry.
+//! A connection the broker has gone silent on is taken as dropped after [`bus::silent_for`]
+//! the target's timeout: its AMQP heartbeat is half that, unless the URL sets one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,7 @@ use std::time::Duration;
 use futures_util::future::LocalBoxFuture;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::AMQPUri;
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
@@ -140,8 +143,18 @@ impl Amqp {
     async fn connect(&self, name: &str) -> Result<Connection, String> {
         probe(&self.url, self.timeout / 2).await?;
         let properties = ConnectionProperties::default().with_connection_name(name.into());
+        let mut uri: AMQPUri = self
+            .url
+            .parse()
+            .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
+        // lapin closes a connection with nothing read for two heartbeats. One the URL sets
+        // (`?heartbeat=N`) is kept.
+        uri.query.heartbeat.get_or_insert_with(|| {
+            let silent = bus::silent_for(self.timeout).as_secs().div_ceil(2);
+            u16::try_from(silent).unwrap_or(u16::MAX)
+        });
         let wait = self.timeout / 3;
-        match tokio::time::timeout(wait, Connection::connect(&self.url, properties)).await {
+        match tokio::time::timeout(wait, Connection::connect_uri(uri, properties)).await {
             Ok(connected) => connected.map_err(|e| format!("cannot connect to RabbitMQ: {e}")),
             Err(_) => Err(format!(
                 "RabbitMQ answered AMQP's header but did not finish its handshake within {}",

@@ -18,6 +18,24 @@ const RECONNECT_BASE: Duration = Duration::from_millis(250);
 /// No reconnect waits longer than this.
 const RECONNECT_CAP: Duration = Duration::from_secs(30);
 
+/// The least time a bus connection may stay silent before it is opened again (see
+/// [`silent_for`]).
+const SILENT_LEAST: Duration = Duration::from_secs(10);
+
+/// The most (the client libraries' own keepalives give up after 2-3 minutes).
+const SILENT_MOST: Duration = Duration::from_secs(120);
+
+/// How long a bus connection may stay silent, nothing heard from the broker though the client
+/// asked (a NATS PING, an AMQP heartbeat), before it is taken as dropped and opened again: the
+/// target's `timeout`, within 10 s and 2 minutes. A connection dropped without a word (a NAT
+/// or a firewall that forgot it tells neither side) was otherwise noticed only when the
+/// client libraries' keepalives gave up, after 2.5-3 minutes of attempts timing out. Not
+/// under 10 s: the broker is asked every third of it at least, and RabbitMQ's docs find
+/// heartbeats under 5 s (two missed make 10) prone to false alarms.
+pub fn silent_for(timeout: Duration) -> Duration {
+    timeout.clamp(SILENT_LEAST, SILENT_MOST)
+}
+
 /// What a bus target's startup check found ready.
 pub struct Ready {
     /// What, in a few words, for the log.

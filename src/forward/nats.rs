@@ -9,7 +9,9 @@
 //! One connection per target, opened when its first delivery is due (on the dispatcher's
 //! runtime, never the provider-facing workers') and kept for the life of the process.
 //! async-nats reopens it when it drops, with its own backoff (immediately, then doubling up to
-//! 4 s); publishes made meanwhile wait in the client and time out as retries.
+//! 4 s); publishes made meanwhile wait in the client and time out as retries. A connection
+//! the server has gone silent on is taken as dropped after [`bus::silent_for`] the target's
+//! timeout: the client PINGs every third of that while it hears nothing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -122,6 +124,9 @@ impl Nats {
                         std::future::ready(())
                     })
                     .name("hookbox")
+                    // async-nats drops the connection at the third tick with two PINGs
+                    // unanswered, and every message from the server puts the tick back.
+                    .ping_interval(bus::silent_for(self.timeout) / 3)
                     .retry_on_initial_connect()
                     .max_reconnects(None)
                     .connection_timeout(self.timeout)

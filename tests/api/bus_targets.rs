@@ -21,6 +21,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::forward::deliveries;
 use crate::helpers::*;
+use crate::proxy::Proxy;
 
 const NATS: &str = "nats://127.0.0.1:4222";
 const RABBIT: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -301,8 +302,13 @@ fn nats_target(name: &str, url: &str, subject: &str) -> String {
 
 /// A `[[sources.stripe.forward]]` table for a RabbitMQ target.
 fn amqp_target(name: &str, exchange: &str, max_attempts: u32) -> String {
+    amqp_target_at(name, RABBIT, exchange, max_attempts)
+}
+
+/// [`amqp_target`] for the broker at `url`.
+fn amqp_target_at(name: &str, url: &str, exchange: &str, max_attempts: u32) -> String {
     format!(
-        "\n[[sources.stripe.forward]]\nname = \"{name}\"\nurl = \"{RABBIT}\"\nexchange = \"{exchange}\"\nrouting_key = \"{{source}}.{{event_type}}\"\ntimeout = \"2s\"\nmax_attempts = {max_attempts}\n"
+        "\n[[sources.stripe.forward]]\nname = \"{name}\"\nurl = \"{url}\"\nexchange = \"{exchange}\"\nrouting_key = \"{{source}}.{{event_type}}\"\ntimeout = \"2s\"\nmax_attempts = {max_attempts}\n"
     )
 }
 
@@ -1508,4 +1514,52 @@ async fn a_broker_that_answers_the_header_and_then_nothing_fails_the_connect_in_
         assert!(Instant::now() < deadline, "never told: {}", server.log());
         actix_web::rt::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// How long the events sent after a bus connection was forgotten may take to arrive: the
+/// 10 s of silence after which it is opened again (a target's `timeout`, 2 s here, but never
+/// under 10 s), and the attempts' backoff meanwhile. The client libraries' own keepalives gave
+/// up after 140-180 s.
+const FORGOTTEN_DELIVERED_WITHIN: Duration = Duration::from_secs(60);
+
+/// Sends one event through `proxy` to the target `target` of `app` and waits for it; then the
+/// network forgets the connection (a NAT or a firewall dropped its state: neither end is told,
+/// nothing comes back), and five more are sent: each arrives on a connection opened again
+/// once the broker has been silent too long, not minutes later.
+async fn forgotten_then_delivered(app: &TestApp, proxy: &Proxy, target: &str) {
+    send_events(&app.config, &app.address, 1).await;
+    until_delivered(&app.db, target, 1, Duration::from_secs(30)).await;
+    proxy.forget_open();
+    let forgotten = Instant::now();
+    send_events(&app.config, &app.address, 5).await;
+    until_delivered(&app.db, target, 6, FORGOTTEN_DELIVERED_WITHIN).await;
+    eprintln!(
+        "{target}: delivered {:?} after the connection was forgotten",
+        forgotten.elapsed()
+    );
+}
+
+#[actix_web::test]
+async fn a_nats_connection_the_network_forgot_is_opened_again_within_seconds() {
+    let proxy = Proxy::start("127.0.0.1:4222".to_owned());
+    let stream = Stream::create(NATS).await;
+    let subject = format!("{}.{{source}}.{{event_type}}", stream.prefix);
+    let url = format!("nats://127.0.0.1:{}", proxy.port);
+    let app = TestApp::spawn_with(&nats_target("bus", &url, &subject), Handlers::default()).await;
+    forgotten_then_delivered(&app, &proxy, "bus").await;
+    stream.until_holds(6, Duration::from_secs(10)).await;
+}
+
+#[actix_web::test]
+async fn a_rabbitmq_connection_the_network_forgot_is_opened_again_within_seconds() {
+    let proxy = Proxy::start("127.0.0.1:5672".to_owned());
+    let rabbit = Rabbit::create(true).await;
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port);
+    let app = TestApp::spawn_with(
+        &amqp_target_at("rabbit", &url, &rabbit.exchange, 30),
+        Handlers::default(),
+    )
+    .await;
+    forgotten_then_delivered(&app, &proxy, "rabbit").await;
+    rabbit.until_ready(6, Duration::from_secs(10)).await;
 }

@@ -5,6 +5,8 @@
 //! in either direction, but every socket stays open and new connections are accepted, which is
 //! what a frozen database host or a black-holed network looks like from both ends. Delay: every
 //! chunk of bytes is passed on that long after it arrived, each way (a database far away).
+//! Forget: the connections open now go silent for good, unclosed, while new ones go through (a
+//! NAT or a firewall that dropped its state for them: a half-open connection at both ends).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -20,6 +22,9 @@ pub struct Proxy {
     /// Each way, in microseconds.
     delay: Arc<AtomicU64>,
     open: Arc<Mutex<Vec<TcpStream>>>,
+    /// How many connections were accepted; those numbered below `forgotten` are forgotten.
+    accepted: Arc<AtomicU64>,
+    forgotten: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -31,9 +36,16 @@ impl Proxy {
         let stalled = Arc::new(AtomicBool::new(false));
         let delay = Arc::new(AtomicU64::new(0));
         let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (accepted, forgotten) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         thread::spawn({
-            let (cut, stalled, delay, open) =
-                (cut.clone(), stalled.clone(), delay.clone(), open.clone());
+            let (cut, stalled, delay, open, accepted, forgotten) = (
+                cut.clone(),
+                stalled.clone(),
+                delay.clone(),
+                open.clone(),
+                accepted.clone(),
+                forgotten.clone(),
+            );
             move || {
                 for client in listener.incoming().map_while(Result::ok) {
                     if cut.load(Ordering::SeqCst) {
@@ -50,8 +62,13 @@ impl Proxy {
                         }
                     }
                     drop(tracked);
-                    pipe(&client, &server, stalled.clone(), delay.clone());
-                    pipe(&server, &client, stalled.clone(), delay.clone());
+                    let held = Held {
+                        stalled: stalled.clone(),
+                        forgotten: forgotten.clone(),
+                        number: accepted.fetch_add(1, Ordering::SeqCst),
+                    };
+                    pipe(&client, &server, held.clone(), delay.clone());
+                    pipe(&server, &client, held, delay.clone());
                 }
             }
         });
@@ -61,6 +78,8 @@ impl Proxy {
             stalled,
             delay,
             open,
+            accepted,
+            forgotten,
         }
     }
 
@@ -96,6 +115,13 @@ impl Proxy {
         self.delay.store(micros, Ordering::SeqCst);
     }
 
+    /// The connections open now are forgotten: nothing gets through them again, and nothing
+    /// closes them; new connections go through as before.
+    pub fn forget_open(&self) {
+        self.forgotten
+            .store(self.accepted.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+
     /// The database is back: new connections go through, and a stall ends (what was held back
     /// is delivered).
     pub fn restore(&self) {
@@ -104,17 +130,31 @@ impl Proxy {
     }
 }
 
-/// Blocks while the proxy is stalled.
-fn hold(stalled: &AtomicBool) {
-    while stalled.load(Ordering::SeqCst) {
-        thread::sleep(Duration::from_millis(10));
+/// What holds one direction of a connection back: a stall (while it lasts), or the proxy
+/// forgetting the connection (for good).
+#[derive(Clone)]
+struct Held {
+    stalled: Arc<AtomicBool>,
+    forgotten: Arc<AtomicU64>,
+    /// The connection's number, in the order they were accepted.
+    number: u64,
+}
+
+impl Held {
+    /// Blocks while the proxy is stalled, and for ever once it forgot this connection.
+    fn hold(&self) {
+        while self.stalled.load(Ordering::SeqCst)
+            || self.number < self.forgotten.load(Ordering::SeqCst)
+        {
+            thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
 /// Passes what `from` sends on to `to`: a thread reads and notes when each chunk arrived, and
 /// another writes it on once the delay has passed since then (so chunks keep their order and
-/// their spacing) and no stall holds it.
-fn pipe(from: &TcpStream, to: &TcpStream, stalled: Arc<AtomicBool>, delay: Arc<AtomicU64>) {
+/// their spacing) and nothing holds it.
+fn pipe(from: &TcpStream, to: &TcpStream, held: Held, delay: Arc<AtomicU64>) {
     let (Ok(from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
@@ -140,13 +180,13 @@ fn pipe(from: &TcpStream, to: &TcpStream, stalled: Arc<AtomicBool>, delay: Arc<A
     thread::spawn(move || {
         for (due, chunk) in arrived {
             thread::sleep(due.saturating_duration_since(Instant::now()));
-            hold(&stalled);
+            held.hold();
             if to.write_all(&chunk).is_err() {
                 break;
             }
         }
         // A close seen during a stall is held back too.
-        hold(&stalled);
+        held.hold();
         let _ = to.shutdown(Shutdown::Both);
         let _ = from.shutdown(Shutdown::Both);
     });
