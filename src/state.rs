@@ -123,6 +123,33 @@ pub struct AppState {
     pub claims: Batcher,
     /// The SQLite file the store opened, for `/readyz` to notice it deleted or replaced.
     pub store_file: Option<crate::db::sqlite::OpenedFile>,
+    /// When a delivery last failed for a full disk, for `/readyz`.
+    pub disk_full: LastDiskFull,
+}
+
+/// When a delivery last failed because the database's disk is full. `/readyz`'s own write is
+/// rolled back before it needs room (SQLite takes a new page only at commit), so it cannot see
+/// a full disk itself; it answers not ready for [`LastDiskFull::REMEMBERED`] after such a
+/// failure instead.
+#[derive(Debug, Default)]
+pub struct LastDiskFull(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl LastDiskFull {
+    /// How long after a delivery failed for a full disk `/readyz` says not ready: long enough
+    /// for a probe every few seconds to see it, short enough that an instance whose disk was
+    /// freed is taken back soon (the next delivery that fails for it starts the wait again).
+    pub const REMEMBERED: Duration = Duration::from_secs(30);
+
+    /// A delivery failed for a full disk now.
+    pub fn noticed(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    /// How long ago a delivery last failed for a full disk, if within [`Self::REMEMBERED`].
+    pub fn lately(&self) -> Option<Duration> {
+        let last = (*self.0.lock().unwrap_or_else(|e| e.into_inner()))?;
+        Some(last.elapsed()).filter(|ago| *ago < Self::REMEMBERED)
+    }
 }
 
 impl AppState {
@@ -163,6 +190,7 @@ impl AppState {
                 }
                 _ => None,
             },
+            disk_full: LastDiskFull::default(),
         }
     }
 

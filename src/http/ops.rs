@@ -22,7 +22,8 @@ enum NotReady {
 }
 
 /// The database is reachable, every migration is applied and the store takes a write (an event
-/// inserted and updated, rolled back: the privileges a claim needs); 503 otherwise, also when
+/// inserted and updated, rolled back: the privileges a claim needs), and no delivery failed
+/// for a full disk lately (`LastDiskFull`); 503 otherwise, also when
 /// the check has no answer within `[server].request_timeout` (a stalled database: the check's
 /// thread goes on, and the next probe checks afresh). The 503's message says which, as the
 /// WARN it logs does.
@@ -36,6 +37,17 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         );
         return Err(ApiError::NotReady(
             "the SQLite file was deleted or replaced while serve runs (restart serve)",
+        ));
+    }
+    if let Some(ago) = state.disk_full.lately() {
+        tracing::warn!(
+            "not ready: a delivery failed {} ago because the database's disk is full; free \
+             space on the database's disk (ready again {} after the last such failure)",
+            crate::config::Spelt(std::time::Duration::from_secs(ago.as_secs())),
+            crate::config::Spelt(crate::state::LastDiskFull::REMEMBERED)
+        );
+        return Err(ApiError::NotReady(
+            "the database's disk is full: a delivery failed for it within the last 30 s",
         ));
     }
     let within = state.request_timeout;

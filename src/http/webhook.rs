@@ -141,6 +141,9 @@ pub async fn receive(
         Ok(answer) => answer,
         Err(failed) => {
             failed.log();
+            if matches!(failed.error, ApiError::Database(crate::db::Failure::Full)) {
+                state.disk_full.noticed();
+            }
             let counted = if failed.error.status_code().is_server_error() {
                 Counted::Failed
             } else {

@@ -456,3 +456,89 @@ async fn a_file_size_limit_reached_is_a_503_not_the_end_of_serve() {
     assert_eq!(health.status().as_u16(), 200);
     assert!(server.log().contains("file-size limit"), "{}", server.log());
 }
+
+/// A filesystem of its own, `size` big, mounted for a test (tmpfs) and unmounted when dropped.
+/// Mounting takes root; where it is refused, [`SmallDisk::mount`] says so and gives `None`.
+struct SmallDisk {
+    dir: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(size: &str) -> Option<SmallDisk> {
+        let dir = std::env::temp_dir().join(unique_id("hookbox-small-disk"));
+        std::fs::create_dir_all(&dir).expect("make the mount point");
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .output()
+            .map(|out| out.status.success())
+            .unwrap_or(false);
+        if !mounted {
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(SmallDisk { dir })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// `/readyz`'s own write is rolled back before SQLite needs a new page, so it cannot see a full
+/// disk; once a delivery failed for one, it answers not ready (for 30 s after the last such
+/// failure), so a load balancer stops sending to an instance whose every delivery fails.
+#[actix_web::test]
+async fn after_a_delivery_failed_for_a_full_disk_readyz_says_not_ready() {
+    if !store_is_sqlite() {
+        eprintln!(
+            "after_a_delivery_failed_for_a_full_disk_readyz_says_not_ready: skipped on \
+             PostgreSQL: the disk filled is the SQLite file's"
+        );
+        return;
+    }
+    let Some(disk) = SmallDisk::mount("3m") else {
+        eprintln!(
+            "after_a_delivery_failed_for_a_full_disk_readyz_says_not_ready: skipped: a tmpfs \
+             cannot be mounted here (it takes root)"
+        );
+        return;
+    };
+    let url = format!("sqlite://{}", disk.dir.join("hookbox.db").display());
+    let config = config_text(&url, "");
+    let server = Process::serve(&config);
+    assert_eq!(get(&server.address, "/readyz", None).await.status, 200);
+    let parsed = parse_config(&config);
+    let mut refused = None;
+    for i in 0..400 {
+        let id = unique_id("evt");
+        let body = stripe_event(&id, &format!("big.{}", "x".repeat(40_000 + i)), 1);
+        let delivery = delivery_for(&parsed, "stripe", &body, &id, unix_now());
+        let answer = try_send(&server.address, &delivery, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("no answer ({e}), serve still up?\n{}", server.log()));
+        if answer.status != 200 {
+            refused = Some(answer);
+            break;
+        }
+    }
+    let refused = refused.expect("the disk is full within 400 events of 40 KB");
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(
+        refused.text().contains("disk is full"),
+        "{}",
+        refused.text()
+    );
+    let ready = get(&server.address, "/readyz", None).await;
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    assert!(ready.text().contains("disk is full"), "{}", ready.text());
+    assert!(ready.header("Retry-After").is_some());
+    drop(server);
+    drop(disk);
+}
