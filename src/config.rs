@@ -1743,9 +1743,9 @@ impl RawSource {
             return Err(ConfigError::at(
                 key("tolerance"),
                 format!(
-                    "a {} source checks no signed timestamp, so a tolerance would go unused; \
-                     remove it{instead}",
-                    scheme.name()
+                    "{} checks no signed timestamp, so a tolerance would go unused; remove \
+                     it{instead}",
+                    crate::providers::a_source(scheme.name())
                 ),
             ));
         }

@@ -339,15 +339,26 @@ impl Provider for Adyen {
         }
     }
 
-    /// An item alone becomes a notification of one. Adyen's `live` flag belongs to the
-    /// notification, not the item, so it is not stored; a wrapped item says `"false"`.
+    /// An item alone becomes a notification of one: the item itself (as stored and exported),
+    /// or an element of `notificationItems` as Adyen writes it (`{"NotificationRequestItem":
+    /// {..}}`, wrapped once already). Adyen's `live` flag belongs to the notification, not the
+    /// item, so it is not stored; a wrapped item says `"false"`.
     fn as_delivery<'b>(&self, payload: &'b [u8]) -> Cow<'b, [u8]> {
         match serde_json::from_slice::<Value>(payload) {
             Ok(Value::Object(fields)) if !fields.contains_key("notificationItems") => {
-                let mut wrapped =
-                    br#"{"live":"false","notificationItems":[{"NotificationRequestItem":"#.to_vec();
-                wrapped.extend_from_slice(payload);
-                wrapped.extend_from_slice(b"}]}");
+                let element = fields.len() == 1
+                    && fields
+                        .get("NotificationRequestItem")
+                        .is_some_and(Value::is_object);
+                let mut wrapped = br#"{"live":"false","notificationItems":["#.to_vec();
+                if element {
+                    wrapped.extend_from_slice(payload);
+                } else {
+                    wrapped.extend_from_slice(br#"{"NotificationRequestItem":"#);
+                    wrapped.extend_from_slice(payload);
+                    wrapped.push(b'}');
+                }
+                wrapped.extend_from_slice(b"]}");
                 Cow::Owned(wrapped)
             }
             _ => Cow::Borrowed(payload),
@@ -408,6 +419,23 @@ mod tests {
         format!(
             r#"{{"pspReference":"{psp}","eventCode":"{code}","merchantAccountCode":"Acme","merchantReference":"o:1","amount":{{"value":1000,"currency":"EUR"}},"success":"true","additionalData":{{"authCode":"1"}}}}"#
         )
+    }
+
+    #[test]
+    fn an_element_of_notification_items_is_wrapped_once() {
+        let provider = adyen(&[KEY], &[]).expect("builds");
+        let one = item("PSP2", "REFUND");
+        let element = format!(r#"{{"NotificationRequestItem": {one}}}"#);
+        let delivery = provider.as_delivery(element.as_bytes()).into_owned();
+        let json = |bytes: &[u8]| serde_json::from_slice::<Value>(bytes).expect("JSON");
+        assert_eq!(json(&delivery), json(&provider.as_delivery(one.as_bytes())));
+        let signed = provider.sign_delivery(&delivery, 0, "", None);
+        let Ok(Received::Batch(items)) = receive(provider.as_ref(), &signed.headers, &signed.body)
+        else {
+            panic!("a batch")
+        };
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].event_id, "PSP2:REFUND");
     }
 
     #[test]

@@ -50,13 +50,12 @@ const PUBLIC_KEY_SPELLING: &str =
 /// Builds a Discord source from `public_keys` (or `public_keys_env`); it takes no secrets.
 /// Built for `send` and `replay`, it needs `--key`, whose public half must be one of them.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&["public_keys", "public_keys_env"])?;
-    settings.no_secrets(if settings.signing.is_some() {
-        "Discord signs with Ed25519: give --key FILE, the PEM PKCS#8 private key, instead"
-    } else {
+    settings.only_keyless(&["public_keys", "public_keys_env"])?;
+    settings.no_secrets(
         "Discord signs with Ed25519; set public_keys = [\"...\"] to the application's public key \
-         (hex) from the Developer Portal's General Information page"
-    })?;
+         (hex) from the Developer Portal's General Information page",
+        "Discord signs with Ed25519: give --key FILE, the PEM PKCS#8 private key, instead",
+    )?;
     let public_keys = match settings.public_keys()? {
         Some((key, texts)) => PublicKeys::parse(
             key,

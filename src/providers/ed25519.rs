@@ -52,7 +52,11 @@ impl PublicKeys {
                 let bytes = decode(text.trim()).ok_or_else(|| problem("cannot be decoded"))?;
                 let bytes: [u8; PUBLIC_KEY_LENGTH] =
                     bytes.try_into().map_err(|bytes: Vec<u8>| {
-                        problem(&format!("is {} bytes, not 32", bytes.len()))
+                        problem(&format!(
+                            "is {} byte{}, not 32",
+                            bytes.len(),
+                            if bytes.len() == 1 { "" } else { "s" }
+                        ))
                     })?;
                 let key = VerifyingKey::from_bytes(&bytes)
                     .map_err(|_| problem("is not an Ed25519 public key"))?;

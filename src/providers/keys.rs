@@ -40,8 +40,9 @@ impl Keys {
             return Err(ProviderError::at(
                 "secrets",
                 format!(
-                    "a {scheme} source needs at least one secret (secrets = [\"...\"] or \
-                     secrets_env = \"VAR\")"
+                    "{} needs at least one secret (secrets = [\"...\"] or secrets_env = \
+                     \"VAR\")",
+                    super::a_source(scheme)
                 ),
             ));
         }

@@ -592,6 +592,17 @@ impl fmt::Debug for Signing {
 /// with a window of its own may use that instead).
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
+/// "a stripe source", "an adyen source", "an sns source": a scheme's source, with its article
+/// as the name is said (the acronyms letter by letter), for messages.
+pub fn a_source(scheme: &str) -> String {
+    let article = match scheme.chars().next() {
+        Some('a' | 'e' | 'i' | 'o' | 'u') => "an",
+        _ if scheme == "sns" || scheme.starts_with("hmac") => "an",
+        _ => "a",
+    };
+    format!("{article} {scheme} source")
+}
+
 /// The keys every source takes, whatever its scheme.
 pub const COMMON_KEYS: &[&str] = &[
     "scheme",
@@ -609,6 +620,45 @@ impl Settings<'_> {
     /// # Errors
     /// The first unknown key, with the keys the scheme does take.
     pub fn only(&self, own: &[&str]) -> Result<(), ProviderError> {
+        self.only_among(own, true)
+    }
+
+    /// [`Settings::only`] for a provider whose key material is not a shared secret: the keys
+    /// listed leave the secrets out (see [`Settings::no_secrets`]).
+    ///
+    /// # Errors
+    /// The first unknown key, with the keys the scheme does take.
+    pub fn only_keyless(&self, own: &[&str]) -> Result<(), ProviderError> {
+        self.only_among(own, false)
+    }
+
+    /// For a provider whose key material is not a shared secret: refuses `secrets` (and
+    /// `secrets_env`), naming what the scheme takes instead: `instead` for a source in a
+    /// config, `to_sign` for `send` and `replay` (built to sign, where the secret came from
+    /// `--secret`).
+    ///
+    /// # Errors
+    /// Under `secrets`, when the source gives any.
+    pub fn no_secrets(&self, instead: &str, to_sign: &str) -> Result<(), ProviderError> {
+        if self.secrets.is_empty() {
+            return Ok(());
+        }
+        let instead = if self.signing.is_some() {
+            to_sign
+        } else {
+            instead
+        };
+        Err(ProviderError::at(
+            "secrets",
+            format!(
+                "{} takes no secrets (nor secrets_env): {instead}",
+                a_source(self.scheme)
+            ),
+        ))
+    }
+
+    /// [`Settings::only`], the common keys listed with or without the secrets.
+    fn only_among(&self, own: &[&str], secrets: bool) -> Result<(), ProviderError> {
         let Some(table) = self.table else {
             return Ok(());
         };
@@ -620,38 +670,20 @@ impl Settings<'_> {
                 let takes: Vec<&str> = COMMON_KEYS
                     .iter()
                     .filter(|common| **common != "tolerance")
+                    .filter(|common| secrets || !common.starts_with("secrets"))
                     .chain(own)
                     .copied()
                     .collect();
                 Err(ProviderError::at(
                     key.as_str(),
                     format!(
-                        "unknown field `{key}`: a {} source takes {} (and tolerance, where \
-                         its scheme checks a signed timestamp)",
-                        self.scheme,
+                        "unknown field `{key}`: {} takes {} (and tolerance, where its scheme \
+                         checks a signed timestamp)",
+                        a_source(self.scheme),
                         takes.join(", ")
                     ),
                 ))
             }
-        }
-    }
-
-    /// For a provider whose key material is not a shared secret: refuses `secrets` (and
-    /// `secrets_env`), naming what the scheme takes instead.
-    ///
-    /// # Errors
-    /// Under `secrets`, when the source gives any.
-    pub fn no_secrets(&self, instead: &str) -> Result<(), ProviderError> {
-        if self.secrets.is_empty() {
-            Ok(())
-        } else {
-            Err(ProviderError::at(
-                "secrets",
-                format!(
-                    "a {} source takes no secrets (nor secrets_env): {instead}",
-                    self.scheme
-                ),
-            ))
         }
     }
 
@@ -955,6 +987,15 @@ impl Scheme {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_takes_the_article_its_name_is_said_with() {
+        assert_eq!(a_source("stripe"), "a stripe source");
+        assert_eq!(a_source("adyen"), "an adyen source");
+        assert_eq!(a_source("sns"), "an sns source");
+        assert_eq!(a_source("hmac-sha256"), "an hmac-sha256 source");
+        assert_eq!(a_source("square"), "a square source");
+    }
 
     /// Builds an owned header list from literals.
     pub(super) fn headers(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -60,7 +60,7 @@ impl fmt::Debug for PayPal {
 
 /// Builds a PayPal source from `webhook_id` and `cert_urls`; it takes no secrets.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&["webhook_id", "cert_urls"])?;
+    settings.only_keyless(&["webhook_id", "cert_urls"])?;
     let webhook_id = settings.text("webhook_id")?.ok_or_else(|| {
         ProviderError::at(
             "webhook_id",
@@ -71,6 +71,8 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
     settings.no_secrets(
         "PayPal signs with the certificate at PAYPAL-CERT-URL; set webhook_id to the webhook's \
          id from PayPal's dashboard",
+        "PayPal signs with an RSA key: give --key FILE (its PEM private key) and --cert-url URL \
+         (its certificate's address) instead",
     )?;
     if webhook_id.is_empty() || webhook_id.contains('|') || webhook_id.trim() != webhook_id {
         return Err(ProviderError::at(

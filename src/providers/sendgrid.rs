@@ -54,10 +54,12 @@ impl fmt::Debug for SendGrid {
 /// Built to sign (`send`, `replay`), it needs `--key` and may do without public keys (the
 /// scheme named alone, `--scheme sendgrid`).
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&["public_keys", "public_keys_env"])?;
+    settings.only_keyless(&["public_keys", "public_keys_env"])?;
     settings.no_secrets(
         "SendGrid signs with an ECDSA key pair; set public_keys = [\"MFkw...\"] to the \
          verification key SendGrid shows for the Signed Event Webhook",
+        "SendGrid signs with an ECDSA key: give --key FILE (the PEM private key, PKCS#8 or SEC1) \
+         instead",
     )?;
     let keys = match settings.public_keys()? {
         Some((key, texts)) => texts

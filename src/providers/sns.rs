@@ -161,10 +161,12 @@ impl fmt::Debug for Sns {
 
 /// Builds an SNS source from `cert_urls` and `topic_arns`; it takes no secrets.
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    settings.only(&["cert_urls", "topic_arns"])?;
+    settings.only_keyless(&["cert_urls", "topic_arns"])?;
     settings.no_secrets(
         "SNS signs with the certificate at each message's SigningCertURL; name the topics to \
          take in topic_arns",
+        "SNS signs with an RSA key: give --key FILE (its PEM private key) and --cert-url URL \
+         (its certificate's address) instead",
     )?;
     let allowlist = Allowlist::from_settings(settings, &DEFAULT_CERT_URLS)?;
     let topics = settings.texts("topic_arns")?;

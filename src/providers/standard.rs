@@ -81,7 +81,8 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
     } else if settings.secrets.is_empty() {
         return Err(ProviderError::at(
             "secrets",
-            "a standard source needs secrets (whsec_..., checked against v1 signatures) or              public_keys (whpk_..., checked against v1a signatures), or both",
+            "a standard source needs secrets (whsec_..., checked against v1 signatures) or \
+             public_keys (whpk_..., checked against v1a signatures), or both",
         ));
     } else {
         Some(Keys::derived("standard", settings.secrets, derive_key)?)

@@ -36,6 +36,16 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
             "[sources.pp]\nscheme = \"paypal\"\n",
             "sources.pp.webhook_id",
         ),
+        // A scheme that takes no secrets does not list them among the keys it takes.
+        (
+            "[sources.pp]\nscheme = \"paypal\"\nwebhook_id = \"W\"\npublic_keys = [\"k\"]\n",
+            "sources.pp.public_keys: unknown field `public_keys`: a paypal source takes scheme, \
+             retention",
+        ),
+        (
+            "[sources.ad]\nscheme = \"adyen\"\nsecrets = [\"00\"]\ntolerance = \"5m\"\n",
+            "sources.ad.tolerance: an adyen source checks no signed timestamp",
+        ),
         (
             "[sources.pp]\nscheme = \"paypal\"\nwebhook_id = \"W\"\nsecrets_env = \"HOME\"\n",
             "sources.pp.secrets",

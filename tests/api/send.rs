@@ -260,6 +260,41 @@ async fn an_id_or_type_flag_a_scheme_reads_from_the_body_is_a_usage_error_and_no
     assert_eq!(app.db.count("events"), 1);
 }
 
+/// `--secret` for a scheme that signs with a private key is a usage error that names `--key`
+/// (and for SNS `--cert-url`), not the receiving source's `public_keys`. (PayPal's says to use
+/// a config: its webhook_id is a config's.)
+#[test]
+fn a_secret_given_for_a_scheme_that_signs_with_a_key_names_the_key_flag() {
+    let body = TempFile::with_extension(b"[]", "json");
+    let body = body.path();
+    for (scheme, names) in [
+        ("sendgrid", &["--key FILE"][..]),
+        ("discord", &["--key FILE"][..]),
+        ("sns", &["--key FILE", "--cert-url URL"][..]),
+    ] {
+        let (code, _, stderr) = run_hookbox(
+            &[
+                "send",
+                "--to",
+                "http://127.0.0.1:9",
+                "--source",
+                "s",
+                "--scheme",
+                scheme,
+                "--secret",
+                "x",
+                &body,
+            ],
+            &[],
+        );
+        assert_eq!(code, 2, "{scheme}: {stderr}");
+        for name in names {
+            assert!(stderr.contains(name), "{scheme} names {name}: {stderr}");
+        }
+        assert!(!stderr.contains("public_keys ="), "{scheme}: {stderr}");
+    }
+}
+
 #[test]
 fn a_source_no_config_names_is_told_apart_from_no_config_at_all() {
     let body = TempFile::with_extension(b"{}", "json");
