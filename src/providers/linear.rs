@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use super::family::{lowercase, text_keys_only, with_id_and_type, HeaderMac, TagText};
 use super::mac::{header_id, header_text};
-use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError, Signed};
+use super::{
+    receive_verified, Headers, Identity, Inbound, Keys, Provider, ProviderError, Received, Refusal,
+    Settings, SignatureError, Signed,
+};
 
 /// A Linear source: its signing secrets, used as text, and its window.
 #[derive(Debug)]
@@ -59,21 +62,31 @@ impl Provider for Linear {
         )
     }
 
+    /// The signature, then the body's time; a body that is not JSON, or whose time cannot be
+    /// read, is `Invalid` here ([`Provider::receive`] tells those apart as 400s).
     fn verify(&self, headers: &dyn Headers, body: &[u8], now: i64) -> Result<(), SignatureError> {
         SIGNATURE.verify(&self.keys, headers, &[body])?;
-        let json: serde_json::Value =
-            serde_json::from_slice(body).map_err(|_| SignatureError::Invalid)?;
-        let millis = json
-            .get(TIMESTAMP_FIELD)
-            .and_then(serde_json::Value::as_i64)
-            .ok_or(SignatureError::Invalid)?;
-        // Judged in milliseconds, as Linear's SDK does: 60.5 s off is outside one minute.
-        let skew = Duration::from_millis(now.saturating_mul(1000).abs_diff(millis));
-        if skew > self.window {
-            Err(SignatureError::Stale)
-        } else {
-            Ok(())
+        match self.judge(body, now) {
+            Ok(()) => Ok(()),
+            Err(Refusal::Signature(e)) => Err(e),
+            Err(_) => Err(SignatureError::Invalid),
         }
+    }
+
+    /// As [`Linear::verify`], except that a signed body that is not JSON is 400
+    /// `malformed_payload`, as for every scheme that needs JSON, and so is one without a
+    /// whole-number `webhookTimestamp` (with a sentence saying so): the signature matched, so
+    /// neither is a wrong secret.
+    fn receive<'a>(
+        &'a self,
+        inbound: &'a Inbound<'a>,
+    ) -> futures_util::future::LocalBoxFuture<'a, Result<Received, Refusal>> {
+        let received = SIGNATURE
+            .verify(&self.keys, inbound.headers, &[inbound.body])
+            .map_err(Refusal::Signature)
+            .and_then(|()| self.judge(inbound.body, inbound.now))
+            .and_then(|()| receive_verified(self, inbound));
+        Box::pin(std::future::ready(received))
     }
 
     fn needs_json(&self) -> bool {
@@ -133,32 +146,38 @@ impl Provider for Linear {
     }
 }
 
-/// `body` with the digits of its first `"webhookTimestamp": <digits>` replaced by `millis`, or,
+impl Linear {
+    /// The body's time, once its signature matched: within the window, or `Stale`; a body that
+    /// is not JSON, or has no whole-number `webhookTimestamp`, is malformed.
+    fn judge(&self, body: &[u8], now: i64) -> Result<(), Refusal> {
+        let json: serde_json::Value =
+            serde_json::from_slice(body).map_err(|_| Refusal::MalformedPayload)?;
+        let millis = json
+            .get(TIMESTAMP_FIELD)
+            .and_then(serde_json::Value::as_i64)
+            .ok_or(Refusal::Malformed(
+                "the body has no webhookTimestamp (unix milliseconds, which Linear puts in every \
+                 delivery it signs) as a whole number",
+            ))?;
+        // Judged in milliseconds, as Linear's SDK does: 60.5 s off is outside one minute.
+        let skew = Duration::from_millis(now.saturating_mul(1000).abs_diff(millis));
+        if skew > self.window {
+            Err(Refusal::Signature(SignatureError::Stale))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// `body` with the value of its top-level `webhookTimestamp` replaced by `millis`, every other
+/// byte kept (a `webhookTimestamp` nested deeper, or inside a string, is the event's own), or,
 /// for a JSON object without one, with `"webhookTimestamp":<millis>,` added first. Anything else
 /// is returned as it is.
 fn stamped(body: &[u8], millis: i64) -> Vec<u8> {
     let key = format!("\"{TIMESTAMP_FIELD}\"");
     let millis = millis.to_string();
-    if let Some(at) = find(body, key.as_bytes()) {
-        let mut i = at + key.len();
-        let skip_space = |i: &mut usize| {
-            while body.get(*i).is_some_and(u8::is_ascii_whitespace) {
-                *i += 1;
-            }
-        };
-        skip_space(&mut i);
-        if body.get(i) == Some(&b':') {
-            i += 1;
-            skip_space(&mut i);
-            let start = i;
-            while body.get(i).is_some_and(u8::is_ascii_digit) {
-                i += 1;
-            }
-            if i > start {
-                return [&body[..start], millis.as_bytes(), &body[i..]].concat();
-            }
-        }
-        return body.to_vec();
+    if let Some(value) = top_level_value(body, TIMESTAMP_FIELD.as_bytes()) {
+        return [&body[..value.start], millis.as_bytes(), &body[value.end..]].concat();
     }
     let open = body.iter().position(|b| !b.is_ascii_whitespace());
     match open {
@@ -180,10 +199,90 @@ fn stamped(body: &[u8], millis: i64) -> Vec<u8> {
     }
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
+/// Where the value of the top-level member `name` of the JSON object `body` lies (the last such
+/// member, as a JSON reader keeps it), its bytes only; `None` when `body` is not an object or
+/// has no such member. The scan follows strings and nesting, nothing more: a body it cannot
+/// follow gives `None`.
+fn top_level_value(body: &[u8], name: &[u8]) -> Option<std::ops::Range<usize>> {
+    let skip_space = |mut i: usize| {
+        while body.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        i
+    };
+    let mut i = skip_space(0);
+    if body.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    let mut found = None;
+    loop {
+        i = skip_space(i);
+        match body.get(i)? {
+            b'}' => return found,
+            b',' => {
+                i += 1;
+                continue;
+            }
+            b'"' => {}
+            _ => return None,
+        }
+        let key_end = string_end(body, i)?;
+        let key = &body[i + 1..key_end - 1];
+        i = skip_space(key_end);
+        if body.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_space(i + 1);
+        let mut end = value_end(body, start)?;
+        i = end;
+        while end > start && body[end - 1].is_ascii_whitespace() {
+            end -= 1;
+        }
+        if key == name {
+            found = Some(start..end);
+        }
+    }
+}
+
+/// Just past the JSON string that starts (with its quote) at `start`.
+fn string_end(body: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    loop {
+        match body.get(i)? {
+            b'\\' => i += 2,
+            b'"' => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+}
+
+/// Just past the JSON value that starts at `start`: after its closing bracket, or (a number,
+/// `true`, `null`) where the `,` or `}` that ends it is.
+fn value_end(body: &[u8], start: usize) -> Option<usize> {
+    let (mut i, mut depth) = (start, 0usize);
+    loop {
+        match body.get(i)? {
+            b'"' => {
+                i = string_end(body, i)?;
+                if depth == 0 {
+                    return Some(i);
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' if depth == 0 => return Some(i),
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            b',' if depth == 0 => return Some(i),
+            _ => {}
+        }
+        i += 1;
+    }
 }
 
 /// A body's `webhookTimestamp`, for tests.
@@ -234,6 +333,33 @@ mod tests {
         assert_eq!(identity.event_id.as_deref(), Some("del-1"));
         assert_eq!(identity.event_type.as_deref(), Some("Issue"));
         assert_eq!(linear.volatile_fields(), ["/webhookTimestamp"]);
+    }
+
+    #[test]
+    fn only_the_top_level_timestamp_is_stamped() {
+        let nested = br#"{"data":{"id":"i","webhookTimestamp":1},"webhookTimestamp":2,"x":3}"#;
+        assert_eq!(
+            stamped(nested, 9),
+            br#"{"data":{"id":"i","webhookTimestamp":1},"webhookTimestamp":9,"x":3}"#.to_vec()
+        );
+        let in_text = br#"{"title":"\"webhookTimestamp\": 1","webhookTimestamp" : 2 }"#;
+        assert_eq!(
+            stamped(in_text, 9),
+            br#"{"title":"\"webhookTimestamp\": 1","webhookTimestamp" : 9 }"#.to_vec()
+        );
+        let last = br#"{"webhookTimestamp":[1,{"a":"}"}],"b":{},"webhookTimestamp":"2"}"#;
+        assert_eq!(
+            stamped(last, 9),
+            br#"{"webhookTimestamp":[1,{"a":"}"}],"b":{},"webhookTimestamp":9}"#.to_vec()
+        );
+        // Only nested: the top level gets one.
+        assert_eq!(
+            stamped(br#"{"data":{"webhookTimestamp":1}}"#, 9),
+            br#"{"webhookTimestamp":9,"data":{"webhookTimestamp":1}}"#.to_vec()
+        );
+        let linear = verifier("linear", &["s"]);
+        let signed = linear.sign_delivery(nested, NOW, "d", None);
+        assert_eq!(linear.verify(&signed.headers, &signed.body, NOW), Ok(()));
     }
 
     #[test]

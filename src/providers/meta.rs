@@ -121,7 +121,8 @@ impl Meta {
             && token.is_some_and(|token| same_token(token.as_bytes(), expected.as_bytes()));
         // The request's shape is judged before the token, so what the answer says never
         // depends on the token unless all else is right.
-        match (mode.as_deref(), challenge) {
+        // An empty (or blank) challenge is none: there would be nothing to echo.
+        match (mode.as_deref(), challenge.filter(|c| !c.trim().is_empty())) {
             (Some("subscribe"), Some(challenge)) if token_matches => {
                 Ok(Received::Handshake(Answer {
                     status: 200,
@@ -261,6 +262,8 @@ mod tests {
             "hub.mode=unsubscribe&hub.challenge=1&hub.verify_token=tok-1",
             "hub.mode=unsubscribe&hub.challenge=1&hub.verify_token=tok-2",
             "hub.challenge=1&hub.verify_token=tok-1",
+            "hub.mode=subscribe&hub.challenge=&hub.verify_token=tok-1",
+            "hub.mode=subscribe&hub.challenge=%20&hub.verify_token=tok-1",
             "hub.mode=subscribe&hub.verify_token=tok-1",
             "hub.mode=subscribe&hub.verify_token=tok-2",
             "",

@@ -263,6 +263,40 @@ async fn linear_is_stamped_when_sent_a_restamped_retry_is_a_replay_and_a_stale_o
         now - 90,
     );
     refused(&app, &late, 401, "stale_timestamp", 1).await;
+
+    // Correctly signed, but not JSON, or without a whole-number time: the signature matched,
+    // so 400 malformed_payload, as for every scheme that needs JSON, not a wrong secret.
+    for body in [
+        "not json".to_owned(),
+        r#"{"action":"create","webhookTimestamp":"1763649000000"}"#.to_owned(),
+        r#"{"action":"create"}"#.to_owned(),
+    ] {
+        let unreadable = with_header(
+            &Request {
+                body: body.clone().into_bytes(),
+                ..late.clone()
+            },
+            "Linear-Signature",
+            &hmac_hex("lin_wh_current", &body),
+        );
+        refused(&app, &unreadable, 400, "malformed_payload", 1).await;
+    }
+
+    // Sent or replayed, only the top-level time is stamped: the event's own data keeps a
+    // field of that name, and a string that holds it.
+    let third = unique_id("del");
+    let nested = format!(
+        r#"{{"action":"update","data":{{"id":"{third}","webhookTimestamp":1,"title":"\"webhookTimestamp\":2"}},"type":"Issue"}}"#
+    );
+    let request = signed(&app, "linear", &nested, &third, Some("Issue"));
+    let sent = String::from_utf8(request.body.clone()).expect("UTF-8");
+    assert!(
+        sent.contains(&format!(
+            r#""data":{{"id":"{third}","webhookTimestamp":1,"title":"\"webhookTimestamp\":2"}}"#
+        )),
+        "{sent}"
+    );
+    processed_then_replayed(&app, &request, &third, "Issue").await;
 }
 
 #[actix_web::test]
