@@ -4,7 +4,8 @@
 //! The schedule is the store's (`db::paces`): an attempt ready to start books its moment there,
 //! one interval after the last start any instance booked, and starts then. A process books for
 //! the attempts of the target waiting for their turn at once (one statement for a batch, up
-//! to half the reach's worth, so that instances sharing the target take turns), and keeps
+//! to half the reach's worth, and no more than half of what is free within reach, so that
+//! instances sharing the target take turns), and keeps
 //! what it booked in order; waiters go in turn (tokio's mutex is fair), each holding the
 //! gate while it waits for its moment. Its own moments are an interval apart (a start waits
 //! for the later of its moment and an interval after the last one started at), and a start
@@ -633,6 +634,59 @@ mod tests {
                 .take_while(|later| **later - *at < Duration::from_secs(1))
                 .count();
             assert!(in_window <= 50, "{in_window} from start {i}: {all:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_instance_that_joins_two_busy_ones_gets_its_share() {
+        // Three processes pace one target at 50/s, each with more rows waiting than it can
+        // start (20 attempts asking again as soon as each starts); the third joins a second
+        // after the others. Booking whenever their moments ran out, the first two fell into
+        // step with the third always booking just after one of them had filled the reach: it
+        // got one start a booking, about one a second (a black-box run at 20/s). Each booking
+        // now takes at most half what is free within reach, and each gets about a third once
+        // the newcomer is in step (counted from a second after it joined): 60, 71 and 67 of
+        // 198 here, where the third got 36 before.
+        let paces: Vec<Pace> = (0..3)
+            .map(|_| Pace::new("50/s".parse().expect("a rate")))
+            .collect();
+        let schedule = Schedule::new(&paces[0]);
+        let begin = Instant::now();
+        let (joins, counts_from, end) = (
+            Duration::from_secs(1),
+            Duration::from_millis(2000),
+            Duration::from_millis(6000),
+        );
+        let starts = std::sync::Mutex::new([0u32; 3]);
+        let attempts = (0..3).flat_map(|process| (0..20).map(move |_| process));
+        futures_util::future::join_all(attempts.map(|process| {
+            let (pace, schedule, starts) = (&paces[process], &schedule, &starts);
+            async move {
+                if process == 2 {
+                    tokio::time::sleep(joins).await;
+                }
+                while Instant::now() - begin < end {
+                    match pace.start("s", "t", |want| schedule.book(want)).await {
+                        Turn::Now if (counts_from..end).contains(&(Instant::now() - begin)) => {
+                            starts.lock().unwrap()[process] += 1;
+                        }
+                        Turn::Now => {}
+                        // Given back, due then: taken again then.
+                        Turn::Later(after) => tokio::time::sleep(after).await,
+                    }
+                }
+            }
+        }))
+        .await;
+        let starts = *starts.lock().unwrap();
+        let total: u32 = starts.iter().sum();
+        // About 195 in the four seconds counted.
+        assert!(total >= 150, "{starts:?}");
+        for (process, count) in starts.iter().enumerate() {
+            assert!(
+                *count * 4 >= total,
+                "process {process} got {count} of {total} starts: {starts:?}"
+            );
         }
     }
 
