@@ -783,3 +783,49 @@ async fn a_form_or_admin_body_announced_and_never_sent_is_408_within_the_request
         );
     }
 }
+
+/// actix reads the body of a request with `Upgrade: websocket` as the WebSocket's stream, up to
+/// the connection's end, whatever its `Content-Length`: such a delivery waited out
+/// `request_timeout` and was answered 408, unstored (a black-box run). hookbox upgrades nothing
+/// and reads the body the request says it has: stored and answered at once, refused at once.
+#[actix_web::test]
+async fn a_delivery_that_asks_to_upgrade_to_a_websocket_is_read_by_its_content_length() {
+    let app = TestApp::spawn().await;
+    let id = unique_id("evt");
+    let body = stripe_event(&id, "charge.succeeded", 1);
+    let headers = with(
+        &signed(&app, "stripe", body.as_bytes(), &id),
+        "Upgrade",
+        b"websocket",
+        false,
+    );
+    let unsigned = with(&[], "Upgrade", b"WebSocket", false);
+    // Any of several Upgrade lines, as actix reads them.
+    let second = with(
+        &with(
+            &signed(&app, "stripe", body.as_bytes(), &id),
+            "Upgrade",
+            b"h2c",
+            false,
+        ),
+        "Upgrade",
+        b"websocket",
+        true,
+    );
+    for (request, status) in [
+        (post("stripe", &headers, body.as_bytes()), 200),
+        (post("stripe", &second, body.as_bytes()), 200),
+        (post("stripe", &unsigned, b"{}"), 401),
+        (chunked("stripe", &headers, body.as_bytes(), 100), 200),
+    ] {
+        let address = app.address.clone();
+        let answer = actix_web::rt::task::spawn_blocking(move || {
+            raw::exchange(&address, &request, Duration::from_secs(10))
+        })
+        .await
+        .expect("the exchange ran")
+        .expect("answered within 10 s");
+        assert_eq!(answer.status, status, "{}", answer.text());
+    }
+    assert_eq!(app.db.count(&format!("events WHERE event_id = '{id}'")), 1);
+}
