@@ -158,6 +158,7 @@ pub async fn get_event(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
     _: Admin<Bearer>,
+    _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
     let stored = with_db(&state, "admin query", {
@@ -199,6 +200,7 @@ pub async fn event_deliveries(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
     _: Admin<Bearer>,
+    _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
     let missing = no_event(&source, &event_id);

@@ -227,6 +227,25 @@ async fn the_admin_api_lists_events_newest_first_and_shows_one_whole() {
         );
     }
 
+    // The one event's reads take no parameter: one given would look applied and not be.
+    for path in [
+        format!("/admin/events/github/{gh}?target=nosuch"),
+        format!("/admin/events/github/{gh}/deliveries?state=dead"),
+    ] {
+        let bad = app.get(&path, Some(ADMIN_TOKEN)).await;
+        assert_eq!(
+            (bad.status, bad.error().as_str()),
+            (400, "invalid_query"),
+            "{path}: {}",
+            bad.text()
+        );
+        assert_eq!(
+            app.get(&path, None).await.status,
+            401,
+            "{path}: the token first"
+        );
+    }
+
     let one = app
         .get(&format!("/admin/events/github/{gh}"), Some(ADMIN_TOKEN))
         .await
