@@ -435,12 +435,26 @@ async fn a_process_stopped_past_its_leases_does_not_send_the_rows_another_took_s
     }
     let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
     // Paced, so that rows wait in the process for their turns; leases of 9.5 s.
-    let (_db, config, one, _two) = two_processes(&downstream, "rate = \"2/s\"\ntimeout = \"1s\"");
+    let (db, config, one, _two) = two_processes(&downstream, "rate = \"2/s\"\ntimeout = \"1s\"");
     let ids = ids(6);
     send_all(&one.address, &config, &ids, 6).await;
     poll_until("the first attempt arrives", Duration::from_secs(10), || {
         !downstream.received().is_empty()
     })
+    .await;
+    // A row waiting for its turn when the stop comes (at 2/s a process holds one at a time,
+    // and takes the next as it starts it): a process that held none would have nothing to
+    // give up.
+    let held_by_one = format!(
+        "deliveries WHERE state = 'pending' AND leased_by IN \
+         (SELECT id FROM instances WHERE pid = {})",
+        one.child.id()
+    );
+    poll_until(
+        "the first process holds rows waiting for their turns",
+        Duration::from_secs(10),
+        || db.count(&held_by_one) >= 1,
+    )
     .await;
     // Stopped with rows waiting for their turns; the other process takes them once their
     // leases run out, and delivers every event.
