@@ -573,8 +573,13 @@ pub fn check_writable(path: &Path) -> Result<(), String> {
         return Ok(());
     };
     let path = path.as_path();
-    if std::fs::metadata(path).is_ok_and(|meta| !meta.is_file()) {
-        return Ok(());
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => {
+            return Err("it is a directory (give the path of a file to write)".to_owned())
+        }
+        // A FIFO, a device, a terminal: written straight through.
+        Ok(meta) if !meta.is_file() => return Ok(()),
+        _ => {}
     }
     let (partial, file) = create_partial(path).map_err(|e| e.root_cause().to_string())?;
     drop(file);

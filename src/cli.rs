@@ -443,6 +443,23 @@ enum Pass {
     Interrupted,
 }
 
+/// Whether `error` is a write's (the disk full, a device that takes nothing), not the
+/// database's: an I/O error of this process's own.
+fn is_write_failure(error: &anyhow::Error) -> bool {
+    error
+        .chain()
+        .any(|cause| cause.downcast_ref::<std::io::Error>().is_some())
+}
+
+/// What to do after an export to `place` stopped with `error`.
+fn run_export_again(error: &anyhow::Error, place: &str) -> String {
+    if is_write_failure(error) {
+        format!("run it again once {place} can be written")
+    } else {
+        "run it again once the database answers".to_owned()
+    }
+}
+
 /// Whether `error` comes from writing to a pipe whose reader has gone.
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
@@ -825,14 +842,17 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
                     // The reader stopped early (`| head`): not a failure, as with replay.
                     Err(e) if is_broken_pipe(&e) => return Ok(()),
                     written => written.map_err(no_schema_hint).map_err(|e| {
-                        // Failed part way (the database went away): say what stdout holds.
+                        // Failed part way (the database went away, or stdout could not take
+                        // more): say what stdout holds.
                         match capture::streamed_lines() {
                             0 => e,
-                            lines => e.context(format!(
-                                "the export stopped after {lines} whole line(s) went to \
-                                 stdout, a partial capture (its end is missing); run it again \
-                                 once the database answers"
-                            )),
+                            lines => {
+                                let again = run_export_again(&e, "stdout");
+                                e.context(format!(
+                                    "the export stopped after {lines} whole line(s) went to \
+                                     stdout, a partial capture (its end is missing); {again}"
+                                ))
+                            }
                         }
                     })?,
                 }
@@ -849,9 +869,18 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
                     path.display()
                 )),
                 // Written straight through (a FIFO): what went out stays out.
-                (lines @ 1.., _) => e.context(format!(
-                    "the export stopped after {lines} whole line(s) went to {}, a partial \
-                     capture (its end is missing); run it again once the database answers",
+                (lines @ 1.., _) => {
+                    let again = run_export_again(&e, &path.display().to_string());
+                    e.context(format!(
+                        "the export stopped after {lines} whole line(s) went to {}, a partial \
+                         capture (its end is missing); {again}",
+                        path.display()
+                    ))
+                }
+                // A write that failed (a full disk, a device that takes nothing) is told as one.
+                (0, _) if is_write_failure(&e) => e.context(format!(
+                    "cannot write {}: nothing was exported to it (a file there is as it was); \
+                     run it again once it can be written",
                     path.display()
                 )),
                 (0, true) => e.context(format!(

@@ -1168,6 +1168,12 @@ fn http_secret(
     key: &dyn Fn(&str) -> String,
     env: &dyn Env,
 ) -> Result<Secret, ConfigError> {
+    // A bad value is named where it came from: the variable's, under `secret_env`.
+    let from = if secret_env.is_some() {
+        "secret_env"
+    } else {
+        "secret"
+    };
     let secret = match (secret, secret_env) {
         (Some(_), Some(_)) => {
             return Err(ConfigError::at(
@@ -1193,8 +1199,14 @@ fn http_secret(
         }
     };
     let secret = Secret::new(secret.trim());
-    Standard::new(std::slice::from_ref(&secret), Duration::ZERO)
-        .map_err(|e| ConfigError::at(key("secret"), e.problem))?;
+    Standard::new(std::slice::from_ref(&secret), Duration::ZERO).map_err(|e| {
+        let problem = if from == "secret_env" {
+            format!("the value of the variable it names: {}", e.problem)
+        } else {
+            e.problem
+        };
+        ConfigError::at(key(from), problem)
+    })?;
     Ok(secret)
 }
 
@@ -2518,6 +2530,19 @@ mod tests {
                 && message.contains("HOOKBOX_COMMAS holds no secret"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_forward_secret_env_whose_value_is_no_secret_is_named_under_secret_env() {
+        let text = "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\n\
+                    [sources.s.forward]\nurl = \"http://127.0.0.1:9/\"\nsecret_env = \"HOOKBOX_BAD\"\n";
+        let bad = |name: &str| (name == "HOOKBOX_BAD").then(|| "notbase64!!".to_owned());
+        let message = Config::parse(text, &bad).expect_err("refused").to_string();
+        assert!(
+            message.starts_with("sources.s.forward.secret_env: the value of the variable it names"),
+            "{message}"
+        );
+        assert!(!message.contains("notbase64"), "{message}");
     }
 
     #[test]

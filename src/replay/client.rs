@@ -165,6 +165,8 @@ pub struct Answer {
     pub body: Bytes,
     /// How long the answered attempt took.
     pub latency: Duration,
+    /// Where a redirect (3xx) points, its `Location`: the tools follow none.
+    pub location: Option<String>,
 }
 
 impl Answer {
@@ -173,8 +175,19 @@ impl Answer {
         self.json_field("error")
     }
 
-    /// The one-sentence message of a JSON error body, or the start of another body.
+    /// The one-sentence message of a JSON error body, where a redirect points, or the start
+    /// of another body.
     pub fn message(&self) -> String {
+        if let Some(location) = self
+            .location
+            .as_deref()
+            .filter(|_| (300..400).contains(&self.status))
+        {
+            return format!(
+                "redirected to {location} (not followed: a webhook URL that redirects is \
+                 misconfigured; give --to the address that answers)"
+            );
+        }
         self.json_field("message").unwrap_or_else(|| {
             let text = String::from_utf8_lossy(&self.body);
             text.chars().take(200).collect()
@@ -293,6 +306,7 @@ async fn attempt(
         replayed: header("Idempotent-Replayed").is_some_and(|v| v.eq_ignore_ascii_case("true")),
         body,
         latency: started.elapsed(),
+        location: header("Location").map(str::to_owned),
     };
     Ok((answer, retry_after))
 }
@@ -387,6 +401,7 @@ mod tests {
             replayed: false,
             body: Bytes::from_static(br#"{"error":"stale_timestamp","message":"Too old."}"#),
             latency: Duration::ZERO,
+            location: None,
         };
         assert_eq!(answer.error_code().as_deref(), Some("stale_timestamp"));
         assert_eq!(answer.message(), "Too old.");
@@ -396,5 +411,18 @@ mod tests {
         };
         assert_eq!(plain.error_code(), None);
         assert_eq!(plain.message(), "Bad Gateway");
+        let moved = Answer {
+            status: 307,
+            body: Bytes::new(),
+            location: Some("https://hooks.example/webhooks/stripe".to_owned()),
+            ..plain
+        };
+        assert!(
+            moved
+                .message()
+                .starts_with("redirected to https://hooks.example/webhooks/stripe (not followed"),
+            "{}",
+            moved.message()
+        );
     }
 }

@@ -189,6 +189,7 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
                 sources.insert(line.source.clone());
             }
         }
+        let body_file = matches!(entry.item, Ok(Item::Body(_)));
         match job(entry, options) {
             Job::Send(pending) => {
                 for (name, value) in &pending.request(unix_now()).headers {
@@ -211,6 +212,11 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
                     "{}: {code}: {message}; nothing was sent",
                     origin.place()
                 ));
+            }
+            // A body file's source is the command line's `--source`: one the config does not
+            // have is a bad flag, as for `send`, not a delivery that failed.
+            Job::Fail(_, "source_not_configured", message) if body_file => {
+                return Err(format!("--source: {message}; nothing was sent"));
             }
             Job::Skip | Job::Fail(..) => {}
         }

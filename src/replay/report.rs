@@ -175,6 +175,13 @@ impl Tally {
         failures
     }
 
+    /// The deliveries stored under another id, by file and line too.
+    fn stored_as_in_order(&self) -> Vec<&StoredAs> {
+        let mut rows: Vec<&StoredAs> = self.stored_as.iter().collect();
+        rows.sort_by(|a, b| (&a.origin.file, a.origin.line).cmp(&(&b.origin.file, b.origin.line)));
+        rows
+    }
+
     fn fail_row(&mut self, origin: Origin, status: Option<u16>, error: String, message: String) {
         self.failures.push(Failure {
             origin,
@@ -232,7 +239,7 @@ impl Tally {
             "failures": self.failures_in_order(),
         });
         if !self.stored_as.is_empty() {
-            report["stored_under_another_id"] = serde_json::json!(self.stored_as);
+            report["stored_under_another_id"] = serde_json::json!(self.stored_as_in_order());
         }
         if self.interrupted {
             report["interrupted"] = serde_json::json!(true);
@@ -344,7 +351,7 @@ impl Tally {
                 "stored under another id than the line's (the receiver reads the id from the \
                  delivery, not the line; was the line edited?):"
             );
-            for row in self.stored_as.iter().take(SUMMARY_FAILURES) {
+            for row in self.stored_as_in_order().into_iter().take(SUMMARY_FAILURES) {
                 let _ = writeln!(out, "  {}: stored as {}", row.origin.named(), row.stored_as);
             }
             more_rows(&mut out, self.stored_as.len());
@@ -394,6 +401,7 @@ mod tests {
             replayed,
             body: Bytes::from_static(body.as_bytes()),
             latency: Duration::from_millis(ms),
+            location: None,
         }
     }
 
@@ -430,6 +438,25 @@ mod tests {
             at("capture.ndjson:7 ") < at("capture.ndjson:12 "),
             "{summary}"
         );
+    }
+
+    #[test]
+    fn deliveries_stored_under_another_id_are_listed_by_line_too() {
+        let mut tally = Tally::default();
+        for line in [4, 1, 3] {
+            tally.answered(
+                origin(line),
+                &answer(200, false, r#"{"event_id":"x","status":"processed"}"#, 1),
+            );
+        }
+        let report = tally.report(Duration::from_secs(1));
+        let lines: Vec<_> = report["stored_under_another_id"]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|row| row["line"].as_u64().expect("a line"))
+            .collect();
+        assert_eq!(lines, [1, 3, 4]);
     }
 
     #[test]

@@ -529,6 +529,17 @@ fn export_out_to_a_place_it_cannot_write_exits_2_naming_it_before_any_work() {
     );
     assert!(!stderr.contains(".partial"), "{stderr}");
     assert!(stderr.contains("nothing was exported"), "{stderr}");
+    // A directory is no file to write: refused the same way, before any work.
+    let dir_arg = dir.0.to_string_lossy().into_owned();
+    let (code, _, stderr) = run_hookbox(
+        &["export", "--config", &config.path(), "--out", &dir_arg],
+        &[],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("is a directory") && stderr.contains("nothing was exported"),
+        "{stderr}"
+    );
     // A directory that can be written leaves no probe behind.
     let out = dir.0.join("capture.ndjson");
     let out_arg = out.to_string_lossy().into_owned();

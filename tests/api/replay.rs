@@ -304,7 +304,24 @@ async fn a_directory_of_body_files_replays_under_source_and_a_second_run_is_all_
     let first = replay(&args).await;
     let second = replay(&args).await;
     let (code, _, stderr) = run_hookbox_async(&["replay", &dir_arg, "--to", &app.address]).await;
+    // A --source the config does not have is a bad flag (2), as for send: nothing is sent.
+    let (unknown_code, _, unknown_stderr) = run_hookbox_async(&[
+        "replay",
+        &dir_arg,
+        "--source",
+        "strpe",
+        "--to",
+        &app.address,
+        "--config",
+        &config.path(),
+    ])
+    .await;
     std::fs::remove_dir_all(&dir).expect("remove the directory");
+    assert_eq!(unknown_code, 2, "{unknown_stderr}");
+    assert!(
+        unknown_stderr.contains("--source") && unknown_stderr.contains("nothing was sent"),
+        "{unknown_stderr}"
+    );
 
     assert_eq!(first.code, 0, "{}\n{}", first.stdout, first.stderr);
     assert_eq!(first.report["counts"], counts(3, 3, 0, 0, 0));
