@@ -445,6 +445,9 @@ pub enum Failure {
     /// The database's disk is full (SQLite's `database or disk is full`, PostgreSQL's `No
     /// space left on device`).
     Full,
+    /// SQLite could not read or write its files (`disk I/O error`): a file-size limit reached
+    /// (`ulimit -f`), a failing disk.
+    Io,
     /// Anything else.
     Other,
 }
@@ -470,6 +473,7 @@ impl Failure {
             {
                 Failure::Full
             }
+            _ if message.contains("disk I/O error") => Failure::Io,
             _ if message.contains("permission denied")
                 || message.contains("readonly database")
                 || message.contains("read-only transaction") =>
@@ -1032,6 +1036,7 @@ mod tests {
     #[test]
     fn a_full_disk_is_told_apart_from_other_failures() {
         assert_eq!(failure("database or disk is full"), Failure::Full);
+        assert_eq!(failure("disk I/O error"), Failure::Io);
         assert_eq!(
             failure("could not extend file \"base/16384/2619\": No space left on device"),
             Failure::Full

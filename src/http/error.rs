@@ -149,6 +149,9 @@ fn database_failure(failure: Failure) -> &'static str {
         Failure::Full => {
             "the database's disk is full; nothing was stored, retry later (it is taken again once space is freed)"
         }
+        Failure::Io => {
+            "the database could not write its file (an I/O error: a file-size limit or a failing disk); nothing was stored, retry later"
+        }
         Failure::Other => {
             "the database failed the request or is not set up (migrations pending); nothing was stored, retry later"
         }

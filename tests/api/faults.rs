@@ -442,6 +442,8 @@ async fn a_file_size_limit_reached_is_a_503_not_the_end_of_serve() {
     }
     let refused = refused.expect("the limit is reached within 400 events of 40 KB");
     assert_eq!(refused.status, 503, "{}", refused.text());
+    // Said as what it is, not as migrations pending.
+    assert!(refused.text().contains("I/O error"), "{}", refused.text());
     assert!(refused.header("Retry-After").is_some());
     assert!(
         server.child.try_wait().expect("poll").is_none(),
