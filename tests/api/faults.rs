@@ -426,21 +426,7 @@ async fn a_file_size_limit_reached_is_a_503_not_the_end_of_serve() {
     let config = config_text(&db.url, "");
     // 2 MB, in the shell's 512-byte blocks: the migrated store and a few dozen events.
     let mut server = Process::serve_after("ulimit -f 4096", &config);
-    let parsed = parse_config(&config);
-    let mut refused = None;
-    for i in 0..400 {
-        let id = unique_id("evt");
-        let body = stripe_event(&id, &format!("big.{}", "x".repeat(40_000 + i)), 1);
-        let delivery = delivery_for(&parsed, "stripe", &body, &id, unix_now());
-        let answer = try_send(&server.address, &delivery, Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|e| panic!("no answer ({e}), serve still up?\n{}", server.log()));
-        if answer.status != 200 {
-            refused = Some(answer);
-            break;
-        }
-    }
-    let refused = refused.expect("the limit is reached within 400 events of 40 KB");
+    let refused = first_refusal_of_big_events(&server, &config).await;
     assert_eq!(refused.status, 503, "{}", refused.text());
     // Said as what it is, not as migrations pending.
     assert!(refused.text().contains("I/O error"), "{}", refused.text());
@@ -457,6 +443,24 @@ async fn a_file_size_limit_reached_is_a_503_not_the_end_of_serve() {
         .expect("serve answers");
     assert_eq!(health.status().as_u16(), 200);
     assert!(server.log().contains("file-size limit"), "{}", server.log());
+}
+
+/// Sends events of about 40 KB to `server` (serving `config`) until one is not answered 200,
+/// and returns that answer: the store has run out of room (400 events at most).
+async fn first_refusal_of_big_events(server: &Process, config: &str) -> Answer {
+    let parsed = parse_config(config);
+    for i in 0..400 {
+        let id = unique_id("evt");
+        let body = stripe_event(&id, &format!("big.{}", "x".repeat(40_000 + i)), 1);
+        let delivery = delivery_for(&parsed, "stripe", &body, &id, unix_now());
+        let answer = try_send(&server.address, &delivery, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("no answer ({e}), serve still up?\n{}", server.log()));
+        if answer.status != 200 {
+            return answer;
+        }
+    }
+    panic!("400 events of 40 KB were all stored: the store never ran out of room")
 }
 
 /// A filesystem of its own, `size` big, mounted for a test (tmpfs) and unmounted when dropped.
@@ -516,21 +520,7 @@ async fn after_a_delivery_failed_for_a_full_disk_readyz_says_not_ready() {
     let config = config_text(&url, "");
     let server = Process::serve(&config);
     assert_eq!(get(&server.address, "/readyz", None).await.status, 200);
-    let parsed = parse_config(&config);
-    let mut refused = None;
-    for i in 0..400 {
-        let id = unique_id("evt");
-        let body = stripe_event(&id, &format!("big.{}", "x".repeat(40_000 + i)), 1);
-        let delivery = delivery_for(&parsed, "stripe", &body, &id, unix_now());
-        let answer = try_send(&server.address, &delivery, Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|e| panic!("no answer ({e}), serve still up?\n{}", server.log()));
-        if answer.status != 200 {
-            refused = Some(answer);
-            break;
-        }
-    }
-    let refused = refused.expect("the disk is full within 400 events of 40 KB");
+    let refused = first_refusal_of_big_events(&server, &config).await;
     assert_eq!(refused.status, 503, "{}", refused.text());
     assert!(
         refused.text().contains("disk is full"),
