@@ -215,7 +215,7 @@ struct ReplayArgs {
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
     /// Start deliveries at this steady rate at most: 50/s, 600/m or 60/h (from 1/h to
-    /// 1000000/s)
+    /// 1000000/s; a bare number is per second)
     #[arg(long, value_name = "N/s")]
     rate: Option<Rate>,
     /// Print each delivery as it would be sent (URL, headers, body size); send nothing
@@ -247,7 +247,8 @@ struct SendArgs {
     #[arg(long, value_name = "ID")]
     event_id: Option<String>,
     /// The event type, for schemes whose type travels in a header (github, shopify, gitlab,
-    /// bitbucket, linear, lemonsqueezy); the others read it from the body, and refuse the flag
+    /// bitbucket, linear, lemonsqueezy, and hmac or hmac-sha256 with a header type); the
+    /// others read it from the body, and refuse a type other than the body's
     #[arg(long, value_name = "TYPE")]
     event_type: Option<String>,
     /// The body to send, byte for byte ("-" reads stdin)

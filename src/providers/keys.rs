@@ -46,15 +46,20 @@ impl Keys {
                 ),
             ));
         }
+        // "secret #2" among several; "the secret" when there is one.
+        let named = |index: usize| match secrets.len() {
+            1 => "the secret".to_owned(),
+            _ => format!("secret #{}", index + 1),
+        };
         let keys = secrets
             .iter()
             .enumerate()
             .map(|(index, secret)| {
                 let value = secret.expose();
                 if value.is_empty() {
-                    return Err(format!("secret #{} is empty", index + 1));
+                    return Err(format!("{} is empty", named(index)));
                 }
-                derive(value).map_err(|reason| format!("secret #{}: {reason}", index + 1))
+                derive(value).map_err(|reason| format!("{}: {reason}", named(index)))
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|reason| ProviderError::at("secrets", reason))?;
@@ -79,5 +84,21 @@ impl Keys {
     /// Never true: a source has at least one key.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Keys;
+    use crate::secret::Secret;
+
+    #[test]
+    fn a_secret_refused_is_named_by_its_place_among_several_and_as_the_secret_alone() {
+        let refuse = |_: &str| Err("not base64".to_owned());
+        let one = Keys::derived("standard", &[Secret::new("x")], refuse).unwrap_err();
+        assert_eq!(one.problem, "the secret: not base64");
+        let two = [Secret::new("x"), Secret::new("")];
+        let second = Keys::derived("standard", &two, |_| Ok(Vec::new())).unwrap_err();
+        assert_eq!(second.problem, "secret #2 is empty");
     }
 }
