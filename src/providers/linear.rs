@@ -176,7 +176,7 @@ impl Linear {
 fn stamped(body: &[u8], millis: i64) -> Vec<u8> {
     let key = format!("\"{TIMESTAMP_FIELD}\"");
     let millis = millis.to_string();
-    if let Some(value) = top_level_value(body, TIMESTAMP_FIELD.as_bytes()) {
+    if let Some(value) = top_level_value(body, TIMESTAMP_FIELD) {
         return [&body[..value.start], millis.as_bytes(), &body[value.end..]].concat();
     }
     let open = body.iter().position(|b| !b.is_ascii_whitespace());
@@ -200,89 +200,17 @@ fn stamped(body: &[u8], millis: i64) -> Vec<u8> {
 }
 
 /// Where the value of the top-level member `name` of the JSON object `body` lies (the last such
-/// member, as a JSON reader keeps it), its bytes only; `None` when `body` is not an object or
-/// has no such member. The scan follows strings and nesting, nothing more: a body it cannot
-/// follow gives `None`.
-fn top_level_value(body: &[u8], name: &[u8]) -> Option<std::ops::Range<usize>> {
-    let skip_space = |mut i: usize| {
-        while body.get(i).is_some_and(u8::is_ascii_whitespace) {
-            i += 1;
-        }
-        i
-    };
-    let mut i = skip_space(0);
-    if body.get(i) != Some(&b'{') {
-        return None;
-    }
-    i += 1;
-    let mut found = None;
-    loop {
-        i = skip_space(i);
-        match body.get(i)? {
-            b'}' => return found,
-            b',' => {
-                i += 1;
-                continue;
-            }
-            b'"' => {}
-            _ => return None,
-        }
-        let key_end = string_end(body, i)?;
-        let key = &body[i + 1..key_end - 1];
-        i = skip_space(key_end);
-        if body.get(i) != Some(&b':') {
-            return None;
-        }
-        let start = skip_space(i + 1);
-        let mut end = value_end(body, start)?;
-        i = end;
-        while end > start && body[end - 1].is_ascii_whitespace() {
-            end -= 1;
-        }
-        if key == name {
-            found = Some(start..end);
-        }
-    }
-}
-
-/// Just past the JSON string that starts (with its quote) at `start`.
-fn string_end(body: &[u8], start: usize) -> Option<usize> {
-    let mut i = start + 1;
-    loop {
-        match body.get(i)? {
-            b'\\' => i += 2,
-            b'"' => return Some(i + 1),
-            _ => i += 1,
-        }
-    }
-}
-
-/// Just past the JSON value that starts at `start`: after its closing bracket, or (a number,
-/// `true`, `null`) where the `,` or `}` that ends it is.
-fn value_end(body: &[u8], start: usize) -> Option<usize> {
-    let (mut i, mut depth) = (start, 0usize);
-    loop {
-        match body.get(i)? {
-            b'"' => {
-                i = string_end(body, i)?;
-                if depth == 0 {
-                    return Some(i);
-                }
-                continue;
-            }
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' if depth == 0 => return Some(i),
-            b'}' | b']' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i + 1);
-                }
-            }
-            b',' if depth == 0 => return Some(i),
-            _ => {}
-        }
-        i += 1;
-    }
+/// member, as a JSON reader keeps it; a name written with escapes counts too), its bytes only;
+/// `None` when `body` is not a JSON object or has no such member.
+fn top_level_value(body: &[u8], name: &str) -> Option<std::ops::Range<usize>> {
+    let members: std::collections::BTreeMap<
+        std::borrow::Cow<'_, str>,
+        &serde_json::value::RawValue,
+    > = serde_json::from_slice(body).ok()?;
+    let value = members.get(name)?.get();
+    // The raw value is a slice of `body` itself.
+    let start = (value.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    Some(start..start + value.len())
 }
 
 /// A body's `webhookTimestamp`, for tests.
@@ -351,6 +279,11 @@ mod tests {
         assert_eq!(
             stamped(last, 9),
             br#"{"webhookTimestamp":[1,{"a":"}"}],"b":{},"webhookTimestamp":9}"#.to_vec()
+        );
+        // A name written with escapes is the same member to a JSON reader.
+        assert_eq!(
+            stamped(br#"{"webhook\u0054imestamp":1}"#, 9),
+            br#"{"webhook\u0054imestamp":9}"#.to_vec()
         );
         // Only nested: the top level gets one.
         assert_eq!(

@@ -84,6 +84,16 @@ pub struct StoredAs {
     pub stored_as: String,
 }
 
+/// `rows` by the file and line each came from (`origin`).
+fn in_file_order<T>(rows: &[T], origin: impl Fn(&T) -> &Origin) -> Vec<&T> {
+    let mut sorted: Vec<&T> = rows.iter().collect();
+    sorted.sort_by(|a, b| {
+        let (a, b) = (origin(a), origin(b));
+        (&a.file, a.line).cmp(&(&b.file, b.line))
+    });
+    sorted
+}
+
 /// The running count of a replay.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -169,17 +179,12 @@ impl Tally {
     /// The failures by file and line, as the captures hold them: deliveries run concurrently
     /// and end in any order, and a list in the order they ended read as shuffled.
     fn failures_in_order(&self) -> Vec<&Failure> {
-        let mut failures: Vec<&Failure> = self.failures.iter().collect();
-        failures
-            .sort_by(|a, b| (&a.origin.file, a.origin.line).cmp(&(&b.origin.file, b.origin.line)));
-        failures
+        in_file_order(&self.failures, |failure| &failure.origin)
     }
 
     /// The deliveries stored under another id, by file and line too.
     fn stored_as_in_order(&self) -> Vec<&StoredAs> {
-        let mut rows: Vec<&StoredAs> = self.stored_as.iter().collect();
-        rows.sort_by(|a, b| (&a.origin.file, a.origin.line).cmp(&(&b.origin.file, b.origin.line)));
-        rows
+        in_file_order(&self.stored_as, |row| &row.origin)
     }
 
     fn fail_row(&mut self, origin: Origin, status: Option<u16>, error: String, message: String) {
