@@ -134,9 +134,17 @@ impl Provider for Twilio {
         body: &[u8],
         json: Option<&serde_json::Value>,
     ) -> Identity {
-        let event_id = header_id(headers, IDEMPOTENCY_TOKEN)
-            .filter(|token| !token.is_empty())
-            .unwrap_or_else(|| format!("sha256:{}", hex::encode(Sha256::digest(body))));
+        // Two token lines are no id at all (refused as missing, as a repeated id header is
+        // for every provider), not a delivery without one: the body hash would make each
+        // such retry a new event.
+        let event_id = match headers.all(IDEMPOTENCY_TOKEN).as_slice() {
+            [_, _, ..] => None,
+            _ => Some(
+                header_id(headers, IDEMPOTENCY_TOKEN)
+                    .filter(|token| !token.is_empty())
+                    .unwrap_or_else(|| format!("sha256:{}", hex::encode(Sha256::digest(body)))),
+            ),
+        };
         let event_type = match json {
             Some(_) => None,
             None => STATUS_FIELDS.iter().find_map(|name| {
@@ -146,7 +154,7 @@ impl Provider for Twilio {
             }),
         };
         Identity {
-            event_id: Some(event_id),
+            event_id,
             event_type,
         }
     }
@@ -489,6 +497,29 @@ mod tests {
             now: 0,
         };
         provider.receive(&inbound).now_or_never().expect("ready")
+    }
+
+    #[test]
+    fn a_token_header_given_twice_is_no_id_and_none_falls_back_to_the_body_hash() {
+        let provider = twilio(URL, &[TOKEN]);
+        let with = |tokens: &[&str]| {
+            let mut signed = headers(&[("X-Twilio-Signature", GOOD)]);
+            for token in tokens {
+                signed.push(("I-Twilio-Idempotency-Token".into(), (*token).into()));
+            }
+            receive(&provider, "", &signed, FORM_BODY).map(|received| match received {
+                Received::Event(event) => event.event_id,
+                _ => panic!("an event"),
+            })
+        };
+        assert_eq!(with(&["tok-1"]), Ok("tok-1".to_owned()));
+        assert_eq!(with(&["tok-1", "tok-2"]), Err(Refusal::MissingEventId));
+        assert_eq!(with(&["tok-1", "tok-1"]), Err(Refusal::MissingEventId));
+        let hashed = with(&[]).expect("an event");
+        assert_eq!(
+            hashed,
+            format!("sha256:{}", hex::encode(Sha256::digest(FORM_BODY)))
+        );
     }
 
     #[test]
