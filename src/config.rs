@@ -321,22 +321,24 @@ impl Config {
     /// looked up here), so that a host that names nothing is a config error naming the key, not
     /// a failure after the migrations ran. A port already taken is found only when binding,
     /// and is a runtime failure.
+    /// Like every other error in the file's values, it names the file the value came from.
     pub fn check_listen(&self) -> Result<(), ConfigError> {
         use std::net::ToSocketAddrs;
         let listen = &self.server.listen;
-        match listen
+        let problem = match listen
             .to_socket_addrs()
             .map(|mut addresses| addresses.next())
         {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err(ConfigError::at(
-                self.server.listen_key,
-                format!("{listen:?} resolves to no address"),
-            )),
-            Err(e) => Err(ConfigError::at(
-                self.server.listen_key,
-                format!("{listen:?} does not resolve to an address to listen on: {e}"),
-            )),
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) => format!("{listen:?} resolves to no address"),
+            Err(e) => format!("{listen:?} does not resolve to an address to listen on: {e}"),
+        };
+        let error = ConfigError::at(self.server.listen_key, problem);
+        match (&self.file, self.server.listen_key) {
+            (Some(file), "server.listen") => {
+                Err(ConfigError(format!("{}: {}", file.display(), error.0)))
+            }
+            _ => Err(error),
         }
     }
 
@@ -2754,6 +2756,16 @@ mod tests {
             .expect("well formed; resolved only for serve");
         let message = config.check_listen().expect_err("names nothing").0;
         assert!(message.starts_with("server.listen: "), "{message}");
+        // Read from a file, the error names it, as the file's other errors do.
+        let path = std::env::temp_dir().join(format!("hookbox-listen-{}.toml", std::process::id()));
+        std::fs::write(&path, "[server]\nlisten = \"nohost.invalid:8080\"\n").expect("written");
+        let config = Config::load(Some(&path), &no_env).expect("well formed");
+        std::fs::remove_file(&path).expect("remove");
+        let message = config.check_listen().expect_err("names nothing").0;
+        assert!(
+            message.starts_with(&format!("{}: server.listen: ", path.display())),
+            "{message}"
+        );
     }
 
     /// A minimal valid source of each built-in scheme, and whether it checks a timestamp.
