@@ -369,8 +369,7 @@ fn load_for_purge(args: &PurgeArgs) -> Result<Config, Exit> {
 /// `error` with what to do when it says the store has no hookbox tables (a database never
 /// migrated, or not the one `serve` uses): the database's words alone name a table.
 fn no_schema_hint(error: anyhow::Error) -> anyhow::Error {
-    let text = format!("{error:#}");
-    if text.contains("relation \"events\" does not exist") || text.contains("no such table") {
+    if is_missing_schema(&error) {
         error.context(
             "this database has no hookbox tables: is it the one serve uses (--config, \
              DATABASE_URL)? hookbox migrate makes them in a new one",
@@ -378,6 +377,12 @@ fn no_schema_hint(error: anyhow::Error) -> anyhow::Error {
     } else {
         error
     }
+}
+
+/// Whether `error` says the database has no hookbox tables.
+fn is_missing_schema(error: &anyhow::Error) -> bool {
+    let text = format!("{error:#}");
+    text.contains("relation \"events\" does not exist") || text.contains("no such table")
 }
 
 fn finish(result: anyhow::Result<()>) -> Result<ExitCode, Exit> {
@@ -846,7 +851,11 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
                         // Failed part way (the database went away, or stdout could not take
                         // more): say what stdout holds.
                         match capture::streamed_lines() {
-                            0 => e,
+                            0 if is_missing_schema(&e) => e,
+                            0 => {
+                                let again = run_export_again(&e, "stdout");
+                                e.context(format!("nothing was exported; {again}"))
+                            }
                             lines => {
                                 let again = run_export_again(&e, "stdout");
                                 e.context(format!(
@@ -889,7 +898,14 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
                      as it was); run it again once the database answers",
                     path.display()
                 )),
-                (0, false) => e,
+                // Before its first event: the database failed it (a missing schema says
+                // what to check instead).
+                (0, false) if is_missing_schema(&e) => e,
+                (0, false) => e.context(format!(
+                    "nothing was exported to {} (a file there is as it was); run it again \
+                     once the database answers",
+                    path.display()
+                )),
             })?,
         };
         drop(ticker);

@@ -292,6 +292,59 @@ fn an_export_the_database_keeps_waiting_says_so_and_finishes_once_it_answers() {
     );
 }
 
+/// An export whose session is ended before it read anything (an administrator, a failover)
+/// says nothing was exported and what to do, to a file and to stdout alike.
+#[test]
+fn an_export_whose_database_goes_before_its_first_event_says_nothing_was_exported() {
+    if skip_on_sqlite(
+        "an_export_whose_database_goes_before_its_first_event_says_nothing_was_exported",
+        "an embedded store has no connection to cut",
+    ) {
+        return;
+    }
+    let (db, config) = stored_events(3);
+    let out = TempFile::with_extension(b"the capture before\n", "ndjson");
+    for to_file in [true, false] {
+        let lock = HeldTableLock::take(&db.url, "events", "ACCESS EXCLUSIVE");
+        let (config_path, path) = (config.path(), out.path());
+        let mut args = vec!["export", "--config", &config_path];
+        if to_file {
+            args.extend(["--out", &path]);
+        }
+        let export = Watched::start(&args, &[]);
+        // The export's read waits behind the lock; its session is then ended.
+        let ended = (0..600).any(|_| {
+            let cut = db.count(
+                "(SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                 AND pid <> pg_backend_pid()) AS cut",
+            );
+            if cut == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            cut == 1
+        });
+        assert!(ended, "the export's read never waited behind the lock");
+        let (code, stderr) = export.ended();
+        drop(lock);
+        assert_eq!(code, Some(1), "{stderr}");
+        let expected = if to_file {
+            format!(
+                "nothing was exported to {} (a file there is as it was); run it again once \
+                 the database answers",
+                out.path()
+            )
+        } else {
+            "nothing was exported; run it again once the database answers".to_owned()
+        };
+        assert!(stderr.contains(&expected), "{stderr}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(out.path()).expect("the file"),
+        "the capture before\n"
+    );
+}
+
 /// A migrated test database holding `n` stripe events, and a config file naming it.
 fn stored_events(n: usize) -> (TestDb, TempFile) {
     stored_events_at(&vec!["2026-12-01T00:00:00Z"; n])

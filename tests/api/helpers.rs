@@ -751,6 +751,14 @@ impl Watched {
     pub fn succeeded(mut self) -> bool {
         self.child.wait().expect("hookbox ends").success()
     }
+
+    /// Waits for it to end: its exit code and the stderr lines not yet read by
+    /// [`says`](Watched::says).
+    pub fn ended(mut self) -> (Option<i32>, String) {
+        let code = self.child.wait().expect("hookbox ends").code();
+        let rest: Vec<String> = self.lines.iter().collect();
+        (code, rest.join("\n"))
+    }
 }
 
 /// [`run_hookbox`] from an async test: on a blocking thread, so the servers the test runs on
