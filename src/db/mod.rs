@@ -178,12 +178,28 @@ fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Migrated> {
         };
         applied
             .map_err(|e| {
-                let hint = if e.to_string().contains("permission denied") {
-                    " (this role may neither create hookbox's tables nor read the migrations \
-                     table: run hookbox migrate as the schema's owner, then grant this role \
-                     what docs/stores.md, Roles, lists)"
-                } else {
-                    ""
+                let hint = match (&before, e.to_string().contains("permission denied")) {
+                    (_, false) => String::new(),
+                    // The table was read: the role lacks only the right to create.
+                    (Some(applied), true) => {
+                        let missing: Vec<&str> = known
+                            .iter()
+                            .filter(|version| !applied.contains(version))
+                            .map(String::as_str)
+                            .collect();
+                        format!(
+                            " ({} migration(s) pending: {}; this role may not create or alter \
+                             hookbox's tables: run hookbox migrate as the schema's owner, then \
+                             grant this role what docs/stores.md, Roles, lists)",
+                            missing.len(),
+                            missing.join(", ")
+                        )
+                    }
+                    (None, true) => " (this role may neither create hookbox's tables nor read \
+                                     the migrations table: run hookbox migrate as the schema's \
+                                     owner, then grant this role what docs/stores.md, Roles, \
+                                     lists)"
+                        .to_owned(),
                 };
                 anyhow::anyhow!("applying migrations failed: {e}{hint}")
             })?

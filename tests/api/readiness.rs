@@ -166,6 +166,23 @@ async fn a_role_that_may_only_read_and_write_rows_serves_and_migrates_a_migrated
     assert_eq!(answer.status, 200, "{}\n{}", answer.text(), process.log());
     drop(process);
     assert_eq!(db.count("events"), 1);
+
+    // A migration pending (as after an upgrade): the role reads the table but may not create,
+    // and is told which versions wait and who applies them.
+    as_superuser(
+        &db,
+        "DELETE FROM __diesel_schema_migrations \
+         WHERE version = (SELECT max(version) FROM __diesel_schema_migrations)",
+    );
+    let (code, stdout, stderr) =
+        run_hookbox_async(&["migrate", "--config", &rows_only.path()]).await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("1 migration(s) pending: 2026")
+            && stderr.contains("as the schema's owner")
+            && !stderr.contains("nor read the migrations table"),
+        "{stderr}"
+    );
 }
 
 #[actix_web::test]
