@@ -643,8 +643,8 @@ fn common_rule(settings: &Settings<'_>) -> Result<GenericRule, ProviderError> {
         return Err(ProviderError::at(
             "scheme",
             format!(
-                "the {scheme} scheme needs a config source (its signature header and event id \
-                 location are configured)"
+                "the {scheme} scheme takes its signature header, encoding and event id from \
+                 a config source"
             ),
         ));
     }

@@ -295,6 +295,11 @@ fn flag_error(name: &str, secret_given: bool, e: &ProviderError) -> String {
             e.problem
         ),
         flag if flag.starts_with("--") => e.to_string(),
+        // A scheme that exists only as a config source's (hmac, hmac-sha256).
+        "scheme" => format!(
+            "--scheme: {}: give --config with that source (and --source) instead",
+            e.problem
+        ),
         key => format!(
             "--scheme: {name} signs with its source's {key}, which only a config has: \
              give --config instead ({})",
@@ -386,7 +391,11 @@ mod tests {
         assert!(Signer::from_flags("github", Some(Secret::new("s")), &Signing::default()).is_ok());
         let error = Signer::from_flags("hmac-sha256", Some(Secret::new("s")), &Signing::default())
             .expect_err("refused");
-        assert!(error.contains("config"), "{error}");
+        assert_eq!(
+            error,
+            "--scheme: the hmac-sha256 scheme takes its signature header, encoding and event id \
+             from a config source: give --config with that source (and --source) instead"
+        );
         let error = Signer::from_flags("papyal", Some(Secret::new("s")), &Signing::default())
             .expect_err("refused");
         assert!(error.contains("stripe, standard"), "{error}");
