@@ -542,10 +542,30 @@ async fn bind_transmission(
         event_id: event_id.to_owned(),
         body_sha256: sha2::Sha256::digest(body).to_vec(),
     };
+    // An older release's binding (in its event's row) is compared by the payload's
+    // fingerprint, as that release stored it.
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let fingerprint = inbox::fingerprint(source.provider.volatile_fields(), body, json.as_ref());
     let (transmission, asked) = (transmission.to_owned(), delivery.clone());
     let bound = in_time(state, deadline, move |conn| {
-        crate::db::transmissions::bind(conn, &transmission, &asked, crate::db::now())
-            .map_err(ClaimError::Database)
+        let older =
+            crate::db::transmissions::bound_by_an_older_release(conn, &asked.source, &transmission)
+                .map_err(ClaimError::Database)?;
+        match older {
+            // Refused without a binding of its own, which would hold the genuine delivery's
+            // id to this body.
+            Some(stored)
+                if stored.event_id != asked.event_id || stored.fingerprint != fingerprint =>
+            {
+                Ok(crate::db::transmissions::Bound {
+                    event_id: stored.event_id,
+                    body_sha256: Vec::new(),
+                    ..asked.clone()
+                })
+            }
+            _ => crate::db::transmissions::bind(conn, &transmission, &asked, crate::db::now())
+                .map_err(ClaimError::Database),
+        }
     })
     .await?;
     if bound == delivery {

@@ -410,6 +410,36 @@ async fn readyz_answers_503_within_the_request_timeout_while_the_database_stalls
     }
 }
 
+/// Work left waiting on a database that stopped answering (a `/readyz` check, an admin read,
+/// a purge batch: each on a thread of its own, blocked in a query) does not keep `serve` alive
+/// once it has stopped: a black-box run's serve logged `hookbox stopped` and was still there 70 s
+/// later, until SIGKILL.
+#[actix_web::test]
+async fn serve_exits_once_stopped_though_queries_wait_on_a_stalled_database() {
+    if skip_on_sqlite(
+        "serve_exits_once_stopped_though_queries_wait_on_a_stalled_database",
+        "an embedded store has no connection to stall",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+    let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"2s\"");
+    let mut process = Process::serve(&text.replace(&db.url, &proxied_url));
+    let ready = get(&process.address, "/readyz", None).await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+
+    proxy.stall();
+    // Answered 503 in time; the check's query stays blocked on its thread.
+    let stalled = get(&process.address, "/readyz", None).await;
+    assert_eq!(stalled.status, 503, "{}", stalled.text());
+    process.terminate();
+    process.wait_for_log("hookbox stopped");
+    let status = process.wait_exit(Duration::from_secs(10));
+    proxy.restore();
+    assert!(status.success(), "{status:?}\n{}", process.log());
+}
+
 /// A store that may not grow past the process's file-size limit (`ulimit -f`): the deliveries
 /// that need it to grow get a 503 and serve stays up (SIGXFSZ ended it mid-load, found by a
 /// black-box run; a supervisor then restarted it into the same limit).

@@ -422,6 +422,70 @@ async fn a_store_with_the_first_transmissions_table_is_upgraded_and_binds_each_d
     assert_eq!(stored(&app), 1);
 }
 
+/// A release of 2026-12-05/06 kept a transmission id's binding in its event's row
+/// (`events.dedupe_key`, the SHA-256 of `transmission:` and the id), not in `transmissions`: a
+/// body forged to the CRC32 of a delivery it took, sent to this one with that delivery's
+/// headers (after an upgrade, or beside it in a rolling deploy), is refused too (a black-box
+/// run saw it stored).
+#[actix_web::test]
+async fn a_transmission_an_older_release_bound_in_its_event_row_carries_no_other_body() {
+    use diesel::connection::SimpleConnection;
+    use sha2::{Digest, Sha256};
+    let key = TestKey::new();
+    let (base, _server) = cert_server(&key.cert_pem, Duration::ZERO);
+    let app = spawn(&base).await;
+    let cert_url = format!("{base}/certs/CERT-360caa42-fca2a594-a5cafa77");
+    let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
+    let genuine = signed(&app, &key, &cert_url, &body, unix_now());
+    let first = app.send(&genuine).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    // As the older release left it: the binding in the event's row, none in `transmissions`.
+    let transmission = genuine
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("PAYPAL-TRANSMISSION-ID"))
+        .map(|(_, value)| value.clone())
+        .expect("a transmission id");
+    let legacy = hex::encode(Sha256::digest(format!("transmission:{transmission}")));
+    let literal = if store_is_sqlite() {
+        format!("X'{legacy}'")
+    } else {
+        format!("decode('{legacy}', 'hex')")
+    };
+    app.db
+        .connect()
+        .batch_execute(&format!(
+            "DELETE FROM transmissions; \
+             UPDATE events SET dedupe_key = {literal} WHERE event_id = '{id}'"
+        ))
+        .expect("an older release's binding");
+
+    // Another event's body, and this event's with another amount, under the genuine headers.
+    let (forged_id, other) = event("PAYMENT.CAPTURE.COMPLETED");
+    let other = other.replace("45.00", "4500.00");
+    let same_id_other_amount = body.replace("45.00", "4500.00");
+    for forgery in [other, same_id_other_amount] {
+        let forged = Delivery {
+            body: forged_to_crc(&forgery, crc32fast::hash(body.as_bytes())),
+            ..genuine.clone()
+        };
+        let answer = app.send(&forged).await;
+        assert_eq!(answer.status, 401, "{}", answer.text());
+        assert_eq!(answer.code().as_deref(), Some("invalid_signature"));
+    }
+    assert_eq!(stored(&app), 1, "no forged event is stored");
+    assert_eq!(
+        app.db
+            .count(&format!("events WHERE event_id = '{forged_id}'")),
+        0
+    );
+    // PayPal sending the same transmission again is still its replay.
+    let again = app.send(&genuine).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+}
+
 #[actix_web::test]
 async fn a_burst_of_fifty_deliveries_fetches_the_certificate_once() {
     let key = TestKey::new();
