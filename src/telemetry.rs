@@ -72,6 +72,7 @@ pub fn init() {
         Some((value, Err(e))) => (EnvFilter::new(DEFAULT_FILTER), Some((value, e))),
     };
     let lines = tracing_subscriber::fmt::layer()
+        .fmt_fields(one_line_fields())
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
@@ -97,6 +98,27 @@ pub fn init() {
             .name("hookbox-client-errors".to_owned())
             .spawn(move || report(&receiver));
     }
+}
+
+/// How a log line writes its fields: as tracing's own format does (`name=value`, the message
+/// bare), but with a value's line breaks written as `\n` and `\r`, and those at its end
+/// dropped. A database's error ends with a newline (libpq's): it cut the line there, and put
+/// the fields after it (a failed purge pass's `removed=` and `by_source=`) on a line of their
+/// own that a reader of the WARN line never saw.
+fn one_line_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        let text = format!("{value:?}");
+        let text = text
+            .trim_end_matches(['\n', '\r'])
+            .replace('\n', "\\n")
+            .replace('\r', "\\r");
+        match field.name() {
+            "message" => write!(writer, "{text}"),
+            name => write!(writer, "{name}={text}"),
+        }
+    })
+    .delimited(" ")
 }
 
 thread_local! {
@@ -219,6 +241,50 @@ fn report(errors: &Receiver<String>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_value_that_ends_in_a_newline_keeps_its_line_whole() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("lock").extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::fmt()
+            .fmt_fields(one_line_fields())
+            .with_writer({
+                let lines = lines.clone();
+                move || lines.clone()
+            })
+            .with_ansi(false)
+            .with_target(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(
+                error = %"SSL error: unexpected eof while reading\n",
+                removed = 70000,
+                by_source = %"stripe=70000",
+                detail = %"two\nlines",
+                "purge pass failed"
+            );
+        });
+        let text = String::from_utf8(lines.0.lock().expect("lock").clone()).expect("text");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.contains(
+                "WARN purge pass failed error=SSL error: unexpected eof while reading \
+                 removed=70000 by_source=stripe=70000 detail=two\\nlines"
+            ),
+            "{text}"
+        );
+    }
+
     use super::*;
 
     #[test]
