@@ -75,6 +75,10 @@ pub enum ApiError {
     /// say that nothing was stored.
     #[error("the database did not answer within the request timeout; the event may still be stored when it does, and a retry gets the stored answer, so retry later")]
     Unanswered,
+    /// 503 `unavailable`, with `Retry-After`: an admin or console request's database work got
+    /// no answer within the request timeout. A change it asked for may still be made.
+    #[error("the database did not answer within the request timeout; retry later (a change asked for may still be made once it answers)")]
+    NoAnswer,
     /// 503 `unavailable`, with `Retry-After`: something the check needs from the provider (a
     /// certificate) or a request to it (SNS's subscription confirmation) failed; the sentence
     /// says which. Not the database's fault, so not its sentence.
@@ -188,6 +192,7 @@ impl ApiError {
             ApiError::Unavailable
             | ApiError::TablesLocked
             | ApiError::Unanswered
+            | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
             | ApiError::Busy
@@ -211,6 +216,7 @@ impl ApiError {
             ApiError::Unavailable
             | ApiError::TablesLocked
             | ApiError::Unanswered
+            | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
             | ApiError::Busy
@@ -250,6 +256,7 @@ impl ResponseError for ApiError {
             ApiError::Unavailable
             | ApiError::TablesLocked
             | ApiError::Unanswered
+            | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
             | ApiError::Busy

@@ -24,27 +24,41 @@ pub use unread::close_unread;
 pub use webhook::{refused, refused_by};
 
 /// Runs `work` on a blocking thread with a pooled connection (again on a fresh one if that
-/// one turns out dead, so `work` must be safe to repeat). A failure is logged once, as `what`
+/// one turns out dead, so `work` must be safe to repeat), within `[server].request_timeout`
+/// as a delivery's database work: a database that stops answering (a frozen host, a
+/// black-holed network) gets the admin API and the console a 503 in time instead of a request
+/// left open for ever (found by a black-box run). A failure is logged once, as `what`
 /// failing, and answered 503 `unavailable`.
 pub(crate) async fn with_db<T: Send + 'static>(
     state: &web::Data<AppState>,
     what: &'static str,
     work: impl FnMut(&mut AnyConnection) -> QueryResult<T> + Send + 'static,
 ) -> Result<T, ApiError> {
+    let within = state.request_timeout;
     let state = state.clone();
-    web::block(move || db::with_connection_retried(&state.pool, work))
-        .await
-        .map_err(|_| ApiError::Unavailable)?
-        .map_err(|e| {
-            tracing::warn!(error = %e, "{what} failed");
-            match &e {
-                db::DbError::Unavailable(_) => ApiError::Unavailable,
-                // Another writer held the lock past the wait: SQLite's write lock (another
-                // process writing), or a table another PostgreSQL session locked.
-                db::DbError::Query(query) if db::is_lock_timeout(query) => ApiError::Busy,
-                db::DbError::Query(query) => ApiError::Database(db::Failure::of(query)),
-            }
-        })
+    let worked = tokio::time::timeout(
+        within,
+        web::block(move || db::with_connection_retried(&state.pool, work)),
+    )
+    .await
+    .map_err(|_| {
+        // The thread waits on; what it asked may still be done once the database answers.
+        tracing::warn!(
+            "{what} got no answer from the database within server.request_timeout ({})",
+            crate::config::Spelt(within)
+        );
+        ApiError::NoAnswer
+    })?;
+    worked.map_err(|_| ApiError::Unavailable)?.map_err(|e| {
+        tracing::warn!(error = %e, "{what} failed");
+        match &e {
+            db::DbError::Unavailable(_) => ApiError::Unavailable,
+            // Another writer held the lock past the wait: SQLite's write lock (another
+            // process writing), or a table another PostgreSQL session locked.
+            db::DbError::Query(query) if db::is_lock_timeout(query) => ApiError::Busy,
+            db::DbError::Query(query) => ApiError::Database(db::Failure::of(query)),
+        }
+    })
 }
 
 /// How long a request's body may take to arrive (`[server].request_timeout`), for an

@@ -410,6 +410,44 @@ async fn readyz_answers_503_within_the_request_timeout_while_the_database_stalls
     }
 }
 
+/// The admin API and the console answer 503 within the request timeout while the database
+/// stalls, as a delivery does (a black-box run's console pages and admin reads were still
+/// unanswered after 150 s).
+#[actix_web::test]
+async fn the_admin_api_and_the_console_answer_503_in_time_while_the_database_stalls() {
+    if skip_on_sqlite(
+        "the_admin_api_and_the_console_answer_503_in_time_while_the_database_stalls",
+        "an embedded store has no connection to stall",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+    let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"2s\"");
+    let config = parse_config(&text.replace(&db.url, &proxied_url));
+    let app = TestApp::spawn_on(db, config, Handlers::default()).await;
+    let cookie = crate::console::log_in(&app).await;
+    let listed = app.get("/admin/events", Some(ADMIN_TOKEN)).await;
+    assert_eq!(listed.status, 200, "{}", listed.text());
+
+    proxy.stall();
+    let within = Duration::from_secs(10);
+    let admin =
+        actix_web::rt::time::timeout(within, app.get("/admin/events", Some(ADMIN_TOKEN))).await;
+    let page = actix_web::rt::time::timeout(
+        within,
+        crate::console::get_page(&app, "/console/events", Some(&cookie)),
+    )
+    .await;
+    proxy.restore();
+    let admin = admin.expect("the admin API answered nothing within 10 s");
+    assert_eq!(admin.status, 503, "{}", admin.text());
+    assert_eq!(admin.json()["error"], "unavailable");
+    assert!(admin.header("Retry-After").is_some(), "{:?}", admin.headers);
+    let page = page.expect("the console answered nothing within 10 s");
+    assert_eq!(page.status, 503, "{}", page.text());
+}
+
 /// Work left waiting on a database that stopped answering (a `/readyz` check, an admin read,
 /// a purge batch: each on a thread of its own, blocked in a query) does not keep `serve` alive
 /// once it has stopped: a black-box run's serve logged `hookbox stopped` and was still there 70 s
