@@ -3,10 +3,11 @@
 use std::fmt;
 
 /// Text a client chose (a request's path, the name in `/webhooks/{name}`, an event id or type),
-/// as a log line or the console shows it: at most `max` characters (then `…`), and a character that could start a line of its own,
-/// restyle a terminal or read as another (a newline, an escape, a bidi override) written as an
-/// escape (`\n`, `\u{1b}`). Anything else is written as it is, so a configured source's name or
-/// an ordinary path reads unchanged.
+/// as a log line or the console shows it: at most `max` characters (then `…`), and a character
+/// that could start a line of its own, restyle a terminal or read as another (a newline, an
+/// escape, a bidi override) written as an escape (`\n`, `\u{1b}`), as [`write_escaped`] writes
+/// it. Anything else is written as it is, so a configured source's name, an ordinary path or a
+/// word in any script reads unchanged.
 pub struct ClientText<'a> {
     text: &'a str,
     max: usize,
@@ -26,23 +27,63 @@ impl std::fmt::Display for ClientText<'_> {
         if self.text.len() <= self.max && self.text.bytes().all(plain) {
             return f.write_str(self.text);
         }
-        for (shown, c) in self.text.chars().enumerate() {
-            if shown == self.max {
-                return f.write_char('…');
+        // Quotes as they are: they end neither a log line nor a console cell.
+        match self.text.char_indices().nth(self.max) {
+            Some((cut, _)) => {
+                write_escaped(f, &self.text[..cut], &['"', '\''])?;
+                f.write_char('…')
             }
-            match c {
-                // A backslash doubled, so that the text `\u{202e}` does not read as the escape
-                // of a bidi override.
-                '\\' => f.write_str("\\\\")?,
-                c if c.is_ascii_graphic() || c == ' ' => f.write_char(c)?,
-                c if looks_blank(c) => write!(f, "\\u{{{:x}}}", u32::from(c))?,
-                // Escapes control and format characters (bidi overrides, zero widths, line
-                // separators) and leaves printable letters as they are.
-                c => write!(f, "{}", c.escape_debug())?,
-            }
+            None => write_escaped(f, self.text, &['"', '\'']),
         }
-        Ok(())
     }
+}
+
+/// Writes `text`, which a client chose, so that it cannot read as other text: a control or
+/// format character (a newline, an escape, a bidi override, a zero width) and a
+/// [`looks_blank`] character as its escape (`\n`, `\u{202e}`), a backslash doubled (so the
+/// text `\u{202e}` does not read as the escape of a bidi override), and the characters in
+/// `kept` as they are. A combining mark (an accent, a vowel sign, a Hebrew point, an emoji's
+/// variation selector) is written as it is where it sits on a character written as itself,
+/// other than a space, a quote, a backslash or a line break. With nothing to sit on (at the
+/// start, or after one of those or an escape) it would join whatever is written before the
+/// text, or read as nothing, so it is escaped.
+pub fn write_escaped(out: &mut impl fmt::Write, text: &str, kept: &[char]) -> fmt::Result {
+    let mut after_base = false;
+    for c in text.chars() {
+        if kept.contains(&c) {
+            out.write_char(c)?;
+            after_base = false;
+            continue;
+        }
+        let as_is = !looks_blank(c)
+            && if after_base {
+                printable_on_a_base(c)
+            } else {
+                // `char::escape_debug` escapes every combining mark too.
+                c.escape_debug().len() == 1
+            };
+        if as_is {
+            out.write_char(c)?;
+        } else if looks_blank(c) {
+            write!(out, "\\u{{{:x}}}", u32::from(c))?;
+        } else {
+            write!(out, "{}", c.escape_debug())?;
+        }
+        after_base = as_is && c != ' ';
+    }
+    Ok(())
+}
+
+/// Whether `c` is printable where it follows a letter: `str::escape_debug` escapes a
+/// combining mark only at the start of the text, and a control or format character anywhere.
+fn printable_on_a_base(c: char) -> bool {
+    let mut text = [b'a'; 5];
+    let len = 1 + c.encode_utf8(&mut text[1..]).len();
+    std::str::from_utf8(&text[..len])
+        .expect("an ASCII letter and a whole character are UTF-8")
+        .escape_debug()
+        .count()
+        == 2
 }
 
 /// A character that shows as nothing or as a space though it is neither a control nor a
@@ -50,7 +91,7 @@ impl std::fmt::Display for ClientText<'_> {
 /// Braille blank, the Mongolian vowel separator, the combining grapheme joiner, the Khmer
 /// inherent vowels, and every space but the ASCII one. An id or type holding one reads as
 /// another without it; shown as an escape, it does not.
-pub fn looks_blank(c: char) -> bool {
+fn looks_blank(c: char) -> bool {
     matches!(
         c,
         '\u{115f}'
@@ -277,6 +318,28 @@ mod tests {
             shown(&"y".repeat(70_000), 64),
             format!("{}…", "y".repeat(64))
         );
+    }
+
+    #[test]
+    fn client_text_shows_a_combining_mark_on_the_letter_it_follows() {
+        let shown = |text: &str| ClientText::new(text, 64).to_string();
+        assert_eq!(shown("भुगतान.सफल"), "भुगतान.सफल");
+        assert_eq!(shown("Thanh toa\u{301}n"), "Thanh toa\u{301}n");
+        assert_eq!(
+            shown("ש\u{5b8}\u{5c1}לו\u{5b9}ם"),
+            "ש\u{5b8}\u{5c1}לו\u{5b9}ם"
+        );
+        assert_eq!(shown("❤\u{fe0f}"), "❤\u{fe0f}");
+        // With nothing shown to sit on, a mark is its escape: at the start, after a space,
+        // a quote or an escape.
+        assert_eq!(shown("\u{301}e"), "\\u{301}e");
+        assert_eq!(shown("a \u{301}b"), "a \\u{301}b");
+        assert_eq!(shown("\"\u{301}"), "\"\\u{301}");
+        assert_eq!(shown("a\u{202e}\u{301}b"), "a\\u{202e}\\u{301}b");
+        assert_eq!(shown("a\u{2800}\u{301}"), "a\\u{2800}\\u{301}");
+        // A mark that looks blank, and a format character that extends, stay escaped.
+        assert_eq!(shown("a\u{34f}b\u{200c}c"), "a\\u{34f}b\\u{200c}c");
+        assert_eq!(shown("e\u{301}\u{202e}x"), "e\u{301}\\u{202e}x");
     }
 
     #[test]

@@ -236,7 +236,7 @@ pub fn guards() -> actix_web::middleware::DefaultHeaders {
 /// An event id or type as the console shows it: a control or format character (a bidi
 /// override, a zero width, a line separator) written as its escape (`\u{202e}`), so two ids
 /// that read alike are told apart (`evt_ab_\u{202e}4321` is not `evt_ab_1234`). Letters of any
-/// script are shown as they are; maud escapes the HTML.
+/// script, and the marks on them, are shown as they are; maud escapes the HTML.
 pub fn visible(text: &str) -> String {
     crate::ids::ClientText::new(text, usize::MAX).to_string()
 }
@@ -246,19 +246,9 @@ pub fn visible(text: &str) -> String {
 /// override, a zero width or a blank-looking letter in a payload is shown as its escape, so what
 /// the page shows reads as the bytes are.
 pub fn visible_lines(text: &str) -> String {
-    use std::fmt::Write;
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '\n' | '\r' | '\t' | '"' | '\'' | '\\') {
-            out.push(c);
-        } else if crate::ids::looks_blank(c) {
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-        } else if c.escape_debug().len() == 1 {
-            out.push(c);
-        } else {
-            let _ = write!(out, "{}", c.escape_debug());
-        }
-    }
+    crate::ids::write_escaped(&mut out, text, &['\n', '\r', '\t', '"', '\'', '\\'])
+        .expect("writing to a String cannot fail");
     out
 }
 
@@ -278,6 +268,21 @@ mod tests {
             visible_lines("a\u{2800}b\u{3164}c\u{a0}d"),
             "a\\u{2800}b\\u{3164}c\\u{a0}d"
         );
+    }
+
+    #[test]
+    fn a_body_shows_combining_marks_on_their_letters_and_escapes_loose_ones() {
+        assert_eq!(
+            visible_lines("{\"hi\": \"भुगतान सफल\", \"vi\": \"toa\u{301}n\"}"),
+            "{\"hi\": \"भुगतान सफल\", \"vi\": \"toa\u{301}n\"}"
+        );
+        // A mark after a quote, a backslash, a line break or a tab has nothing to sit on.
+        assert_eq!(
+            visible_lines("\"\u{301}\\\u{301}\n\u{301}\t\u{301}"),
+            "\"\\u{301}\\\\u{301}\n\\u{301}\t\\u{301}"
+        );
+        assert_eq!(visible_lines("\u{301}x"), "\\u{301}x");
+        assert_eq!(visible_lines("a\u{202e}b"), "a\\u{202e}b");
     }
 
     #[test]
