@@ -17,7 +17,7 @@ use std::future::{ready, Future, Ready};
 use std::pin::Pin;
 
 use actix_web::dev::Payload;
-use actix_web::http::header;
+use actix_web::http::{header, Method};
 use actix_web::{web, FromRequest, HttpRequest};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -100,7 +100,8 @@ impl FromRequest for Admin<Session> {
         ready(state.sessions.find(request).map(Admin).ok_or_else(|| {
             // A page asked for (a link from an alert, a bookmark) is where the login leads.
             let asked = request.uri().path_and_query().map(|a| a.as_str());
-            let back = (request.method() == actix_web::http::Method::GET)
+            let page = matches!(*request.method(), Method::GET | Method::HEAD);
+            let back = page
                 .then_some(asked)
                 .flatten()
                 .and_then(super::console::back_to)

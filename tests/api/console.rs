@@ -23,6 +23,15 @@ pub async fn get_page(app: &TestApp, path: &str, cookie: Option<&str>) -> Answer
     read(request.send().await.expect("the server answers")).await
 }
 
+/// `HEAD {path}` with the session cookie, if any.
+async fn head_page(app: &TestApp, path: &str, cookie: Option<&str>) -> Answer {
+    let mut request = client().head(format!("{}{path}", app.address));
+    if let Some(cookie) = cookie {
+        request = request.insert_header(("Cookie", cookie));
+    }
+    read(request.send().await.expect("the server answers")).await
+}
+
 /// `POST {path}` with a form body and the session cookie, if any.
 pub async fn post_form(
     app: &TestApp,
@@ -229,6 +238,33 @@ async fn without_a_session_every_page_redirects_to_the_login_form() {
     assert_eq!(form.status, 200);
     assert!(form.text().contains("name=\"token\""));
     assert_eq!(form.header("Content-Security-Policy"), Some(CSP));
+}
+
+#[actix_web::test]
+async fn a_head_request_gets_the_answer_of_a_get_and_the_login_form_leads_nowhere() {
+    // A link checker or a monitor asks with HEAD and follows redirects (`curl -IL`).
+    let app = TestApp::spawn().await;
+    let form = head_page(&app, "/console/login", None).await;
+    assert_eq!(form.status, 200);
+    assert!(form.body.is_empty());
+    assert_eq!(form.header("Content-Security-Policy"), Some(CSP));
+    for (path, login) in [
+        ("/console", "/console/login"),
+        ("/console/events", "/console/login?next=%2Fconsole%2Fevents"),
+    ] {
+        let answer = head_page(&app, path, None).await;
+        assert_eq!(
+            (answer.status, answer.header("Location")),
+            (303, Some(login)),
+            "{path}"
+        );
+        let there = head_page(&app, login, None).await;
+        assert_eq!(there.status, 200, "{login}");
+    }
+    let cookie = log_in(&app).await;
+    let overview = head_page(&app, "/console", Some(&cookie)).await;
+    assert_eq!(overview.status, 200);
+    assert!(overview.body.is_empty());
 }
 
 #[actix_web::test]

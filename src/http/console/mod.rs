@@ -40,17 +40,25 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                     .error_handler(|e, request| not_made(crate::http::query_problem(&e), request)),
             )
             .default_service(web::to(no_page))
-            .route("", web::get().to(overview::show))
-            .route("/", web::get().to(overview::show))
-            .route("/login", web::get().to(login_form))
+            .route("", shown().to(overview::show))
+            .route("/", shown().to(overview::show))
+            .route("/login", shown().to(login_form))
             .route("/login", web::post().to(login))
             .route("/logout", web::post().to(logout))
-            .route("/events", web::get().to(events::list))
-            .route("/event", web::get().to(event::show))
+            .route("/events", shown().to(events::list))
+            .route("/event", shown().to(event::show))
             .route("/deliveries/requeue", web::post().to(events::requeue_dead))
             .route("/deliveries/{id}/requeue", web::post().to(event::requeue))
             .route("/events/redeliver", web::post().to(event::redeliver)),
     );
+}
+
+/// The route of a page: a GET, and a HEAD answered the same way (actix sends no body for it).
+/// A HEAD left to the pages' fallback, which needs a session, would send a caller with none
+/// from the login form to the login form, for ever (a link checker's `curl -IL`).
+fn shown() -> actix_web::Route {
+    use actix_web::guard;
+    web::route().guard(guard::Any(guard::Get()).or(guard::Head()))
 }
 
 /// The query of a page or form that takes none (the overview, every POST): one is an address
