@@ -123,6 +123,9 @@ impl FromRequest for Admin<Login> {
                 return Err(Refused::Off.into());
             };
             let super::console::FormBody(body) = body.await?;
+            // A field the form has not, or one given twice (only the first would count), is
+            // refused before the token is compared, as on every console form.
+            super::console::check_fields(&body, &["token", "next"])?;
             let field = |wanted: &str| {
                 form_urlencoded::parse(&body)
                     .find(|(name, _)| name == wanted)

@@ -344,6 +344,34 @@ async fn a_wrong_token_is_refused_with_the_form_again_and_no_cookie() {
 }
 
 #[actix_web::test]
+async fn a_login_with_a_field_the_form_has_not_or_one_given_twice_is_refused() {
+    // `token=T&token=wrong` logged in, as only the first token was read (bb89).
+    let app = TestApp::spawn().await;
+    let forms: [&[(&str, &str)]; 5] = [
+        &[("token", ADMIN_TOKEN), ("token", "wrong")],
+        &[("token", "wrong"), ("token", ADMIN_TOKEN)],
+        &[("token", ADMIN_TOKEN), ("x", "1")],
+        &[("token", ADMIN_TOKEN), ("csrf", "zz")],
+        &[
+            ("token", ADMIN_TOKEN),
+            ("next", "/console/events"),
+            ("next", "/console/event?source=stripe&id=x"),
+        ],
+    ];
+    for fields in forms {
+        let refused = post_form(&app, "/console/login", None, fields).await;
+        assert_eq!(refused.status, 400, "{fields:?}: {}", refused.text());
+        assert!(refused.header("Set-Cookie").is_none(), "{fields:?}");
+        assert_eq!(refused.header("Content-Security-Policy"), Some(CSP));
+        assert!(
+            refused.text().contains("not one the console makes"),
+            "{fields:?}: {}",
+            refused.text()
+        );
+    }
+}
+
+#[actix_web::test]
 async fn logging_in_sets_an_http_only_strict_cookie_that_is_not_the_token() {
     let app = TestApp::spawn().await;
     let answer = post_form(&app, "/console/login", None, &[("token", ADMIN_TOKEN)]).await;

@@ -361,7 +361,7 @@ pub async fn requeue(
     _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
-    check_fields(&body, &["source", "event_id"])?;
+    check_fields(&body, &["csrf", "source", "event_id"])?;
     let id = path.into_inner();
     let outcome = match admin::requeue(&state, id, "the console").await {
         Ok(Some(Ok(_))) => "requeued",
@@ -391,7 +391,7 @@ pub async fn redeliver(
     _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
-    check_fields(&body, &["source", "event_id", "target"])?;
+    check_fields(&body, &["csrf", "source", "event_id", "target"])?;
     let (source, event_id) = (field(&body, "source"), field(&body, "event_id"));
     let target = Some(field(&body, "target")).filter(|t| !t.is_empty());
     let outcome = admin::redeliver(

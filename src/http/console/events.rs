@@ -366,7 +366,7 @@ pub async fn requeue_dead(
     _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
-    check_fields(&body, &["source"])?;
+    check_fields(&body, &["csrf", "source"])?;
     let source = field(&body, "source").trim().to_owned();
     let requeued = crate::http::admin::requeue_all_dead(
         &state,

@@ -239,16 +239,16 @@ fn check_csrf(session: &Session, body: &[u8]) -> Result<(), Refused> {
     Err(Refused::Forged)
 }
 
-/// Whether a POST's form carries only the fields its form has (`takes`, with `csrf`), each
-/// once: a field it does not take (a misspelt `soruce`, a `target` on the bulk form) would be
-/// ignored, and a second value of one (`source=&source=gh`) would be, as [`field`] reads the
-/// first; either would widen what the form does, so it is refused, as the console's other
-/// addresses are.
-fn check_fields(body: &[u8], takes: &[&str]) -> Result<(), Refused> {
+/// Whether a POST's form carries only the fields its form has (`takes`: `csrf` too, on every
+/// form but the login), each once: a field it does not take (a misspelt `soruce`, a `target`
+/// on the bulk form) would be ignored, and a second value of one (`source=&source=gh`,
+/// `token=T&token=wrong`) would be, as [`field`] reads the first; either would widen what the
+/// form does, so it is refused, as the console's other addresses are.
+pub(crate) fn check_fields(body: &[u8], takes: &[&str]) -> Result<(), Refused> {
     let shown = |name: &str| crate::ids::ClientText::new(name, 64).to_string();
     let mut seen = std::collections::HashSet::new();
     for (name, _) in form_urlencoded::parse(body) {
-        if name != "csrf" && !takes.contains(&name.as_ref()) {
+        if !takes.contains(&name.as_ref()) {
             return Err(Refused::NotMade(format!(
                 "this form has no field {:?}",
                 shown(&name)
@@ -366,7 +366,7 @@ async fn logout(
     _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
     check_csrf(&session, &body)?;
-    check_fields(&body, &[])?;
+    check_fields(&body, &["csrf"])?;
     state.sessions.end(&request);
     Ok(guarded(HttpResponse::SeeOther())
         .insert_header((header::LOCATION, "/console/login"))
