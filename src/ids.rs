@@ -42,8 +42,7 @@ impl std::fmt::Display for ClientText<'_> {
 /// format character (a newline, an escape, a bidi override, a zero width) and a
 /// [`looks_blank`] character as its escape (`\n`, `\u{202e}`), a backslash doubled (so the
 /// text `\u{202e}` does not read as the escape of a bidi override), and the characters in
-/// `kept` as they are. A combining mark (an accent, a vowel sign, a Hebrew point, an emoji's
-/// variation selector) is written as it is where it sits on a character written as itself,
+/// `kept` as they are. A combining mark (an accent, a vowel sign, a Hebrew point) is written as it is where it sits on a character written as itself,
 /// other than a space, a quote, a backslash or a line break. With nothing to sit on (at the
 /// start, or after one of those or an escape) it would join whatever is written before the
 /// text, or read as nothing, so it is escaped.
@@ -89,7 +88,8 @@ fn printable_on_a_base(c: char) -> bool {
 /// A character that shows as nothing or as a space though it is neither a control nor a
 /// format character (which `char::escape_debug` escapes already): the Hangul fillers, the
 /// Braille blank, the Mongolian vowel separator, the combining grapheme joiner, the Khmer
-/// inherent vowels, and every space but the ASCII one. An id or type holding one reads as
+/// inherent vowels, the variation selectors (after a letter that has no variant, `a` and `a`
+/// with one look alike), and every space but the ASCII one. An id or type holding one reads as
 /// another without it; shown as an escape, it does not.
 fn looks_blank(c: char) -> bool {
     matches!(
@@ -103,6 +103,10 @@ fn looks_blank(c: char) -> bool {
             | '\u{034f}'
             | '\u{17b4}'
             | '\u{17b5}'
+            | '\u{180b}'..='\u{180d}'
+            | '\u{180f}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{e0100}'..='\u{e01ef}'
     ) || (c.is_whitespace() && c != ' ' && !c.is_control())
 }
 
@@ -329,7 +333,9 @@ mod tests {
             shown("ש\u{5b8}\u{5c1}לו\u{5b9}ם"),
             "ש\u{5b8}\u{5c1}לו\u{5b9}ם"
         );
-        assert_eq!(shown("❤\u{fe0f}"), "❤\u{fe0f}");
+        // A variation selector shows nothing after most letters: escaped wherever it is.
+        assert_eq!(shown("❤\u{fe0f}"), "❤\\u{fe0f}");
+        assert_eq!(shown("a\u{fe0f}"), "a\\u{fe0f}");
         // With nothing shown to sit on, a mark is its escape: at the start, after a space,
         // a quote or an escape.
         assert_eq!(shown("\u{301}e"), "\\u{301}e");
