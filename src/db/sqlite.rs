@@ -42,13 +42,23 @@ pub fn connect(
 ) -> Result<SqliteConnection, diesel::r2d2::Error> {
     let mut conn =
         SqliteConnection::establish(path).map_err(diesel::r2d2::Error::ConnectionError)?;
-    conn.batch_execute(&format!(
+    let setup = format!(
         "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
          PRAGMA foreign_keys = ON;",
         busy_timeout.as_millis().max(1)
-    ))
-    .map_err(diesel::r2d2::Error::QueryError)?;
-    Ok(conn)
+    );
+    // Switching a new file to WAL takes its lock without waiting on the busy timeout: processes
+    // opening one new file together (two `serve`s and a `migrate` at a first start) got
+    // "database is locked" at once (found by a black-box run). Tried again within the timeout.
+    let started = std::time::Instant::now();
+    loop {
+        match conn.batch_execute(&setup) {
+            Err(e) if is_busy(&e) && started.elapsed() < busy_timeout => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            done => return done.map(|()| conn).map_err(diesel::r2d2::Error::QueryError),
+        }
+    }
 }
 
 /// How long a migration waits for another process's write to end on SQLite, once it has
@@ -132,4 +142,38 @@ impl OpenedFile {
 pub fn is_busy(error: &DieselError) -> bool {
     matches!(error, DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
         if info.message().contains("database is locked"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn processes_opening_one_new_file_together_all_open_it() {
+        for round in 0..40 {
+            let dir = std::env::temp_dir()
+                .join(format!("hookbox-wal-race-{}-{round}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("a directory");
+            let path = dir.join("new.db").to_string_lossy().into_owned();
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(6));
+            let opened: Vec<Result<(), String>> = (0..6)
+                .map(|_| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        connect(&path, Duration::from_secs(5))
+                            .map(drop)
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|thread| thread.join().expect("the thread"))
+                .collect();
+            std::fs::remove_dir_all(&dir).expect("clean up");
+            for result in opened {
+                assert_eq!(result, Ok(()), "round {round}");
+            }
+        }
+    }
 }
