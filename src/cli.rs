@@ -404,8 +404,20 @@ fn finish(result: anyhow::Result<()>) -> Result<ExitCode, Exit> {
 fn serve(config: Config) -> anyhow::Result<()> {
     actix_web::rt::System::new().block_on(async move {
         let app = Application::build(config, Handlers::default())?;
-        app.run_until_stopped().await?;
-        Ok(())
+        let stopped = app.run_until_stopped().await;
+        // Stopped: what had to end has ended (requests, forward attempts, the replay counts,
+        // SQLite's checkpoint). A query still waiting on a database that stopped answering (a
+        // purge batch, a `/readyz` check, an admin read, each on a blocking thread) would hold
+        // the runtime's end for ever, since it waits for every such thread: a black-box run's
+        // serve logged `hookbox stopped` and was still there 70 s later. Its transaction rolls
+        // back when the process's connection goes.
+        match stopped {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                errln!("hookbox: error: {e:#}");
+                std::process::exit(1)
+            }
+        }
     })
 }
 

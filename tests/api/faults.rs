@@ -462,15 +462,26 @@ async fn serve_exits_once_stopped_though_queries_wait_on_a_stalled_database() {
     }
     let db = TestDb::create();
     let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
-    let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"2s\"");
+    // A purge pass every second, so one is sure to wait on the stall too.
+    let text = format!(
+        "{}\n[retention]\npurge_interval = \"1s\"\n",
+        with_server_keys(&config_text(&db.url, ""), "request_timeout = \"2s\"")
+    );
     let mut process = Process::serve(&text.replace(&db.url, &proxied_url));
     let ready = get(&process.address, "/readyz", None).await;
     assert_eq!(ready.status, 200, "{}", ready.text());
 
     proxy.stall();
-    // Answered 503 in time; the check's query stays blocked on its thread.
+    // Answered 503 in time; the queries stay blocked on their threads.
     let stalled = get(&process.address, "/readyz", None).await;
     assert_eq!(stalled.status, 503, "{}", stalled.text());
+    let listed = get(&process.address, "/admin/events", Some(ADMIN_TOKEN)).await;
+    assert_eq!(listed.status, 503, "{}", listed.text());
+    // The next pass starts, and waits.
+    let passes = |log: &str| log.matches("purge pass done").count();
+    let before = passes(&process.log());
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(passes(&process.log()), before, "{}", process.log());
     process.terminate();
     process.wait_for_log("hookbox stopped");
     let status = process.wait_exit(Duration::from_secs(10));
