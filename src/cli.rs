@@ -517,9 +517,14 @@ fn exit_on_interrupt(cleanup: impl FnOnce() -> bool + Send + 'static) -> anyhow:
     Ok(())
 }
 
+/// How long a purge stopped by a signal waits for the batch in progress before it quits
+/// without it.
+const BATCH_AFTER_A_STOP: Duration = Duration::from_secs(10);
+
 /// Sets `stop` at the first Ctrl-C (SIGINT) or SIGTERM, so a purge ends after the batch it is
-/// in and says what it removed; a second one exits at once (the batch in progress rolls back).
-/// Both are caught from the moment this returns.
+/// in and says what it removed; a second one, or [`BATCH_AFTER_A_STOP`] without the batch
+/// ending, exits at once (the batch in progress rolls back). Both are caught from the moment
+/// this returns.
 fn stop_on_ctrl_c(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -544,9 +549,17 @@ fn stop_on_ctrl_c(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 "\nhookbox: interrupted ({which}): stopping after the batch in progress \
                  (Ctrl-C or SIGTERM again to quit at once)"
             );
+            // A batch that never ends (the database stopped answering) must not hold the
+            // stop: a black-box run's purge waited for ever on one SIGTERM.
             tokio::select! {
                 _ = interrupts.recv() => {}
                 _ = terminations.recv() => {}
+                () = tokio::time::sleep(BATCH_AFTER_A_STOP) => errln!(
+                    "hookbox: the batch in progress did not end within {} s of the signal (a \
+                     lock held elsewhere, or a database that stopped answering): quitting; it \
+                     rolls back, and a later purge removes what it would have",
+                    BATCH_AFTER_A_STOP.as_secs()
+                ),
             }
             std::process::exit(i32::from(INTERRUPTED));
         });
@@ -645,7 +658,8 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
                  tool)"
             }
             crate::db::AnyConnection::Postgres(_) => {
-                "rows it removes may be locked by another session"
+                "rows it removes may be locked by another session, or the database has stopped \
+                 answering"
             }
         };
         let ticker = Ticker::start(Duration::from_secs(2), move |so_far, waited| {

@@ -755,6 +755,50 @@ fn a_purge_batch_kept_waiting_by_a_locked_row_says_so_while_it_waits() {
     assert_eq!(db.count("events WHERE event_id LIKE 'old_%'"), 0);
 }
 
+/// A purge stopped by SIGTERM while its batch cannot end (a row held elsewhere here; a
+/// database that stopped answering is the same to it) quits after a bounded wait instead of
+/// waiting with it (a black-box run's purge never ended on one SIGTERM).
+#[test]
+fn a_purge_stopped_while_its_batch_cannot_end_quits_after_a_bounded_wait() {
+    use diesel::{Connection, RunQueryDsl};
+    if store_is_sqlite() {
+        return;
+    }
+    let db = TestDb::create();
+    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
+    insert_aged(&db, "stripe", "old", 3, "4 days");
+    let mut holder = db.connect();
+    holder
+        .transaction(|holder| {
+            diesel::sql_query("SELECT id FROM events WHERE event_id = 'old_1' FOR UPDATE")
+                .execute(holder)?;
+            let purge = Watched::start(
+                &["purge", "--config", &config_path, "--older-than", "1d"],
+                &[],
+            );
+            purge.says("the batch under way has taken");
+            let status = std::process::Command::new("kill")
+                .args(["-TERM", &purge.child.id().to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success());
+            // Still held: the purge gives the batch up on its own.
+            let (code, stderr) = purge.ended();
+            assert_eq!(code, Some(130), "{stderr}");
+            assert!(
+                stderr.contains("did not end within 10 s of the signal"),
+                "{stderr}"
+            );
+            Ok::<_, diesel::result::Error>(())
+        })
+        .expect("the holder's transaction ends");
+    assert_eq!(
+        db.count("events WHERE event_id LIKE 'old_%'"),
+        3,
+        "the batch rolled back"
+    );
+}
+
 #[test]
 fn a_purge_on_sqlite_waits_for_another_process_write_rather_than_failing() {
     use diesel::connection::SimpleConnection;
