@@ -754,14 +754,15 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         );
     }
     if report.pending_forwards > 0 {
-        let (were, go) = if args.dry_run {
-            ("are", "would go with them")
-        } else {
-            ("were", "went with them")
+        let (deliveries, were, go) = match (args.dry_run, report.pending_forwards == 1) {
+            (true, true) => ("forward delivery", "is", "would go with its event"),
+            (true, false) => ("forward deliveries", "are", "would go with them"),
+            (false, true) => ("forward delivery", "was", "went with its event"),
+            (false, false) => ("forward deliveries", "were", "went with them"),
         };
         outln!(
-            "{} forward deliveries of those events {were} still pending and {go}, not sent \
-             (but for any a dispatcher had already taken)",
+            "{} {deliveries} of those events {were} still pending and {go}, not sent (but for \
+             any a dispatcher had already taken)",
             report.pending_forwards
         );
     }

@@ -278,13 +278,30 @@ fn purge_says_how_many_forward_deliveries_still_pending_go_with_their_events() {
         stderr.contains("WARN") && stderr.contains("pending_forwards=3"),
         "the pass's log says so too: {stderr}"
     );
+
+    // One is said as one.
+    insert_aged(&db, "stripe", "older", 1, "4 days");
+    diesel::sql_query(
+        "INSERT INTO deliveries (event_row, target, source, received_at, queued_at) \
+         SELECT id, 'default', source, received_at, received_at FROM events",
+    )
+    .execute(&mut db.connect())
+    .expect("an outbox row");
+    let (code, stdout, stderr) = run_hookbox(&["purge", "--config", &config_path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(
+            "1 forward delivery of those events was still pending and went with its event"
+        ),
+        "{stdout}"
+    );
     assert_eq!(db.count("deliveries"), 0);
 
     // Nothing pending, nothing said.
     insert_aged(&db, "stripe", "later", 1, "4 days");
     let (code, stdout, _) = run_hookbox(&["purge", "--config", &config_path], &[]);
     assert_eq!(code, 0);
-    assert!(!stdout.contains("forward deliveries"), "{stdout}");
+    assert!(!stdout.contains("forward deliver"), "{stdout}");
 }
 
 #[test]
