@@ -412,13 +412,27 @@ fn serve(config: Config) -> anyhow::Result<()> {
         // serve logged `hookbox stopped` and was still there 70 s later. Its transaction rolls
         // back when the process's connection goes.
         match stopped {
-            Ok(()) => std::process::exit(0),
+            Ok(()) => end_now(0),
             Err(e) => {
                 errln!("hookbox: error: {e:#}");
-                std::process::exit(1)
+                end_now(1)
             }
         }
     })
+}
+
+/// Ends the process at once with `code`, past the runtime's end (see [`serve`]). Not
+/// `std::process::exit`: its exit handlers ran while the runtime's threads were still at work
+/// (this thread's thread-locals torn down under it, the TLS library's cleanup), and a serve
+/// stopped within a second of its start sometimes panicked after `hookbox stopped` or died
+/// of SIGSEGV (found by a black-box run).
+fn end_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` takes no pointer and ends the process without running exit handlers or
+    // destructors, which is what is wanted here: nothing left needs them.
+    unsafe { libc::_exit(code) }
 }
 
 fn migrate(config: &Config) -> anyhow::Result<()> {
@@ -695,6 +709,14 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
                     "{e}: {holder} and did not let go within {} s; what was removed before \
                      stays removed; run purge again once it is free",
                     PURGE_LOCK_WAIT.as_secs()
+                );
+            }
+            if crate::db::Failure::of(&e) == crate::db::Failure::Unreachable {
+                return anyhow::anyhow!(
+                    "{e}: the connection to the database {} was lost part way (a restart, a \
+                     failover, a network that dropped it); what was removed before stays \
+                     removed; run purge again once the database answers",
+                    config.database.display_url()
                 );
             }
             if crate::db::Failure::of(&e) == crate::db::Failure::Permission {

@@ -399,3 +399,25 @@ async fn migrate_and_serve_say_so_when_a_newer_hookbox_migrated_the_database() {
     assert!(!log.contains("up to date"), "{log}");
     assert_eq!(get(&process.address, "/healthz", None).await.status, 200);
 }
+
+/// A serve stopped right after it starts (its pool, purge pass and workers still starting)
+/// exits 0, cleanly: ending the process with exit handlers that ran while the runtime's
+/// threads were at work panicked after `hookbox stopped` in about 2 % of such stops (found by a
+/// black-box run), and now and then died of SIGSEGV.
+#[actix_web::test]
+async fn a_serve_stopped_right_after_it_starts_exits_cleanly_every_time() {
+    let db = TestDb::create();
+    let config = config_text(&db.url, "");
+    for round in 0..150 {
+        let mut process = Process::serve(&config);
+        let ready = get(&process.address, "/readyz", None).await;
+        assert_eq!(ready.status, 200, "{}", ready.text());
+        process.terminate();
+        let status = process.wait_exit(std::time::Duration::from_secs(30));
+        let log = process.log();
+        assert!(
+            status.success() && !log.contains("panicked"),
+            "round {round}: {status:?}\n{log}"
+        );
+    }
+}

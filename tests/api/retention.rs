@@ -816,6 +816,45 @@ fn a_purge_stopped_while_its_batch_cannot_end_quits_after_a_bounded_wait() {
     );
 }
 
+/// A purge whose connection is lost part way (its session ended: a restart, a failover) says
+/// so and what to do, not only the driver's words (a black-box run got a bare `SSL error:
+/// unexpected eof while reading`).
+#[test]
+fn a_purge_whose_connection_is_lost_part_way_says_so_and_to_run_it_again() {
+    use diesel::{Connection, RunQueryDsl};
+    if store_is_sqlite() {
+        return;
+    }
+    let db = TestDb::create();
+    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
+    insert_aged(&db, "stripe", "old", 3, "4 days");
+    let mut holder = db.connect();
+    holder
+        .transaction(|holder| {
+            diesel::sql_query("SELECT id FROM events WHERE event_id = 'old_1' FOR UPDATE")
+                .execute(holder)?;
+            let purge = Watched::start(
+                &["purge", "--config", &config_path, "--older-than", "1d"],
+                &[],
+            );
+            purge.says("the batch under way has taken");
+            let ended = db.count(
+                "(SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock') AS cut",
+            );
+            assert_eq!(ended, 1, "the purge's session");
+            let (code, stderr) = purge.ended();
+            assert_eq!(code, Some(1), "{stderr}");
+            assert!(
+                stderr.contains("was lost part way")
+                    && stderr.contains("run purge again once the database answers"),
+                "{stderr}"
+            );
+            Ok::<_, diesel::result::Error>(())
+        })
+        .expect("the holder's transaction ends");
+}
+
 #[test]
 fn a_purge_on_sqlite_waits_for_another_process_write_rather_than_failing() {
     use diesel::connection::SimpleConnection;
