@@ -69,24 +69,30 @@ pub fn bind(
     })
 }
 
-/// The event an older hookbox bound `transmission_id` to, if one did. Releases of 2026-12-05
-/// and 6 (before this table) kept the binding in the event's own row: `events.dedupe_key` set to
-/// the SHA-256 of `transmission:` and the id, for the event that came with it. Those rows stay
-/// for the source's retention window after an upgrade, and an older instance may still write
-/// them while a rolling deploy runs, so a delivery whose id is bound here for the first time is
-/// also held against them (a black-box run stored a body forged to the CRC32 of a delivery the
-/// older release had taken, sent with its headers to this one).
+/// The event an older hookbox bound `transmission_id` to, if one did, under one of `sources`
+/// (those of the scheme), with the source it is under. Releases of 2026-12-05 and 6 (before
+/// this table) kept the binding in the event's own row: `events.dedupe_key` set to the SHA-256
+/// of `transmission:` and the id, for the event that came with it. Those rows stay for the
+/// source's retention window after an upgrade, and an older instance may still write them
+/// while a rolling deploy runs, so a delivery is also held against them (a black-box run stored
+/// a body forged to the CRC32 of a delivery the older release had taken, sent with its headers
+/// to this one).
 pub fn bound_by_an_older_release(
     conn: &mut AnyConnection,
-    source: &str,
+    sources: &[String],
     transmission_id: &str,
-) -> QueryResult<Option<super::events::Stored>> {
+) -> QueryResult<Option<(String, super::events::Stored)>> {
     use sha2::{Digest, Sha256};
     let mut key = Sha256::new();
     key.update(b"transmission:");
     key.update(transmission_id.as_bytes());
     let key: [u8; 32] = key.finalize().into();
-    super::events::answer_by_key(conn, source, &key)
+    for source in sources {
+        if let Some(stored) = super::events::answer_by_key(conn, source, &key)? {
+            return Ok(Some((source.clone(), stored)));
+        }
+    }
+    Ok(None)
 }
 
 /// Removes the bindings seen before `cutoff`: of `source`, or with `None` of every source not

@@ -546,21 +546,31 @@ async fn bind_transmission(
     // fingerprint, as that release stored it.
     let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
     let fingerprint = inbox::fingerprint(source.provider.volatile_fields(), body, json.as_ref());
+    // Looked for under every source of this scheme, as the new bindings are one per id.
+    let mut alike: Vec<String> = state
+        .sources
+        .values()
+        .filter(|other| other.provider.scheme() == source.provider.scheme())
+        .map(|other| other.name.as_str().to_owned())
+        .collect();
+    alike.sort();
     let (transmission, asked) = (transmission.to_owned(), delivery.clone());
     let bound = in_time(state, deadline, move |conn| {
         let older =
-            crate::db::transmissions::bound_by_an_older_release(conn, &asked.source, &transmission)
+            crate::db::transmissions::bound_by_an_older_release(conn, &alike, &transmission)
                 .map_err(ClaimError::Database)?;
         match older {
             // Refused without a binding of its own, which would hold the genuine delivery's
             // id to this body.
-            Some(stored)
-                if stored.event_id != asked.event_id || stored.fingerprint != fingerprint =>
+            Some((source, stored))
+                if source != asked.source
+                    || stored.event_id != asked.event_id
+                    || stored.fingerprint != fingerprint =>
             {
                 Ok(crate::db::transmissions::Bound {
+                    source,
                     event_id: stored.event_id,
                     body_sha256: Vec::new(),
-                    ..asked.clone()
                 })
             }
             _ => crate::db::transmissions::bind(conn, &transmission, &asked, crate::db::now())

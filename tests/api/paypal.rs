@@ -433,7 +433,16 @@ async fn a_transmission_an_older_release_bound_in_its_event_row_carries_no_other
     use sha2::{Digest, Sha256};
     let key = TestKey::new();
     let (base, _server) = cert_server(&key.cert_pem, Duration::ZERO);
-    let app = spawn(&base).await;
+    // A second source with the same webhook id: the older release's binding holds there too.
+    let app = TestApp::spawn_with(
+        &format!(
+            "{}{}",
+            source(&base),
+            source(&base).replace("[sources.paypal]", "[sources.paypal2]")
+        ),
+        Default::default(),
+    )
+    .await;
     let cert_url = format!("{base}/certs/CERT-360caa42-fca2a594-a5cafa77");
     let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
     let genuine = signed(&app, &key, &cert_url, &body, unix_now());
@@ -473,12 +482,19 @@ async fn a_transmission_an_older_release_bound_in_its_event_row_carries_no_other
         assert_eq!(answer.status, 401, "{}", answer.text());
         assert_eq!(answer.code().as_deref(), Some("invalid_signature"));
     }
+    let elsewhere = Delivery {
+        source: "paypal2".to_owned(),
+        ..genuine.clone()
+    };
+    let answer = app.send(&elsewhere).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
     assert_eq!(stored(&app), 1, "no forged event is stored");
     assert_eq!(
         app.db
             .count(&format!("events WHERE event_id = '{forged_id}'")),
         0
     );
+    assert_eq!(app.db.count("events WHERE source = 'paypal2'"), 0);
     // PayPal sending the same transmission again is still its replay.
     let again = app.send(&genuine).await;
     assert_eq!(again.status, 200, "{}", again.text());
