@@ -1247,3 +1247,68 @@ async fn a_form_past_the_body_limit_is_refused_with_the_consoles_headers() {
     assert_eq!(answer.header("Cache-Control"), Some("no-store"));
     assert_eq!(answer.header("X-Frame-Options"), Some("DENY"));
 }
+
+/// A redeliver the database does not answer within the request timeout (its rows held by
+/// another session here) may still be made once it does: the page says so, and to check before
+/// trying again, not that nothing was re-queued (a black-box run: the banner said nothing was,
+/// both targets then got the event, and a second click would have sent it twice).
+#[actix_web::test]
+async fn a_redeliver_left_unanswered_in_time_says_it_may_still_be_made() {
+    if skip_on_sqlite(
+        "a_redeliver_left_unanswered_in_time_says_it_may_still_be_made",
+        "an SQLite write waits for the write lock, not for rows",
+    ) {
+        return;
+    }
+    let downstream = Downstream::start(always(410));
+    let db = TestDb::create();
+    let text = with_server_keys(
+        &config_text(&db.url, &forward_extra(&downstream.url, "5s", 3)),
+        "request_timeout = \"2s\"",
+    );
+    let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+    let id = unique_id("evt");
+    let sent = app
+        .send(&app.delivery("stripe", &stripe_event(&id, "charge.failed", 1), &id))
+        .await;
+    assert_eq!(sent.status, 200);
+    poll_until("the 410 dead-letters it", Duration::from_secs(10), || {
+        dead_deliveries(&app) == 1
+    })
+    .await;
+    let cookie = log_in(&app).await;
+    let csrf = csrf_of(&event_page(&app, &cookie, "stripe", &id).await.text());
+
+    // Another session holds the event's delivery row for longer than the request timeout.
+    let (held, holding) = std::sync::mpsc::channel();
+    let url = app.db.url.clone();
+    let holder = std::thread::spawn(move || {
+        let mut conn = diesel::PgConnection::establish(&url).expect("connect");
+        conn.transaction(|conn| {
+            diesel::sql_query("SELECT id FROM deliveries FOR UPDATE").execute(conn)?;
+            held.send(()).expect("the test waits");
+            std::thread::sleep(Duration::from_secs(4));
+            Ok::<_, diesel::result::Error>(())
+        })
+        .expect("the holder's transaction");
+    });
+    holding.recv().expect("the row is held");
+    let accepted = post_form(
+        &app,
+        "/console/events/redeliver",
+        Some(&cookie),
+        &[("source", "stripe"), ("event_id", &id), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(accepted.status, 303, "{}", accepted.text());
+    let location = accepted.header("Location").expect("back").to_owned();
+    let shown = get_page(&app, &location, Some(&cookie)).await.text();
+    assert!(
+        shown.contains("the re-queue may still be made")
+            && !shown.contains("nothing was re-queued"),
+        "{shown}"
+    );
+    actix_web::rt::task::spawn_blocking(move || holder.join().expect("the holder"))
+        .await
+        .expect("joined");
+}

@@ -103,6 +103,16 @@ fn notice(which: &Which, session: &Session) -> Option<(bool, String)> {
             "The database did not answer; nothing was re-queued.".to_owned(),
         ));
     }
+    if which.notice.as_deref() == Some("unanswered") {
+        // Asked, but not answered in time: it may yet be done, and a second click would
+        // send the event again.
+        return Some((
+            false,
+            "The database did not answer in time; the re-queue may still be made once it \
+             does. Reload this page in a moment and check the deliveries before trying again."
+                .to_owned(),
+        ));
+    }
     if which.notice.as_deref() == Some("busy") {
         return Some((
             false,
@@ -369,6 +379,7 @@ pub async fn requeue(
         Ok(None) => "no_delivery",
         Err(crate::http::ApiError::UnknownTarget(_)) => "no_target",
         Err(crate::http::ApiError::Busy) => "busy",
+        Err(crate::http::ApiError::NoAnswer) => "unanswered",
         Err(_) => "unavailable",
     };
     Ok(redirect(&outcome_link(
@@ -408,6 +419,7 @@ pub async fn redeliver(
         Ok(None) => ("redelivered", "0".to_owned()),
         Err(crate::http::ApiError::UnknownTarget(_)) => ("no_target", String::new()),
         Err(crate::http::ApiError::Busy) => ("busy", String::new()),
+        Err(crate::http::ApiError::NoAnswer) => ("unanswered", String::new()),
         Err(_) => ("unavailable", String::new()),
     };
     Ok(redirect(&outcome_link(

@@ -96,6 +96,10 @@ pub enum Refused {
     /// process, a table another PostgreSQL session locked).
     #[error("the store is busy with another write")]
     Busy,
+    /// 503: the database took the request but did not answer within the request timeout; what
+    /// was asked may still be done.
+    #[error("the database did not answer in time")]
+    NoAnswer,
 }
 
 impl From<ApiError> for Refused {
@@ -103,6 +107,7 @@ impl From<ApiError> for Refused {
         // `with_db` fails with `unavailable` and its kinds.
         match error {
             ApiError::Busy => Refused::Busy,
+            ApiError::NoAnswer => Refused::NoAnswer,
             _ => Refused::Unavailable,
         }
     }
@@ -116,7 +121,9 @@ impl ResponseError for Refused {
             Refused::WrongToken(_) => StatusCode::UNAUTHORIZED,
             Refused::Forged => StatusCode::FORBIDDEN,
             Refused::NotMade(_) => StatusCode::BAD_REQUEST,
-            Refused::Unavailable | Refused::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            Refused::Unavailable | Refused::Busy | Refused::NoAnswer => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -151,6 +158,12 @@ impl ResponseError for Refused {
                     "This form is not one the console makes ({problem}); nothing was done. Go \
                      back and use the page's own buttons."
                 ),
+            ),
+            Refused::NoAnswer => message(
+                self.status_code(),
+                "Database slow to answer",
+                "The database did not answer in time; what was asked (a re-queue) may still be \
+                 done once it does. Reload the page in a moment and check before trying again.",
             ),
             Refused::Busy => message(
                 self.status_code(),
