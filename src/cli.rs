@@ -537,9 +537,12 @@ const BATCH_AFTER_A_STOP: Duration = Duration::from_secs(10);
 
 /// Sets `stop` at the first Ctrl-C (SIGINT) or SIGTERM, so a purge ends after the batch it is
 /// in and says what it removed; a second one, or [`BATCH_AFTER_A_STOP`] without the batch
-/// ending, exits at once (the batch in progress rolls back). Both are caught from the moment
-/// this returns.
-fn stop_on_ctrl_c(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+/// ending (after `given_up`, which says what was removed), exits at once (the batch in
+/// progress rolls back). Both are caught from the moment this returns.
+fn stop_on_ctrl_c(
+    stop: Arc<AtomicBool>,
+    given_up: impl FnOnce() + Send + 'static,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -568,12 +571,15 @@ fn stop_on_ctrl_c(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             tokio::select! {
                 _ = interrupts.recv() => {}
                 _ = terminations.recv() => {}
-                () = tokio::time::sleep(BATCH_AFTER_A_STOP) => errln!(
-                    "hookbox: the batch in progress did not end within {} s of the signal (a \
-                     lock held elsewhere, or a database that stopped answering): quitting; it \
-                     rolls back, and a later purge removes what it would have",
-                    BATCH_AFTER_A_STOP.as_secs()
-                ),
+                () = tokio::time::sleep(BATCH_AFTER_A_STOP) => {
+                    errln!(
+                        "hookbox: the batch in progress did not end within {} s of the signal \
+                         (a lock held elsewhere, or a database that stopped answering): \
+                         quitting; it rolls back, and a later purge removes what it would have",
+                        BATCH_AFTER_A_STOP.as_secs()
+                    );
+                    given_up();
+                }
             }
             std::process::exit(i32::from(INTERRUPTED));
         });
@@ -687,14 +693,43 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
                 errln!("purging: {so_far} removed so far");
             }
         });
-        // What the batches committed so far removed, said should a later one fail.
+        // What the batches committed so far removed, said should a later one fail, or the
+        // stop give the batch in progress up.
         let mut committed = retention::Report::default();
+        let given_up = Arc::new(std::sync::Mutex::new(retention::Report::default()));
         let mut progress = |so_far: &retention::Report| {
             committed.clone_from(so_far);
+            given_up
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone_from(so_far);
             ticker.advanced(so_far.total());
         };
         let stop = Arc::new(AtomicBool::new(false));
-        stop_on_ctrl_c(Arc::clone(&stop))?;
+        let sources: Vec<String> = config
+            .sources
+            .iter()
+            .map(|source| source.name.as_str().to_owned())
+            .collect();
+        let so_far = Arc::clone(&given_up);
+        stop_on_ctrl_c(Arc::clone(&stop), move || {
+            let report = so_far
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let mut removed = report.removed.clone();
+            for source in &sources {
+                removed.entry(source.clone()).or_insert(0);
+            }
+            for (source, n) in &removed {
+                outln!("removed {n} from {source}");
+            }
+            outln!(
+                "removed {} in total; interrupted (Ctrl-C or SIGTERM) and the batch in progress \
+                 given up, whatever is left goes in the next pass",
+                report.total()
+            );
+        })?;
         let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut progress);
         drop(ticker);
         if pass.is_err() {

@@ -325,7 +325,7 @@ fn an_export_whose_database_goes_before_its_first_event_says_nothing_was_exporte
             cut == 1
         });
         assert!(ended, "the export's read never waited behind the lock");
-        let (code, stderr) = export.ended();
+        let (code, stderr, _) = export.ended();
         drop(lock);
         assert_eq!(code, Some(1), "{stderr}");
         let expected = if to_file {

@@ -706,6 +706,8 @@ pub fn run_hookbox_in(
 pub struct Watched {
     pub child: std::process::Child,
     lines: std::sync::mpsc::Receiver<String>,
+    /// Its stdout, read to its end by a thread of its own.
+    stdout: std::thread::JoinHandle<String>,
 }
 
 impl Watched {
@@ -717,10 +719,16 @@ impl Watched {
             .env_remove("DATABASE_URL")
             .env_remove("HOOKBOX_CONFIG")
             .envs(env.iter().copied())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("hookbox starts");
+        let mut out = child.stdout.take().expect("stdout is piped");
+        let stdout = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut out, &mut text);
+            text
+        });
         let stderr = child.stderr.take().expect("stderr is piped");
         let (send, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -731,7 +739,11 @@ impl Watched {
                 let _ = send.send(line);
             }
         });
-        Watched { child, lines }
+        Watched {
+            child,
+            lines,
+            stdout,
+        }
     }
 
     /// Waits (up to 30 s) for a line of stderr holding `text`.
@@ -752,12 +764,13 @@ impl Watched {
         self.child.wait().expect("hookbox ends").success()
     }
 
-    /// Waits for it to end: its exit code and the stderr lines not yet read by
-    /// [`says`](Watched::says).
-    pub fn ended(mut self) -> (Option<i32>, String) {
+    /// Waits for it to end: its exit code, the stderr lines not yet read by
+    /// [`says`](Watched::says), and its stdout.
+    pub fn ended(mut self) -> (Option<i32>, String, String) {
         let code = self.child.wait().expect("hookbox ends").code();
         let rest: Vec<String> = self.lines.iter().collect();
-        (code, rest.join("\n"))
+        let stdout = self.stdout.join().expect("the stdout reader");
+        (code, rest.join("\n"), stdout)
     }
 }
 

@@ -799,12 +799,17 @@ fn a_purge_stopped_while_its_batch_cannot_end_quits_after_a_bounded_wait() {
                 .status()
                 .expect("run kill");
             assert!(status.success());
-            // Still held: the purge gives the batch up on its own.
-            let (code, stderr) = purge.ended();
+            // Still held: the purge gives the batch up on its own, and says what it removed.
+            let (code, stderr, stdout) = purge.ended();
             assert_eq!(code, Some(130), "{stderr}");
             assert!(
                 stderr.contains("did not end within 10 s of the signal"),
                 "{stderr}"
+            );
+            assert!(
+                stdout.contains("removed 0 from stripe")
+                    && stdout.contains("removed 0 in total; interrupted"),
+                "{stdout}"
             );
             Ok::<_, diesel::result::Error>(())
         })
@@ -843,7 +848,7 @@ fn a_purge_whose_connection_is_lost_part_way_says_so_and_to_run_it_again() {
                  WHERE datname = current_database() AND wait_event_type = 'Lock') AS cut",
             );
             assert_eq!(ended, 1, "the purge's session");
-            let (code, stderr) = purge.ended();
+            let (code, stderr, _) = purge.ended();
             assert_eq!(code, Some(1), "{stderr}");
             assert!(
                 stderr.contains("was lost part way")
