@@ -74,6 +74,13 @@ async fn spawn(base: &str) -> TestApp {
     TestApp::spawn_with(&source(base), Default::default()).await
 }
 
+/// [`spawn`] with a second source, `paypal2`, of the same webhook id: a genuine delivery to
+/// one is no delivery to the other.
+async fn spawn_two_sources(base: &str) -> TestApp {
+    let second = source(base).replace("[sources.paypal]", "[sources.paypal2]");
+    TestApp::spawn_with(&format!("{}{second}", source(base)), Default::default()).await
+}
+
 /// A PayPal event body with a fresh id.
 fn event(kind: &str) -> (String, String) {
     let id = unique_id("WH").replace('_', "-");
@@ -243,17 +250,7 @@ fn forged_to_crc(body: &str, crc: u32) -> Vec<u8> {
 async fn another_body_forged_to_a_genuine_deliverys_crc32_is_401_and_stores_nothing() {
     let key = TestKey::new();
     let (base, server) = cert_server(&key.cert_pem, Duration::ZERO);
-    // A second source with the same webhook id: a genuine delivery to one is no delivery to
-    // the other.
-    let app = TestApp::spawn_with(
-        &format!(
-            "{}{}",
-            source(&base),
-            source(&base).replace("[sources.paypal]", "[sources.paypal2]")
-        ),
-        Default::default(),
-    )
-    .await;
+    let app = spawn_two_sources(&base).await;
     let cert_url = format!("{base}/certs/CERT-360caa42-fca2a594-a5cafa77");
     let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
     let genuine = signed(&app, &key, &cert_url, &body, unix_now());
@@ -433,16 +430,8 @@ async fn a_transmission_an_older_release_bound_in_its_event_row_carries_no_other
     use sha2::{Digest, Sha256};
     let key = TestKey::new();
     let (base, _server) = cert_server(&key.cert_pem, Duration::ZERO);
-    // A second source with the same webhook id: the older release's binding holds there too.
-    let app = TestApp::spawn_with(
-        &format!(
-            "{}{}",
-            source(&base),
-            source(&base).replace("[sources.paypal]", "[sources.paypal2]")
-        ),
-        Default::default(),
-    )
-    .await;
+    // The older release's binding holds under the second source too.
+    let app = spawn_two_sources(&base).await;
     let cert_url = format!("{base}/certs/CERT-360caa42-fca2a594-a5cafa77");
     let (id, body) = event("PAYMENT.CAPTURE.COMPLETED");
     let genuine = signed(&app, &key, &cert_url, &body, unix_now());

@@ -743,20 +743,21 @@ fn purge_stopped_by(signal: &str) {
     );
 }
 
-#[test]
-fn a_purge_batch_kept_waiting_by_a_locked_row_says_so_while_it_waits() {
+/// On PostgreSQL (`None` on SQLite, whose one writer makes a held write lock another wait):
+/// a database with three expired events, one of them held by another session's open
+/// transaction, and `hookbox purge --older-than 1d` started on it and saying that its batch
+/// waits. `then` gets the database and the purge while the row is held; the hold ends after it.
+fn purge_held_by_a_locked_row<T>(then: impl FnOnce(&TestDb, Watched) -> T) -> Option<(TestDb, T)> {
     use diesel::{Connection, RunQueryDsl};
-    // SQLite's one writer: a held write lock is another wait, with its own timeout.
     if store_is_sqlite() {
-        return;
+        return None;
     }
     let db = TestDb::create();
     let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
     insert_aged(&db, "stripe", "old", 3, "4 days");
     let mut holder = db.connect();
-    let purge = holder
+    let done = holder
         .transaction(|holder| {
-            // Another session holds one of the rows the pass removes.
             diesel::sql_query("SELECT id FROM events WHERE event_id = 'old_1' FOR UPDATE")
                 .execute(holder)?;
             let purge = Watched::start(
@@ -764,10 +765,18 @@ fn a_purge_batch_kept_waiting_by_a_locked_row_says_so_while_it_waits() {
                 &[],
             );
             purge.says("the batch under way has taken");
-            // Let go: the pass goes on and ends.
-            Ok::<_, diesel::result::Error>(purge)
+            Ok::<_, diesel::result::Error>(then(&db, purge))
         })
         .expect("the holder's transaction ends");
+    Some((db, done))
+}
+
+#[test]
+fn a_purge_batch_kept_waiting_by_a_locked_row_says_so_while_it_waits() {
+    // Let go once it said so: the pass goes on and ends.
+    let Some((db, purge)) = purge_held_by_a_locked_row(|_, purge| purge) else {
+        return;
+    };
     assert!(purge.succeeded());
     assert_eq!(db.count("events WHERE event_id LIKE 'old_%'"), 0);
 }
@@ -777,43 +786,27 @@ fn a_purge_batch_kept_waiting_by_a_locked_row_says_so_while_it_waits() {
 /// waiting with it (a black-box run's purge never ended on one SIGTERM).
 #[test]
 fn a_purge_stopped_while_its_batch_cannot_end_quits_after_a_bounded_wait() {
-    use diesel::{Connection, RunQueryDsl};
-    if store_is_sqlite() {
+    let Some((db, ())) = purge_held_by_a_locked_row(|_, purge| {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &purge.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        // Still held: the purge gives the batch up on its own, and says what it removed.
+        let (code, stderr, stdout) = purge.ended();
+        assert_eq!(code, Some(130), "{stderr}");
+        assert!(
+            stderr.contains("did not end within 10 s of the signal"),
+            "{stderr}"
+        );
+        assert!(
+            stdout.contains("removed 0 from stripe")
+                && stdout.contains("removed 0 in total; interrupted"),
+            "{stdout}"
+        );
+    }) else {
         return;
-    }
-    let db = TestDb::create();
-    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
-    insert_aged(&db, "stripe", "old", 3, "4 days");
-    let mut holder = db.connect();
-    holder
-        .transaction(|holder| {
-            diesel::sql_query("SELECT id FROM events WHERE event_id = 'old_1' FOR UPDATE")
-                .execute(holder)?;
-            let purge = Watched::start(
-                &["purge", "--config", &config_path, "--older-than", "1d"],
-                &[],
-            );
-            purge.says("the batch under way has taken");
-            let status = std::process::Command::new("kill")
-                .args(["-TERM", &purge.child.id().to_string()])
-                .status()
-                .expect("run kill");
-            assert!(status.success());
-            // Still held: the purge gives the batch up on its own, and says what it removed.
-            let (code, stderr, stdout) = purge.ended();
-            assert_eq!(code, Some(130), "{stderr}");
-            assert!(
-                stderr.contains("did not end within 10 s of the signal"),
-                "{stderr}"
-            );
-            assert!(
-                stdout.contains("removed 0 from stripe")
-                    && stdout.contains("removed 0 in total; interrupted"),
-                "{stdout}"
-            );
-            Ok::<_, diesel::result::Error>(())
-        })
-        .expect("the holder's transaction ends");
+    };
     assert_eq!(
         db.count("events WHERE event_id LIKE 'old_%'"),
         3,
@@ -826,38 +819,20 @@ fn a_purge_stopped_while_its_batch_cannot_end_quits_after_a_bounded_wait() {
 /// unexpected eof while reading`).
 #[test]
 fn a_purge_whose_connection_is_lost_part_way_says_so_and_to_run_it_again() {
-    use diesel::{Connection, RunQueryDsl};
-    if store_is_sqlite() {
-        return;
-    }
-    let db = TestDb::create();
-    let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
-    insert_aged(&db, "stripe", "old", 3, "4 days");
-    let mut holder = db.connect();
-    holder
-        .transaction(|holder| {
-            diesel::sql_query("SELECT id FROM events WHERE event_id = 'old_1' FOR UPDATE")
-                .execute(holder)?;
-            let purge = Watched::start(
-                &["purge", "--config", &config_path, "--older-than", "1d"],
-                &[],
-            );
-            purge.says("the batch under way has taken");
-            let ended = db.count(
-                "(SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event_type = 'Lock') AS cut",
-            );
-            assert_eq!(ended, 1, "the purge's session");
-            let (code, stderr, _) = purge.ended();
-            assert_eq!(code, Some(1), "{stderr}");
-            assert!(
-                stderr.contains("was lost part way")
-                    && stderr.contains("run purge again once the database answers"),
-                "{stderr}"
-            );
-            Ok::<_, diesel::result::Error>(())
-        })
-        .expect("the holder's transaction ends");
+    purge_held_by_a_locked_row(|db, purge| {
+        let ended = db.count(
+            "(SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock') AS cut",
+        );
+        assert_eq!(ended, 1, "the purge's session");
+        let (code, stderr, _) = purge.ended();
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(
+            stderr.contains("was lost part way")
+                && stderr.contains("run purge again once the database answers"),
+            "{stderr}"
+        );
+    });
 }
 
 #[test]
