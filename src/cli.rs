@@ -531,6 +531,26 @@ fn exit_on_interrupt(cleanup: impl FnOnce() -> bool + Send + 'static) -> anyhow:
     Ok(())
 }
 
+/// A purge pass's summary on stdout: a line a source, `{verb} N from SOURCE`, then `{verb} N
+/// in total` and `ending`. Every configured source has its line, those with nothing to remove
+/// too (a script reads one per source); a source no longer configured has one when it had
+/// events to remove.
+fn say_removed(
+    report: &retention::Report,
+    sources: &[crate::config::SourceConfig],
+    verb: &str,
+    ending: &str,
+) {
+    let mut removed = report.removed.clone();
+    for source in sources {
+        removed.entry(source.name.as_str().to_owned()).or_insert(0);
+    }
+    for (source, n) in &removed {
+        outln!("{verb} {n} from {source}");
+    }
+    outln!("{verb} {} in total{ending}", report.total());
+}
+
 /// How long a purge stopped by a signal waits for the batch in progress before it quits
 /// without it.
 const BATCH_AFTER_A_STOP: Duration = Duration::from_secs(10);
@@ -694,46 +714,36 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
             }
         });
         // What the batches committed so far removed, said should a later one fail, or the
-        // stop give the batch in progress up.
-        let mut committed = retention::Report::default();
-        let given_up = Arc::new(std::sync::Mutex::new(retention::Report::default()));
-        let mut progress = |so_far: &retention::Report| {
-            committed.clone_from(so_far);
-            given_up
+        // stop give the batch in progress up (from the signal's thread).
+        let committed = Arc::new(std::sync::Mutex::new(retention::Report::default()));
+        let so_far = |committed: &std::sync::Mutex<retention::Report>| {
+            committed
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone_from(so_far);
-            ticker.advanced(so_far.total());
+                .clone()
+        };
+        let mut progress = |report: &retention::Report| {
+            committed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone_from(report);
+            ticker.advanced(report.total());
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let sources: Vec<String> = config
-            .sources
-            .iter()
-            .map(|source| source.name.as_str().to_owned())
-            .collect();
-        let so_far = Arc::clone(&given_up);
+        let (given_up, sources) = (Arc::clone(&committed), config.sources.clone());
         stop_on_ctrl_c(Arc::clone(&stop), move || {
-            let report = so_far
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone();
-            let mut removed = report.removed.clone();
-            for source in &sources {
-                removed.entry(source.clone()).or_insert(0);
-            }
-            for (source, n) in &removed {
-                outln!("removed {n} from {source}");
-            }
-            outln!(
-                "removed {} in total; interrupted (Ctrl-C or SIGTERM) and the batch in progress \
-                 given up, whatever is left goes in the next pass",
-                report.total()
+            say_removed(
+                &so_far(&given_up),
+                &sources,
+                "removed",
+                "; interrupted (Ctrl-C or SIGTERM) and the batch in progress given up, \
+                 whatever is left goes in the next pass",
             );
         })?;
         let pass = retention::purge_logged(&mut conn, &plan, &stop, &mut progress);
         drop(ticker);
         if pass.is_err() {
-            for (source, n) in &committed.removed {
+            for (source, n) in &so_far(&committed).removed {
                 outln!("removed {n} from {source} before the failure");
             }
         }
@@ -773,26 +783,18 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
         };
         (report, "removed")
     };
-    // Every configured source has its line, those with nothing to remove too (a script reads
-    // one per source); a source no longer configured has one when it had events to remove.
-    let mut removed = report.removed.clone();
-    for source in &config.sources {
-        removed.entry(source.name.as_str().to_owned()).or_insert(0);
-    }
-    for (source, n) in &removed {
-        outln!("{verb} {n} from {source}");
-    }
-    outln!(
-        "{verb} {} in total ({} ms){}",
-        report.total(),
-        started.elapsed().as_millis(),
-        if args.dry_run {
-            "; dry run, nothing was deleted"
-        } else if report.interrupted {
-            "; interrupted (Ctrl-C or SIGTERM), whatever is left goes in the next pass"
-        } else {
-            ""
-        }
+    let ending = if args.dry_run {
+        "; dry run, nothing was deleted"
+    } else if report.interrupted {
+        "; interrupted (Ctrl-C or SIGTERM), whatever is left goes in the next pass"
+    } else {
+        ""
+    };
+    say_removed(
+        &report,
+        &config.sources,
+        verb,
+        &format!(" ({} ms){ending}", started.elapsed().as_millis()),
     );
     // A running serve remembers recent answers for its sources' own windows, and hears
     // nothing of this pass: said here, where the operator is looking.

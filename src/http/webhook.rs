@@ -218,7 +218,10 @@ async fn answer(
             .provider
             .identify_body(&headers, &body, json.as_ref());
         if let Some(event_id) = identity.event_id {
-            bind_transmission(state, &source, &headers, &event_id, &body, deadline).await?;
+            let fingerprint =
+                inbox::fingerprint(source.provider.volatile_fields(), &body, json.as_ref());
+            let delivery = (event_id.as_str(), &body[..], fingerprint);
+            bind_transmission(state, &source, &headers, delivery, deadline).await?;
         }
     }
     let received = received.map_err(|refusal| {
@@ -266,10 +269,10 @@ async fn answer(
     let event_id = EventId::try_from(incoming.event_id).map_err(ApiError::InvalidEventId)?;
     super::observe::identified(request, &event_id);
     tracing::Span::current().record("event.id", tracing::field::display(event_id.logged()));
-    // Before any answer from the cache: a replay brings a transmission id of its own.
-    bind_transmission(state, &source, &headers, event_id.as_str(), &body, deadline).await?;
-
     let fingerprint = inbox::fingerprint(source.provider.volatile_fields(), &body, json.as_ref());
+    // Before any answer from the cache: a replay brings a transmission id of its own.
+    let delivery = (event_id.as_str(), &body[..], fingerprint);
+    bind_transmission(state, &source, &headers, delivery, deadline).await?;
     let cached = state.replays.get(
         source.name.as_str(),
         event_id.as_str(),
@@ -529,8 +532,7 @@ async fn bind_transmission(
     state: &web::Data<AppState>,
     source: &Arc<Source>,
     headers: &RequestHeaders<'_>,
-    event_id: &str,
-    body: &[u8],
+    (event_id, body, fingerprint): (&str, &[u8], [u8; 32]),
     deadline: tokio::time::Instant,
 ) -> Result<(), Failed> {
     use sha2::Digest;
@@ -543,9 +545,7 @@ async fn bind_transmission(
         body_sha256: sha2::Sha256::digest(body).to_vec(),
     };
     // An older release's binding (in its event's row) is compared by the payload's
-    // fingerprint, as that release stored it.
-    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-    let fingerprint = inbox::fingerprint(source.provider.volatile_fields(), body, json.as_ref());
+    // `fingerprint`, as that release stored it.
     // Looked for under every source of this scheme, as the new bindings are one per id.
     let mut alike: Vec<String> = state
         .sources
