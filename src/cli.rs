@@ -33,7 +33,7 @@ use crate::startup::Application;
 #[derive(Parser, Debug)]
 #[command(
     name = "hookbox",
-    version,
+    version = crate::VERSION,
     about,
     long_about,
     after_help = "Start with `hookbox serve --config hookbox.toml` (examples/hookbox.toml is a\n\

@@ -23,6 +23,17 @@ macro_rules! errln {
     }};
 }
 
+/// This build's version: the package's, and the commit it was built from where the build saw
+/// one (`0.1.0+d3770d2a1`), so two builds of one package version can be told apart.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), env!("HOOKBOX_COMMIT"));
+
+/// The `User-Agent` of hookbox's own requests (forward attempts, `replay --to`).
+pub const USER_AGENT: &str = concat!(
+    "hookbox/",
+    env!("CARGO_PKG_VERSION"),
+    env!("HOOKBOX_COMMIT")
+);
+
 pub mod activity;
 pub mod capture;
 pub mod cli;

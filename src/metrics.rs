@@ -329,7 +329,7 @@ impl Metrics {
         let _ = writeln!(
             out,
             "hookbox_build_info{{version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
+            crate::VERSION
         );
 
         out.push_str("# HELP hookbox_webhooks_total Webhook requests by source and outcome.\n");

@@ -89,7 +89,7 @@ impl Application {
             || "none (no --config, HOOKBOX_CONFIG unset, no ./hookbox.toml: defaults and the environment)".to_owned(),
             |file| file.display().to_string(),
         );
-        tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %file, "hookbox starting");
+        tracing::info!(version = crate::VERSION, config = %file, "hookbox starting");
         config.check_listen()?;
         let sources = state::sources(&config, &handlers)?;
         // libpq reads a PostgreSQL URL only as it connects: one it cannot read is bad config,

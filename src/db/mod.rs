@@ -171,53 +171,115 @@ fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Migrated> {
     let pending = before
         .as_ref()
         .is_none_or(|applied| known.iter().any(|version| !applied.contains(version)));
-    let applied: Vec<String> = if pending {
+    if pending {
         let applied = match conn {
-            AnyConnection::Postgres(pg) => pg.run_pending_migrations(PG_MIGRATIONS),
-            AnyConnection::Sqlite(sqlite) => sqlite.run_pending_migrations(SQLITE_MIGRATIONS),
+            AnyConnection::Postgres(pg) => run_pg_migrations_aloud(pg),
+            AnyConnection::Sqlite(sqlite) => {
+                sqlite.run_pending_migrations(SQLITE_MIGRATIONS).map(drop)
+            }
         };
-        applied
-            .map_err(|e| {
-                let hint = match (&before, e.to_string().contains("permission denied")) {
-                    (_, false) => String::new(),
-                    // The table was read: the role lacks only the right to create.
-                    (Some(applied), true) => {
-                        let missing: Vec<&str> = known
-                            .iter()
-                            .filter(|version| !applied.contains(version))
-                            .map(String::as_str)
-                            .collect();
-                        format!(
-                            " ({} migration(s) pending: {}; this role may not create or alter \
+        applied.map_err(|e| {
+            let hint = match (&before, e.to_string().contains("permission denied")) {
+                (_, false) => String::new(),
+                // The table was read: the role lacks only the right to create.
+                (Some(applied), true) => {
+                    let missing: Vec<&str> = known
+                        .iter()
+                        .filter(|version| !applied.contains(version))
+                        .map(String::as_str)
+                        .collect();
+                    format!(
+                        " ({} migration(s) pending: {}; this role may not create or alter \
                              hookbox's tables: run hookbox migrate as the schema's owner, then \
                              grant this role what docs/stores.md, Roles, lists)",
-                            missing.len(),
-                            missing.join(", ")
-                        )
-                    }
-                    (None, true) => " (this role may neither create hookbox's tables nor read \
+                        missing.len(),
+                        missing.join(", ")
+                    )
+                }
+                (None, true) => " (this role may neither create hookbox's tables nor read \
                                      the migrations table: run hookbox migrate as the schema's \
                                      owner, then grant this role what docs/stores.md, Roles, \
                                      lists)"
-                        .to_owned(),
-                };
-                anyhow::anyhow!("applying migrations failed: {e}{hint}")
-            })?
-            .iter()
-            .map(ToString::to_string)
-            .collect()
-    } else {
-        Vec::new()
-    };
+                    .to_owned(),
+            };
+            anyhow::anyhow!("applying migrations failed: {e}{hint}")
+        })?;
+    }
     let recorded = match pending {
         true => applied_versions(conn).unwrap_or_default(),
-        false => before.unwrap_or_default(),
+        false => before.clone().unwrap_or_default(),
     };
+    // What this run applied, oldest first: on PostgreSQL, tries that waited on a lock may
+    // each have applied some before the one that waited.
+    let mut applied: Vec<String> = recorded
+        .iter()
+        .filter(|version| {
+            known.contains(version) && before.as_ref().is_none_or(|was| !was.contains(version))
+        })
+        .cloned()
+        .collect();
+    applied.sort();
     let unknown = recorded
         .into_iter()
         .filter(|version| !known.contains(version))
         .collect();
     Ok(Migrated { applied, unknown })
+}
+
+/// How long one try of PostgreSQL's pending migrations waits for a lock on a table. A
+/// migration's `ALTER TABLE` waits for every session using the table (a `pg_dump` holds them
+/// all for its whole run), and every claim of the running instances queues behind that wait:
+/// short tries keep both from waiting silently and without end.
+const MIGRATION_LOCK_TRY: Duration = Duration::from_secs(2);
+
+/// The pause between two tries, in which the claims queued behind a try's lock request go on.
+const MIGRATION_LOCK_PAUSE: Duration = Duration::from_secs(3);
+
+/// How often a wait that goes on is said again.
+const MIGRATION_WAIT_SAID_EVERY: Duration = Duration::from_secs(30);
+
+/// Applies PostgreSQL's pending migrations so that a wait on a lock another session holds is
+/// never silent: each try waits [`MIGRATION_LOCK_TRY`] at most, and one that times out (the
+/// migration that waited is rolled back; those before it stay applied) names the sessions that
+/// hold hookbox's tables in a WARN (then every 30 s), pauses, and tries again, for as long as
+/// it takes, as the wait did before.
+fn run_pg_migrations_aloud(
+    pg: &mut PgConnection,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use diesel::connection::SimpleConnection;
+    pg.batch_execute(&format!(
+        "SET lock_timeout = {}",
+        MIGRATION_LOCK_TRY.as_millis()
+    ))?;
+    let started = Instant::now();
+    let mut said: Option<Instant> = None;
+    let result = loop {
+        match pg.run_pending_migrations(PG_MIGRATIONS) {
+            Ok(_) => break Ok(()),
+            Err(e) if e.to_string().contains("lock timeout") => {
+                if said.is_none_or(|at| at.elapsed() >= MIGRATION_WAIT_SAID_EVERY) {
+                    let holders = pg::sessions_holding_tables(pg)
+                        .unwrap_or_else(|e| format!("(who holds them could not be read: {e})"));
+                    tracing::warn!(
+                        waited = %crate::config::Spelt(Duration::from_secs(
+                            started.elapsed().as_secs()
+                        )),
+                        holders = %holders,
+                        "migrations wait for hookbox's tables, which another database session \
+                         holds (a pg_dump, a long transaction): tried again every {}s until \
+                         it lets go; deliveries to running instances go on between tries \
+                         (to end a holder now: SELECT pg_terminate_backend(pid))",
+                        (MIGRATION_LOCK_TRY + MIGRATION_LOCK_PAUSE).as_secs()
+                    );
+                    said = Some(Instant::now());
+                }
+                std::thread::sleep(MIGRATION_LOCK_PAUSE);
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let _ = pg.batch_execute("SET lock_timeout TO DEFAULT");
+    result
 }
 
 /// How long a request waits for a pooled connection before it is answered 503. Short, so a

@@ -167,6 +167,58 @@ pub fn tables_locked_by_another(conn: &mut PgConnection) -> QueryResult<bool> {
     .map(|row| row.locked)
 }
 
+/// The sessions other than this one that hold a lock on one of hookbox's tables, longest
+/// open first: `pid 4242 (pg_dump, active, its transaction open 95 s: events, deliveries)`,
+/// at most three and how many more. `none now` when the holder let go meanwhile.
+pub fn sessions_holding_tables(conn: &mut PgConnection) -> QueryResult<String> {
+    #[derive(diesel::QueryableByName)]
+    struct Holder {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        application: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        state: String,
+        #[diesel(sql_type = BigInt)]
+        open_secs: i64,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        tables: String,
+    }
+    let holders: Vec<Holder> = diesel::sql_query(
+        "SELECT l.pid, \
+         coalesce(nullif(a.application_name, ''), 'no application name') AS application, \
+         coalesce(a.state, 'state unknown') AS state, \
+         coalesce(extract(epoch FROM now() - a.xact_start)::bigint, 0) AS open_secs, \
+         string_agg(DISTINCT c.relname, ', ' ORDER BY c.relname) AS tables \
+         FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+         LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid() \
+         AND c.relnamespace = current_schema()::regnamespace \
+         AND c.relname IN ('events', 'deliveries', 'instances', 'paces', 'transmissions', \
+         '__diesel_schema_migrations') \
+         GROUP BY l.pid, a.application_name, a.state, a.xact_start \
+         ORDER BY open_secs DESC, l.pid",
+    )
+    .load(conn)?;
+    if holders.is_empty() {
+        return Ok("none now".to_owned());
+    }
+    let mut said: Vec<String> = holders
+        .iter()
+        .take(3)
+        .map(|h| {
+            format!(
+                "pid {} ({}, {}, its transaction open {} s: {})",
+                h.pid, h.application, h.state, h.open_secs, h.tables
+            )
+        })
+        .collect();
+    if holders.len() > 3 {
+        said.push(format!("and {} more", holders.len() - 3));
+    }
+    Ok(said.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

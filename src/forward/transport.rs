@@ -103,10 +103,7 @@ impl Transports {
         let http = awc::Client::builder()
             .connector(connector)
             // Named, as providers name their own (`Stripe/1.0`), for the downstream's logs.
-            .add_default_header((
-                actix_web::http::header::USER_AGENT,
-                concat!("hookbox/", env!("CARGO_PKG_VERSION")),
-            ))
+            .add_default_header((actix_web::http::header::USER_AGENT, crate::USER_AGENT))
             .disable_redirects()
             // The dispatcher bounds each attempt by its target's own timeout.
             .disable_timeout()

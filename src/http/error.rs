@@ -75,6 +75,10 @@ pub enum ApiError {
     /// say that nothing was stored.
     #[error("the database did not answer within the request timeout; the event may still be stored when it does, and a retry gets the stored answer, so retry later")]
     Unanswered,
+    /// 503 `unavailable`, with `Retry-After`: the SQLite file serve opened was deleted or
+    /// replaced under it, so what it stores now is gone when it stops.
+    #[error("the store's file was deleted or replaced while the server runs; nothing is kept until it is restarted on the file to keep, so retry later")]
+    StoreGone,
     /// 503 `unavailable`, with `Retry-After`: an admin or console request's database work got
     /// no answer within the request timeout. A change it asked for may still be made.
     #[error("the database did not answer within the request timeout; retry later (a change asked for may still be made once it answers)")]
@@ -192,6 +196,7 @@ impl ApiError {
             ApiError::Unavailable
             | ApiError::TablesLocked
             | ApiError::Unanswered
+            | ApiError::StoreGone
             | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
@@ -216,6 +221,7 @@ impl ApiError {
             ApiError::Unavailable
             | ApiError::TablesLocked
             | ApiError::Unanswered
+            | ApiError::StoreGone
             | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
@@ -256,6 +262,7 @@ impl ResponseError for ApiError {
             ApiError::Unavailable
             | ApiError::TablesLocked
             | ApiError::Unanswered
+            | ApiError::StoreGone
             | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)

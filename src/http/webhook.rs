@@ -104,6 +104,14 @@ impl Failed {
                 cause,
                 "delivery not answered in time; its claim may still be stored, and a retry then gets the stored answer"
             );
+        } else if matches!(self.error, ApiError::StoreGone) {
+            // Claimed into the file serve opened, which no longer has a path.
+            tracing::warn!(
+                status = code,
+                error,
+                cause,
+                "delivery failed: stored only in a file that is gone once serve stops"
+            );
         } else if status.is_server_error() {
             tracing::warn!(
                 status = code,
@@ -137,7 +145,10 @@ pub async fn receive(
 ) -> HttpResponse {
     let started = Instant::now();
     let source_name = path.into_inner();
-    let (response, counted) = match answer(&state, &source_name, &request, payload).await {
+    let answered = answer(&state, &source_name, &request, payload)
+        .await
+        .and_then(|answer| kept_where_serve_opened_it(&state, answer));
+    let (response, counted) = match answered {
         Ok(answer) => answer,
         Err(failed) => {
             failed.log();
@@ -160,6 +171,31 @@ pub async fn receive(
     state.metrics.record(label, counted, started.elapsed());
     super::observe::answered(&state, label, counted, &request, &response);
     response
+}
+
+/// A delivery stored (or answered from what is stored) is answered so only while the SQLite
+/// file serve opened is still the one at its path: deleted or replaced under a running `serve`,
+/// it goes on taking writes through the open handle and they are gone when serve stops, so the
+/// provider is told to retry (503 `unavailable`) until serve runs on the file to keep. Checked
+/// after the claim, so a file removed while it ran is seen too.
+fn kept_where_serve_opened_it(
+    state: &AppState,
+    (response, counted): (HttpResponse, Counted),
+) -> Result<(HttpResponse, Counted), Failed> {
+    match state.store_file.as_ref() {
+        Some(file)
+            if matches!(counted, Counted::Processed | Counted::Replayed) && !file.still_there() =>
+        {
+            Err(Failed::because(
+                ApiError::StoreGone,
+                format_args!(
+                    "the SQLite file {} was deleted or replaced while serve runs; restart serve on the file to keep",
+                    file.path().display()
+                ),
+            ))
+        }
+        _ => Ok((response, counted)),
+    }
 }
 
 async fn answer(

@@ -276,7 +276,7 @@ async fn attempt(
     let started = Instant::now();
     let mut post = client
         .post(request.url.as_str())
-        .insert_header(("User-Agent", concat!("hookbox/", env!("CARGO_PKG_VERSION"))));
+        .insert_header(("User-Agent", crate::USER_AGENT));
     for (name, value) in &request.headers {
         let pair = header_pair(name, value)?;
         post = post.insert_header(pair);

@@ -468,6 +468,38 @@ fn migrate_waiting_for_another_instances_migration_lock_says_so() {
 }
 
 #[test]
+fn migrate_waiting_for_a_table_another_session_holds_names_the_session() {
+    if store_is_sqlite() {
+        return;
+    }
+    let db = TestDb::create();
+    // A database an older hookbox migrated, with the newest migration (an ALTER TABLE of
+    // `instances`) still to apply, while a pg_dump reads the table.
+    crate::upgrade::migrate_before(&mut db.connect(), "20261212090000");
+    let mut dump = HeldTableLock::take(&db.url, "instances", "ACCESS SHARE");
+    let migrate = Watched::start(
+        &["migrate", "--config", "/dev/null"],
+        &[("DATABASE_URL", &db.url)],
+    );
+    // It says what it waits for, and who holds it, rather than hanging silently.
+    let said = migrate.says("migrations wait for hookbox's tables");
+    let pid = dump.pid();
+    assert!(
+        said.contains(&format!("pid {pid} (")) && said.contains("instances"),
+        "names the session and the table: {said}"
+    );
+    drop(dump);
+    let (code, stderr, stdout) = migrate.ended();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("applied 1 migration(s)") && stdout.contains("20261212090000"),
+        "what the tries applied in all: {stdout}"
+    );
+    // The column the migration adds is there (the count fails without it).
+    assert_eq!(db.count("instances WHERE locks_taken >= 0"), 0);
+}
+
+#[test]
 fn migrate_on_sqlite_waits_for_another_process_write_and_says_so() {
     use diesel::connection::SimpleConnection;
     if !store_is_sqlite() {

@@ -746,15 +746,15 @@ impl Watched {
         }
     }
 
-    /// Waits (up to 30 s) for a line of stderr holding `text`.
-    pub fn says(&self, text: &str) {
+    /// Waits (up to 30 s) for a line of stderr holding `text`, and returns it.
+    pub fn says(&self, text: &str) -> String {
         loop {
             let line = self
                 .lines
                 .recv_timeout(Duration::from_secs(30))
                 .unwrap_or_else(|_| panic!("hookbox never said {text:?}"));
             if line.contains(text) {
-                return;
+                return line;
             }
         }
     }
@@ -1144,6 +1144,19 @@ impl HeldTableLock {
         conn.batch_execute(&format!("BEGIN; LOCK TABLE {table} IN {mode} MODE"))
             .expect("lock the table");
         HeldTableLock(conn)
+    }
+
+    /// The holding session's process id on the server.
+    pub fn pid(&mut self) -> i32 {
+        #[derive(QueryableByName)]
+        struct Pid {
+            #[diesel(sql_type = diesel::sql_types::Integer)]
+            pid: i32,
+        }
+        diesel::sql_query("SELECT pg_backend_pid() AS pid")
+            .get_result::<Pid>(&mut self.0)
+            .expect("the session's pid")
+            .pid
     }
 }
 

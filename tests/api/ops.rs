@@ -43,12 +43,31 @@ async fn metrics_count_each_outcome_per_source_and_time_requests() {
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }
-    let build = format!(
-        "hookbox_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
+    let build = format!("hookbox_build_info{{version=\"{}\"}} 1", hookbox::VERSION);
     assert!(text.contains(&build), "missing {build} in\n{text}");
     assert!(!text.contains("whsec_"), "no secret in /metrics");
+}
+
+#[test]
+fn the_version_names_the_commit_it_was_built_from() {
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=9", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    let (code, stdout, _) = run_hookbox(&["--version"], &[]);
+    assert_eq!(code, 0);
+    assert_eq!(stdout.trim(), format!("hookbox {}", hookbox::VERSION));
+    // Built in a checkout: two builds of one package version are told apart by their commit.
+    if let Some(head) = head {
+        assert_eq!(
+            hookbox::VERSION,
+            format!("{}+{head}", env!("CARGO_PKG_VERSION")),
+            "built from HEAD"
+        );
+    }
 }
 
 #[actix_web::test]

@@ -298,6 +298,48 @@ async fn readyz_notices_the_sqlite_file_deleted_or_replaced_under_serve() {
     assert_eq!(app.get("/readyz", None).await.status, 200);
 }
 
+#[actix_web::test]
+async fn deliveries_are_refused_while_the_sqlite_file_is_deleted_or_replaced_under_serve() {
+    if !store_is_sqlite() {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let event = |id: &str| app.delivery("stripe", &stripe_event(id, "charge.succeeded", 1), id);
+    let (before, during) = (unique_id("evt_before"), unique_id("evt_during"));
+    assert_eq!(app.send(&event(&before)).await.status, 200);
+    let path = app
+        .db
+        .url
+        .strip_prefix("sqlite://")
+        .expect("a file store")
+        .to_owned();
+    let moved = format!("{path}.moved");
+    std::fs::rename(&path, &moved).expect("move the file away");
+    let fresh = app.send(&event(&during)).await;
+    // Stored before, and answered from memory: not an answer the file at the path holds.
+    let again = app.send(&event(&before)).await;
+    std::fs::write(&path, b"").expect("another file");
+    let replaced = app.send(&event(&during)).await;
+    std::fs::remove_file(&path).expect("the other file removed");
+    std::fs::rename(&moved, &path).expect("put it back");
+    for refused in [&fresh, &again, &replaced] {
+        assert_eq!(refused.status, 503, "{}", refused.text());
+        assert_eq!(refused.error(), "unavailable");
+        assert!(refused.header("retry-after").is_some());
+        assert!(
+            refused.message().contains("deleted or replaced"),
+            "{}",
+            refused.text()
+        );
+    }
+    // Back on its path: the retry is answered as the claim made while it was away stored it.
+    let retried = app.send(&event(&during)).await;
+    assert_eq!(retried.status, 200, "{}", retried.text());
+    assert!(retried.replayed(), "stored once, while the file was moved");
+    assert_eq!(app.send(&event(&before)).await.status, 200);
+    assert_eq!(app.db.count("events"), 2, "each event stored once");
+}
+
 /// A database owned by a role of its own, migrated by `hookbox migrate` with the config text
 /// `config` makes for its URL, holding one `source` event ten days old, and the role's right
 /// `revoked` (`DELETE ON events`) taken away: the database, the role and the config file (drop
