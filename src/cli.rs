@@ -436,7 +436,18 @@ fn end_now(code: i32) -> ! {
 }
 
 fn migrate(config: &Config) -> anyhow::Result<()> {
+    // A relative SQLite path is the working directory's: run from another directory, migrate
+    // would make a new, empty store there, which is said (a deploy step's log names it).
+    let new_file = match &config.database.store {
+        crate::db::Store::SqliteFile(path) if !std::path::Path::new(path).exists() => {
+            Some(crate::db::sqlite::absolute(path))
+        }
+        _ => None,
+    };
     let migrated = crate::db::migrate_store(&config.database, |_| Ok(()))?;
+    if let Some(file) = new_file {
+        outln!("created a new, empty SQLite store: {file}");
+    }
     let applied = migrated.applied;
     if !migrated.unknown.is_empty() {
         errln!(

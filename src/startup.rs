@@ -399,8 +399,7 @@ fn log_store(config: &Config, claim_writers: usize, sqlite_existed: bool) {
     // says when it was made just now (a service started from another directory gets a new,
     // empty store, and every redelivery would be processed again).
     let file = |path: &str| {
-        let full =
-            std::path::absolute(path).map_or_else(|_| path.to_owned(), |p| p.display().to_string());
+        let full = db::sqlite::absolute(path);
         if sqlite_existed {
             full
         } else {

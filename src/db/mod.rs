@@ -798,8 +798,9 @@ pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
             .map(AnyConnection::Sqlite)
             .with_context(|| {
                 format!(
-                    "cannot open the SQLite store {} (is its directory there and writable, and the file a SQLite database?)",
-                    config.display_url()
+                    "cannot open the SQLite store {} (the file {}: is its directory there and writable, and the file a SQLite database?)",
+                    config.display_url(),
+                    sqlite::absolute(path)
                 )
             }),
         Store::SqliteMemory => anyhow::bail!(

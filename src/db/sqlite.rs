@@ -102,6 +102,12 @@ pub fn checkpoint(conn: &mut SqliteConnection) -> QueryResult<bool> {
     Ok(done.busy == 0)
 }
 
+/// `path` made absolute against the working directory, for messages: a relative store path is
+/// the working directory's, and a service started from another directory opens another file.
+pub fn absolute(path: &str) -> String {
+    std::path::absolute(path).map_or_else(|_| path.to_owned(), |p| p.display().to_string())
+}
+
 /// The SQLite file a store opened, by path and by identity (device and inode), to tell when
 /// the path no longer names it: a file deleted or replaced under a running `serve` goes on
 /// taking writes through the open handle, and they are gone when the process ends.

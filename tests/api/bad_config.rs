@@ -154,6 +154,31 @@ fn migrate_applies_the_schema_and_says_so() {
 }
 
 #[test]
+fn migrate_run_from_another_directory_says_it_made_a_new_store_and_where() {
+    // A deploy step run from the wrong directory: the relative path is that directory's.
+    let dir = TempDir::new();
+    let full = dir.0.join("events.db").display().to_string();
+    let env = [("DATABASE_URL", "sqlite://events.db")];
+    let migrate = || run_hookbox_in(&["migrate", "--config", "/dev/null"], &env, Some(&dir.0));
+    let (code, stdout, stderr) = migrate();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(&format!("created a new, empty SQLite store: {full}")),
+        "{stdout}"
+    );
+    let (code, stdout, _) = migrate();
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("created"), "the file was there: {stdout}");
+    // A file it cannot open is named in full too.
+    let env = [("DATABASE_URL", "sqlite://missing-dir/events.db")];
+    let (code, _, stderr) =
+        run_hookbox_in(&["migrate", "--config", "/dev/null"], &env, Some(&dir.0));
+    assert_eq!(code, 1, "{stderr}");
+    let missing = dir.0.join("missing-dir/events.db").display().to_string();
+    assert!(stderr.contains(&missing), "{stderr}");
+}
+
+#[test]
 fn migrate_needs_only_the_database_not_the_sources_secrets() {
     let db = TestDb::create();
     // A deploy step that migrates has the database's URL, not the webhook secrets.
