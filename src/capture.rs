@@ -90,8 +90,10 @@ struct LineIn {
     event_id: String,
     #[serde(default)]
     event_type: Option<String>,
+    /// Read as any JSON, so that a time in another form is read or named (see
+    /// [`received_at`]), not taken for a line cut short.
     #[serde(default)]
-    received_at: Option<DateTime<Utc>>,
+    received_at: Option<serde_json::Value>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
     #[serde(default)]
@@ -151,6 +153,26 @@ fn not_a_line(value: Option<&serde_json::Value>, e: &serde_json::Error) -> Strin
     }
 }
 
+/// A capture line's `received_at`: RFC 3339 as `export` writes it, or a form `export --since`
+/// reads (`2026-12-02 09:00:00`, `2026-12-02T09:00`, `2026-12-02`, taken as UTC), as a hand-made
+/// capture may have it; `null` or none is none. Anything else is refused naming the field:
+/// replay does not use it, so the line can go without it.
+fn received_at(value: Option<&serde_json::Value>) -> Result<Option<DateTime<Utc>>, String> {
+    let refused = |shown: String| {
+        format!(
+            "received_at {shown} is not a time: write it as RFC 3339 (2026-12-02T09:00:00Z) or \
+             leave it out (replay does not use it)"
+        )
+    };
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(text)) => crate::config::parse_time(text)
+            .map(Some)
+            .ok_or_else(|| refused(format!("{text:?}"))),
+        Some(other) => Err(refused(other.to_string())),
+    }
+}
+
 impl CaptureLine {
     /// Reads one line of a capture. A UTF-8 byte-order mark before it (a file saved by a
     /// Windows editor) is no part of it.
@@ -187,6 +209,7 @@ impl CaptureLine {
             source: Some(raw.source.clone()),
             event_id: Some(raw.event_id.clone()),
         };
+        let received_at = received_at(raw.received_at.as_ref()).map_err(named)?;
         let body = match (raw.body, raw.body_base64) {
             (Some(text), None) => text.into_bytes(),
             (None, Some(encoded)) => BASE64
@@ -203,7 +226,7 @@ impl CaptureLine {
             source: raw.source,
             event_id: raw.event_id,
             event_type: raw.event_type,
-            received_at: raw.received_at,
+            received_at,
             // Header names are case-insensitive; a hand-written capture may capitalise them.
             headers: raw
                 .headers
@@ -652,6 +675,35 @@ impl InputFile {
         }
     }
 
+    /// Whether `path` names this very file (through a symlink or another spelling too): what
+    /// `replay --report` must not overwrite.
+    pub fn is_the_file(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        if self.spool.is_some() {
+            return false;
+        }
+        match (std::fs::metadata(path), std::fs::metadata(&self.path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+
+    /// A `.json` file is one body, unless it holds capture lines (an export saved as
+    /// `stripe.json`): its first line that is not blank is one, so it is replayed as the
+    /// capture it is, and said so. Read as one body, its events would not be sent, and with
+    /// `--source` the whole capture would be stored as one event.
+    fn read_as_what_it_holds(mut self) -> InputFile {
+        if self.kind == InputKind::Body && holds_capture_lines(self.read_from()) {
+            errln!(
+                "replay: {} holds capture lines, so it is replayed as a capture, one delivery a \
+                 line (a .json file is otherwise one body)",
+                self.path.display()
+            );
+            self.kind = InputKind::Capture;
+        }
+        self
+    }
+
     /// Where its bytes are read from: the file, or the copy of a pipe.
     fn read_from(&self) -> &Path {
         self.spool
@@ -764,15 +816,16 @@ pub fn input_files(paths: &[PathBuf]) -> Result<Vec<InputFile>, String> {
             .as_ref()
             .is_none_or(|m| !m.is_dir() && !m.is_file())
         {
-            files.push(InputFile {
+            let file = InputFile {
                 path: path.clone(),
                 kind,
                 spool: Some(std::sync::Arc::new(spool(path)?)),
-            });
+            };
+            files.push(file.read_as_what_it_holds());
             continue;
         }
         if metadata.as_ref().is_some_and(std::fs::Metadata::is_file) {
-            files.push(InputFile::new(path.clone(), kind));
+            files.push(InputFile::new(path.clone(), kind).read_as_what_it_holds());
             continue;
         }
         let mut inside: Vec<InputFile> = std::fs::read_dir(path)
@@ -788,7 +841,7 @@ pub fn input_files(paths: &[PathBuf]) -> Result<Vec<InputFile>, String> {
                 } else {
                     return None;
                 };
-                Some(InputFile::new(path, kind))
+                Some(InputFile::new(path, kind).read_as_what_it_holds())
             })
             .collect();
         if inside.is_empty() {
@@ -801,6 +854,23 @@ pub fn input_files(paths: &[PathBuf]) -> Result<Vec<InputFile>, String> {
         files.extend(inside);
     }
     Ok(files)
+}
+
+/// Whether the first line of the file at `path` that is not blank is a capture line.
+fn holds_capture_lines(path: &Path) -> bool {
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    let mut reader = BufReader::new(file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return false,
+            Ok(_) if without_bom(&line).trim_ascii().is_empty() => continue,
+            Ok(_) => return CaptureLine::parse(line.trim_ascii()).is_ok(),
+        }
+    }
 }
 
 fn has_extension(path: &Path, extensions: &[&str]) -> bool {

@@ -1118,8 +1118,8 @@ fn replay(args: ReplayArgs) -> Result<ExitCode, Exit> {
         dry_run: args.dry_run,
         report: args.report,
     };
-    crate::replay::check(&files, &options).map_err(usage)?;
-    match crate::replay::run(files, &options) {
+    let to_skip = crate::replay::check(&files, &options).map_err(usage)?;
+    match crate::replay::run(files, &options, to_skip) {
         Ok(tally) if tally.interrupted => Ok(ExitCode::from(INTERRUPTED)),
         Ok(tally) if tally.all_ok() => Ok(ExitCode::SUCCESS),
         Ok(_) => Ok(ExitCode::from(1)),

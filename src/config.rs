@@ -1331,10 +1331,30 @@ pub fn parse_time_or_ago(
     text: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    let text = text.trim();
+    if let Some(time) = parse_time(text) {
+        return Ok(no_earlier_than_1970(time));
+    }
+    let ago = humantime::parse_duration(text).map_err(|_| {
+        format!(
+            "{text:?} is not a time (RFC 3339 as in 2026-12-02T09:00:00Z, or 2026-12-02 09:00 \
+             or 2026-12-02, taken as UTC) or a duration ago (90s, 5m, 72h, 30d)"
+        )
+    })?;
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|ago| now.checked_sub_signed(ago))
+        .map(no_earlier_than_1970)
+        .ok_or_else(|| format!("{text:?} is too far in the past"))
+}
+
+/// A point in time written as [`parse_time_or_ago`] reads one, but not as a duration ago: RFC
+/// 3339, or a date and time (or a date alone) without a zone, taken as UTC.
+pub fn parse_time(text: &str) -> Option<chrono::DateTime<chrono::Utc>> {
     use chrono::{NaiveDate, NaiveDateTime};
     let text = text.trim();
     if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(no_earlier_than_1970(time.with_timezone(&chrono::Utc)));
+        return Some(time.with_timezone(&chrono::Utc));
     }
     let naive = [
         "%Y-%m-%dT%H:%M:%S%.f",
@@ -1349,20 +1369,7 @@ pub fn parse_time_or_ago(
             .ok()
             .and_then(|day| day.and_hms_opt(0, 0, 0))
     });
-    if let Some(naive) = naive {
-        return Ok(no_earlier_than_1970(naive.and_utc()));
-    }
-    let ago = humantime::parse_duration(text).map_err(|_| {
-        format!(
-            "{text:?} is not a time (RFC 3339 as in 2026-12-02T09:00:00Z, or 2026-12-02 09:00 \
-             or 2026-12-02, taken as UTC) or a duration ago (90s, 5m, 72h, 30d)"
-        )
-    })?;
-    chrono::Duration::from_std(ago)
-        .ok()
-        .and_then(|ago| now.checked_sub_signed(ago))
-        .map(no_earlier_than_1970)
-        .ok_or_else(|| format!("{text:?} is too far in the past"))
+    naive.map(|naive| naive.and_utc())
 }
 
 /// Checks the form of a listen address: `IP:PORT`, `[IPv6]:PORT` or `HOST:PORT`, the port 0 to

@@ -156,13 +156,25 @@ enum Done {
 /// scheme its headers do not show. It reads the inputs once more, one entry
 /// at a time.
 ///
+/// Returns how many capture lines `--source` leaves out.
+///
 /// # Errors
 /// The first delivery that cannot be sent, with its file and line.
-pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
+pub fn check(files: &[InputFile], options: &Options) -> Result<u64, String> {
     // The report is written at the end: a path it cannot be written to is found now, before
     // anything is sent, not after the deliveries it was meant to record. Opened to append, so
     // a report already there stays until the new one replaces it.
     if let Some(path) = &options.report {
+        // The report replaces what is at its path: one of the captures (a slip of tab
+        // completion) would be lost, and "replay the same captures again" with it.
+        if let Some(input) = files.iter().find(|file| file.is_the_file(path)) {
+            return Err(format!(
+                "--report {}: that is {}, one of the captures to replay, and the report would \
+                 replace it; give the report another path; nothing was sent",
+                path.display(),
+                input.path.display()
+            ));
+        }
         let there = path.exists();
         std::fs::OpenOptions::new()
             .append(true)
@@ -183,6 +195,7 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
     // The sources the capture lines name: a `--source` none of them names is a typo, not a
     // replay with every line skipped.
     let mut sources = std::collections::BTreeSet::new();
+    let mut skipped = 0;
     for entry in Entries::new(files.to_vec()) {
         if let Ok(Item::Line(line)) = &entry.item {
             if !sources.contains(&line.source) {
@@ -218,7 +231,8 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
             Job::Fail(_, "source_not_configured", message) if body_file => {
                 return Err(format!("--source: {message}; nothing was sent"));
             }
-            Job::Skip | Job::Fail(..) => {}
+            Job::Skip => skipped += 1,
+            Job::Fail(..) => {}
         }
     }
     // The contract sends every line to a `--to` with a path; the lines of all but one source
@@ -245,17 +259,20 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<(), String> {
             ));
         }
     }
-    Ok(())
+    Ok(skipped)
 }
 
 /// Replays the entries of `files`, prints the summary to stdout (and progress to stderr),
 /// writes the report, and returns the tally, whose [`Tally::all_ok`] is the exit status.
 ///
+/// `to_skip` is what [`check`] found `--source` leaves out.
+///
 /// # Errors
 /// The report cannot be written.
-pub fn run(files: Vec<InputFile>, options: &Options) -> anyhow::Result<Tally> {
+pub fn run(files: Vec<InputFile>, options: &Options, to_skip: u64) -> anyhow::Result<Tally> {
     let started = Instant::now();
     let mut tally = Tally::default();
+    tally.to_skip = to_skip;
     if options.dry_run {
         dry_run(Entries::new(files), options, &mut tally);
     } else {

@@ -116,6 +116,9 @@ pub struct Tally {
     pub abandoned: u64,
     /// Entries in the captures, when they were counted before sending (not on a dry run).
     pub total: Option<u64>,
+    /// Of those, the capture lines `--source` leaves out (counted by the check before sending):
+    /// what an interrupted replay had not reached of them is not "not sent".
+    pub to_skip: u64,
     rejected_by_code: BTreeMap<String, u64>,
     failed_by_error: BTreeMap<String, u64>,
     latencies_ms: Vec<f64>,
@@ -271,7 +274,8 @@ impl Tally {
     /// flight when it stopped. `None` when it was not interrupted or the total is unknown.
     pub fn not_sent(&self) -> Option<u64> {
         let total = self.total.filter(|_| self.interrupted)?;
-        Some(total.saturating_sub(self.done() + self.abandoned))
+        let never_to_send = self.to_skip.saturating_sub(self.skipped);
+        Some(total.saturating_sub(self.done() + self.abandoned + never_to_send))
     }
 
     /// How the deliveries so far went, in one short line.

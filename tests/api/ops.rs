@@ -78,7 +78,7 @@ async fn a_started_server_says_where_it_listens_and_which_sources_are_live() {
     assert!(log.contains("listening on http://127.0.0.1:"), "{log}");
     // Which build it is, for a rolling deploy of old and new side by side.
     assert!(
-        log.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))),
+        log.contains(&format!("version=\"{}\"", hookbox::VERSION)),
         "{log}"
     );
     for source in SOURCES {

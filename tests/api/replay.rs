@@ -735,6 +735,94 @@ async fn a_report_that_cannot_be_written_is_a_usage_error_before_anything_is_sen
     assert_eq!(seen.lock().expect("seen lock").len(), 0, "nothing was sent");
 }
 
+#[actix_web::test]
+async fn a_report_naming_one_of_the_captures_is_a_usage_error_and_the_capture_stays() {
+    let (url, _, seen) = recorder();
+    let file = capture(&[capture_line("github", "d-1", Some("push"), &[], "{}")]);
+    let path = file.path();
+    let before = file.read();
+    let link = std::env::temp_dir().join(unique_id("report-link"));
+    std::os::unix::fs::symlink(&path, &link).expect("a symlink to the capture");
+    let link = link.to_str().expect("a UTF-8 temp dir").to_owned();
+    // By its own name, and by another way to it.
+    for report in [path.as_str(), link.as_str()] {
+        let (code, stdout, stderr) = run_hookbox_async(&[
+            "replay", &path, "--to", &url, "--scheme", "github", "--secret", "s3cret", "--report",
+            report,
+        ])
+        .await;
+        assert_eq!(code, 2, "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains("one of the captures") && stderr.contains("nothing was sent"),
+            "{stderr}"
+        );
+    }
+    let _ = std::fs::remove_file(&link);
+    assert_eq!(file.read(), before, "the capture is as it was");
+    assert_eq!(seen.lock().expect("seen lock").len(), 0, "nothing was sent");
+}
+
+#[actix_web::test]
+async fn a_capture_saved_as_json_is_replayed_line_by_line_not_as_one_body() {
+    let (url, counter) = receiver(Counter::default());
+    let lines: Vec<String> = (0..3)
+        .map(|i| capture_line("github", &format!("j-{i}"), Some("push"), &[], "{}"))
+        .collect();
+    let file = TempFile::with_extension((lines.join("\n") + "\n").as_bytes(), "json");
+    let run = replay_github(&file, &url, &[]).await;
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("holds capture lines"), "{}", run.stderr);
+    assert_eq!(
+        run.report["counts"],
+        counts(3, 3, 0, 0, 0),
+        "{}",
+        run.report
+    );
+    let ids: HashSet<String> = counter
+        .arrivals
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(_, id)| id.clone())
+        .collect();
+    assert_eq!(ids.len(), 3, "each line its own delivery: {ids:?}");
+}
+
+#[actix_web::test]
+async fn a_received_at_in_another_form_is_read_and_one_that_is_no_time_is_named() {
+    let (url, _) = receiver(Counter::default());
+    let line = |id: &str, received_at: Value| {
+        json!({"source": "github", "event_id": id, "event_type": "push",
+               "received_at": received_at, "headers": {}, "body": "{}"})
+        .to_string()
+    };
+    let file = capture(&[
+        line("r-1", json!("2026-12-02 09:00:00")),
+        line("r-2", json!("2026-12-02T09:00")),
+        line("r-3", json!("2026-12-02")),
+        line("r-4", Value::Null),
+        line("r-5", json!("not a time")),
+        line("r-6", json!(1796605233)),
+    ]);
+    let run = replay_github(&file, &url, &[]).await;
+    assert_eq!(
+        run.report["counts"],
+        counts(4, 4, 0, 0, 2),
+        "{}",
+        run.report
+    );
+    let rows = failures(&run);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in &rows {
+        let message = row["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("received_at") && message.contains("leave it out"),
+            "names the field and what to do: {row}"
+        );
+        assert!(!message.contains("end of input"), "{row}");
+    }
+}
+
 #[test]
 fn a_to_url_that_would_not_be_sent_as_written_is_a_usage_error() {
     let file = github_capture(1);
@@ -1007,18 +1095,29 @@ fn replay_child(args: &[&str]) -> std::process::Child {
         .expect("start hookbox replay")
 }
 
-/// Replays 40 deliveries to a slow receiver and stops it with `signal` after a few arrived.
+/// Replays the 40 GitHub deliveries of a capture that holds 40 of another source between them
+/// (`--source github`) to a slow receiver, and stops it with `signal` after a few arrived.
 async fn interrupted_replay(signal: &str) {
     let (url, counter) = receiver(Counter {
         delay: Duration::from_millis(400),
         ..Counter::default()
     });
-    let file = github_capture(40);
+    let lines: Vec<String> = (0..40)
+        .flat_map(|i| {
+            [
+                capture_line("github", &format!("d-{i}"), Some("push"), &[], "{}"),
+                capture_line("shopify", &format!("s-{i}"), None, &[], "{}"),
+            ]
+        })
+        .collect();
+    let file = capture(&lines);
     let report = TempFile::with_extension(b"", "json");
     let path = file.path();
     let report_path = report.path();
     let child = replay_child(&[
         &path,
+        "--source",
+        "github",
         "--to",
         &url,
         "--concurrency",
@@ -1053,7 +1152,8 @@ async fn interrupted_replay(signal: &str) {
     assert!((3..40).contains(&sent), "stopped early: {report}");
     assert_eq!(report["counts"], counts(arrived, arrived, 0, 0, 0));
     assert_eq!(report["abandoned_in_flight"], 0);
-    // The rest of the 40 were never posted, and the summary says how many.
+    // The rest of the 40 were never posted, and the summary says how many: the other
+    // source's lines not reached are no part of it, as --source never sends them.
     assert_eq!(report["not_sent"], 40 - sent, "{report}");
     let not_sent = stdout.lines().any(|line| {
         line.split_whitespace().take(3).collect::<Vec<_>>()
