@@ -40,6 +40,18 @@ pub struct Source {
     pub dedupe_body: bool,
 }
 
+impl Source {
+    /// What the provider was answered in place of a stored response of `status`: its own
+    /// answer (Adyen's `[accepted]`) where it expects one and the stored status is a success,
+    /// as a delivery and every redelivery are answered; `None` where the stored response is
+    /// the answer. The admin API and the console show it beside the stored response.
+    pub fn answered_instead(&self, status: Option<i16>) -> Option<crate::providers::Answer> {
+        self.provider
+            .answer()
+            .filter(|_| status.is_some_and(|status| (200..300).contains(&status)))
+    }
+}
+
 /// The configured sources by name, each with its handler from `handlers`. Refuses a handler
 /// registered for a source that is not configured, and a forward target whose secret is not
 /// usable.

@@ -177,6 +177,17 @@ pub async fn get_event(
         "content_type": stored.content_type,
     });
     let fields = event.as_object_mut().expect("built as an object above");
+    let answered = state
+        .sources
+        .get(&source)
+        .and_then(|configured| configured.answered_instead(stored.status));
+    if let Some(answered) = answered {
+        let mut answer = serde_json::Map::new();
+        answer.insert("status".to_owned(), answered.status.into());
+        answer.insert("content_type".to_owned(), answered.content_type.into());
+        put_bytes(&mut answer, "body", answered.body);
+        fields.insert("answered".to_owned(), answer.into());
+    }
     put_bytes(fields, "payload", stored.payload);
     put_bytes(fields, "body", stored.body.unwrap_or_default());
     Ok(HttpResponse::Ok().json(event))

@@ -180,6 +180,28 @@ async fn a_batch_of_three_is_three_events_answered_accepted_and_its_redelivery_a
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     assert_eq!(side_effects(&app), once_each(&ids));
     assert_eq!(app.db.count("events"), 3);
+    // What Adyen was answered, beside the item's stored response, for whoever looks it up.
+    let looked_up = app
+        .get(
+            &format!("/admin/events/adyen/{}", ids[0]),
+            Some(ADMIN_TOKEN),
+        )
+        .await
+        .json();
+    assert_eq!(
+        looked_up["answered"],
+        json!({"status": 200, "content_type": "text/plain", "body": "[accepted]"}),
+        "{looked_up}"
+    );
+    assert_eq!(looked_up["content_type"], "application/json", "{looked_up}");
+    let cookie = crate::console::log_in(&app).await;
+    let page = crate::console::event_page(&app, &cookie, "adyen", ids[0])
+        .await
+        .text();
+    assert!(
+        page.contains("id=\"answered\"") && page.contains("[accepted]"),
+        "{page}"
+    );
     // Each item is stored as itself: its own type and payload.
     let stored: Vec<(String, Option<String>, Vec<u8>)> = {
         use diesel::prelude::*;

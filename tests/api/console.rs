@@ -77,7 +77,7 @@ pub async fn log_in(app: &TestApp) -> String {
 }
 
 /// The console's page of `source`'s event `id`.
-async fn event_page(app: &TestApp, cookie: &str, source: &str, id: &str) -> Answer {
+pub async fn event_page(app: &TestApp, cookie: &str, source: &str, id: &str) -> Answer {
     let path = format!("/console/event?source={source}&id={}", form_encode(id));
     get_page(app, &path, Some(cookie)).await
 }

@@ -313,6 +313,10 @@ pub async fn show(
             .replay_counts
             .unflushed_replays(&which.source, &which.id);
     let status = stored.status.map_or_else(String::new, |s| s.to_string());
+    let answered = state
+        .sources
+        .get(&which.source)
+        .and_then(|configured| configured.answered_instead(stored.status));
     let main = html! {
         @if let Some((ok, text)) = notice(&which, &session) {
             p class=(if ok { "notice" } else { "error" }) id="notice" { (text) }
@@ -339,6 +343,14 @@ pub async fn show(
             "Status " b { (status) } ", " code { (stored.content_type.as_deref().unwrap_or("")) }
         }
         (body_block("response", stored.body.as_deref().unwrap_or_default()))
+        @if let Some(answered) = &answered {
+            p id="answered" {
+                "The provider was answered with its own reply, not this one: status "
+                b { (answered.status) } ", " code { (answered.content_type) } ", "
+                code { (visible(&String::from_utf8_lossy(&answered.body))) }
+                " (each delivery and redelivery of it alike)."
+            }
+        }
         h2 { "Forward deliveries" }
         @if deliveries.is_empty() {
             p class="muted" { "None: this event's source does not forward." }
