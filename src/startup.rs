@@ -230,12 +230,17 @@ impl Application {
         };
         // Even when the server failed: attempts under way end and are recorded first, so that
         // a stop does not send them twice.
-        if let Some(dispatcher) = self.dispatcher {
+        // Let go of at the very end when its attempts all ended; else the lock stays until
+        // the process ends, as they are this instance's.
+        let mut finished = None;
+        if let Some(mut dispatcher) = self.dispatcher {
             let deadline = stopping.as_ref().map_or_else(
                 |_| tokio::time::Instant::now() + STOP_WAIT,
                 |deadline| *deadline,
             );
-            if !dispatcher.finish(deadline).await {
+            if dispatcher.finish(deadline).await {
+                finished = Some(dispatcher);
+            } else {
                 tracing::warn!(
                     "forward attempts still under way {} s after the stop began are abandoned: \
                      their rows go to whichever instance takes them back (this one, restarted), \
@@ -251,6 +256,9 @@ impl Application {
         if matches!(self.store, db::Store::SqliteFile(_)) {
             let pool = self.pool;
             let _ = web::block(move || db::checkpoint_on_stop(&pool)).await;
+        }
+        if let Some(dispatcher) = finished {
+            dispatcher.release();
         }
         tracing::info!("hookbox stopped");
         Ok(())

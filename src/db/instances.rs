@@ -97,6 +97,8 @@ pub struct Registration {
     /// The other instances whose lock was free at the last look, each since the look that
     /// first found it free, and its `locks_taken` then.
     free: HashMap<i64, (Instant, i64)>,
+    /// Let go of at the end of a stop ([`release`](Self::release)): not taken again.
+    released: bool,
 }
 
 enum Lock {
@@ -125,6 +127,31 @@ impl Registration {
             registered: false,
             skew_warned: None,
             free: HashMap::new(),
+            released: false,
+        }
+    }
+
+    /// Lets go of this instance's lock for good, at the end of a stop once its attempts are
+    /// over: the lock file on SQLite is removed (as dropping the registration does; `serve`
+    /// ends without running destructors, and each stop left one beside the store), and the
+    /// session lock on PostgreSQL goes with its connection. Its row stays, for another
+    /// instance to find free and remove. No later look takes the lock again.
+    pub fn release(&mut self) {
+        self.released = true;
+        self.let_go();
+    }
+
+    fn let_go(&mut self) {
+        match self.lock.take() {
+            Some(Lock::File(file, path)) => {
+                // Removed while still locked, so no other instance takes an emptied file for
+                // a dead instance's before this one's row is gone; the row goes at another's
+                // look.
+                let _ = std::fs::remove_file(&path);
+                drop(file);
+            }
+            Some(Lock::Postgres(conn)) => drop(conn),
+            None => {}
         }
     }
 
@@ -204,7 +231,7 @@ impl Registration {
     /// Holds this instance's lock: checks the one it holds, or takes one (at the start, on a
     /// new number if another instance holds this one's). Whether it holds it now.
     fn keep(&mut self) -> anyhow::Result<bool> {
-        if matches!(self.store, Store::SqliteMemory) {
+        if matches!(self.store, Store::SqliteMemory) || self.released {
             return Ok(false);
         }
         if let Some(Lock::Postgres(conn)) = &mut self.lock {
@@ -259,12 +286,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(Lock::File(file, path)) = self.lock.take() {
-            // Removed while still locked, so no other instance takes an emptied file for a
-            // dead instance's before this one's row is gone; the row goes at another's look.
-            let _ = std::fs::remove_file(&path);
-            drop(file);
-        }
+        self.let_go();
     }
 }
 

@@ -262,6 +262,8 @@ pub struct Outbox {
     store: Store,
     /// This instance's number: every row it leases names it.
     holder: Arc<AtomicI64>,
+    /// This instance's registration (`db::instances`), made at the first look.
+    registration: Arc<Mutex<Registration>>,
 }
 
 impl Outbox {
@@ -287,6 +289,7 @@ impl Outbox {
             .into_iter()
             .map(|((source, _), target)| Lane::new(source, target))
             .collect();
+        let holder = Arc::new(AtomicI64::new(instances::new_number()));
         Some(Outbox {
             pool,
             metrics,
@@ -296,8 +299,9 @@ impl Outbox {
             disorder_warned: Arc::default(),
             handed: Arc::default(),
             unread: Arc::default(),
+            registration: Arc::new(Mutex::new(Registration::new(store.clone(), holder.clone()))),
             store,
-            holder: Arc::new(AtomicI64::new(instances::new_number())),
+            holder,
         })
     }
 
@@ -306,12 +310,9 @@ impl Outbox {
         self.holder.load(Ordering::SeqCst)
     }
 
-    /// This instance's registration (`db::instances`), not yet made.
+    /// This instance's registration (`db::instances`).
     fn registration(&self) -> Arc<Mutex<Registration>> {
-        Arc::new(Mutex::new(Registration::new(
-            self.store.clone(),
-            self.holder.clone(),
-        )))
+        self.registration.clone()
     }
 
     /// Keeps this instance registered, and takes back at once the rows leased by instances
@@ -745,6 +746,7 @@ fn in_turn<T>(
 /// The dispatcher task inside `serve`.
 pub struct Dispatcher {
     running: tokio::task::JoinHandle<()>,
+    registration: Arc<Mutex<Registration>>,
 }
 
 impl Dispatcher {
@@ -752,7 +754,17 @@ impl Dispatcher {
     /// `wake` says stop.
     pub fn start(outbox: Outbox, wake: Wake) -> Dispatcher {
         Dispatcher {
+            registration: outbox.registration(),
             running: actix_web::rt::spawn(dispatch::run(outbox, wake)),
+        }
+    }
+
+    /// After [`finish`](Self::finish) found every attempt ended: lets go of this instance's
+    /// registration ([`Registration::release`]). Not while a look holds it (a database that
+    /// hangs): the process's end lets go of the lock then.
+    pub fn release(&self) {
+        if let Ok(mut registration) = self.registration.try_lock() {
+            registration.release();
         }
     }
 
@@ -763,10 +775,10 @@ impl Dispatcher {
     /// key, by whichever instance takes them back.
     /// A wait of more than a second is announced, so the stop is not silent while a slow
     /// target's attempts end.
-    pub async fn finish(self, deadline: tokio::time::Instant) -> bool {
-        let mut running = self.running;
+    pub async fn finish(&mut self, deadline: tokio::time::Instant) -> bool {
+        let running = &mut self.running;
         let soon = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
-        if tokio::time::timeout_at(soon, &mut running).await.is_ok() {
+        if tokio::time::timeout_at(soon, &mut *running).await.is_ok() {
             return true;
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());

@@ -423,6 +423,48 @@ async fn migrate_and_serve_say_so_when_a_newer_hookbox_migrated_the_database() {
 /// exits 0, cleanly: ending the process with exit handlers that ran while the runtime's
 /// threads were at work panicked after `hookbox stopped` in about 2 % of such stops (found by a
 /// black-box run), and now and then died of SIGSEGV.
+#[test]
+fn a_forwarding_serve_on_sqlite_leaves_no_lock_file_once_stopped() {
+    if !store_is_sqlite() {
+        return;
+    }
+    let db = TestDb::create();
+    let file = std::path::PathBuf::from(db.url.trim_start_matches("sqlite://"));
+    let locks = || -> Vec<String> {
+        let dir = file.parent().expect("a directory");
+        let prefix = format!(
+            "{}-hookbox-",
+            file.file_name().expect("a name").to_string_lossy()
+        );
+        std::fs::read_dir(dir)
+            .expect("the directory")
+            .filter_map(Result::ok)
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(&prefix) && name.ends_with(".lock"))
+            .collect()
+    };
+    let config = config_text(
+        &db.url,
+        &crate::forward::forward_extra("http://127.0.0.1:9/hooks", "1s", 3),
+    );
+    // Each stop, of several starts, takes its own lock file with it.
+    for round in 0..3 {
+        let mut process = Process::serve(&config);
+        process.wait_for_log("forward dispatcher registered");
+        assert_eq!(locks().len(), 1, "round {round}: its lock, while it runs");
+        process.terminate();
+        assert!(process
+            .wait_exit(std::time::Duration::from_secs(20))
+            .success());
+        assert_eq!(
+            locks(),
+            Vec::<String>::new(),
+            "round {round}: {}",
+            process.log()
+        );
+    }
+}
+
 #[actix_web::test]
 async fn a_serve_stopped_right_after_it_starts_exits_cleanly_every_time() {
     let db = TestDb::create();
