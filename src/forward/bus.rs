@@ -93,7 +93,7 @@ pub async fn check_targets(lanes: Vec<(String, Arc<Target>)>) {
                     tracing::warn!(
                         source = %source, target = %name, url = %url,
                         "forward target not ready: {}. Its deliveries wait in the outbox and are \
-                         retried until it is",
+                         retried until it is ready",
                         why.trim_end_matches('.')
                     );
                     None

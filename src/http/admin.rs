@@ -253,7 +253,18 @@ pub async fn redeliver_event(
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
     let missing = no_event(&source, &event_id);
-    let target = given(query.into_inner().target);
+    // An empty `target=` (a script's unset variable) would widen a redeliver to one target to
+    // every target: refused, as a misspelt parameter is.
+    let target = match query.into_inner().target {
+        Some(name) if name.trim().is_empty() => {
+            return Err(ApiError::InvalidQuery(
+                "target= is empty: give a target's name, or leave target out to redeliver to \
+                 every target of the event"
+                    .to_owned(),
+            ))
+        }
+        target => target,
+    };
     let requeued = redeliver(&state, source, event_id, target, "the admin API")
         .await?
         .ok_or(missing)?;

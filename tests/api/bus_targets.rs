@@ -1196,11 +1196,12 @@ async fn each_bus_targets_readiness_or_trouble_is_logged_at_startup_before_any_e
     let rabbit = Rabbit::create(true).await;
     let uncaptured = unique_name();
     let missing = format!("{}_missing", rabbit.exchange);
-    let down = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        listener.local_addr().expect("its address").port()
-    };
+    // A port nothing listens on: held while the silent server picks its own, which could
+    // otherwise be this very port, just let go (it was, once).
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let down = held.local_addr().expect("its address").port();
     let silent = silent_then_forwarding(Duration::from_secs(3600), "127.0.0.1:4222");
+    drop(held);
     let db = TestDb::create();
     let subject = |prefix: &str, rest: &str| format!("{prefix}.{rest}");
     let targets = [

@@ -597,12 +597,27 @@ async fn odd_admin_requests_get_their_contract_answers_and_never_a_5xx() {
         (202, serde_json::json!({"requeued": 1}))
     );
     settled(&app, &[id.as_str()], "dead").await;
+    // But a redeliver's one `target=`, given empty (a script's unset variable), would widen a
+    // redeliver to one target to every target: refused, and nothing re-queued.
+    let (status, body) = admin_post(
+        &app,
+        &format!("/admin/events/stripe/{id}/redeliver?target="),
+    )
+    .await;
     assert_eq!(
-        admin_post(
-            &app,
-            &format!("/admin/events/stripe/{id}/redeliver?target=")
-        )
-        .await,
+        (status, body["error"].as_str()),
+        (400, Some("invalid_query"))
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("leave target out"),
+        "{body}"
+    );
+    assert_eq!(app.db.count("deliveries WHERE state = 'pending'"), 0);
+    assert_eq!(
+        admin_post(&app, &format!("/admin/events/stripe/{id}/redeliver")).await,
         (202, serde_json::json!({"requeued": 1}))
     );
 }
