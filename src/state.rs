@@ -38,6 +38,10 @@ pub struct Source {
     pub retention: Duration,
     /// `dedupe = "body"`: a payload stored under another event id is a replay of that event.
     pub dedupe_body: bool,
+    /// The names of the sources of its scheme, itself included, sorted: where an older
+    /// release's binding of a PayPal transmission id is looked for (see
+    /// [`crate::db::transmissions::bound_by_an_older_release`]).
+    pub same_scheme: Vec<String>,
 }
 
 impl Source {
@@ -97,6 +101,16 @@ pub fn sources(
                     forward,
                     retention: retention::source_window(source, config.retention.window),
                     dedupe_body: source.dedupe_body,
+                    same_scheme: {
+                        let mut alike: Vec<String> = config
+                            .sources
+                            .iter()
+                            .filter(|other| other.provider.scheme() == source.provider.scheme())
+                            .map(|other| other.name.as_str().to_owned())
+                            .collect();
+                        alike.sort();
+                        alike
+                    },
                 }),
             ))
         })

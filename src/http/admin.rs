@@ -11,7 +11,7 @@ use crate::config::parse_time_or_ago;
 use crate::db::deliveries::{self, DeliveryView};
 use crate::db::{self, AnyConnection};
 use crate::http::auth::{Admin, Bearer};
-use crate::http::{with_db, ApiError};
+use crate::http::{read_db, with_db, ApiError};
 use crate::state::AppState;
 
 /// A POST route's empty body. The admin API's POST routes take what they act on in the path
@@ -123,7 +123,7 @@ pub async fn list_events(
         ..Default::default()
     };
     // One more than asked, to tell whether there is a next page.
-    let mut rows = with_db(&state, "admin query", move |conn| {
+    let mut rows = read_db(&state, "admin query", move |conn| {
         db::events::page(conn, filter.clone(), limit + 1)
     })
     .await?;
@@ -161,7 +161,7 @@ pub async fn get_event(
     _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
-    let stored = with_db(&state, "admin query", {
+    let stored = read_db(&state, "admin query", {
         let (source, event_id) = (source.clone(), event_id.clone());
         move |conn| db::events::find(conn, &source, &event_id)
     })
@@ -215,7 +215,7 @@ pub async fn event_deliveries(
 ) -> Result<HttpResponse, ApiError> {
     let (source, event_id) = path.into_inner();
     let missing = no_event(&source, &event_id);
-    let found = with_db(&state, "admin query", move |conn| {
+    let found = read_db(&state, "admin query", move |conn| {
         deliveries_of(conn, &source, &event_id)
     })
     .await?;

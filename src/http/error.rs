@@ -79,6 +79,10 @@ pub enum ApiError {
     /// replaced under it, so what it stores now is gone when it stops.
     #[error("the store's file was deleted or replaced while the server runs; nothing is kept until it is restarted on the file to keep, so retry later")]
     StoreGone,
+    /// 503 `unavailable`, with `Retry-After`: an admin or console read got no answer from the
+    /// database within the request timeout.
+    #[error("the database did not answer within the request timeout; retry later")]
+    SlowRead,
     /// 503 `unavailable`, with `Retry-After`: an admin or console request's database work got
     /// no answer within the request timeout. A change it asked for may still be made.
     #[error("the database did not answer within the request timeout; retry later (a change asked for may still be made once it answers)")]
@@ -197,6 +201,7 @@ impl ApiError {
             | ApiError::TablesLocked
             | ApiError::Unanswered
             | ApiError::StoreGone
+            | ApiError::SlowRead
             | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
@@ -222,6 +227,7 @@ impl ApiError {
             | ApiError::TablesLocked
             | ApiError::Unanswered
             | ApiError::StoreGone
+            | ApiError::SlowRead
             | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
@@ -263,6 +269,7 @@ impl ResponseError for ApiError {
             | ApiError::TablesLocked
             | ApiError::Unanswered
             | ApiError::StoreGone
+            | ApiError::SlowRead
             | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)

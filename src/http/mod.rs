@@ -23,6 +23,19 @@ pub use request_id::{answer_with_id, RequestSpan};
 pub use unread::close_unread;
 pub use webhook::{refused, refused_by};
 
+/// [`with_db`] for work that only reads: past the request timeout it is
+/// [`ApiError::SlowRead`], whose sentence speaks of no change that may still be made.
+pub(crate) async fn read_db<T: Send + 'static>(
+    state: &web::Data<AppState>,
+    what: &'static str,
+    work: impl FnMut(&mut AnyConnection) -> QueryResult<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    with_db(state, what, work).await.map_err(|e| match e {
+        ApiError::NoAnswer => ApiError::SlowRead,
+        other => other,
+    })
+}
+
 /// Runs `work` on a blocking thread with a pooled connection (again on a fresh one if that
 /// one turns out dead, so `work` must be safe to repeat), within `[server].request_timeout`
 /// as a delivery's database work: a database that stops answering (a frozen host, a

@@ -583,13 +583,7 @@ async fn bind_transmission(
     // An older release's binding (in its event's row) is compared by the payload's
     // `fingerprint`, as that release stored it.
     // Looked for under every source of this scheme, as the new bindings are one per id.
-    let mut alike: Vec<String> = state
-        .sources
-        .values()
-        .filter(|other| other.provider.scheme() == source.provider.scheme())
-        .map(|other| other.name.as_str().to_owned())
-        .collect();
-    alike.sort();
+    let alike = source.same_scheme.clone();
     let (transmission, asked) = (transmission.to_owned(), delivery.clone());
     let bound = in_time(state, deadline, move |conn| {
         let older =

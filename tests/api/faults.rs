@@ -444,8 +444,11 @@ async fn the_admin_api_and_the_console_answer_503_in_time_while_the_database_sta
     assert_eq!(admin.status, 503, "{}", admin.text());
     assert_eq!(admin.json()["error"], "unavailable");
     assert!(admin.header("Retry-After").is_some(), "{:?}", admin.headers);
+    // A read: its answer speaks of no change that may still be made.
+    assert!(!admin.message().contains("change"), "{}", admin.text());
     let page = page.expect("the console answered nothing within 10 s");
     assert_eq!(page.status, 503, "{}", page.text());
+    assert!(!page.text().contains("re-queue"), "{}", page.text());
 }
 
 /// Work left waiting on a database that stopped answering (a `/readyz` check, an admin read,

@@ -17,7 +17,7 @@ use crate::db::events::{self, StoredEvent};
 use crate::db::AnyConnection;
 use crate::http::admin;
 use crate::http::auth::Admin;
-use crate::http::with_db;
+use crate::http::read_db;
 use crate::state::AppState;
 
 /// `GET /console/event` query: which event, and the outcome of a re-queue just made.
@@ -293,7 +293,7 @@ pub async fn show(
 ) -> Result<HttpResponse, Refused> {
     let which = which.into_inner();
     let (source, event_id) = (which.source.clone(), which.id.clone());
-    let found = with_db(&state, "console event", move |conn| {
+    let found = read_db(&state, "console event", move |conn| {
         load(conn, &source, &event_id)
     })
     .await?;

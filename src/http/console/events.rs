@@ -15,7 +15,7 @@ use crate::config::parse_time_or_ago;
 use crate::db::events::{self, Filter, Listed};
 use crate::db::AnyConnection;
 use crate::http::auth::Admin;
-use crate::http::with_db;
+use crate::http::read_db;
 use crate::ids::EventType;
 use crate::metrics::UNKNOWN_SOURCE;
 use crate::state::AppState;
@@ -218,7 +218,7 @@ pub async fn list(
             ));
         }
     };
-    let mut rows = with_db(&state, "console event list", move |conn| {
+    let mut rows = read_db(&state, "console event list", move |conn| {
         load(conn, query.clone())
     })
     .await?;

@@ -108,6 +108,8 @@ impl From<ApiError> for Refused {
         match error {
             ApiError::Busy => Refused::Busy,
             ApiError::NoAnswer => Refused::NoAnswer,
+            // A read that got no answer: nothing asked may still be done, so no more to say
+            // than for a database that is away.
             _ => Refused::Unavailable,
         }
     }

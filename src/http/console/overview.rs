@@ -11,7 +11,7 @@ use super::{chart, NoQuery, Refused, Session};
 use crate::activity::{current_minute, HISTORY_MINUTES};
 use crate::db::deliveries;
 use crate::http::auth::Admin;
-use crate::http::with_db;
+use crate::http::read_db;
 use crate::metrics::UNKNOWN_SOURCE;
 use crate::purge::PurgeResult;
 use crate::state::AppState;
@@ -22,7 +22,7 @@ pub async fn show(
     Admin(session): Admin<Session>,
     _: web::Query<NoQuery>,
 ) -> Result<HttpResponse, Refused> {
-    let outbox = with_db(&state, "console outbox count", deliveries::counts).await;
+    let outbox = read_db(&state, "console outbox count", deliveries::counts).await;
     let now = current_minute();
     let mut charts = Vec::new();
     let mut quiet = Vec::new();
