@@ -168,6 +168,11 @@ fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Migrated> {
     let known = known_versions(conn);
     // Unreadable for any reason: the harness is left to apply, or to say what is wrong.
     let before = applied_versions(conn).ok();
+    if before.is_none() {
+        if let AnyConnection::Sqlite(sqlite) = conn {
+            refuse_another_programs_file(sqlite)?;
+        }
+    }
     let pending = before
         .as_ref()
         .is_none_or(|applied| known.iter().any(|version| !applied.contains(version)));
@@ -224,6 +229,43 @@ fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Migrated> {
         .filter(|version| !known.contains(version))
         .collect();
     Ok(Migrated { applied, unknown })
+}
+
+/// An SQLite file with tables but no hookbox schema is another program's (a path that names
+/// the wrong file): hookbox would add its tables to it, or fail on a table of the same name
+/// with the database's own error. Refused, naming a few of its tables.
+fn refuse_another_programs_file(conn: &mut SqliteConnection) -> anyhow::Result<()> {
+    #[derive(diesel::QueryableByName)]
+    struct Table {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        name: String,
+    }
+    let tables: Vec<String> = diesel::sql_query(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
+         ORDER BY name",
+    )
+    .load::<Table>(conn)
+    .map(|rows| rows.into_iter().map(|row| row.name).collect())
+    .unwrap_or_default();
+    if tables.is_empty() {
+        return Ok(());
+    }
+    let file: String =
+        diesel::sql_query("SELECT file AS name FROM pragma_database_list WHERE name = 'main'")
+            .get_result::<Table>(conn)
+            .map_or_else(|_| "this SQLite file".to_owned(), |row| row.name);
+    let shown: Vec<&str> = tables.iter().take(5).map(String::as_str).collect();
+    anyhow::bail!(
+        "{file} holds another program's tables ({}{}) and no hookbox store: hookbox adds \
+         nothing to it. Point [database].url (or DATABASE_URL) at hookbox's own file; a path \
+         with no file makes a new store",
+        shown.join(", "),
+        if tables.len() > shown.len() {
+            format!(" and {} more", tables.len() - shown.len())
+        } else {
+            String::new()
+        }
+    )
 }
 
 /// How long one try of PostgreSQL's pending migrations waits for a lock on a table. A

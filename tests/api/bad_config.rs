@@ -179,6 +179,36 @@ fn migrate_run_from_another_directory_says_it_made_a_new_store_and_where() {
 }
 
 #[test]
+fn another_programs_sqlite_file_is_refused_and_left_as_it_was() {
+    use diesel::connection::SimpleConnection;
+    let dir = TempDir::new();
+    let file = dir.0.join("app.db");
+    let url = format!("sqlite://{}", file.display());
+    connect_url(&url)
+        .batch_execute(
+            "CREATE TABLE events (id INTEGER, name TEXT); CREATE TABLE users (id INTEGER)",
+        )
+        .expect("another program's tables");
+    let config = TempFile::new(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[database]\nurl = \"{url}\"\n"
+    ));
+    for command in ["migrate", "serve"] {
+        let (code, _, stderr) = run_hookbox(&[command, "--config", &config.path()], &[]);
+        assert_eq!(code, 1, "{command}: {stderr}");
+        assert!(
+            stderr.contains(&file.display().to_string())
+                && stderr.contains("another program's tables (events, users)"),
+            "{command}: {stderr}"
+        );
+    }
+    assert_eq!(
+        count_at(&url, "sqlite_master WHERE type = 'table'"),
+        2,
+        "nothing added to it"
+    );
+}
+
+#[test]
 fn migrate_needs_only_the_database_not_the_sources_secrets() {
     let db = TestDb::create();
     // A deploy step that migrates has the database's URL, not the webhook secrets.
