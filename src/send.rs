@@ -189,10 +189,11 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         })
         .map_err(SendError::Network)?;
 
+    // GoCardless's 498 has no standard phrase: the line is then `498: rejected ...`.
     let reason = awc::http::StatusCode::from_u16(answer.status)
         .ok()
         .and_then(|status| status.canonical_reason())
-        .unwrap_or("");
+        .map_or_else(String::new, |phrase| format!(" {phrase}"));
     let verdict = match answer.status {
         200..=299 if answer.replayed => {
             "replayed (Idempotent-Replayed: true; the answer stored when it was first processed)"
@@ -217,7 +218,7 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         format!("event {}", id.as_deref().unwrap_or("-"))
     };
     let written = writeln!(out, "POST {} ({event})", request.url)
-        .and_then(|()| writeln!(out, "{} {reason}: {verdict}", answer.status))
+        .and_then(|()| writeln!(out, "{}{reason}: {verdict}", answer.status))
         .and_then(|()| out.write_all(&answer.body))
         .and_then(|()| writeln!(out));
     // The answer came; a closed stdout is no reason to report otherwise.

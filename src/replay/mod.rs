@@ -307,6 +307,23 @@ pub fn run(files: Vec<InputFile>, options: &Options, to_skip: u64) -> anyhow::Re
              out --as-is to sign each afresh with a new timestamp (with --config or --secret)"
         );
     }
+    let forged = tally.rejected_with("invalid_signature");
+    if forged > 0 {
+        // A re-run as it is cannot change these: say what would.
+        let next = match options.mode {
+            Mode::AsIs => {
+                "--as-is sends each line's captured signature, which the receiver checks with \
+                 its own secret, and an item of a batch (adyen, gocardless, sendgrid) cannot be \
+                 sent as it was captured. Leave out --as-is to sign each afresh (with --config \
+                 or --secret)"
+            }
+            _ => {
+                "the receiver checks with another secret than replay signed with (the source's \
+                 first secret in --config, or --secret): give the receiver's config or secret"
+            }
+        };
+        errln!("hookbox: {forged} delivery(ies) refused invalid_signature: {next}");
+    }
     if let Some(path) = &options.report {
         tally.write_report(path, duration)?;
     }

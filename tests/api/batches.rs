@@ -673,6 +673,25 @@ async fn a_gocardless_delivery_with_a_wrong_signature_is_498_and_nothing_is_stor
     assert_eq!(app.db.count("events"), 0);
     let good = app.send(&delivery).await;
     assert_eq!(good.status, 200, "{}", good.text());
+
+    // `hookbox send` with a wrong secret says so; 498 has no standard reason phrase.
+    let body =
+        TempFile::new(&json!({"events": [gocardless_event(&unique_id("EV"), "paid")]}).to_string());
+    let (code, out, _) = run_hookbox_async(&[
+        "send",
+        "--to",
+        &app.address,
+        "--source",
+        "gocardless",
+        "--scheme",
+        "gocardless",
+        "--secret",
+        "not-the-secret",
+        &body.path(),
+    ])
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("498: rejected (invalid_signature)"), "{out}");
 }
 
 #[actix_web::test]

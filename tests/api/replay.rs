@@ -277,6 +277,40 @@ async fn a_line_that_is_not_json_or_names_a_source_the_config_lacks_is_reported_
 }
 
 #[actix_web::test]
+async fn deliveries_refused_for_their_signature_are_followed_by_what_to_change() {
+    let app = TestApp::spawn().await;
+    let file = github_capture(2);
+    let wrong = replay(&[
+        &file.path(),
+        "--to",
+        &app.address,
+        "--scheme",
+        "github",
+        "--secret",
+        "not-the-receivers",
+    ])
+    .await;
+    assert_eq!(wrong.code, 1, "{}", wrong.stdout);
+    assert_eq!(wrong.report["counts"], counts(2, 0, 0, 2, 0));
+    assert!(
+        wrong.stderr.contains(
+            "2 delivery(ies) refused invalid_signature: the receiver checks with another secret"
+        ),
+        "{}",
+        wrong.stderr
+    );
+    let as_is = replay(&[&file.path(), "--to", &app.address, "--as-is"]).await;
+    assert!(
+        as_is
+            .stderr
+            .contains("refused invalid_signature: --as-is sends"),
+        "{}",
+        as_is.stderr
+    );
+    assert_eq!(app.db.count("events"), 0);
+}
+
+#[actix_web::test]
 async fn a_directory_of_body_files_replays_under_source_and_a_second_run_is_all_replays() {
     let app = TestApp::spawn().await;
     let config = TempFile::new(&config_text(&app.db.url, ""));
