@@ -856,7 +856,9 @@ pub fn input_files(paths: &[PathBuf]) -> Result<Vec<InputFile>, String> {
     Ok(files)
 }
 
-/// Whether the first line of the file at `path` that is not blank is a capture line.
+/// Whether the first line of the file at `path` that is not blank is a capture line: a JSON
+/// object naming a `source` and an `event_id` as strings, and a `body` or `body_base64`,
+/// whatever else it holds (a field that cannot be read fails that line, as in any capture).
 fn holds_capture_lines(path: &Path) -> bool {
     let Ok(file) = File::open(path) else {
         return false;
@@ -868,7 +870,17 @@ fn holds_capture_lines(path: &Path) -> bool {
         match reader.read_until(b'\n', &mut line) {
             Ok(0) | Err(_) => return false,
             Ok(_) if without_bom(&line).trim_ascii().is_empty() => continue,
-            Ok(_) => return CaptureLine::parse(line.trim_ascii()).is_ok(),
+            Ok(_) => {
+                let Ok(serde_json::Value::Object(fields)) =
+                    serde_json::from_slice::<serde_json::Value>(without_bom(line.trim_ascii()))
+                else {
+                    return false;
+                };
+                let text = |name: &str| fields.get(name).is_some_and(serde_json::Value::is_string);
+                return text("source")
+                    && text("event_id")
+                    && (fields.contains_key("body") || fields.contains_key("body_base64"));
+            }
         }
     }
 }

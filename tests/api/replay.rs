@@ -820,6 +820,23 @@ async fn a_capture_saved_as_json_is_replayed_line_by_line_not_as_one_body() {
         .map(|(_, id)| id.clone())
         .collect();
     assert_eq!(ids.len(), 3, "each line its own delivery: {ids:?}");
+
+    // Its first line one that cannot be read whole: still a capture, that line failing alone.
+    let mut lines = vec![
+        json!({"source": "github", "event_id": "j-bad", "received_at": "yesterday",
+                                "headers": {}, "body": "{}"})
+        .to_string(),
+    ];
+    lines
+        .extend((3..5).map(|i| capture_line("github", &format!("j-{i}"), Some("push"), &[], "{}")));
+    let file = TempFile::with_extension((lines.join("\n") + "\n").as_bytes(), "json");
+    let run = replay_github(&file, &url, &[]).await;
+    assert_eq!(
+        run.report["counts"],
+        counts(2, 2, 0, 0, 1),
+        "{}",
+        run.report
+    );
 }
 
 #[actix_web::test]
