@@ -71,7 +71,11 @@ impl LastPurgeSlot {
 pub struct Schedule {
     stop: Arc<AtomicBool>,
     wake: Arc<tokio::sync::Notify>,
+    under_way: UnderWay,
 }
+
+/// The pass under way, if any, with what its batches committed so far.
+type UnderWay = Arc<Mutex<Option<retention::Report>>>;
 
 impl Schedule {
     /// Spawns the task on the current actix runtime: a pass of `plan` through `pool` every
@@ -85,9 +89,10 @@ impl Schedule {
     ) -> Schedule {
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(tokio::sync::Notify::new());
+        let under_way = UnderWay::default();
         let plan = Arc::new(plan);
         actix_web::rt::spawn({
-            let (stop, wake) = (stop.clone(), wake.clone());
+            let (stop, wake, under_way) = (stop.clone(), wake.clone(), under_way.clone());
             async move {
                 let mut ticks = tokio::time::interval(every);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -100,12 +105,36 @@ impl Schedule {
                         break;
                     }
                     let started = std::time::Instant::now();
-                    let result = pass(&pool, &metrics, &plan, &stop).await;
+                    let result = pass(&pool, &metrics, &plan, &stop, &under_way).await;
                     last.finished(started.elapsed(), result);
                 }
             }
         });
-        Schedule { stop, wake }
+        Schedule {
+            stop,
+            wake,
+            under_way,
+        }
+    }
+
+    /// At the end of a stop: a pass still under way (waiting on a database that does not
+    /// answer) is abandoned with the process, and said, with what its batches removed before
+    /// (the batch in progress rolls back). Its own `purge pass` line never comes.
+    pub fn say_if_abandoned(&self) {
+        let under_way = self
+            .under_way
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        if let Some(so_far) = under_way {
+            tracing::warn!(
+                removed = so_far.total(),
+                by_source = %so_far.summary(),
+                "purge pass abandoned at the stop, its batch in progress still waiting on the \
+                 database: that batch rolls back; what the pass removed before (counted here) \
+                 stays removed, and the next pass removes the rest"
+            );
+        }
     }
 
     /// Stops the task: a pass under way ends after its current batch.
@@ -121,8 +150,16 @@ async fn pass(
     metrics: &Arc<Metrics>,
     plan: &Arc<Plan>,
     stop: &Arc<AtomicBool>,
+    under_way: &UnderWay,
 ) -> PurgeResult {
     let (pool, metrics, plan, stop) = (pool.clone(), metrics.clone(), plan.clone(), stop.clone());
+    let say_so_far = |so_far: Option<&retention::Report>| {
+        *under_way
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = so_far.cloned();
+    };
+    say_so_far(Some(&retention::Report::default()));
+    let watched = under_way.clone();
     let pass = web::block(move || {
         // What the batches committed so far removed: a pass that fails after some has still
         // removed that much, and counts it (a black-box run's metrics and log lines were a
@@ -131,6 +168,9 @@ async fn pass(
         let pass = db::with_connection(&pool, |conn| {
             retention::purge_logged(conn, &plan, &stop, &mut |report| {
                 so_far.clone_from(report);
+                *watched
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(report.clone());
             })
         });
         match &pass {
@@ -141,6 +181,7 @@ async fn pass(
         pass.map_err(|e| (e, so_far))
     })
     .await;
+    say_so_far(None);
     match pass {
         Ok(Ok(Some(report))) => PurgeResult::Done {
             removed: report.removed,

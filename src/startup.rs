@@ -265,6 +265,7 @@ impl Application {
         if let Some(dispatcher) = finished {
             dispatcher.release();
         }
+        self.purge.say_if_abandoned();
         tracing::info!("hookbox stopped");
         Ok(())
     }

@@ -490,6 +490,9 @@ async fn serve_exits_once_stopped_though_queries_wait_on_a_stalled_database() {
     let status = process.wait_exit(Duration::from_secs(10));
     proxy.restore();
     assert!(status.success(), "{status:?}\n{}", process.log());
+    // The pass left waiting is said, as no `purge pass` line of its own comes.
+    let log = process.log();
+    assert!(log.contains("purge pass abandoned at the stop"), "{log}");
 }
 
 /// A store that may not grow past the process's file-size limit (`ulimit -f`): the deliveries
