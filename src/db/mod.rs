@@ -747,7 +747,8 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<D
     // `is_valid` decides which connections are worth a round trip (most are not).
     let builder = Pool::builder()
         .connection_timeout(CHECKOUT_TIMEOUT)
-        .test_on_check_out(true);
+        .test_on_check_out(true)
+        .error_handler(Box::new(SayConnectionErrors::default()));
     Ok(match store {
         Store::SqliteMemory => builder
             .max_size(1)
@@ -771,6 +772,46 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<D
             .min_idle(Some(config.pool_size.min(2)))
             .build_unchecked(manager),
     })
+}
+
+/// Says why the pool cannot open (or keep) its connections. r2d2 hands the cause to one
+/// waiting checkout only, and the others fail with a bare "timed out waiting for connection":
+/// a cause of this process's own (out of file descriptors: "Too many open files") read as the
+/// database being away, and was never logged. Each error is said at once, and again at most
+/// once a minute while it goes on.
+#[derive(Debug, Default)]
+struct SayConnectionErrors {
+    /// When each error was last said, by its text (a few at most: kept to 16).
+    said: Mutex<std::collections::HashMap<String, Instant>>,
+}
+
+/// How often [`SayConnectionErrors`] says so while the errors go on.
+const CONNECTION_ERRORS_SAID_EVERY: Duration = Duration::from_secs(60);
+
+impl diesel::r2d2::HandleError<diesel::r2d2::Error> for SayConnectionErrors {
+    fn handle_error(&self, error: diesel::r2d2::Error) {
+        let mut text = error.to_string();
+        if text.trim().is_empty() {
+            // libpq's message for an SSL connection cut from under it can be empty.
+            text = "the database driver gave no message".to_owned();
+        }
+        let mut said = self.said.lock().unwrap_or_else(|e| e.into_inner());
+        if said
+            .get(&text)
+            .is_none_or(|at| at.elapsed() >= CONNECTION_ERRORS_SAID_EVERY)
+        {
+            if said.len() >= 16 {
+                said.retain(|_, at| at.elapsed() < CONNECTION_ERRORS_SAID_EVERY);
+            }
+            tracing::warn!(
+                error = %text,
+                "a database connection failed (opening one, or checking one that sat idle): \
+                 a request that gets no connection in time is answered 503 (said again at \
+                 most once a minute while it goes on)"
+            );
+            said.insert(text, Instant::now());
+        }
+    }
 }
 
 /// [`connect_hint`]'s words for a database the server does not have.

@@ -114,3 +114,50 @@ async fn after_every_pooled_connection_is_terminated_the_next_requests_all_succe
     let ready = app.get("/readyz", None).await;
     assert_eq!(ready.status, 200, "/readyz: {}", ready.text());
 }
+
+/// A connection the pool cannot open is logged with its cause, once, whatever the requests
+/// that found no connection say: r2d2 hands the cause to one of them only (a black-box run
+/// out of file descriptors read "the database is unreachable", and "Too many open files"
+/// was in no line).
+#[actix_web::test]
+async fn connections_the_pool_cannot_open_are_logged_with_their_cause() {
+    use diesel::connection::SimpleConnection;
+    if skip_on_sqlite(
+        "connections_the_pool_cannot_open_are_logged_with_their_cause",
+        "an embedded store keeps its connections open",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let text = config_text(&db.url, "");
+    let process = Process::serve(&text);
+    let mut server = PgConnection::establish(&server_url()).expect("connect to the server");
+    let allow = |server: &mut PgConnection, allowed: bool| {
+        server
+            .batch_execute(&format!(
+                "ALTER DATABASE {} ALLOW_CONNECTIONS {allowed}",
+                db.name
+            ))
+            .expect("alter the database");
+    };
+    allow(&mut server, false);
+    terminate_every_connection(&db.name).await;
+    let id = unique_id("evt_no_connection");
+    let delivery = delivery_for(
+        &parse_config(&text),
+        "stripe",
+        &stripe_event(&id, "charge.succeeded", 1),
+        &id,
+        unix_now(),
+    );
+    let refused = send(&process.address, &delivery).await;
+    let log = process.log();
+    allow(&mut server, true);
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(
+        log.lines()
+            .any(|line| line.contains("a database connection failed")
+                && line.contains("is not currently accepting connections")),
+        "{log}"
+    );
+}
