@@ -72,7 +72,7 @@ pub struct ListQuery {
 
 /// Parses `since`: an RFC 3339 time, or a duration meaning that long ago.
 fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
-    parse_time_or_ago(text, Utc::now()).map_err(|e| ApiError::InvalidQuery(format!("since: {e}")))
+    parse_time_or_ago(text, db::now()).map_err(|e| ApiError::InvalidQuery(format!("since: {e}")))
 }
 
 /// A query value as a filter: an empty one (`?source=&since=`, as the routes are written) is

@@ -279,22 +279,49 @@ fn answer(response: &Response) -> Answer<'_> {
 /// process no two events share a received time, and an ordered target gets them in the order
 /// they reached the claim, also when one batch claims several at once (a batch inserts its rows
 /// in key order, to take their locks in one order, so their row ids do not follow arrival).
+///
+/// Except after the clock went back by more than [`CLOCK_STEP_FOLLOWED`] (a step of the host's
+/// clock, or its measured offset from the database's): then the clock is followed, since
+/// holding on to the time given out before pinned every later event to it, a day ahead after
+/// a moment's step of a day, and put them after other instances' later events.
 fn received_times(n: usize) -> Vec<DateTime<Utc>> {
     use std::sync::atomic::{AtomicI64, Ordering};
     static LAST: AtomicI64 = AtomicI64::new(i64::MIN);
     let count = i64::try_from(n).unwrap_or(i64::MAX);
     let mut last = LAST.load(Ordering::SeqCst);
     let first = loop {
-        let first = crate::db::now_micros().max(last.saturating_add(1));
+        let first = next_time(last, crate::db::now_micros());
         let end = first.saturating_add(count - 1);
         match LAST.compare_exchange(last, end, Ordering::SeqCst, Ordering::SeqCst) {
             Ok(_) => break first,
             Err(now_last) => last = now_last,
         }
     };
+    if first < last {
+        tracing::warn!(
+            back_seconds = format!("{:.3}", (last - first) as f64 / 1e6),
+            "the clock went back (a step of this host's clock, or of its measured difference \
+             from the database's): received times follow it, so events this instance received \
+             just before may sort after the ones it receives now"
+        );
+    }
     (0..count)
         .map(|i| DateTime::from_timestamp_micros(first + i).expect("now is a representable time"))
         .collect()
+}
+
+/// How far back the clock may go before received times follow it (see [`received_times`]),
+/// in microseconds: a second, past any jitter of the clock or of the offset's measure.
+const CLOCK_STEP_FOLLOWED: i64 = 1_000_000;
+
+/// The received time to give out next, in microseconds, the last given out being `last`:
+/// after it, unless the clock (`now`) went back more than [`CLOCK_STEP_FOLLOWED`].
+fn next_time(last: i64, now: i64) -> i64 {
+    if last.saturating_sub(now) > CLOCK_STEP_FOLLOWED {
+        now
+    } else {
+        now.max(last.saturating_add(1))
+    }
 }
 
 /// The time one delivery was received (see [`received_times`]).
@@ -397,5 +424,28 @@ fn stored_payload(
             stored,
         })),
         None => Err(ClaimError::Database(DieselError::NotFound)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn received_times_go_on_after_the_last_unless_the_clock_went_back_past_a_second() {
+        const SECOND: i64 = 1_000_000;
+        let day = 86_400 * SECOND;
+        let now = 1_796_600_000 * SECOND;
+        // In step, and a clock a moment behind the last time given out: strictly after it.
+        assert_eq!(next_time(now - 5, now), now);
+        assert_eq!(next_time(now, now), now + 1);
+        assert_eq!(next_time(now + SECOND / 2, now), now + SECOND / 2 + 1);
+        assert_eq!(next_time(now + SECOND, now), now + SECOND + 1);
+        // Back from a step of a day: the clock is followed, not the day-ahead time (which
+        // pinned every later event a day ahead of the others').
+        assert_eq!(next_time(now + day, now), now);
+        assert_eq!(next_time(now + SECOND + 1, now), now);
+        // The first time of all.
+        assert_eq!(next_time(i64::MIN, now), now);
     }
 }

@@ -425,6 +425,38 @@ async fn a_host_clock_far_from_the_databases_is_warned_about_and_followed() {
         waited >= Duration::from_millis(2900),
         "retried after {waited:?}, before its Retry-After of 3 s"
     );
+    // Its attempts are signed at the database's time, which the downstream's tolerance takes
+    // (on this host's, every one was 30 s old).
+    let signed_at: i64 = attempts[1]
+        .header("webhook-timestamp")
+        .parse()
+        .expect("a timestamp");
+    assert!(
+        (signed_at - unix_now()).abs() <= 5,
+        "signed at {signed_at}, now {}",
+        unix_now()
+    );
+    // And "a duration ago" is counted back from the database's time, as stored times are.
+    insert_events(
+        &db.url,
+        &[RawEvent {
+            source: "stripe".to_owned(),
+            event_id: "evt_twenty_seconds_old".to_owned(),
+            received_at: chrono::Utc::now() - chrono::Duration::seconds(20),
+            payload: b"{}".to_vec(),
+        }],
+    );
+    let recent = get(
+        &behind.address,
+        "/admin/events?source=stripe&since=10s",
+        Some(ADMIN_TOKEN),
+    )
+    .await
+    .text();
+    assert!(
+        recent.contains(&id) && !recent.contains("evt_twenty_seconds_old"),
+        "{recent}"
+    );
 
     // A host whose clock agrees says nothing of it.
     let in_step = Process::serve(&config);

@@ -87,7 +87,7 @@ fn parse_when(name: &str, text: &str) -> Result<Option<DateTime<Utc>>, String> {
     let Some(text) = given(text) else {
         return Ok(None);
     };
-    parse_time_or_ago(&text, Utc::now())
+    parse_time_or_ago(&text, crate::db::now())
         .map(Some)
         .map_err(|e| format!("{name}: {e}"))
 }
