@@ -92,8 +92,6 @@ pub struct Registration {
     was_listed: bool,
     /// Whether it has held its lock under its number: from then on it keeps that number.
     registered: bool,
-    /// When it last warned that this host's clock and the database's disagree.
-    skew_warned: Option<std::time::Instant>,
     /// The other instances whose lock was free at the last look, each since the look that
     /// first found it free, and its `locks_taken` then.
     free: HashMap<i64, (Instant, i64)>,
@@ -125,7 +123,6 @@ impl Registration {
             listed: false,
             was_listed: false,
             registered: false,
-            skew_warned: None,
             free: HashMap::new(),
             released: false,
         }
@@ -177,13 +174,7 @@ impl Registration {
         };
         if matches!(self.store, Store::Postgres(_)) {
             if let Some(skew) = follow_database_clock(conn)? {
-                if self
-                    .skew_warned
-                    .is_none_or(|at| at.elapsed() >= SKEW_WARN_EVERY)
-                {
-                    self.skew_warned = Some(std::time::Instant::now());
-                    warn_of_skew(skew);
-                }
+                warn_of_skew(skew);
             }
         }
         // Listed again if another instance took this one for dead (it lost its lock a while).
@@ -329,10 +320,20 @@ fn measure_skew(conn: &mut AnyConnection) -> QueryResult<(f64, f64)> {
     Ok((database - (before + after) / 2.0, (after - before) / 2.0))
 }
 
-/// The WARN for a host clock `skew` seconds behind the database's (negative: ahead).
+/// The WARN for a host clock `skew` seconds behind the database's (negative: ahead), at most
+/// once every [`SKEW_WARN_EVERY`] in the process (the startup's measure and the forwarding
+/// looks' both call it: a skewed start said it twice).
 pub fn warn_of_skew(skew: f64) {
+    static WARNED: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    {
+        let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+        if warned.is_some_and(|at| at.elapsed() < SKEW_WARN_EVERY) {
+            return;
+        }
+        *warned = Some(std::time::Instant::now());
+    }
     tracing::warn!(
-        skew_seconds = format!("{skew:+.3}"),
+        database_minus_host_seconds = format!("{skew:+.3}"),
         "this host's clock is {:.1} s {} the database's: hookbox writes received times, leases \
          and retry times on the database's clock (this host's, corrected by the difference it \
          measures at startup and every 2 s while it forwards), but not its log lines, nor a \
