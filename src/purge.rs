@@ -153,26 +153,30 @@ async fn pass(
     under_way: &UnderWay,
 ) -> PurgeResult {
     let (pool, metrics, plan, stop) = (pool.clone(), metrics.clone(), plan.clone(), stop.clone());
-    let say_so_far = |so_far: Option<&retention::Report>| {
+    // What the batches committed so far removed: a pass that fails after some has still
+    // removed that much, and counts it (a black-box run's metrics and log lines were a batch
+    // of 5000 short after a pass failed past its first batch); and a stop that abandons the
+    // pass says it (`Schedule::say_if_abandoned`).
+    let note = |so_far: Option<retention::Report>| {
         *under_way
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = so_far.cloned();
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = so_far;
     };
-    say_so_far(Some(&retention::Report::default()));
+    note(Some(retention::Report::default()));
     let watched = under_way.clone();
     let pass = web::block(move || {
-        // What the batches committed so far removed: a pass that fails after some has still
-        // removed that much, and counts it (a black-box run's metrics and log lines were a
-        // batch of 5000 short after a pass failed past its first batch).
-        let mut so_far = retention::Report::default();
         let pass = db::with_connection(&pool, |conn| {
             retention::purge_logged(conn, &plan, &stop, &mut |report| {
-                so_far.clone_from(report);
                 *watched
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(report.clone());
             })
         });
+        let so_far = watched
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+            .unwrap_or_default();
         match &pass {
             Ok(Some(report)) => metrics.record_purge(&report.removed, !report.interrupted),
             Ok(None) => {}
@@ -181,7 +185,7 @@ async fn pass(
         pass.map_err(|e| (e, so_far))
     })
     .await;
-    say_so_far(None);
+    note(None);
     match pass {
         Ok(Ok(Some(report))) => PurgeResult::Done {
             removed: report.removed,
