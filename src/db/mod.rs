@@ -1160,28 +1160,51 @@ pub fn serialize_time_opt<S: serde::Serializer>(
 }
 
 /// Now on the store's clock, to the microsecond: both stores keep microseconds, and a time
-/// stored must read back as the same time. This host's clock, corrected by how far
-/// PostgreSQL's is measured to be from it ([`set_clock_offset`]): the dispatchers compare the
-/// times written with the database's `now()`, and hosts whose clocks differ share one database.
+/// stored must read back as the same time. This host's clock, or where PostgreSQL's was
+/// measured to be off from it ([`set_clock_offset`]), the database's time at that measure
+/// carried on by the monotonic clock: the dispatchers compare the times written with the
+/// database's `now()`, and hosts whose clocks differ share one database. Carried on that way,
+/// a step of the host's clock after the measure (out and back again before the next) moves
+/// nothing: an offset added to the host's clock, measured during a day's step, dated every
+/// event a day early once the clock came back (found by a black-box run).
 pub fn now() -> DateTime<Utc> {
     DateTime::from_timestamp_micros(now_micros()).expect("now is a representable time")
 }
 
 /// [`now`] in microseconds since the Unix epoch.
 pub fn now_micros() -> i64 {
-    Utc::now()
-        .timestamp_micros()
-        .saturating_add(CLOCK_OFFSET_MICROS.load(std::sync::atomic::Ordering::Relaxed))
+    match DATABASE_MINUS_MONOTONIC.load(std::sync::atomic::Ordering::Relaxed) {
+        NOT_MEASURED => Utc::now().timestamp_micros(),
+        difference => monotonic_micros().saturating_add(difference),
+    }
 }
 
-/// How far the store's clock is ahead of this host's, in microseconds (0 on SQLite, whose
-/// clock is the host's).
-static CLOCK_OFFSET_MICROS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+/// The database's time minus [`monotonic_micros`] at the last measure that found them apart,
+/// or [`NOT_MEASURED`]: this host's clock is then used as it is (on SQLite always).
+static DATABASE_MINUS_MONOTONIC: std::sync::atomic::AtomicI64 =
+    std::sync::atomic::AtomicI64::new(NOT_MEASURED);
 
-/// Sets how far PostgreSQL's clock is ahead of this host's (negative: behind), as measured;
-/// [`now`] adds it from then on.
+const NOT_MEASURED: i64 = i64::MIN;
+
+/// Microseconds on the monotonic clock since this process first read it.
+fn monotonic_micros() -> i64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    i64::try_from(START.get_or_init(Instant::now).elapsed().as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Sets how far PostgreSQL's clock is ahead of this host's (negative: behind), as measured
+/// now; 0: this host's clock is used as it is. [`now`] follows the database's from then on.
 pub fn set_clock_offset(micros: i64) {
-    CLOCK_OFFSET_MICROS.store(micros, std::sync::atomic::Ordering::Relaxed);
+    let difference = if micros == 0 {
+        NOT_MEASURED
+    } else {
+        let start = monotonic_micros();
+        Utc::now()
+            .timestamp_micros()
+            .saturating_add(micros)
+            .saturating_sub(start)
+    };
+    DATABASE_MINUS_MONOTONIC.store(difference, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[cfg(test)]

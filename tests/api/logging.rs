@@ -471,6 +471,66 @@ async fn a_host_clock_far_from_the_databases_is_warned_about_and_followed() {
     );
 }
 
+/// A host clock that steps a day ahead for a moment, long enough for a look to measure it,
+/// then back: the events received after it are on the database's time. The difference
+/// measured during the step, added to the host's clock once it was back, dated them a day
+/// early until the next look (a black-box run); it is carried on by the monotonic clock.
+#[actix_web::test]
+async fn a_moments_step_of_the_host_clock_dates_no_later_event_wrong() {
+    if skip_on_sqlite(
+        "a_moments_step_of_the_host_clock_dates_no_later_event_wrong",
+        "an SQLite file has no clock of its own",
+    ) {
+        return;
+    }
+    const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "libfaketime is not installed (apt-get install libfaketime; .ci/run does)"
+    );
+    let clock = TempFile::new("+0");
+    let clock_path = clock.path();
+    let jumping = [
+        ("LD_PRELOAD", FAKETIME),
+        ("FAKETIME_TIMESTAMP_FILE", clock_path.as_str()),
+        ("FAKETIME_NO_CACHE", "1"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let db = TestDb::create();
+    // Forwarding, so that its clock is measured every 2 s.
+    let forward = "\n[sources.stripe.forward]\nurl = \"http://127.0.0.1:9/hook\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n";
+    let config = config_text(&db.url, forward);
+    let server = Process::serve_with_env(&config, &jumping);
+    server.wait_for_log("forward dispatcher registered");
+    std::fs::write(&clock_path, "+1d").expect("step the clock");
+    server.wait_for_log("86400.0 s ahead of the database's");
+    std::fs::write(&clock_path, "+0").expect("step it back");
+    let id = unique_id("gh_after_the_step");
+    let signed = delivery_for(
+        &parse_config(&config),
+        "github",
+        "{}",
+        "placeholder",
+        unix_now(),
+    )
+    .with_header("X-GitHub-Delivery", &id);
+    let answer = send(&server.address, &signed).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let received = answer.json()["received_at"]
+        .as_str()
+        .expect("a received time")
+        .to_owned();
+    let at = chrono::DateTime::parse_from_rfc3339(&received).expect("RFC 3339");
+    let off = (at.with_timezone(&chrono::Utc) - chrono::Utc::now())
+        .num_seconds()
+        .abs();
+    assert!(
+        off <= 5,
+        "received at {received}, {off} s from now:\n{}",
+        server.log()
+    );
+}
+
 /// A downstream that answers 200, and a server on a fresh database whose `stripe` source
 /// forwards to it: the downstream, the database, the config's text and the server.
 fn forwarding_to_a_sink() -> (crate::downstream::Downstream, TestDb, String, Process) {
