@@ -1202,3 +1202,14 @@ pub async fn send_github_as(app: &TestApp, id: &str, body: &str) {
     let answer = read(request.send_body(body.to_owned()).await.expect("answered")).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
 }
+
+/// libfaketime's library, which `.ci/run` installs: a test preloads it (`LD_PRELOAD`) to move
+/// one process's wall clock, with `FAKETIME_DONT_FAKE_MONOTONIC=1` leaving its monotonic clock.
+pub fn libfaketime() -> &'static str {
+    const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "libfaketime is not installed (apt-get install libfaketime; .ci/run does)"
+    );
+    FAKETIME
+}

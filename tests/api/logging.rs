@@ -367,13 +367,9 @@ async fn a_host_clock_far_from_the_databases_is_warned_about_and_followed() {
         return;
     }
     // libfaketime puts this process's wall clock 30 s behind (the monotonic clock left alone).
-    const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-    assert!(
-        std::path::Path::new(FAKETIME).exists(),
-        "libfaketime is not installed (apt-get install libfaketime; .ci/run does)"
-    );
+    let faketime = libfaketime();
     let thirty_seconds_behind = [
-        ("LD_PRELOAD", FAKETIME),
+        ("LD_PRELOAD", faketime),
         ("FAKETIME", "-30s"),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
         ("FAKETIME_NO_CACHE", "1"),
@@ -483,15 +479,11 @@ async fn a_moments_step_of_the_host_clock_dates_no_later_event_wrong() {
     ) {
         return;
     }
-    const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-    assert!(
-        std::path::Path::new(FAKETIME).exists(),
-        "libfaketime is not installed (apt-get install libfaketime; .ci/run does)"
-    );
+    let faketime = libfaketime();
     let clock = TempFile::new("+0");
     let clock_path = clock.path();
     let jumping = [
-        ("LD_PRELOAD", FAKETIME),
+        ("LD_PRELOAD", faketime),
         ("FAKETIME_TIMESTAMP_FILE", clock_path.as_str()),
         ("FAKETIME_NO_CACHE", "1"),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),

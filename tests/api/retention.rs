@@ -373,11 +373,7 @@ fn purge_cuts_on_the_database_s_clock_not_a_host_clock_ahead_of_it() {
     ) {
         return;
     }
-    const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-    assert!(
-        std::path::Path::new(FAKETIME).exists(),
-        "libfaketime is not installed (apt-get install libfaketime; .ci/run does)"
-    );
+    let faketime = libfaketime();
     let db = TestDb::create();
     let (_config, config_path) = migrated_config(&config_with_windows(&db.url, "1h", "10m"));
     // Received 15 s ago, by the database's clock (as every instance writes received times).
@@ -388,7 +384,7 @@ fn purge_cuts_on_the_database_s_clock_not_a_host_clock_ahead_of_it() {
     let (code, stdout, stderr) = run_hookbox(
         &["purge", "--config", &config_path, "--older-than", "40s"],
         &[
-            ("LD_PRELOAD", FAKETIME),
+            ("LD_PRELOAD", faketime),
             ("FAKETIME", "+30s"),
             ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
             ("FAKETIME_NO_CACHE", "1"),
