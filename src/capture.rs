@@ -94,8 +94,9 @@ struct LineIn {
     /// [`received_at`]), not taken for a line cut short.
     #[serde(default)]
     received_at: Option<serde_json::Value>,
+    /// `null` is read as none, as a missing field is (a capture written by another tool).
     #[serde(default)]
-    headers: BTreeMap<String, String>,
+    headers: Option<BTreeMap<String, String>>,
     #[serde(default)]
     body: Option<String>,
     #[serde(default)]
@@ -193,8 +194,17 @@ impl CaptureLine {
                     .filter(|text| !text.is_empty())
                     .map(str::to_owned)
             };
+            // UTF-16 (PowerShell's `>` writes it, and Windows editors offer it) has a zero byte
+            // beside each ASCII letter, which no UTF-8 JSON line holds.
+            let message = if line.contains(&0) {
+                "not a capture line: the file is UTF-16, not UTF-8 (PowerShell's `>` writes \
+                 UTF-16); convert it first, e.g. `iconv -f UTF-16 -t UTF-8 FILE > FILE.ndjson`"
+                    .to_owned()
+            } else {
+                not_a_line(named.as_ref(), &e)
+            };
             Unreadable {
-                message: not_a_line(named.as_ref(), &e),
+                message,
                 source: text("source"),
                 event_id: text("event_id"),
             }
@@ -230,6 +240,7 @@ impl CaptureLine {
             // Header names are case-insensitive; a hand-written capture may capitalise them.
             headers: raw
                 .headers
+                .unwrap_or_default()
                 .into_iter()
                 .map(|(name, value)| (name.to_ascii_lowercase(), value))
                 .collect(),
@@ -1098,6 +1109,30 @@ mod tests {
         assert_eq!(parsed.event_type, None);
         assert_eq!(parsed.received_at, None);
         assert_eq!(parsed.headers["x-github-event"], "push");
+    }
+
+    #[test]
+    fn null_headers_are_none_as_missing_ones_are() {
+        let parsed = CaptureLine::parse(
+            br#"{"source":"s","event_id":"e","event_type":null,"received_at":null,"headers":null,"body":"{}"}"#,
+        )
+        .expect("null fields are missing ones");
+        assert!(parsed.headers.is_empty());
+    }
+
+    #[test]
+    fn a_utf16_line_says_to_convert_the_file() {
+        let text = r#"{"source":"s","event_id":"e","body":"{}"}"#;
+        let utf16: Vec<u8> = [0xFF, 0xFE]
+            .into_iter()
+            .chain(text.encode_utf16().flat_map(u16::to_le_bytes))
+            .collect();
+        let error = CaptureLine::parse(&utf16).expect_err("UTF-16 is no capture line");
+        assert!(
+            error.message.contains("UTF-16") && error.message.contains("iconv"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]
