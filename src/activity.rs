@@ -45,8 +45,9 @@ impl Minute {
             Outcome::Replayed => self.replayed += n,
             Outcome::Rejected => self.rejected += n,
             Outcome::Failed => self.failed += n,
-            // A handshake carries no event: the console's history counts deliveries.
-            Outcome::Handshake => {}
+            // A handshake carries no event, and a connection lost mid-body no delivery: the
+            // console's history counts deliveries.
+            Outcome::Handshake | Outcome::Incomplete => return,
         }
         if let Some(reason) = reason {
             match self.reasons.iter_mut().find(|(code, _)| *code == reason) {

@@ -27,15 +27,18 @@ pub enum Outcome {
     Failed,
     /// A provider's handshake (Slack's `url_verification`), answered and not stored.
     Handshake,
+    /// The connection ended before the body arrived: nothing to refuse, nothing stored.
+    Incomplete,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 5] = [
+    const ALL: [Outcome; 6] = [
         Outcome::Processed,
         Outcome::Replayed,
         Outcome::Rejected,
         Outcome::Failed,
         Outcome::Handshake,
+        Outcome::Incomplete,
     ];
 
     fn label(self) -> &'static str {
@@ -45,6 +48,7 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::Failed => "failed",
             Outcome::Handshake => "handshake",
+            Outcome::Incomplete => "incomplete",
         }
     }
 }
@@ -149,7 +153,7 @@ impl Histogram {
 
 #[derive(Default)]
 struct Series {
-    outcomes: [AtomicU64; 5],
+    outcomes: [AtomicU64; Outcome::ALL.len()],
     duration: Histogram,
     purged: AtomicU64,
     forward_duration: Histogram,
@@ -406,8 +410,10 @@ impl Metrics {
         }
         out.push_str("# HELP hookbox_forward_duration_seconds Time one forward attempt took.\n");
         out.push_str("# TYPE hookbox_forward_duration_seconds histogram\n");
-        // Requests to unconfigured sources are counted above; nothing of theirs is forwarded.
-        for (label, series) in rows().filter(|(label, _)| *label != UNKNOWN_SOURCE) {
+        // Only sources with a forward target attempt anything: the rest (and requests to
+        // unconfigured sources) would each add an empty histogram of 17 lines.
+        let forwards = |label: &str| self.target_labels.iter().any(|(source, _)| source == label);
+        for (label, series) in rows().filter(|(label, _)| forwards(label)) {
             series.forward_duration.render(
                 &mut out,
                 "hookbox_forward_duration_seconds",
@@ -458,7 +464,8 @@ mod tests {
     #[test]
     fn purges_and_forwards_are_counted() {
         let stripe = SourceName::try_from("stripe").expect("valid name");
-        let metrics = Metrics::new([&stripe]).with_targets([
+        let github = SourceName::try_from("github").expect("valid name");
+        let metrics = Metrics::new([&stripe, &github]).with_targets([
             ("stripe".to_owned(), "billing".to_owned()),
             ("stripe".to_owned(), "audit".to_owned()),
         ]);
@@ -502,5 +509,8 @@ mod tests {
             assert!(text.contains(line), "{line} in {text}");
         }
         assert!(!text.contains("hookbox_last_purge_timestamp_seconds 0\n"));
+        // A source without a target attempts nothing, and has no attempt histogram.
+        assert!(!text.contains("hookbox_forward_duration_seconds_count{source=\"github\"}"));
+        assert!(!text.contains("hookbox_forward_duration_seconds_count{source=\"_unknown\"}"));
     }
 }

@@ -37,10 +37,15 @@ pub enum ApiError {
     /// parameters, a body that is no event of the provider's); the sentence says which.
     #[error("{0}")]
     Malformed(&'static str),
-    /// 400 `malformed_payload`: the body itself could not be read (a broken chunked encoding),
-    /// whatever the scheme.
+    /// 400 `malformed_payload`: the body itself could not be read (a broken chunked encoding,
+    /// or a chunked body whose connection ended), whatever the scheme.
     #[error("the body could not be read: its chunked encoding is broken or it was cut short")]
     UnreadableBody,
+    /// 400 `malformed_payload`: the connection ended before the whole body its `Content-Length`
+    /// announced arrived (the client hung up, or closed its side after part of it). Counted as
+    /// `incomplete`, not as a refusal: no provider's request was refused, a connection was lost.
+    #[error("the body could not be read: the connection ended before all of it arrived")]
+    CutShort,
     /// 400 `missing_event_id`.
     #[error(
         "the delivery carries no event id where this scheme reads it (a string, or a \
@@ -187,9 +192,10 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::InvalidSignature => "invalid_signature",
             ApiError::StaleTimestamp => "stale_timestamp",
-            ApiError::MalformedPayload | ApiError::Malformed(_) | ApiError::UnreadableBody => {
-                "malformed_payload"
-            }
+            ApiError::MalformedPayload
+            | ApiError::Malformed(_)
+            | ApiError::UnreadableBody
+            | ApiError::CutShort => "malformed_payload",
             ApiError::MissingEventId | ApiError::InvalidEventId(EventIdError::Missing) => {
                 "missing_event_id"
             }
@@ -257,6 +263,7 @@ impl ResponseError for ApiError {
             ApiError::MalformedPayload
             | ApiError::Malformed(_)
             | ApiError::UnreadableBody
+            | ApiError::CutShort
             | ApiError::MissingEventId
             | ApiError::InvalidEventId(_)
             | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use actix_web::error::PayloadError;
 use actix_web::http::header::{self, HeaderMap};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
@@ -119,6 +120,15 @@ impl Failed {
                 cause,
                 "delivery failed; nothing was stored"
             );
+        } else if matches!(self.error, ApiError::CutShort) {
+            // Not a refusal of what a provider sent: its connection was lost (a client that
+            // gave up, a proxy that cut it), and the provider retries what it did not see
+            // answered.
+            tracing::info!(
+                status = code,
+                error,
+                "delivery incomplete: the connection ended before the whole body arrived; nothing was stored"
+            );
         } else {
             tracing::info!(status = code, error, cause, "delivery refused");
         }
@@ -155,7 +165,9 @@ pub async fn receive(
             if matches!(failed.error, ApiError::Database(crate::db::Failure::Full)) {
                 state.disk_full.noticed();
             }
-            let counted = if failed.error.status_code().is_server_error() {
+            let counted = if matches!(failed.error, ApiError::CutShort) {
+                Counted::Incomplete
+            } else if failed.error.status_code().is_server_error() {
                 Counted::Failed
             } else {
                 Counted::Rejected
@@ -266,6 +278,16 @@ async fn answer(
             Refusal::Unavailable => Failed::because(
                 error,
                 "the certificate the signature check needs could not be fetched; the warning \"certificate fetch failed\" says why",
+            ),
+            // The signed time is judged by this host's clock: the line says what it read, so a
+            // clock that is off shows beside the provider's time.
+            Refusal::Signature(SignatureError::Stale) => Failed::because(
+                error,
+                format_args!(
+                    "the signed time is judged against this host's clock, which read {}; if every delivery is stale, check the clock",
+                    chrono::DateTime::from_timestamp(inbound.now, 0)
+                        .map_or_else(|| inbound.now.to_string(), |t| t.to_rfc3339())
+                ),
             ),
             _ => Failed::from(error),
         }
@@ -750,7 +772,13 @@ async fn read_body(
     let mut body =
         web::BytesMut::with_capacity(announced.map_or(8 * 1024, |length| length as usize));
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|_| ApiError::UnreadableBody)?;
+        // A body of announced length that ends early was cut short (the connection ended). A
+        // chunked one is read as a chunked encoding that broke: actix reports a bad chunk and a
+        // lost connection alike there.
+        let chunk = chunk.map_err(|error| match error {
+            PayloadError::Incomplete(_) if announced.is_some() => ApiError::CutShort,
+            _ => ApiError::UnreadableBody,
+        })?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::PayloadTooLarge(limit));
         }

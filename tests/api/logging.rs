@@ -164,6 +164,85 @@ async fn a_delivery_the_database_fails_is_one_line_carrying_the_request_id_of_it
 }
 
 #[actix_web::test]
+async fn a_stale_delivery_is_logged_with_what_this_hosts_clock_read() {
+    let db = TestDb::create();
+    let text = config_text(&db.url, "");
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    let id = unique_id("evt_stale");
+    let body = stripe_event(&id, "a", 1);
+    let delivery = delivery_for(&config, "stripe", &body, &id, unix_now() - 3600);
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 401, "{}", answer.text());
+    assert_eq!(answer.error(), "stale_timestamp");
+    barrier(&process).await;
+    let year = chrono::Utc::now().format("%Y-").to_string();
+    let read = format!("host's clock, which read {year}");
+    assert_one_line(
+        &process,
+        &answer,
+        "webhook{source=stripe",
+        &["INFO", "delivery refused", "stale_timestamp", &read],
+    );
+}
+
+#[actix_web::test]
+async fn a_connection_lost_mid_body_is_counted_incomplete_and_not_as_a_refusal() {
+    use std::io::Write;
+    let db = TestDb::create();
+    let text = config_text(&db.url, "");
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    let id = unique_id("evt_cut");
+    let delivery = delivery_for(&config, "acme", r#"{"type":"t"}"#, &id, unix_now());
+    // The head announces the whole body; a third of it is sent, then the client closes its
+    // side (as a client that gives up does, or a proxy that cuts the connection).
+    let length = ("Content-Length".to_owned(), delivery.body.len().to_string());
+    let headers: Vec<(&str, &[u8])> = delivery
+        .headers
+        .iter()
+        .chain([&length])
+        .map(|(n, v)| (n.as_str(), v.as_bytes()))
+        .collect();
+    let whole = crate::raw::request("POST", "/webhooks/acme", &headers, &delivery.body);
+    let mut stream = crate::raw::connect(&process.address, Duration::from_secs(10));
+    let cut = whole.len() - delivery.body.len() * 2 / 3;
+    stream.write_all(&whole[..cut]).expect("send part");
+    stream
+        .shutdown(std::net::Shutdown::Write)
+        .expect("close our side");
+    // Whatever comes back (an answer the client may never read), the line says what happened.
+    let _ = crate::raw::read_answer(&mut stream);
+    barrier(&process).await;
+    let log = process.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("delivery incomplete"))
+        .unwrap_or_else(|| panic!("a line says the delivery was incomplete:\n{log}"));
+    assert!(
+        line.contains("INFO") && line.contains("source=acme"),
+        "{line}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("delivery refused") && l.contains("source=acme")),
+        "no refusal is logged:\n{log}"
+    );
+
+    let metrics = get(&process.address, "/metrics", None).await.text();
+    for wanted in [
+        "hookbox_webhooks_total{source=\"acme\",outcome=\"incomplete\"} 1",
+        "hookbox_webhooks_total{source=\"acme\",outcome=\"rejected\"} 0",
+    ] {
+        assert!(metrics.contains(wanted), "{wanted} in\n{metrics}");
+    }
+    // Nothing of it is stored: the whole delivery, sent again, is its first.
+    let answer = send(&process.address, &delivery).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.json()["status"], "processed", "{}", answer.text());
+}
+
+#[actix_web::test]
 async fn every_answer_carries_a_request_id_of_its_own() {
     let db = TestDb::create();
     let process = Process::serve(&config_text(&db.url, ""));
