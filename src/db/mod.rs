@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use diesel::connection::{AnsiTransactionManager, TransactionManager};
+use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::pg::PgConnection;
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection, R2D2Connection};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
@@ -229,6 +229,28 @@ fn run_migrations(conn: &mut AnyConnection) -> anyhow::Result<Migrated> {
         .filter(|version| !known.contains(version))
         .collect();
     Ok(Migrated { applied, unknown })
+}
+
+/// [`refuse_another_programs_file`], on a file that exists, before hookbox first opens it as its
+/// store: that switches the file to WAL mode, and a refused file is left as it was. Read on a
+/// connection of its own with no setup; a file it cannot read is left to the store's own open,
+/// which says what to check.
+fn refuse_another_programs_file_at(path: &str) -> anyhow::Result<()> {
+    if std::fs::metadata(path).map_or(true, |meta| meta.len() == 0) {
+        return Ok(());
+    }
+    let Ok(mut conn) = SqliteConnection::establish(path) else {
+        return Ok(());
+    };
+    // A read, which another process's write in rollback-journal mode may hold a moment.
+    let _ = conn.batch_execute("PRAGMA busy_timeout = 5000");
+    let hookboxs = diesel::sql_query("SELECT version FROM __diesel_schema_migrations LIMIT 1")
+        .execute(&mut conn)
+        .is_ok();
+    if hookboxs {
+        return Ok(());
+    }
+    refuse_another_programs_file(&mut conn)
 }
 
 /// An SQLite file with tables but no hookbox schema is another program's (a path that names
@@ -877,15 +899,18 @@ pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
                     config.display_url(),
                 )
             }),
-        Store::SqliteFile(path) => sqlite::connect(path, Duration::from_secs(5))
-            .map(AnyConnection::Sqlite)
-            .with_context(|| {
-                format!(
-                    "cannot open the SQLite store {} (the file {}: is its directory there and writable, and the file a SQLite database?)",
-                    config.display_url(),
-                    sqlite::absolute(path)
-                )
-            }),
+        Store::SqliteFile(path) => {
+            refuse_another_programs_file_at(path)?;
+            sqlite::connect(path, Duration::from_secs(5))
+                .map(AnyConnection::Sqlite)
+                .with_context(|| {
+                    format!(
+                        "cannot open the SQLite store {} (the file {}: is its directory there and writable, and the file a SQLite database?)",
+                        config.display_url(),
+                        sqlite::absolute(path)
+                    )
+                })
+        }
         Store::SqliteMemory => anyhow::bail!(
             "sqlite::memory: lives inside one `hookbox serve`; a separate command cannot reach it"
         ),

@@ -181,31 +181,45 @@ fn migrate_run_from_another_directory_says_it_made_a_new_store_and_where() {
 #[test]
 fn another_programs_sqlite_file_is_refused_and_left_as_it_was() {
     use diesel::connection::SimpleConnection;
+    use diesel::prelude::*;
+    use diesel::sqlite::SqliteConnection;
+    #[derive(QueryableByName)]
+    struct Mode {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        journal_mode: String,
+    }
     let dir = TempDir::new();
     let file = dir.0.join("app.db");
-    let url = format!("sqlite://{}", file.display());
-    connect_url(&url)
+    let path = file.display().to_string();
+    // Made as another program makes it: no setup of hookbox's (its journal in the default mode).
+    SqliteConnection::establish(&path)
+        .expect("open")
         .batch_execute(
             "CREATE TABLE events (id INTEGER, name TEXT); CREATE TABLE users (id INTEGER)",
         )
         .expect("another program's tables");
     let config = TempFile::new(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n[database]\nurl = \"{url}\"\n"
+        "[server]\nlisten = \"127.0.0.1:0\"\n[database]\nurl = \"sqlite://{path}\"\n"
     ));
-    for command in ["migrate", "serve"] {
+    for command in ["migrate", "serve", "purge", "export"] {
         let (code, _, stderr) = run_hookbox(&[command, "--config", &config.path()], &[]);
         assert_eq!(code, 1, "{command}: {stderr}");
         assert!(
-            stderr.contains(&file.display().to_string())
-                && stderr.contains("another program's tables (events, users)"),
+            stderr.contains(&path) && stderr.contains("another program's tables (events, users)"),
             "{command}: {stderr}"
         );
     }
-    assert_eq!(
-        count_at(&url, "sqlite_master WHERE type = 'table'"),
-        2,
-        "nothing added to it"
-    );
+    let mut conn = SqliteConnection::establish(&path).expect("open");
+    let tables: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "(SELECT count(*) FROM sqlite_master WHERE type = 'table')",
+    ))
+    .get_result(&mut conn)
+    .expect("count");
+    assert_eq!(tables, 2, "nothing added to it");
+    let mode: Mode = diesel::sql_query("PRAGMA journal_mode")
+        .get_result(&mut conn)
+        .expect("journal mode");
+    assert_eq!(mode.journal_mode, "delete", "its journal left as it was");
 }
 
 #[test]
