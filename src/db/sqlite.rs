@@ -104,8 +104,17 @@ pub fn checkpoint(conn: &mut SqliteConnection) -> QueryResult<bool> {
 
 /// `path` made absolute against the working directory, for messages: a relative store path is
 /// the working directory's, and a service started from another directory opens another file.
+/// Its directory is named as the system resolves it (no `sub/../`), where it exists.
 pub fn absolute(path: &str) -> String {
-    std::path::absolute(path).map_or_else(|_| path.to_owned(), |p| p.display().to_string())
+    let path = std::path::Path::new(path);
+    let resolved = path.file_name().and_then(|name| {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let dir = std::fs::canonicalize(parent.unwrap_or(std::path::Path::new("."))).ok()?;
+        Some(dir.join(name))
+    });
+    resolved
+        .or_else(|| std::path::absolute(path).ok())
+        .map_or_else(|| path.display().to_string(), |p| p.display().to_string())
 }
 
 /// The SQLite file a store opened, by path and by identity (device and inode), to tell when
@@ -152,6 +161,25 @@ pub fn is_busy(error: &DieselError) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_store_path_is_named_absolute_with_its_directory_resolved() {
+        let dir = std::env::temp_dir();
+        // `nowhere` does not exist: the path is only made absolute.
+        let through = super::absolute("nowhere/../x.db");
+        assert!(
+            through.starts_with('/') && through.ends_with("nowhere/../x.db"),
+            "{through}"
+        );
+        let resolved = std::fs::canonicalize(&dir).expect("temp dir").join("x.db");
+        let roundabout = format!(
+            "{}/../{}/x.db",
+            dir.display(),
+            dir.file_name().unwrap().to_string_lossy()
+        );
+        assert_eq!(super::absolute(&roundabout), resolved.display().to_string());
+        assert!(super::absolute("x.db").starts_with('/'));
+    }
+
     use super::*;
 
     #[test]
