@@ -245,6 +245,13 @@ async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &
             retry_after: None,
         },
     };
+    if let Handoff::NotSent { error } = &handoff {
+        tracing::warn!(
+            error = %error,
+            retry_in_ms = NOT_SENT_PAUSE.as_millis() as u64,
+            "forward attempt not made; it is not counted against max_attempts"
+        );
+    }
     let outcome = settle_of(handoff, due.attempt, config.max_attempts);
     let elapsed = started.elapsed();
     let result = match &outcome {
@@ -292,6 +299,9 @@ fn settle_of(handoff: Handoff, attempt: i32, max_attempts: u32) -> Settle {
     match handoff {
         Handoff::Accepted { status } => Settle::Delivered { status },
         Handoff::Refused { status, error } => Settle::Dead { status, error },
+        Handoff::NotSent { .. } => Settle::Untried {
+            after: NOT_SENT_PAUSE,
+        },
         Handoff::Failed { status, error, .. } if last => Settle::Dead {
             status,
             error: match attempt {
@@ -312,6 +322,9 @@ fn settle_of(handoff: Handoff, attempt: i32, max_attempts: u32) -> Settle {
         },
     }
 }
+
+/// How long an attempt this process could not make waits before it is tried again.
+const NOT_SENT_PAUSE: Duration = Duration::from_secs(5);
 
 /// The wait before retry `attempt` of a delivery.
 fn backoff(attempt: i32) -> Duration {
@@ -577,6 +590,22 @@ mod tests {
             status: Some(503),
             error: "the downstream answered 503".to_owned(),
             retry_after,
+        }
+    }
+
+    #[test]
+    fn an_attempt_this_process_could_not_make_is_given_back_uncounted_even_the_last() {
+        let not_sent = || Handoff::NotSent {
+            error: "cannot open a connection".to_owned(),
+        };
+        for (attempt, max) in [(1, 12), (12, 12)] {
+            assert!(
+                matches!(
+                    settle_of(not_sent(), attempt, max),
+                    Settle::Untried { after } if after == NOT_SENT_PAUSE
+                ),
+                "attempt {attempt} of {max}"
+            );
         }
     }
 

@@ -49,11 +49,14 @@ impl Http {
         let mut response = match request.send_body(due.payload.clone()).await {
             Ok(response) => response,
             Err(e) => {
+                if let Some(shortage) = local_shortage(&e) {
+                    return Handoff::NotSent { error: shortage };
+                }
                 return Handoff::Failed {
                     status: None,
                     error: unanswered(&e),
                     retry_after: None,
-                }
+                };
             }
         };
         // The status line decides: a 2xx whose body is slow to come is delivered, not an
@@ -126,6 +129,27 @@ fn unanswered(error: &awc::error::SendRequestError) -> String {
     }
 }
 
+/// Why this process could not open the attempt's connection, where the cause is its own and
+/// not the downstream's: no file descriptor left (`EMFILE`, `ENFILE`), no buffer or memory for
+/// a socket, no local port. A black-box run that used up the process's descriptors saw each
+/// attempt charged to the target until its deliveries were dead.
+fn local_shortage(error: &awc::error::SendRequestError) -> Option<String> {
+    use awc::error::{ConnectError, SendRequestError};
+    let io = match error {
+        SendRequestError::Connect(ConnectError::Io(e)) => e,
+        SendRequestError::Connect(ConnectError::Resolver(e)) => e.downcast_ref()?,
+        _ => return None,
+    };
+    let shortage = match io.raw_os_error()? {
+        libc::EMFILE => "this process has no file descriptor left (its open-files limit)",
+        libc::ENFILE => "the system has no file descriptor left",
+        libc::ENOBUFS | libc::ENOMEM => "the system has no memory left for another socket",
+        libc::EADDRNOTAVAIL => "this host has no local port left for another connection",
+        _ => return None,
+    };
+    Some(format!("cannot open a connection: {shortage} ({io})"))
+}
+
 /// What an HTTP answer means for the delivery.
 fn judge(status: u16, retry_after: Option<&str>) -> Handoff {
     match status {
@@ -150,6 +174,40 @@ fn judge(status: u16, retry_after: Option<&str>) -> Handoff {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_connection_this_process_has_no_descriptor_for_is_its_own_shortage() {
+        use awc::error::{ConnectError, SendRequestError};
+        let io = |code| std::io::Error::from_raw_os_error(code);
+        let connect = |code| SendRequestError::Connect(ConnectError::Io(io(code)));
+        let shortage = super::local_shortage(&connect(libc::EMFILE)).expect("EMFILE is ours");
+        assert!(shortage.contains("no file descriptor left"), "{shortage}");
+        for ours in [
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::EADDRNOTAVAIL,
+        ] {
+            assert!(super::local_shortage(&connect(ours)).is_some(), "{ours}");
+        }
+        // A name that could not be looked up for want of a descriptor is ours too.
+        let resolver =
+            SendRequestError::Connect(ConnectError::Resolver(Box::new(io(libc::EMFILE))));
+        assert!(super::local_shortage(&resolver).is_some());
+        // The downstream's faults are not.
+        for theirs in [
+            libc::ECONNREFUSED,
+            libc::ECONNRESET,
+            libc::EHOSTUNREACH,
+            libc::ETIMEDOUT,
+        ] {
+            assert!(
+                super::local_shortage(&connect(theirs)).is_none(),
+                "{theirs}"
+            );
+        }
+        assert!(super::local_shortage(&SendRequestError::Timeout).is_none());
+    }
+
     use super::*;
     use std::time::Duration;
 

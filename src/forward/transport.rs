@@ -35,6 +35,13 @@ pub enum Handoff {
         /// The least wait the target asked for (`Retry-After`).
         retry_after: Option<Duration>,
     },
+    /// Never sent: this process could not make the attempt (out of file descriptors, of
+    /// memory for a socket, of local ports). No fault of the target's, so it is given back
+    /// without counting against `max_attempts`, and tried again after a pause.
+    NotSent {
+        /// What this process ran out of, in a sentence.
+        error: String,
+    },
     /// Refused for good (410, another 4xx): dead at once.
     Refused {
         /// The target's status, where it answered.
