@@ -150,7 +150,16 @@ fn secrets(url: &str) -> Vec<String> {
     let parts = Parts::of(url);
     let mut raw: Vec<&str> = Vec::new();
     if let Some((start, end)) = parts.password {
-        raw.push(&url[start..end]);
+        let password = &url[start..end];
+        raw.push(password);
+        // libpq splits a URL at an unencoded '/' or '?' where hookbox masks a password whole,
+        // and then quotes a piece of it as another part (a base64 password `Zm9v/YmFy` read
+        // as host `u:Zm9v`: `invalid integer value "Zm9v" for connection option "port"`).
+        raw.extend(
+            password
+                .split(['/', '?', '@', ':'])
+                .filter(|piece| piece.len() < password.len()),
+        );
     }
     if parts.query_start < url.len() {
         for pair in url[parts.query_start + 1..].split('&') {
@@ -202,6 +211,13 @@ pub fn percent_decoded(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The query of `url` (after its '?', which is not part of it), where it has one: the first
+/// '?' past the userinfo, so a password holding one is not taken for it.
+pub fn query_of(url: &str) -> Option<&str> {
+    let start = Parts::of(url).query_start;
+    url.get(start..).and_then(|rest| rest.strip_prefix('?'))
+}
+
 /// Where the pieces of a URL are, as byte offsets.
 struct Parts {
     /// Just past `scheme://` (0 when there is none).
@@ -216,11 +232,16 @@ impl Parts {
     fn of(url: &str) -> Parts {
         let authority_start = url.find("://").map_or(0, |i| i + 3);
         let rest = &url[authority_start..];
-        // The userinfo runs to the last '@' before the query, not to the first '/' as libpq
-        // reads it: a password holding an unencoded '/' or '@' (base64 ones do) is then masked
-        // whole, and an '@' in a query value is not taken for one.
-        let before_query = rest.find('?').unwrap_or(rest.len());
-        let userinfo_end = rest[..before_query].rfind('@');
+        // libpq's reading first: the userinfo runs to the last '@' before the first '/', so a
+        // password may hold an unencoded '?' (`u:ab?c@h/db`, which libpq takes). Else to the
+        // last '@' before the query: a password holding an unencoded '/' (base64 ones do),
+        // which libpq cannot read, is then masked whole all the same, and an '@' in a query
+        // value is not taken for one.
+        let before_path = rest.find('/').unwrap_or(rest.len());
+        let userinfo_end = rest[..before_path].rfind('@').or_else(|| {
+            let before_query = rest.find('?').unwrap_or(rest.len());
+            rest[..before_query].rfind('@')
+        });
         let is_nats = url
             .get(..authority_start)
             .is_some_and(|scheme| scheme.eq_ignore_ascii_case("nats://"));
@@ -230,7 +251,13 @@ impl Parts {
             None if is_nats && at > 0 => Some((authority_start, authority_start + at)),
             None => None,
         });
-        let query_start = authority_start + before_query;
+        // The query starts at the first '?' past the userinfo.
+        let after_userinfo = userinfo_end.map_or(0, |at| at + 1);
+        let query_start = authority_start
+            + after_userinfo
+            + rest[after_userinfo..]
+                .find('?')
+                .unwrap_or(rest.len() - after_userinfo);
         Parts {
             authority_start,
             password,
@@ -265,6 +292,18 @@ mod tests {
             ),
             ("postgres://u:p@ss@h/db", "postgres://u:***@h/db"),
             ("postgres://u:ab/c+d==@h/db", "postgres://u:***@h/db"),
+            (
+                "postgres://postgres:ab?PW@127.0.0.1:5432/db?sslmode=disable",
+                "postgres://postgres:***@127.0.0.1:5432/db?sslmode=disable",
+            ),
+            (
+                "amqp://guest:g?st@h:5672/%2f",
+                "amqp://guest:***@h:5672/%2f",
+            ),
+            (
+                "postgres://u@h/db?application_name=a/b@c&password=pw",
+                "postgres://u@h/db?application_name=a/b@c&password=***",
+            ),
             (
                 "postgres://h/db?application_name=me@x&password=pw",
                 "postgres://h/db?application_name=me@x&password=***",
@@ -308,6 +347,30 @@ mod tests {
         assert!(!scrubbed.contains("zzkey"), "{scrubbed}");
         assert!(
             scrubbed.contains("postgres://u:***@h/db?sslpassword=***"),
+            "{scrubbed}"
+        );
+    }
+
+    #[test]
+    fn the_query_starts_past_the_userinfo() {
+        assert_eq!(query_of("postgres://u:a?b@h/db"), None);
+        assert_eq!(query_of("postgres://u:a?b@h/db?x=1"), Some("x=1"));
+        assert_eq!(query_of("postgres://h/db?"), Some(""));
+        assert_eq!(query_of("postgres://h/db"), None);
+    }
+
+    #[test]
+    fn a_piece_of_a_password_libpq_quotes_as_another_part_is_masked() {
+        // libpq reads `u:Zm9vYmFyYmF6cXV4` as host and port, the rest as the database.
+        let url = "postgres://u:Zm9vYmFyYmF6cXV4/cXV1eA==@h:5432/db";
+        let message = "invalid integer value \"Zm9vYmFyYmF6cXV4\" for connection option \"port\"";
+        let scrubbed = message_about(message, url);
+        assert!(!scrubbed.contains("Zm9vYmFyYmF6cXV4"), "{scrubbed}");
+        let message = format!("database \"cXV1eA==@h:5432/db\" does not exist at {url}");
+        let scrubbed = message_about(&message, url);
+        assert!(!scrubbed.contains("cXV1eA"), "{scrubbed}");
+        assert!(
+            scrubbed.contains("postgres://u:***@h:5432/db"),
             "{scrubbed}"
         );
     }

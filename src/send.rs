@@ -217,10 +217,14 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         let id = read.event_id.or(identity.event_id);
         format!("event {}", id.as_deref().unwrap_or("-"))
     };
-    let written = writeln!(out, "POST {} ({event})", request.url)
-        .and_then(|()| writeln!(out, "{}{reason}: {verdict}", answer.status))
-        .and_then(|()| out.write_all(&answer.body))
-        .and_then(|()| writeln!(out));
+    let written = writeln!(
+        out,
+        "POST {} ({event})",
+        crate::redact::target_url(&request.url)
+    )
+    .and_then(|()| writeln!(out, "{}{reason}: {verdict}", answer.status))
+    .and_then(|()| out.write_all(&answer.body))
+    .and_then(|()| writeln!(out));
     // The answer came; a closed stdout is no reason to report otherwise.
     drop(written);
     Ok((200..300).contains(&answer.status))

@@ -42,12 +42,15 @@ impl Store {
             // hookbox does anyway; any other parameter would be taken as part of the file name.
             let path = match path.split_once('?') {
                 Some((path, "mode=rwc")) => path,
-                Some((_, query)) => {
+                Some(_) => {
+                    // Shown as the URL is (a `?password=` a SQLCipher user may write, masked).
+                    let shown = crate::redact::database_url(url);
+                    let query = shown.split_once('?').map_or("", |(_, query)| query);
                     return Err(format!(
                         "takes no parameters after the path but mode=rwc (hookbox opens the file \
                          read-write and creates it if missing), not ?{query}; write \
                          sqlite://PATH"
-                    ))
+                    ));
                 }
                 None => path,
             };
@@ -185,6 +188,16 @@ mod tests {
         for sqlite in [Store::SqliteMemory, Store::SqliteFile("h.db".to_owned())] {
             assert_eq!(sqlite.claim_writers(16, 8), 1);
         }
+    }
+
+    #[test]
+    fn a_sqlite_urls_parameters_are_refused_with_a_password_masked() {
+        let refused = Store::parse("sqlite://x.db?password=DBPASSqq71&cipher=x")
+            .expect_err("no parameter but mode=rwc");
+        assert!(
+            !refused.contains("DBPASSqq71") && refused.contains("?password=***&cipher=x"),
+            "{refused}"
+        );
     }
 
     #[test]

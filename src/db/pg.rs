@@ -27,14 +27,17 @@ const CONNECT_TIMEOUT_SECS: u32 = 10;
 
 /// `url` with `connect_timeout` added when it sets none.
 pub fn with_connect_timeout(url: &str) -> std::borrow::Cow<'_, str> {
-    let query = url.split_once('?').map_or("", |(_, query)| query);
+    // A password may hold an unencoded '?' (libpq reads `u:ab?c@h/db`): the query is the one
+    // past the userinfo, else the timeout went into the database's name.
+    let query = crate::redact::query_of(url);
     let set = query
+        .unwrap_or("")
         .split('&')
         .any(|pair| pair.split('=').next() == Some("connect_timeout"));
     if set {
         return url.into();
     }
-    let joiner = if url.contains('?') { '&' } else { '?' };
+    let joiner = if query.is_some() { '&' } else { '?' };
     format!("{url}{joiner}connect_timeout={CONNECT_TIMEOUT_SECS}").into()
 }
 

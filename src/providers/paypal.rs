@@ -69,8 +69,8 @@ pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, Provid
         )
     })?;
     settings.no_secrets(
-        "PayPal signs with the certificate at PAYPAL-CERT-URL; set webhook_id to the webhook's \
-         id from PayPal's dashboard",
+        "PayPal signs with the certificate at PAYPAL-CERT-URL, so no public_keys either; set \
+         webhook_id to the webhook's id from PayPal's dashboard",
         "PayPal signs with an RSA key: give --key FILE (its PEM private key) and --cert-url URL \
          (its certificate's address) instead",
     )?;

@@ -163,8 +163,8 @@ impl fmt::Debug for Sns {
 pub(super) fn build(settings: &Settings<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
     settings.only_keyless(&["cert_urls", "topic_arns"])?;
     settings.no_secrets(
-        "SNS signs with the certificate at each message's SigningCertURL; name the topics to \
-         take in topic_arns",
+        "SNS signs with the certificate at each message's SigningCertURL, so no public_keys \
+         either; name the topics to take in topic_arns",
         "SNS signs with an RSA key: give --key FILE (its PEM private key) and --cert-url URL \
          (its certificate's address) instead",
     )?;

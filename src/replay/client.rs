@@ -137,9 +137,11 @@ pub fn header_pair(name: &str, value: &str) -> Result<(HeaderName, HeaderValue),
     Ok((header_name, header_value))
 }
 
+/// Shown with a credential its query may carry (`?token=`, `?api_key=`) masked, as forward
+/// targets' URLs are: summaries, messages and the report print it.
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.url)
+        f.write_str(&crate::redact::target_url(&self.url))
     }
 }
 
@@ -244,7 +246,11 @@ pub async fn deliver(
                 actix_web::rt::time::sleep(wait).await;
             }
             Err(error) if network_failures < NETWORK_RETRIES => {
-                tracing::debug!(%error, url = %request.url, "network failure; retrying");
+                tracing::debug!(
+                    %error,
+                    url = %crate::redact::target_url(&request.url),
+                    "network failure; retrying"
+                );
                 let wait = retry::backoff(FIRST_BACKOFF * 2, BACKOFF_CAP, network_failures + 1);
                 actix_web::rt::time::sleep(wait).await;
                 network_failures += 1;
@@ -284,15 +290,16 @@ async fn attempt(
     let mut response = post.send_body(request.body.clone()).await.map_err(|e| {
         format!(
             "no answer from {}: {e}{}",
-            request.url,
+            crate::redact::target_url(&request.url),
             next_step(&e.to_string())
         )
     })?;
-    let body = response
-        .body()
-        .limit(MAX_ANSWER_BYTES)
-        .await
-        .map_err(|e| format!("the answer from {} broke off: {e}", request.url))?;
+    let body = response.body().limit(MAX_ANSWER_BYTES).await.map_err(|e| {
+        format!(
+            "the answer from {} broke off: {e}",
+            crate::redact::target_url(&request.url)
+        )
+    })?;
     let header = |name: &str| {
         response
             .headers()

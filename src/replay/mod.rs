@@ -494,7 +494,7 @@ fn print_delivery(out: &mut dyn Write, pending: &Pending<'_>) -> std::io::Result
     writeln!(
         out,
         "POST {}  ({}, {} {})",
-        request.url,
+        crate::redact::target_url(&request.url),
         o.place(),
         o.source.as_deref().unwrap_or("-"),
         o.event_id.as_deref().unwrap_or("-")

@@ -30,7 +30,13 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
         ),
         (
             "[sources.pp]\nscheme = \"paypal\"\nwebhook_id = \"W\"\nsecrets = [\"x\"]\n",
-            "sources.pp.secrets: a paypal source takes no secrets",
+            "sources.pp.secrets: a paypal source takes no secrets (nor secrets_env): PayPal signs \
+             with the certificate at PAYPAL-CERT-URL, so no public_keys either",
+        ),
+        (
+            "[sources.sn]\nscheme = \"sns\"\nsecrets = [\"x\"]\n",
+            "sources.sn.secrets: an sns source takes no secrets (nor secrets_env): SNS signs with \
+             the certificate at each message's SigningCertURL, so no public_keys either",
         ),
         (
             "[sources.pp]\nscheme = \"paypal\"\n",

@@ -70,3 +70,33 @@ fn connection_errors_show_no_password_even_where_libpq_quotes_one() {
         }
     }
 }
+
+#[test]
+fn a_password_holding_an_unencoded_question_mark_or_slash_is_masked_whole() {
+    if skip_on_sqlite("password_delimiters", "an SQLite path holds no password") {
+        return;
+    }
+    // libpq reads a '?' before the '@' as part of the password: the URL works, and nothing of
+    // the password is printed (it was, whole, and the connect timeout hookbox adds went into
+    // the database's name).
+    let db = TestDb::create();
+    let url = db
+        .url
+        .replacen("://postgres@", &format!("://postgres:ab?{SECRET}@"), 1);
+    assert!(
+        url.contains("?hunter2"),
+        "the server URL names user postgres: {url}"
+    );
+    let (code, stdout, stderr) = run_hookbox(&["migrate"], &[("DATABASE_URL", &url)]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("postgres:***@"), "{stdout}");
+    assert_redacted(&stdout);
+    assert_redacted(&stderr);
+    // An unencoded '/' libpq cannot read: it takes what is before it for the port, and its
+    // error quotes it.
+    let slashed = format!("postgres://postgres:{SECRET}/xyz@127.0.0.1:1/db");
+    let (code, stdout, stderr) = run_hookbox(&["migrate"], &[("DATABASE_URL", &slashed)]);
+    assert_ne!(code, 0, "{stdout}{stderr}");
+    assert_redacted(&stdout);
+    assert_redacted(&stderr);
+}

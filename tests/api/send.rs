@@ -215,6 +215,56 @@ async fn a_to_url_with_a_query_but_no_path_posts_to_the_webhook_path_with_the_qu
 }
 
 #[actix_web::test]
+async fn a_credential_in_the_to_urls_query_is_sent_and_never_printed() {
+    let app = TestApp::spawn().await;
+    let to = format!("{}?token=URLTOKENuu1&q=1", app.address);
+    let body = TempFile::with_extension(sample_body("github", "").as_bytes(), "json");
+    let keys = [
+        "--scheme",
+        "github",
+        "--secret",
+        "It's a Secret to Everybody",
+    ];
+    let path = body.path();
+    let mut send = vec!["send", "--to", &to, "--source", "github"];
+    send.extend_from_slice(&keys);
+    send.push(&path);
+    let (code, out, stderr) = run_hookbox_async(&send).await;
+    assert_eq!(code, 0, "{out}{stderr}");
+    let posted = format!("POST {}/webhooks/github?token=***&q=1 ", app.address);
+    assert!(out.starts_with(&posted), "{out}");
+    assert!(
+        !format!("{out}{stderr}").contains("URLTOKEN"),
+        "{out}{stderr}"
+    );
+
+    // Nothing listens on port 1: the failure names where, the report too, without the token.
+    let capture = TempFile::with_extension(
+        br#"{"source":"github","event_id":"d-t","event_type":"push","headers":{},"body":"{}"}"#,
+        "ndjson",
+    );
+    let report = TempFile::with_extension(b"", "json");
+    let (path, report_path) = (capture.path(), report.path());
+    let unreachable = "http://127.0.0.1:1/x?api_key=URLTOKENuu1";
+    let mut replay = vec![
+        "replay",
+        &path,
+        "--to",
+        unreachable,
+        "--report",
+        &report_path,
+    ];
+    replay.extend_from_slice(&keys);
+    let (code, out, stderr) = run_hookbox_async(&replay).await;
+    assert_eq!(code, 1, "{out}{stderr}");
+    let written = std::fs::read_to_string(&report_path).expect("the report");
+    assert!(written.contains("api_key=***"), "{written}");
+    for text in [&out, &stderr, &written] {
+        assert!(!text.contains("URLTOKEN"), "{text}");
+    }
+}
+
+#[actix_web::test]
 async fn an_id_or_type_flag_a_scheme_reads_from_the_body_is_a_usage_error_and_nothing_is_sent() {
     let app = TestApp::spawn().await;
     let config = TempFile::new(&config_text(&app.db.url, ""));
