@@ -40,6 +40,7 @@ pub fn connect(
     path: &str,
     busy_timeout: Duration,
 ) -> Result<SqliteConnection, diesel::r2d2::Error> {
+    owner_only_if_new(path);
     let mut conn =
         SqliteConnection::establish(path).map_err(diesel::r2d2::Error::ConnectionError)?;
     let setup = format!(
@@ -59,6 +60,23 @@ pub fn connect(
             done => return done.map(|()| conn).map_err(diesel::r2d2::Error::QueryError),
         }
     }
+}
+
+/// Makes the store's file, where there is none, readable and writable by its owner only: it
+/// holds every stored body (payment payloads) and whole signature headers, as an export does,
+/// which is made so too. SQLite gives its `-wal` and `-shm` files the database file's mode. A
+/// file that exists keeps its own; one that cannot be made here is left to SQLite's open,
+/// which says why.
+fn owner_only_if_new(path: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    if path == ":memory:" || path.is_empty() {
+        return;
+    }
+    let _ = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
 }
 
 /// How long a migration waits for another process's write to end on SQLite, once it has

@@ -30,6 +30,16 @@ async fn with_no_database_configured_serve_keeps_events_in_hookbox_db_in_its_wor
     .await;
     assert_eq!(processed.status, 200, "{}", processed.text());
     assert!(!processed.replayed());
+    // It holds payment payloads and whole signatures: its owner's only, as an export is, with
+    // its write-ahead log and shared memory, whatever the umask.
+    for name in ["hookbox.db", "hookbox.db-wal", "hookbox.db-shm"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.0.join(name))
+            .unwrap_or_else(|e| panic!("{name} while serve runs: {e}"))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{name} is {:o}", mode & 0o777);
+    }
     drop(first);
 
     let file = dir.0.join("hookbox.db");
