@@ -2,6 +2,15 @@
 
 use std::fmt;
 
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// Whether `given` is `secret` (a token, a password), in time that depends on neither: compared
+/// as SHA-256 digests with `subtle`, so neither the first wrong byte nor the lengths show.
+pub fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    bool::from(Sha256::digest(given).ct_eq(&Sha256::digest(secret)))
+}
+
 /// A signing secret or token. Its value is reached only through [`Secret::expose`], so a secret
 /// cannot slip into a log line, an error message or a `{:?}` by accident.
 #[derive(Clone, PartialEq, Eq)]
@@ -27,6 +36,14 @@ impl fmt::Debug for Secret {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn same_secret_is_equality_of_the_bytes() {
+        assert!(super::same_secret(b"user:pw", b"user:pw"));
+        assert!(!super::same_secret(b"user:pW", b"user:pw"));
+        assert!(!super::same_secret(b"user:p", b"user:pw"));
+        assert!(!super::same_secret(b"", b"user:pw"));
+    }
+
     use super::Secret;
 
     #[test]

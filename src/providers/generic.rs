@@ -516,6 +516,20 @@ impl GenericRule {
             ("event_type", self.event_type.as_ref()),
         ] {
             match locator {
+                Some(Locator::Header(name))
+                    if crate::redact::CREDENTIAL_HEADERS
+                        .iter()
+                        .any(|credential| name.eq_ignore_ascii_case(credential)) =>
+                {
+                    return Err(ProviderError::at(
+                        key,
+                        format!(
+                            "{name} carries the sender's credentials: an event id or type read \
+                             from it would show them in logs, answers, exports and forwarded \
+                             requests; read it from another header or from the body (json:/...)"
+                        ),
+                    ))
+                }
                 Some(Locator::Header(name)) => header(key, name)?,
                 Some(Locator::Json(pointer))
                     if !(pointer.is_empty() || pointer.starts_with('/')) =>

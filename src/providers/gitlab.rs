@@ -5,12 +5,10 @@
 
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
-
 use super::family::text_keys_only;
 use super::mac::{header_id, header_text, required_header};
 use super::{Headers, Identity, Keys, Provider, ProviderError, Settings, SignatureError};
+use crate::secret::same_secret;
 
 /// A GitLab source: its secret tokens, as text. GitLab signs nothing and sends no timestamp.
 #[derive(Debug)]
@@ -34,11 +32,6 @@ const EVENT: &str = "X-Gitlab-Event";
 /// `replay` sends the source's own token again.
 const KEPT_HEADERS: &[&str] = &["idempotency-key", "x-gitlab-event-uuid", "x-gitlab-event"];
 
-/// Whether `given` is `secret`, in time that depends on neither.
-pub(super) fn same_token(given: &[u8], secret: &[u8]) -> bool {
-    bool::from(Sha256::digest(given).ct_eq(&Sha256::digest(secret)))
-}
-
 impl Provider for Gitlab {
     fn scheme(&self) -> &'static str {
         "gitlab"
@@ -53,7 +46,7 @@ impl Provider for Gitlab {
         let token = required_header(headers, TOKEN)?;
         // Every secret is compared, so the time taken does not say which one matched.
         let matches = self.keys.all().iter().fold(false, |found, secret| {
-            found | same_token(token.as_bytes(), secret)
+            found | same_secret(token.as_bytes(), secret)
         });
         if matches {
             Ok(())

@@ -11,13 +11,12 @@ use std::sync::Arc;
 use futures_util::future::LocalBoxFuture;
 
 use super::family::{HeaderMac, TagText};
-use super::gitlab::same_token;
 use super::mac::json_text;
 use super::{
     body_hash_id, receive_now, Answer, Headers, Identity, Inbound, Keys, Provider, ProviderError,
     Received, Refusal, Settings, SignatureError,
 };
-use crate::secret::Secret;
+use crate::secret::{same_secret, Secret};
 
 /// A Meta source: its app secrets, used as text, and the verify token of its callback URL.
 pub struct Meta {
@@ -118,7 +117,7 @@ impl Meta {
         }
         let expected = self.verify_token.expose();
         let token_matches = !expected.is_empty()
-            && token.is_some_and(|token| same_token(token.as_bytes(), expected.as_bytes()));
+            && token.is_some_and(|token| same_secret(token.as_bytes(), expected.as_bytes()));
         // The request's shape is judged before the token, so what the answer says never
         // depends on the token unless all else is right.
         // An empty (or blank) challenge is none: there would be nothing to echo.

@@ -68,6 +68,17 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
             "[sources.tw]\nscheme = \"twilio\"\nsecrets = [\"x\"]\n",
             "sources.tw.public_url",
         ),
+        // A credential is never an event's id or type: they are shown everywhere.
+        (
+            "[sources.h]\nscheme = \"hmac-sha256\"\nsecrets = [\"x\"]\nsignature_header = \"X-Sig\"\n\
+             event_id = \"header:authorization\"\n",
+            "sources.h.event_id: authorization carries the sender's credentials",
+        ),
+        (
+            "[sources.h]\nscheme = \"hmac-sha256\"\nsecrets = [\"x\"]\nsignature_header = \"X-Sig\"\n\
+             event_id = \"json:/id\"\nevent_type = \"header:Cookie\"\n",
+            "sources.h.event_type: Cookie carries the sender's credentials",
+        ),
         (
             "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\ntolerance = \"5 fortnights\"\n",
             "sources.s.tolerance",
