@@ -531,7 +531,7 @@ pub fn stop_streaming() -> Streamed {
 /// it is not there yet; `None` to write straight through: a path under `/dev` or `/proc`
 /// (`/dev/stdout`, `/proc/self/fd/1`), which names an open stream whatever it resolves to, or
 /// a link that leads nowhere a file can be made.
-fn where_to_write(path: &Path) -> Option<PathBuf> {
+pub(crate) fn where_to_write(path: &Path) -> Option<PathBuf> {
     if path.starts_with("/dev") || path.starts_with("/proc") {
         return None;
     }
@@ -547,7 +547,9 @@ fn where_to_write(path: &Path) -> Option<PathBuf> {
         let mut led = path.to_path_buf();
         for _ in 0..40 {
             if !is_link(&led) {
-                let directory = std::fs::canonicalize(led.parent()?).ok()?;
+                // A bare name's parent is "": the working directory.
+                let parent = led.parent().filter(|p| !p.as_os_str().is_empty());
+                let directory = std::fs::canonicalize(parent.unwrap_or(Path::new("."))).ok()?;
                 return Some(directory.join(led.file_name()?));
             }
             let next = std::fs::read_link(&led).ok()?;

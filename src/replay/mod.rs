@@ -175,11 +175,14 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<u64, String> {
                 input.path.display()
             ));
         }
-        let there = path.exists();
+        // Tried where the report will be written: for a link, the file it leads to (removing
+        // the link instead would leave an empty file where it led).
+        let target = crate::capture::where_to_write(path).unwrap_or_else(|| path.clone());
+        let there = target.exists();
         std::fs::OpenOptions::new()
             .append(true)
             .create(true)
-            .open(path)
+            .open(&target)
             .map_err(|e| {
                 format!(
                     "--report: cannot write {}: {e}; nothing was sent",
@@ -189,7 +192,7 @@ pub fn check(files: &[InputFile], options: &Options) -> Result<u64, String> {
         // Made only to try: an empty report left by a replay that then stopped would read as
         // one that ran. The report is written when the replay ends.
         if !there {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&target);
         }
     }
     // The sources the capture lines name: a `--source` none of them names is a typo, not a

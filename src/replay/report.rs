@@ -259,15 +259,17 @@ impl Tally {
         report
     }
 
-    /// Writes the report as JSON to `path`.
+    /// Writes the report as JSON to `path`, whole or not at all and its owner's only, as
+    /// `export --out` writes a capture (it may quote receivers' answers and where they are): a
+    /// new file beside it, renamed over it; a symbolic link is written where it leads.
     ///
     /// # Errors
     /// The file cannot be written.
     pub fn write_report(&self, path: &Path, duration: Duration) -> anyhow::Result<()> {
         let mut text = serde_json::to_string_pretty(&self.report(duration))?;
         text.push('\n');
-        std::fs::write(path, text)
-            .map_err(|e| anyhow::anyhow!("cannot write the report {}: {e}", path.display()))
+        crate::capture::write_whole(path, |out| Ok(out.write_all(text.as_bytes())?))
+            .map_err(|e| anyhow::anyhow!("cannot write the report {}: {e:#}", path.display()))
     }
 
     /// Entries an interrupted replay never posted: neither answered, failed, skipped nor in

@@ -984,6 +984,21 @@ fn an_export_out_through_a_link_writes_where_it_leads_and_a_stream_straight_thro
             .count(),
         3
     );
+    // The same, named by a bare name in the working directory (its parent is "").
+    std::os::unix::fs::symlink("bare-target.ndjson", dir.0.join("bare.ndjson")).expect("a link");
+    let (code, _, stderr) = run_hookbox_in(
+        &["export", "--config", &config.path(), "--out", "bare.ndjson"],
+        &[],
+        Some(&dir.0),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(dir.0.join("bare-target.ndjson"))
+            .expect("made where the bare link leads")
+            .lines()
+            .count(),
+        3
+    );
     // Its own stdout, redirected to a file, named as a path under /proc: written straight
     // through, nothing renamed over it.
     let out = dir.0.join("stdout.ndjson");
@@ -1009,6 +1024,8 @@ fn an_export_out_through_a_link_writes_where_it_leads_and_a_stream_straight_thro
     assert_eq!(
         names,
         [
+            "bare-target.ndjson",
+            "bare.ndjson",
             "first.ndjson",
             "link.ndjson",
             "new.ndjson",

@@ -770,6 +770,40 @@ async fn a_report_that_cannot_be_written_is_a_usage_error_before_anything_is_sen
 }
 
 #[actix_web::test]
+async fn a_report_is_its_owners_only_and_a_link_is_written_where_it_leads() {
+    use std::os::unix::fs::PermissionsExt;
+    let (url, _, _) = recorder();
+    let file = capture(&[capture_line("github", "d-1", Some("push"), &[], "{}")]);
+    let path = file.path();
+    let dir = TempDir::new();
+    // A link to a report not made yet: made where it leads, the link left a link.
+    let link = dir.0.join("report.json");
+    std::os::unix::fs::symlink("made.json", &link).expect("a link");
+    let report = link.to_str().expect("a UTF-8 temp dir");
+    let (code, stdout, stderr) = run_hookbox_async(&[
+        "replay", &path, "--to", &url, "--scheme", "github", "--secret", "s3cret", "--report",
+        report,
+    ])
+    .await;
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(std::fs::symlink_metadata(&link)
+        .expect("the link")
+        .file_type()
+        .is_symlink());
+    let made = dir.0.join("made.json");
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&made).expect("made"))
+        .expect("the report is JSON");
+    assert_eq!(written["counts"]["sent"], 1, "{written}");
+    let mode = std::fs::metadata(&made).expect("made").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the report is {mode:o}");
+    let names: Vec<_> = std::fs::read_dir(&dir.0)
+        .expect("the directory")
+        .map(|entry| entry.expect("an entry").file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "no partial file left: {names:?}");
+}
+
+#[actix_web::test]
 async fn a_report_naming_one_of_the_captures_is_a_usage_error_and_the_capture_stays() {
     let (url, _, seen) = recorder();
     let file = capture(&[capture_line("github", "d-1", Some("push"), &[], "{}")]);
