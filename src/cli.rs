@@ -452,7 +452,9 @@ fn migrate(config: &Config) -> anyhow::Result<()> {
     if !migrated.unknown.is_empty() {
         errln!(
             "warning: {} holds {} migration(s) this hookbox does not know ({}): a newer hookbox \
-             migrated it, and this one may not work with its schema; run the newer version",
+             migrated it. Beside it during a rolling deploy, or after a rollback, this one serves \
+             with what docs/tools.md (Rolling back) lists it cannot take part in; never undo the \
+             migrations",
             config.database.display_url(),
             migrated.unknown.len(),
             migrated.unknown.join(", ")

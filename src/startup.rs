@@ -293,7 +293,9 @@ fn open_database(
         tracing::warn!(
             unknown = ?migrated.unknown,
             "the database holds migrations this hookbox does not know: a newer hookbox migrated \
-             it, and this one may not work with its schema; run the newer version"
+             it. Beside it during a rolling deploy, or after a rollback, this one serves with \
+             what docs/tools.md (Rolling back) lists it cannot take part in; never undo the \
+             migrations"
         );
     }
     let applied = migrated.applied;

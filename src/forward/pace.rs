@@ -369,7 +369,10 @@ impl Pace {
                 "instances sharing the database pace this target at different rates (the \
                  least time between two starts is shown for each); each books its starts at \
                  its own, so the pace follows whichever booked last. Give every instance the \
-                 same `rate` for this target (expected for a while during a rolling change of it)"
+                 same `rate` for this target (expected for a while during a rolling change of it, \
+                 and during a rolling upgrade from a hookbox before 2026-12-06, which spaced \
+                 starts exactly a second over the rate apart: 25 ms for 40/s, where this one \
+                 adds the slack a late start may take, 25.3125 ms)"
             );
         }
         gate.disagreement = Some(disagreement);

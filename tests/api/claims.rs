@@ -533,7 +533,8 @@ fn an_ordered_lane_gives_nothing_while_any_of_its_rows_is_leased_even_one_behind
     let (_db, mut conn) = migrated();
     let headers = serde_json::json!({});
     let t = to(&["t"]);
-    let at = db::now();
+    // Received a second ago: an ordered lane's head is sent once it settled (ORDER_SETTLE).
+    let at = db::now() - chrono::Duration::seconds(1);
     let stored = events::claim_and_queue(
         &mut conn,
         &[
@@ -606,7 +607,8 @@ fn two_takes_of_an_ordered_lane_at_once_never_lease_two_of_its_rows() {
     let (db, mut conn) = migrated();
     let headers = serde_json::json!({});
     let t = to(&["t"]);
-    let at = db::now();
+    // Received a second ago: an ordered lane's head is sent once it settled (ORDER_SETTLE).
+    let at = db::now() - chrono::Duration::seconds(1);
     let ordered = [lane_t(true)];
     // "second" is stored first, so it is the lane's head while "first" is not there yet.
     events::claim_and_queue(&mut conn, &[(row("second", None, at, &headers), &t[..])])

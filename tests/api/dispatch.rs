@@ -516,6 +516,74 @@ async fn an_ordered_target_gets_events_in_received_order_across_two_processes() 
 }
 
 #[actix_web::test]
+async fn an_event_received_first_whose_claim_commits_a_moment_later_is_still_sent_first() {
+    use diesel::RunQueryDsl;
+    if skip_on_sqlite(
+        "ordered_claim_race",
+        "a claim is held in the database by a trigger that sleeps, which SQLite has not",
+    ) {
+        return;
+    }
+    let downstream = Downstream::start(crate::downstream::always(200));
+    let (db, config, one, two) = two_processes(&downstream, "ordered = true");
+    let (first, second) = (unique_id("evt_first"), unique_id("evt_second"));
+    // The first event's claim (received, its time taken) sleeps 80 ms in the database before
+    // its row is written; the second, received meanwhile by the other instance, commits first.
+    let AnyConnection::Postgres(mut conn) = db.connect() else {
+        unreachable!("skipped on SQLite")
+    };
+    conn.batch_execute(&format!(
+        "CREATE FUNCTION hold_claim() RETURNS trigger AS $$ BEGIN PERFORM pg_sleep(0.08); \
+         RETURN NEW; END $$ LANGUAGE plpgsql; \
+         CREATE TRIGGER hold_claim BEFORE INSERT ON events FOR EACH ROW \
+         WHEN (NEW.event_id = '{first}') EXECUTE FUNCTION hold_claim()"
+    ))
+    .expect("a trigger that holds the first claim");
+    let delivery =
+        |id: &str| delivery_for(&config, "stripe", &stripe_event(id, "a", 1), id, unix_now());
+    let (to_first, to_second) = (delivery(&first), delivery(&second));
+    let address = one.address.clone();
+    let first_answer = actix_web::rt::spawn(async move { send(&address, &to_first).await });
+    // The first claim is asleep in the database: its received time is taken.
+    poll_until(
+        "the first claim waits in the trigger",
+        Duration::from_secs(5),
+        || {
+            #[derive(diesel::QueryableByName)]
+            struct Sleeping {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                n: i64,
+            }
+            diesel::sql_query(
+                "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE wait_event = 'PgSleep' AND datname = current_database()",
+            )
+            .get_result::<Sleeping>(&mut conn)
+            .is_ok_and(|s| s.n > 0)
+        },
+    )
+    .await;
+    assert_eq!(send(&two.address, &to_second).await.status, 200);
+    assert_eq!(first_answer.await.expect("the first send").status, 200);
+    let ids = [first.clone(), second.clone()];
+    poll_until("both reach the sink", Duration::from_secs(10), || {
+        all_delivered(&downstream, &ids, None)
+    })
+    .await;
+    let mut received = downstream.received();
+    received.sort_by_key(|r| r.at);
+    let order: Vec<&str> = received
+        .iter()
+        .map(|r| r.header("idempotency-key"))
+        .collect();
+    assert_eq!(
+        order,
+        [format!("stripe:{first}"), format!("stripe:{second}")],
+        "received first, sent first"
+    );
+}
+
+#[actix_web::test]
 async fn an_instance_that_sends_an_ordered_target_unordered_is_warned_of() {
     // The order is kept only if every instance orders the target; one that does not (a rolling
     // change of `ordered`) sends several at once, and the one that orders says so.
