@@ -182,22 +182,29 @@ async fn a_header_id_scheme_takes_event_id_or_a_fresh_one_and_a_wrong_secret_exi
     assert!(stderr.contains("config"), "{stderr}");
 }
 
+/// What `send` and `replay` sign GitHub deliveries with here.
+const GITHUB_KEYS: [&str; 4] = [
+    "--scheme",
+    "github",
+    "--secret",
+    "It's a Secret to Everybody",
+];
+
+/// `hookbox send` of GitHub's sample body to `to`.
+async fn send_github_to(to: &str) -> (i32, String, String) {
+    let body = TempFile::with_extension(sample_body("github", "").as_bytes(), "json");
+    let path = body.path();
+    let mut send = vec!["send", "--to", to, "--source", "github"];
+    send.extend_from_slice(&GITHUB_KEYS);
+    send.push(&path);
+    run_hookbox_async(&send).await
+}
+
 #[actix_web::test]
 async fn a_to_url_with_a_query_but_no_path_posts_to_the_webhook_path_with_the_query() {
     let app = TestApp::spawn().await;
     let to = format!("{}?q=1", app.address);
-    let body = TempFile::with_extension(sample_body("github", "").as_bytes(), "json");
-    let keys = [
-        "--scheme",
-        "github",
-        "--secret",
-        "It's a Secret to Everybody",
-    ];
-    let path = body.path();
-    let mut send = vec!["send", "--to", &to, "--source", "github"];
-    send.extend_from_slice(&keys);
-    send.push(&path);
-    let (code, out, stderr) = run_hookbox_async(&send).await;
+    let (code, out, stderr) = send_github_to(&to).await;
     assert_eq!(code, 0, "{out}{stderr}");
     let posted = format!("POST {}/webhooks/github?q=1 ", app.address);
     assert!(out.starts_with(&posted), "{out}");
@@ -208,7 +215,7 @@ async fn a_to_url_with_a_query_but_no_path_posts_to_the_webhook_path_with_the_qu
     );
     let path = capture.path();
     let mut replay = vec!["replay", &path, "--to", &to];
-    replay.extend_from_slice(&keys);
+    replay.extend_from_slice(&GITHUB_KEYS);
     let (code, out, stderr) = run_hookbox_async(&replay).await;
     assert_eq!(code, 0, "{out}{stderr}");
     assert_eq!(app.db.count("events"), 2);
@@ -218,18 +225,7 @@ async fn a_to_url_with_a_query_but_no_path_posts_to_the_webhook_path_with_the_qu
 async fn a_credential_in_the_to_urls_query_is_sent_and_never_printed() {
     let app = TestApp::spawn().await;
     let to = format!("{}?token=URLTOKENuu1&q=1", app.address);
-    let body = TempFile::with_extension(sample_body("github", "").as_bytes(), "json");
-    let keys = [
-        "--scheme",
-        "github",
-        "--secret",
-        "It's a Secret to Everybody",
-    ];
-    let path = body.path();
-    let mut send = vec!["send", "--to", &to, "--source", "github"];
-    send.extend_from_slice(&keys);
-    send.push(&path);
-    let (code, out, stderr) = run_hookbox_async(&send).await;
+    let (code, out, stderr) = send_github_to(&to).await;
     assert_eq!(code, 0, "{out}{stderr}");
     let posted = format!("POST {}/webhooks/github?token=***&q=1 ", app.address);
     assert!(out.starts_with(&posted), "{out}");
@@ -254,7 +250,7 @@ async fn a_credential_in_the_to_urls_query_is_sent_and_never_printed() {
         "--report",
         &report_path,
     ];
-    replay.extend_from_slice(&keys);
+    replay.extend_from_slice(&GITHUB_KEYS);
     let (code, out, stderr) = run_hookbox_async(&replay).await;
     assert_eq!(code, 1, "{out}{stderr}");
     let written = std::fs::read_to_string(&report_path).expect("the report");
