@@ -25,7 +25,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 /// What is logged when `RUST_LOG` is not set.
-const DEFAULT_FILTER: &str = "info,actix_server=warn,async_nats=warn";
+const DEFAULT_FILTER: &str = "info,actix_server=warn,async_nats=warn,lapin=off";
 
 /// Where actix-http logs what goes wrong on one HTTP/1 connection.
 const CONNECTION_TARGETS: [&str; 2] = ["actix_http::h1::dispatcher", "actix_http::h1::decoder"];
@@ -48,7 +48,9 @@ pub fn init() {
     // Without RUST_LOG: hookbox's own lines at info, not actix-server's ("starting 2 workers",
     // "Actix runtime found", "starting service"), which repeat what hookbox says in its words,
     // nor the NATS client's ("event: client error: nats: IO error" every few seconds while a
-    // server is down, naming no target: each attempt's WARN says it, with the target).
+    // server is down, naming no target: each attempt's WARN says it, with the target), nor the
+    // RabbitMQ client's (six ERROR lines at every link cut, naming no target, which paged on a
+    // routine broker restart: hookbox says each failure in its own words, with the target).
     // RUST_LOG set but empty (an env file's `RUST_LOG=`) is not set: an empty filter would turn
     // every line off, errors included. One that cannot be read, or names nothing (`,`), falls
     // back to the default too, and says so once installed.

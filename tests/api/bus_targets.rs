@@ -1564,3 +1564,39 @@ async fn a_rabbitmq_connection_the_network_forgot_is_opened_again_within_seconds
     forgotten_then_delivered(&app, &proxy, "rabbit").await;
     rabbit.until_ready(6, Duration::from_secs(10)).await;
 }
+
+#[actix_web::test]
+async fn a_rabbitmq_link_cut_is_told_by_hookbox_not_by_the_clients_error_lines() {
+    // The RabbitMQ client logged six ERROR lines naming no target at each cut of its link
+    // (bb103): a routine broker restart paged whoever alerts on ERROR.
+    let proxy = Proxy::start("127.0.0.1:5672".to_owned());
+    let rabbit = Rabbit::create(true).await;
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port);
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &amqp_target_at("rabbit", &url, &rabbit.exchange, 30),
+    );
+    let config = parse_config(&text);
+    // RUST_LOG empty: the default filter.
+    let process = Process::serve_with_env(&text, &[("RUST_LOG", "")]);
+    let events = make_events(2);
+    let post = |(id, _, body): &(String, String, String)| {
+        delivery_for(&config, "stripe", body, id, unix_now())
+    };
+    assert_eq!(send(&process.address, &post(&events[0])).await.status, 200);
+    rabbit.until_ready(1, Duration::from_secs(10)).await;
+    proxy.cut();
+    assert_eq!(send(&process.address, &post(&events[1])).await.status, 200);
+    process.wait_for_log("forward attempt failed");
+    let log = process.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("forward attempt failed") && l.contains("target=rabbit")),
+        "{log}"
+    );
+    assert!(
+        !log.contains(" ERROR "),
+        "no ERROR line for a link cut:\n{log}"
+    );
+}
