@@ -133,6 +133,8 @@ pub struct AppState {
     pub last_purge: Arc<LastPurgeSlot>,
     /// The console's logged-in sessions.
     pub sessions: http::Sessions,
+    /// The pace of answers to wrong admin tokens.
+    pub wrong_tokens: http::WrongTokens,
     /// `[server].max_body_bytes`.
     pub max_body_bytes: usize,
     /// `[server].in_flight_wait`.
@@ -203,6 +205,7 @@ impl AppState {
             replay_counts: Arc::default(),
             last_purge: Arc::default(),
             sessions: http::Sessions::default(),
+            wrong_tokens: http::WrongTokens::default(),
             sources,
             max_body_bytes: config.server.max_body_bytes,
             in_flight_wait: config.server.in_flight_wait,

@@ -16,8 +16,10 @@
 use std::future::{ready, Future, Ready};
 use std::pin::Pin;
 
-use actix_web::dev::Payload;
+use actix_web::body::MessageBody;
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::http::{header, Method};
+use actix_web::middleware::Next;
 use actix_web::{web, FromRequest, HttpRequest};
 
 use super::console::{Refused, Session};
@@ -45,7 +47,7 @@ fn is_admin_token(expected: &Secret, given: &str) -> bool {
     same_secret(given.as_bytes(), expected.expose().as_bytes())
 }
 
-fn state(request: &HttpRequest) -> &AppState {
+fn state(request: &HttpRequest) -> &web::Data<AppState> {
     request
         .app_data::<web::Data<AppState>>()
         .expect("the application state is registered with every route")
@@ -68,6 +70,49 @@ fn bearer_token(request: &HttpRequest) -> &str {
         .map_or("", |(_, token)| token.trim_start_matches(' '))
 }
 
+/// Paces the answers to wrong admin tokens (the API's bearer, the console's login), whoever
+/// sends them: each waits for a turn [`WrongTokens::SPACING`] after the one before, so a guesser
+/// gets ten tries a second at most however many connections it opens (a black-box review found
+/// 300 wrong tokens answered in a second). The right token never waits. A turn is never more
+/// than [`WrongTokens::MOST_WAIT`] away: a flood deeper than that is answered after that wait,
+/// so it holds no request longer. The WARN each wrong console login wrote is said at most once
+/// a minute, with how many were not.
+#[derive(Debug, Default)]
+pub struct WrongTokens {
+    /// The next turn free, and when the WARN was last said with how many since.
+    next: std::sync::Mutex<(Option<std::time::Instant>, Option<std::time::Instant>, u64)>,
+}
+
+impl WrongTokens {
+    /// The least time between two answers to a wrong token.
+    pub const SPACING: std::time::Duration = std::time::Duration::from_millis(100);
+    /// The longest an answer waits for its turn.
+    pub const MOST_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+    /// Waits for this wrong token's turn to be answered. Returns, when a line is to be logged
+    /// for it, how many were not since the last.
+    async fn turn(&self) -> Option<u64> {
+        let (at, said) = {
+            let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+            let (turn, last_said, unsaid) = &mut *next;
+            let now = std::time::Instant::now();
+            let at = turn.map_or(now, |t| t.max(now)).min(now + Self::MOST_WAIT);
+            *turn = Some(at + Self::SPACING);
+            let said =
+                if last_said.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(60)) {
+                    *unsaid += 1;
+                    None
+                } else {
+                    *last_said = Some(now);
+                    Some(std::mem::take(unsaid))
+                };
+            (at, said)
+        };
+        tokio::time::sleep_until(at.into()).await;
+        said
+    }
+}
+
 impl FromRequest for Admin<Bearer> {
     type Error = ApiError;
     type Future = Ready<Result<Self, ApiError>>;
@@ -76,12 +121,32 @@ impl FromRequest for Admin<Bearer> {
         let Some(expected) = &state(request).admin_token else {
             return ready(Err(ApiError::NotFound));
         };
+        // A wrong one is answered in its turn, by [`pace_wrong_tokens`].
         ready(if is_admin_token(expected, bearer_token(request)) {
             Ok(Admin(Bearer))
         } else {
             Err(ApiError::Unauthorized)
         })
     }
+}
+
+/// Around every admin API route: a 401 (a wrong token) is answered in its turn
+/// ([`WrongTokens`]). After the route has answered, so the token is judged first, before
+/// anything else of the request, as it was.
+pub async fn pace_wrong_tokens(
+    request: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let state = web::Data::clone(
+        request
+            .app_data::<web::Data<AppState>>()
+            .expect("the application state is registered with every route"),
+    );
+    let answer = next.call(request).await?;
+    if answer.status() == actix_web::http::StatusCode::UNAUTHORIZED {
+        state.wrong_tokens.turn().await;
+    }
+    Ok(answer)
 }
 
 impl FromRequest for Admin<Session> {
@@ -112,7 +177,8 @@ impl FromRequest for Admin<Login> {
     type Future = Pin<Box<dyn Future<Output = Result<Self, actix_web::Error>>>>;
 
     fn from_request(request: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let expected = state(request).admin_token.clone();
+        let state = web::Data::clone(state(request));
+        let expected = state.admin_token.clone();
         let body = super::console::FormBody::from_request(request, payload);
         Box::pin(async move {
             let Some(expected) = expected else {
@@ -136,7 +202,13 @@ impl FromRequest for Admin<Login> {
             if is_admin_token(&expected, given.trim()) {
                 Ok(Admin(Login { next }))
             } else {
-                tracing::warn!("console login refused: wrong token");
+                if let Some(not_shown_since_last) = state.wrong_tokens.turn().await {
+                    tracing::warn!(
+                        not_shown_since_last,
+                        "console login refused: wrong token (at most one such line a minute; \
+                         wrong tokens are answered ten a second at most)"
+                    );
+                }
                 Err(Refused::WrongToken(next).into())
             }
         })

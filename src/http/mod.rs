@@ -17,6 +17,7 @@ use diesel::QueryResult;
 use crate::db::{self, AnyConnection};
 use crate::state::AppState;
 
+pub use auth::WrongTokens;
 pub use console::Sessions;
 pub use error::ApiError;
 pub use request_id::{answer_with_id, RequestSpan};
@@ -117,7 +118,9 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(readable("/readyz", ops::readyz, anyone("GET, HEAD")))
     .service(readable("/metrics", ops::metrics, anyone("GET, HEAD")))
     .service(
-        readable("/admin/events", admin::list_events, admins("GET, HEAD")).wrap(admin_headers()),
+        readable("/admin/events", admin::list_events, admins("GET, HEAD"))
+            .wrap(admin_headers())
+            .wrap(actix_web::middleware::from_fn(auth::pace_wrong_tokens)),
     )
     .service(
         readable(
@@ -125,7 +128,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             admin::get_event,
             admins("GET, HEAD"),
         )
-        .wrap(admin_headers()),
+        .wrap(admin_headers())
+        .wrap(actix_web::middleware::from_fn(auth::pace_wrong_tokens)),
     )
     .service(
         readable(
@@ -133,7 +137,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             admin::event_deliveries,
             admins("GET, HEAD"),
         )
-        .wrap(admin_headers()),
+        .wrap(admin_headers())
+        .wrap(actix_web::middleware::from_fn(auth::pace_wrong_tokens)),
     )
     .service(
         post_only(
@@ -141,7 +146,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             admin::redeliver_event,
             admins("POST"),
         )
-        .wrap(admin_headers()),
+        .wrap(admin_headers())
+        .wrap(actix_web::middleware::from_fn(auth::pace_wrong_tokens)),
     )
     .service(
         post_only(
@@ -149,7 +155,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             admin::requeue_dead,
             admins("POST"),
         )
-        .wrap(admin_headers()),
+        .wrap(admin_headers())
+        .wrap(actix_web::middleware::from_fn(auth::pace_wrong_tokens)),
     )
     .service(
         post_only(
@@ -157,7 +164,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             admin::requeue_delivery,
             admins("POST"),
         )
-        .wrap(admin_headers()),
+        .wrap(admin_headers())
+        .wrap(actix_web::middleware::from_fn(auth::pace_wrong_tokens)),
     )
     .configure(console::routes)
     .default_service(web::to(not_found));

@@ -83,6 +83,35 @@ async fn a_wrong_or_missing_token_is_401_without_a_hint() {
 }
 
 #[actix_web::test]
+async fn wrong_tokens_are_answered_ten_a_second_at_most_and_the_right_one_at_once() {
+    // A black-box review had 300 wrong tokens answered in a second: a guesser's pace.
+    let app = TestApp::spawn().await;
+    let started = std::time::Instant::now();
+    let wrong = (0..10).map(|i| {
+        let app = &app;
+        async move {
+            let answer = app.get("/admin/events", Some(&format!("guess-{i}"))).await;
+            (answer.status, started.elapsed())
+        }
+    });
+    let right = async {
+        let answer = app.get("/admin/events", Some(ADMIN_TOKEN)).await;
+        (answer.status, started.elapsed())
+    };
+    let (wrong, right) =
+        futures_util::future::join(futures_util::future::join_all(wrong), right).await;
+    assert!(wrong.iter().all(|(status, _)| *status == 401), "{wrong:?}");
+    let last = wrong.iter().map(|(_, at)| *at).max().expect("ten");
+    // Ten turns, each a tenth of a second after the one before: the first at once.
+    assert!(last >= std::time::Duration::from_millis(900), "{wrong:?}");
+    assert_eq!(right.0, 200);
+    assert!(
+        right.1 < last,
+        "the right token waited for no wrong one: {right:?} {wrong:?}"
+    );
+}
+
+#[actix_web::test]
 async fn the_bearer_scheme_is_read_in_any_case_and_other_schemes_are_401() {
     let app = TestApp::spawn().await;
     let cases = [
