@@ -218,6 +218,20 @@ pub fn query_of(url: &str) -> Option<&str> {
     url.get(start..).and_then(|rest| rest.strip_prefix('?'))
 }
 
+/// For a password holding both an unencoded '?' and '/' (`u:a?b/c@h/db`), which neither
+/// reading above finds: the last '@' followed by what can only be a host (up to the next '/'
+/// or the end: no '?', '&' or '='), with a `user:` before it. An '@' in a query value
+/// (`?application_name=me@x`) can be taken for one: then more is masked, never less.
+fn userinfo_past_both(rest: &str) -> Option<usize> {
+    let at = rest.rfind('@')?;
+    let host = &rest[at + 1..];
+    let host = &host[..host.find('/').unwrap_or(host.len())];
+    let user = &rest[..at];
+    let user = &user[..user.find(':')?];
+    let plain = |text: &str| !text.contains(['?', '&', '=', '/']);
+    (plain(host) && plain(user)).then_some(at)
+}
+
 /// Where the pieces of a URL are, as byte offsets.
 struct Parts {
     /// Just past `scheme://` (0 when there is none).
@@ -238,10 +252,12 @@ impl Parts {
         // which libpq cannot read, is then masked whole all the same, and an '@' in a query
         // value is not taken for one.
         let before_path = rest.find('/').unwrap_or(rest.len());
-        let userinfo_end = rest[..before_path].rfind('@').or_else(|| {
-            let before_query = rest.find('?').unwrap_or(rest.len());
-            rest[..before_query].rfind('@')
-        });
+        let before_query = rest.find('?').unwrap_or(rest.len());
+        // The later of the two: a password may hold '@' and '/' both (`u:a@b/c@h/db`).
+        let userinfo_end = rest[..before_path]
+            .rfind('@')
+            .max(rest[..before_query].rfind('@'))
+            .or_else(|| userinfo_past_both(rest));
         let is_nats = url
             .get(..authority_start)
             .is_some_and(|scheme| scheme.eq_ignore_ascii_case("nats://"));
@@ -296,6 +312,17 @@ mod tests {
                 "postgres://postgres:ab?PW@127.0.0.1:5432/db?sslmode=disable",
                 "postgres://postgres:***@127.0.0.1:5432/db?sslmode=disable",
             ),
+            // '@' and '/', and '?' and '/', in a password, in either order.
+            (
+                "amqp://guest:Q1mk@Q2mk/Q3mk@h:5672/v",
+                "amqp://guest:***@h:5672/v",
+            ),
+            ("nats://u:Q1mk@Q2mk/Q3mk@h:4222", "nats://u:***@h:4222"),
+            (
+                "postgres://u:Q2mk?Q3/mk@h/db?x=1",
+                "postgres://u:***@h/db?x=1",
+            ),
+            ("postgres://u:Q2mk/Q3?mk@h/db", "postgres://u:***@h/db"),
             (
                 "amqp://guest:g?st@h:5672/%2f",
                 "amqp://guest:***@h:5672/%2f",
