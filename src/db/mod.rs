@@ -239,7 +239,16 @@ fn refuse_another_programs_file_at(path: &str) -> anyhow::Result<()> {
     if std::fs::metadata(path).map_or(true, |meta| meta.len() == 0) {
         return Ok(());
     }
-    let Ok(mut conn) = SqliteConnection::establish(path) else {
+    // Read-only: a connection that may write checkpoints a WAL-mode file as it closes (another
+    // program's main file grew and its -wal and -shm were removed, a re-check found), and this
+    // look writes nothing. As a URI, so its mode can be given: '%', '?' and '#' are escaped.
+    let uri = format!(
+        "file:{}?mode=ro",
+        path.replace('%', "%25")
+            .replace('?', "%3f")
+            .replace('#', "%23")
+    );
+    let Ok(mut conn) = SqliteConnection::establish(&uri) else {
         return Ok(());
     };
     // A read, which another process's write in rollback-journal mode may hold a moment.

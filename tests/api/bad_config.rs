@@ -215,17 +215,7 @@ fn another_programs_sqlite_file_is_refused_and_left_as_it_was() {
             "CREATE TABLE events (id INTEGER, name TEXT); CREATE TABLE users (id INTEGER)",
         )
         .expect("another program's tables");
-    let config = TempFile::new(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n[database]\nurl = \"sqlite://{path}\"\n"
-    ));
-    for command in ["migrate", "serve", "purge", "export"] {
-        let (code, _, stderr) = run_hookbox(&[command, "--config", &config.path()], &[]);
-        assert_eq!(code, 1, "{command}: {stderr}");
-        assert!(
-            stderr.contains(&path) && stderr.contains("another program's tables (events, users)"),
-            "{command}: {stderr}"
-        );
-    }
+    every_command_refuses(&path, "events, users");
     let mut conn = SqliteConnection::establish(&path).expect("open");
     let tables: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
         "(SELECT count(*) FROM sqlite_master WHERE type = 'table')",
@@ -237,6 +227,23 @@ fn another_programs_sqlite_file_is_refused_and_left_as_it_was() {
         .get_result(&mut conn)
         .expect("journal mode");
     assert_eq!(mode.journal_mode, "delete", "its journal left as it was");
+}
+
+/// Every command given the SQLite file at `path` exits 1 saying it holds another program's
+/// `tables`.
+fn every_command_refuses(path: &str, tables: &str) {
+    let config = TempFile::new(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[database]\nurl = \"sqlite://{path}\"\n"
+    ));
+    for command in ["migrate", "serve", "purge", "export"] {
+        let (code, _, stderr) = run_hookbox(&[command, "--config", &config.path()], &[]);
+        assert_eq!(code, 1, "{command}: {stderr}");
+        assert!(
+            stderr.contains(path)
+                && stderr.contains(&format!("another program's tables ({tables})")),
+            "{command}: {stderr}"
+        );
+    }
 }
 
 #[test]
