@@ -182,6 +182,39 @@ fn may_carry_a_body(metadata: &Metadata<'_>) -> bool {
             && *metadata.level() == Level::TRACE)
 }
 
+/// Says something at most once a minute (a line a client or a guesser could repeat without
+/// end): [`OncePerMinute::due`] is, when it is to be said now, how many times it was not since.
+pub struct OncePerMinute(std::sync::Mutex<(Option<Instant>, u64)>);
+
+impl OncePerMinute {
+    /// Not said yet: the first is due at once.
+    pub const fn new() -> OncePerMinute {
+        OncePerMinute(std::sync::Mutex::new((None, 0)))
+    }
+
+    /// `Some(not said since the last)` when it is to be said now; `None`, counted, when it was
+    /// said within the minute.
+    pub fn due(&self) -> Option<u64> {
+        let mut said = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (last, unsaid) = &mut *said;
+        if last.is_some_and(|at| at.elapsed() < WARN_EVERY) {
+            *unsaid += 1;
+            return None;
+        }
+        *last = Some(Instant::now());
+        Some(std::mem::take(unsaid))
+    }
+}
+
+impl Default for OncePerMinute {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Hands actix-http's connection errors to [`report`].
 struct ConnectionErrors(SyncSender<String>);
 
@@ -217,18 +250,16 @@ impl Visit for Message {
 /// Logs actix-http's connection errors: a client's mistake at DEBUG, and at WARN at most once
 /// per [`WARN_EVERY`] with the count of those not warned about; anything else at ERROR.
 fn report(errors: &Receiver<String>) {
-    let mut last_warning: Option<Instant> = None;
-    let mut unshown: u64 = 0;
+    let said = OncePerMinute::new();
     for error in errors {
         if !CLIENT_MISTAKES.iter().any(|m| error.starts_with(m)) {
             tracing::error!(error = %error, "HTTP connection error");
             continue;
         }
         tracing::debug!(error = %error, "a client sent a request that could not be read");
-        if last_warning.is_some_and(|at| at.elapsed() < WARN_EVERY) {
-            unshown += 1;
+        let Some(unshown) = said.due() else {
             continue;
-        }
+        };
         tracing::warn!(
             error = %error,
             not_shown_since_last = unshown,
@@ -236,13 +267,24 @@ fn report(errors: &Receiver<String>) {
              it was answered 400/431 or closed. At most one such warning a minute; \
              RUST_LOG=debug shows each"
         );
-        last_warning = Some(Instant::now());
-        unshown = 0;
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn once_per_minute_is_due_at_once_then_not_again_within_the_minute() {
+        let said = super::OncePerMinute::new();
+        assert_eq!(said.due(), Some(0));
+        assert_eq!(said.due(), None);
+        assert_eq!(said.due(), None);
+        assert_eq!(
+            said.0.lock().expect("lock").1,
+            2,
+            "the ones not said are counted"
+        );
+    }
+
     #[test]
     fn a_value_that_ends_in_a_newline_keeps_its_line_whole() {
         use std::sync::{Arc, Mutex};

@@ -26,6 +26,7 @@ use super::console::{Refused, Session};
 use super::ApiError;
 use crate::secret::{same_secret, Secret};
 use crate::state::AppState;
+use crate::telemetry::OncePerMinute;
 
 /// Proof that the request carries the admin token, shown the way `P` says. Holds what that way
 /// yields: nothing for a bearer token, the session for a console cookie.
@@ -75,12 +76,11 @@ fn bearer_token(request: &HttpRequest) -> &str {
 /// gets ten tries a second at most however many connections it opens (a black-box review found
 /// 300 wrong tokens answered in a second). The right token never waits. A turn is never more
 /// than [`WrongTokens::MOST_WAIT`] away: a flood deeper than that is answered after that wait,
-/// so it holds no request longer. The WARN each wrong console login wrote is said at most once
-/// a minute, with how many were not.
+/// so it holds no request longer.
 #[derive(Debug, Default)]
 pub struct WrongTokens {
-    /// The next turn free, and when the WARN was last said with how many since.
-    next: std::sync::Mutex<(Option<std::time::Instant>, Option<std::time::Instant>, u64)>,
+    /// The next turn free.
+    next: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl WrongTokens {
@@ -89,29 +89,22 @@ impl WrongTokens {
     /// The longest an answer waits for its turn.
     pub const MOST_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-    /// Waits for this wrong token's turn to be answered. Returns, when a line is to be logged
-    /// for it, how many were not since the last.
-    async fn turn(&self) -> Option<u64> {
-        let (at, said) = {
+    /// Waits for this wrong token's turn to be answered.
+    async fn turn(&self) {
+        let at = {
             let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-            let (turn, last_said, unsaid) = &mut *next;
             let now = std::time::Instant::now();
-            let at = turn.map_or(now, |t| t.max(now)).min(now + Self::MOST_WAIT);
-            *turn = Some(at + Self::SPACING);
-            let said =
-                if last_said.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(60)) {
-                    *unsaid += 1;
-                    None
-                } else {
-                    *last_said = Some(now);
-                    Some(std::mem::take(unsaid))
-                };
-            (at, said)
+            let at = next.map_or(now, |t| t.max(now)).min(now + Self::MOST_WAIT);
+            *next = Some(at + Self::SPACING);
+            at
         };
         tokio::time::sleep_until(at.into()).await;
-        said
     }
 }
+
+/// When a wrong console login was last said in a WARN (at most once a minute, with how many
+/// were not).
+static LOGIN_REFUSED_SAID: OncePerMinute = OncePerMinute::new();
 
 impl FromRequest for Admin<Bearer> {
     type Error = ApiError;
@@ -202,7 +195,8 @@ impl FromRequest for Admin<Login> {
             if is_admin_token(&expected, given.trim()) {
                 Ok(Admin(Login { next }))
             } else {
-                if let Some(not_shown_since_last) = state.wrong_tokens.turn().await {
+                state.wrong_tokens.turn().await;
+                if let Some(not_shown_since_last) = LOGIN_REFUSED_SAID.due() {
                     tracing::warn!(
                         not_shown_since_last,
                         "console login refused: wrong token (at most one such line a minute; \

@@ -15,6 +15,7 @@ use crate::providers::{
     certs, unix_now, Answer, Headers, Inbound, Item, Provider, Received, Refusal, SignatureError,
 };
 use crate::state::{AppState, Source};
+use crate::telemetry::OncePerMinute;
 
 use super::ApiError;
 
@@ -65,30 +66,6 @@ pub async fn other_method(
 
 /// When a delivery whose connection ended mid-body was last said at INFO.
 static INCOMPLETE_SAID: OncePerMinute = OncePerMinute::new();
-
-/// Says something at most once a minute: [`OncePerMinute::due`] is the count of the times it
-/// was not said since, when it is to be said now.
-struct OncePerMinute(std::sync::Mutex<(Option<Instant>, u64)>);
-
-impl OncePerMinute {
-    const fn new() -> OncePerMinute {
-        OncePerMinute(std::sync::Mutex::new((None, 0)))
-    }
-
-    fn due(&self) -> Option<u64> {
-        let mut said = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (last, unsaid) = &mut *said;
-        if last.is_some_and(|at| at.elapsed() < std::time::Duration::from_secs(60)) {
-            *unsaid += 1;
-            return None;
-        }
-        *last = Some(Instant::now());
-        Some(std::mem::take(unsaid))
-    }
-}
 
 /// A refused or failed delivery, and what caused it where the answer does not say.
 struct Failed {
