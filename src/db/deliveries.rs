@@ -679,7 +679,8 @@ impl QueryFragment<Pg> for TakeDuePg<'_> {
 /// (a black-box run of two and three instances under steady load: a few in a thousand, up to
 /// 46 ms apart). Waiting this long lets every claim under way commit in its time; a claim that
 /// stalls longer still loses its place (see docs/forwarding.md). An idle ordered lane's event
-/// waits this long, plus up to a poll, before it is sent.
+/// waits this long before it is sent: the lane looks again then (`forward::lane`), or, for an
+/// event another instance claimed, at the next poll.
 pub const ORDER_SETTLE: Duration = Duration::from_millis(100);
 
 /// [`take_due_pg`]'s take of ordered lanes: each lane's head, if it is due, no other

@@ -7,8 +7,9 @@
 //! others (not one of an ordered lane, whose next row waits for it), and whatever ended while
 //! the last batch was being written goes in the next, in one transaction. The taker sleeps
 //! until a claim commits, an attempt starts or ends, a batch of outcomes commits (an ordered
-//! lane's next row may be taken), a retry of its own comes due, or the poll (rows queued or
-//! released by other instances).
+//! lane's next row may be taken), a retry of its own comes due, an ordered lane's rows queued
+//! here settle (`ORDER_SETTLE` after they were received), or the poll (rows queued or released
+//! by other instances).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -432,6 +433,19 @@ pub async fn run(outbox: Outbox, wake: Wake) {
                 continue;
             }
             wait_until = wait_until.min(retry);
+        }
+        // An ordered lane's rows settling: taken then, not at the next poll.
+        let now = Instant::now();
+        let mut settled = false;
+        for lane in outbox.lanes.iter() {
+            match lane.settle_look(now) {
+                Some(at) if at <= now => settled = true,
+                Some(at) => wait_until = wait_until.min(at),
+                None => {}
+            }
+        }
+        if settled {
+            continue;
         }
         tokio::select! {
             _ = wake.notified() => {}

@@ -11,22 +11,29 @@
 //! [`super::Outbox::pass`]) shares these counts: a take reserves room first and gives back what
 //! it did not fill, so two runners never overfill a lane.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
 
 use super::pace::{Pace, Turn, Waiting};
 use super::Target;
-use crate::db::deliveries::Want;
+use crate::db::deliveries::{Want, ORDER_SETTLE};
 use crate::db::paces::Booked;
 
 /// A lease lasts the longest a taken row may wait for a slot and its turn under `rate`, the
 /// attempt's timeout, and this, so a slow but live attempt is settled before another
 /// dispatcher may take the row.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+/// An ordered lane's looks at rows that settle are kept to this grain: a row queued now is
+/// looked for at most this much after it settles, and a lane keeps at most
+/// `ORDER_SETTLE / SETTLE_GRAIN + 1` looks ahead.
+const SETTLE_GRAIN: Duration = Duration::from_millis(10);
 
 /// One (source, target) and its counts in this process.
 pub struct Lane {
@@ -58,6 +65,13 @@ pub struct Lane {
     /// backlog it does not stop claims from handing rows over meanwhile (such rows are late
     /// already, and a lane under load would otherwise go the long way after every poll).
     polled: AtomicBool,
+    /// An ordered lane's looks to come: when rows it queued settle ([`ORDER_SETTLE`] after
+    /// they were received, which was before they were queued), earliest first, each on a
+    /// [`SETTLE_GRAIN`] from `born`. Without them an idle ordered lane's new row, not yet
+    /// settled when its claim woke the dispatcher, waited for the next poll (up to 250 ms).
+    settles: Mutex<VecDeque<Instant>>,
+    /// When the lane was made: the origin of the settle looks' grain.
+    born: Instant,
 }
 
 impl Lane {
@@ -76,6 +90,8 @@ impl Lane {
             reserving: Mutex::new(()),
             backlog: AtomicBool::new(true),
             polled: AtomicBool::new(false),
+            settles: Mutex::new(VecDeque::new()),
+            born: Instant::now(),
         }
     }
 
@@ -190,6 +206,34 @@ impl Lane {
     /// queue rows the normal way until a take has caught up.
     pub fn look_again(&self) {
         self.backlog.store(true, Ordering::SeqCst);
+        if self.target.config.ordered {
+            self.look_when_settled(Instant::now());
+        }
+    }
+
+    /// An ordered lane's rows queued at `now` are taken once they settle: the dispatcher looks
+    /// at the lane again then ([`Lane::settle_look`]), on the grain's next step.
+    fn look_when_settled(&self, now: Instant) {
+        let grain = SETTLE_GRAIN.as_nanos();
+        let since = (now + ORDER_SETTLE).duration_since(self.born).as_nanos();
+        let nanos = since.div_ceil(grain) * grain;
+        let at = self.born + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        let mut settles = self.settles.lock().unwrap_or_else(|e| e.into_inner());
+        if settles.back().is_none_or(|last| *last < at) {
+            settles.push_back(at);
+        }
+    }
+
+    /// The dispatcher's next look at an ordered lane's rows that settle, if one is to come: at
+    /// or before `now` when one came due (take again now; it is then done with).
+    pub fn settle_look(&self, now: Instant) -> Option<Instant> {
+        let mut settles = self.settles.lock().unwrap_or_else(|e| e.into_inner());
+        let mut due = None;
+        while let Some(at) = settles.front().copied().filter(|at| *at <= now) {
+            settles.pop_front();
+            due = due.or(Some(at));
+        }
+        due.or_else(|| settles.front().copied())
     }
 
     /// Rows of this lane may have come due in the outbox without a claim here queuing them:
@@ -370,6 +414,41 @@ mod tests {
         let want = lane.reserve().expect("room");
         lane.taken(usize::try_from(want.limit).expect("a count"), 0);
         assert!(!lane.worth_a_take(), "a short take found every due row");
+    }
+
+    #[test]
+    fn an_ordered_lane_looks_again_when_the_rows_it_queued_settle() {
+        let ordered = lane("ordered = true");
+        let before = Instant::now();
+        assert_eq!(ordered.settle_look(before), None, "nothing queued yet");
+        ordered.look_again();
+        ordered.look_again();
+        let after = Instant::now();
+        let at = ordered.settle_look(after).expect("a look to come");
+        assert!(at >= before + ORDER_SETTLE, "not before the rows settle");
+        assert!(
+            at <= after + ORDER_SETTLE + SETTLE_GRAIN,
+            "within a grain of it"
+        );
+        // Rows queued a grain later are looked for in a look of their own, after the first.
+        let later = at + SETTLE_GRAIN * 2 - ORDER_SETTLE;
+        ordered.look_when_settled(later);
+        assert_eq!(
+            ordered.settle_look(at),
+            Some(at),
+            "the first look is due at its time"
+        );
+        let next = ordered.settle_look(at).expect("the later rows' look");
+        assert!(next >= later + ORDER_SETTLE, "{next:?}");
+        assert_eq!(ordered.settle_look(next), Some(next));
+        assert_eq!(ordered.settle_look(next), None, "every look is done with");
+        let unordered = lane("concurrency = 2");
+        unordered.look_again();
+        assert_eq!(
+            unordered.settle_look(Instant::now()),
+            None,
+            "only an ordered lane waits for its rows to settle"
+        );
     }
 
     #[test]
