@@ -298,6 +298,9 @@ async fn answer(
                         .map_or_else(|| inbound.now.to_string(), |t| t.to_rfc3339())
                 ),
             ),
+            Refusal::Signature(SignatureError::Credentials(what)) => {
+                Failed::because(error, format_args!("the signature matched, but {what}"))
+            }
             _ => Failed::from(error),
         }
     })?;
@@ -838,7 +841,9 @@ pub fn refused_by(provider: &dyn Provider, refusal: Refusal) -> ApiError {
 /// and error code.
 pub fn refused(refusal: Refusal) -> ApiError {
     match refusal {
-        Refusal::Signature(SignatureError::Invalid) => ApiError::InvalidSignature,
+        Refusal::Signature(SignatureError::Invalid | SignatureError::Credentials(_)) => {
+            ApiError::InvalidSignature
+        }
         Refusal::Signature(SignatureError::Stale) => ApiError::StaleTimestamp,
         Refusal::MalformedPayload => ApiError::MalformedPayload,
         Refusal::MissingEventId => ApiError::MissingEventId,

@@ -220,7 +220,13 @@ impl Adyen {
             return Err(SignatureError::Invalid);
         }
         let every = !items.is_empty() && items.iter().all(|(_, item)| self.item_verifies(item));
-        matched(every && self.authorized(headers))?;
+        matched(every)?;
+        if !self.authorized(headers) {
+            return Err(SignatureError::Credentials(
+                "the HTTP Basic credentials (the Authorization header) are missing or do not \
+                 match the source's basic_auth",
+            ));
+        }
         Ok(items)
     }
 
@@ -517,22 +523,25 @@ mod tests {
             .into_owned();
         let signed = provider.sign_delivery(&body, 0, "", None);
         assert_eq!(provider.verify(&signed.headers, &signed.body, 0), Ok(()));
-        assert_eq!(
-            provider.verify(&headers(&[]), &signed.body, 0),
-            Err(SignatureError::Invalid)
-        );
+        // Answered as a signature that does not match; the log says which (see webhook).
+        let credentials = |outcome| matches!(outcome, Err(SignatureError::Credentials(_)));
+        assert!(credentials(provider.verify(&headers(&[]), &signed.body, 0)));
         let wrong = base64::engine::general_purpose::STANDARD.encode("adyen:other");
         let sent = headers(&[("Authorization", &format!("Basic {wrong}"))]);
-        assert_eq!(
-            provider.verify(&sent, &signed.body, 0),
-            Err(SignatureError::Invalid)
-        );
+        assert!(credentials(provider.verify(&sent, &signed.body, 0)));
         let mut twice = signed.headers.clone();
         twice.push(("Authorization".to_owned(), format!("Basic {wrong}")));
-        assert_eq!(
-            provider.verify(&twice, &signed.body, 0),
-            Err(SignatureError::Invalid),
+        assert!(
+            credentials(provider.verify(&twice, &signed.body, 0)),
             "two Authorization headers, one of them right"
+        );
+        let forged = String::from_utf8(signed.body.to_vec())
+            .expect("UTF-8")
+            .replace("CAPTURE", "REFUND");
+        assert_eq!(
+            provider.verify(&signed.headers, forged.as_bytes(), 0),
+            Err(SignatureError::Invalid),
+            "the items are checked first"
         );
         assert!(!format!("{provider:?}").contains("s3cret"));
         let error = adyen(&[KEY], &[("basic_auth", "no-colon")]).unwrap_err();

@@ -106,6 +106,12 @@ pub enum SignatureError {
     /// A signature matched, but its timestamp is too far in the past or the future.
     #[error("The request signature's timestamp is outside the allowed tolerance.")]
     Stale,
+    /// The signature matched, but credentials the source also requires (Adyen's HTTP Basic)
+    /// are missing or do not match: what they are, for the log. Answered as [`Self::Invalid`]
+    /// is; only the log line tells the two apart, so that an operator who mistyped the
+    /// credentials does not chase the signing key.
+    #[error("The request's credentials are missing or do not match.")]
+    Credentials(&'static str),
 }
 
 /// What a delivery says about itself: its id and type, found where the provider puts them.

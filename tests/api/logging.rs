@@ -722,3 +722,85 @@ async fn a_nats_server_that_is_down_is_told_by_hookbox_not_by_the_clients_info_l
         "{log}"
     );
 }
+
+#[actix_web::test]
+async fn adyen_basic_credentials_that_do_not_match_are_told_apart_from_the_signature_in_the_log() {
+    use base64::Engine;
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        "[sources.adyen]\nscheme = \"adyen\"\n\
+         secrets = [\"44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056\"]\n\
+         basic_auth = \"adyen:s3cret\"\n",
+    );
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    let source = config
+        .sources
+        .iter()
+        .find(|s| s.name.as_str() == "adyen")
+        .expect("the adyen source");
+    let provider = source
+        .scheme
+        .build(&source.secrets, source.tolerance)
+        .expect("a valid key");
+    let body = serde_json::json!({"live": "false", "notificationItems": [{"NotificationRequestItem": {
+        "pspReference": "8816178914079738", "eventCode": "AUTHORISATION",
+        "merchantAccountCode": "HookboxTestECOM", "merchantReference": "order-1",
+        "amount": {"value": 1000, "currency": "EUR"}, "success": "true",
+    }}]});
+    let signed = provider.sign_delivery(
+        &serde_json::to_vec(&body).expect("JSON"),
+        unix_now(),
+        "",
+        None,
+    );
+    let delivery = |credentials: &str| {
+        let basic = base64::engine::general_purpose::STANDARD.encode(credentials);
+        Delivery {
+            source: "adyen".to_owned(),
+            headers: signed.headers.clone(),
+            body: signed.body.clone(),
+        }
+        .with_header("Content-Type", "application/json")
+        .with_header("Authorization", &format!("Basic {basic}"))
+    };
+
+    // The items are signed with the key; the credentials are another's.
+    let wrong = send(&process.address, &delivery("adyen:other")).await;
+    assert_eq!(wrong.status, 401, "{}", wrong.text());
+    assert_eq!(wrong.error(), "invalid_signature");
+    // A forged item with the right credentials: the same answer, word for word.
+    let mut forged = delivery("adyen:s3cret");
+    forged.body = String::from_utf8(forged.body)
+        .expect("UTF-8")
+        .replace("1000", "9000")
+        .into_bytes();
+    let forged = send(&process.address, &forged).await;
+    assert_eq!(forged.status, 401, "{}", forged.text());
+    assert_eq!(
+        forged.text(),
+        wrong.text(),
+        "the answer tells nothing apart"
+    );
+    barrier(&process).await;
+    assert_one_line(
+        &process,
+        &wrong,
+        "the signature matched, but the HTTP Basic credentials",
+        &[
+            "webhook{source=adyen",
+            "delivery refused",
+            "invalid_signature",
+        ],
+    );
+    let forged_line = lines_of(&process, &request_id(&forged));
+    assert!(
+        !forged_line[0].contains("credentials"),
+        "{}",
+        forged_line[0]
+    );
+
+    let right = send(&process.address, &delivery("adyen:s3cret")).await;
+    assert_eq!(right.status, 200, "{}", right.text());
+}
