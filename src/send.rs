@@ -227,6 +227,14 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
     .and_then(|()| writeln!(out));
     // The answer came; a closed stdout is no reason to report otherwise.
     drop(written);
+    if answer.error_code().as_deref() == Some("invalid_signature") {
+        // As replay says it: the receiver's answer cannot say which side holds the wrong one.
+        errln!(
+            "hookbox: the receiver checks with another secret than send signed with (the \
+             source's first secret in --config, or --secret), or wants a header the scheme \
+             signs and this body lacks: give the receiver's config or secret"
+        );
+    }
     Ok((200..300).contains(&answer.status))
 }
 

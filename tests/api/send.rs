@@ -2,6 +2,7 @@
 //! tells a first delivery from a replay.
 
 use crate::helpers::*;
+use hookbox::Handlers;
 
 async fn send_body(app: &TestApp, args: &[&str], body: &TempFile) -> (i32, String, String) {
     let path = body.path();
@@ -161,11 +162,15 @@ async fn a_header_id_scheme_takes_event_id_or_a_fresh_one_and_a_wrong_secret_exi
     let wrong = [
         "--source", "github", "--scheme", "github", "--secret", "not it",
     ];
-    let (code, out, _) = send_body(&app, &wrong, &body).await;
+    let (code, out, stderr) = send_body(&app, &wrong, &body).await;
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains("401 Unauthorized: rejected (invalid_signature)"),
         "{out}"
+    );
+    assert!(
+        stderr.contains("the receiver checks with another secret than send signed with"),
+        "{stderr}"
     );
 
     // hmac-sha256 needs its header and id location from a config source.
@@ -409,5 +414,25 @@ async fn a_handshake_sent_is_said_to_be_one_not_processed() {
         out.contains("3eZbrw1aBm2rZgRNFdxV"),
         "the answer is shown: {out}"
     );
+    assert_eq!(app.db.count("events"), 0);
+
+    // Twitch's verification: sent as one (its message type header says so), not as a
+    // notification that carries a challenge (400).
+    let source = "[sources.twitch]\nscheme = \"twitch\"\nsecrets = [\"s3cre7s3cre7\"]\n";
+    let app = TestApp::spawn_with(source, Handlers::default()).await;
+    let twitch = TempFile::new(&config_text(&app.db.url, source));
+    let body = TempFile::with_extension(
+        br#"{"challenge":"pogchamp-kappa","subscription":{"type":"stream.online","version":"1"}}"#,
+        "json",
+    );
+    let (code, out, stderr) = send_body(
+        &app,
+        &["--source", "twitch", "--config", &twitch.path()],
+        &body,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{stderr}");
+    assert!(out.contains("200 OK: answered as a handshake"), "{out}");
+    assert!(out.contains("pogchamp-kappa"), "{out}");
     assert_eq!(app.db.count("events"), 0);
 }
