@@ -46,6 +46,17 @@ const SIGNATURE: &str = "Twitch-Eventsub-Message-Signature";
 const KIND: &str = "Twitch-Eventsub-Message-Type";
 const VERIFICATION: &str = "webhook_callback_verification";
 
+/// The message type a body is sent as: a body that carries a `challenge` is a verification
+/// (as hookbox reads one, see `handshake`), anything else a notification.
+fn kind_of(body: &[u8]) -> &'static str {
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    if json.is_some_and(|json| json.get("challenge").is_some()) {
+        VERIFICATION
+    } else {
+        "notification"
+    }
+}
+
 /// What a capture keeps.
 const KEPT_HEADERS: &[&str] = &[
     "twitch-eventsub-message-id",
@@ -116,7 +127,7 @@ impl Provider for Twitch {
             (ID.to_owned(), event_id.to_owned()),
             (TIMESTAMP.to_owned(), stamp),
             (SIGNATURE.to_owned(), format!("sha256={}", hex::encode(tag))),
-            (KIND.to_owned(), "notification".to_owned()),
+            (KIND.to_owned(), kind_of(body).to_owned()),
         ]
     }
 
@@ -162,6 +173,7 @@ mod tests {
 
     use super::super::tests::{headers, post, verifier};
     use super::super::{Refusal, Scheme, SignatureError};
+    use super::{KIND, VERIFICATION};
     use crate::secret::Secret;
 
     const NOW: i64 = 1_763_649_000;
@@ -218,7 +230,11 @@ mod tests {
         let twitch = verifier("twitch", &["s"]);
         let body = br#"{"challenge":"pogchamp","subscription":{"type":"stream.online"}}"#;
         let mut signed = twitch.sign(body, NOW, "m", None);
-        signed[3].1 = "webhook_callback_verification".into();
+        assert_eq!(
+            signed[3],
+            (KIND.to_owned(), VERIFICATION.to_owned()),
+            "signed as a verification, as Twitch sends one"
+        );
         let inbound = post(&signed, body, NOW);
         let json = serde_json::from_slice(body).ok();
         let answer = twitch
