@@ -556,6 +556,11 @@ const DUE_COLUMNS_PG: &str =
 /// committed (so it was the head), the other then leased that older one, whose check for a
 /// leased row could not see the first lease, and both were sent at once (found by a black-box
 /// run, in a few of a hundred bursts of two events on an idle lane over two instances).
+///
+/// Rows the unordered statement leased are returned even when the ordered one then fails:
+/// dropped, they waited out their lease and went as a later attempt, one of their
+/// `max_attempts` spent for nothing (a black-box run: 64 events whose first arrival said
+/// attempt 2). The ordered lanes are then asked for again at the next take.
 fn take_due_pg(
     conn: &mut diesel::PgConnection,
     wants: &[Want],
@@ -567,41 +572,75 @@ fn take_due_pg(
         if lanes.is_empty() {
             continue;
         }
-        let lanes = LanesPg::of(&lanes, holder);
-        let taken: Vec<Due> = if ordered {
+        let taken = if ordered {
             conn.transaction(|conn| {
-                lock_lanes_pg(conn, &lanes)?;
-                TakeHeadsPg(lanes).load(conn)
-            })?
+                let free = lock_lanes_pg(conn, &lanes)?;
+                if free.is_empty() {
+                    return Ok(Vec::new());
+                }
+                TakeHeadsPg(LanesPg::of(&free, holder)).load(conn)
+            })
         } else {
-            TakeDuePg(lanes).load(conn)?
+            TakeDuePg(LanesPg::of(&lanes, holder)).load(conn)
         };
-        due.extend(taken);
+        match taken {
+            Ok(taken) => due.extend(taken),
+            Err(error) if due.is_empty() => return Err(error),
+            Err(error) => {
+                tracing::warn!(
+                    error = %error,
+                    "cannot read the outbox's ordered targets; the rows already taken are sent, \
+                     and the ordered targets are asked for again at the next take"
+                );
+                break;
+            }
+        }
     }
     Ok(due)
 }
 
-/// Locks the lanes of a take until the transaction ends (an advisory lock per lane, keyed by
-/// a hash of its source and target), in one order, so two takes of one lane go one after the
-/// other and each sees what the one before leased.
-fn lock_lanes_pg(conn: &mut diesel::PgConnection, lanes: &LanesPg<'_>) -> QueryResult<()> {
+/// How long an ordered take's session may sit idle inside its transaction before PostgreSQL
+/// ends it (`idle_in_transaction_session_timeout`), letting go of the lanes' locks: the take
+/// is two statements a round trip apart, so only an instance stopped or cut off between them
+/// gets there. Without it such an instance held its lanes for the session's 60 s.
+const TAKE_IDLE_LIMIT: Duration = Duration::from_secs(2);
+
+/// Locks, until the transaction ends, the lanes of a take that no other take holds (an
+/// advisory lock per lane, keyed by a hash of its source and target), so two takes of one lane
+/// go one after the other and each sees what the one before leased; returns those lanes. A
+/// lane another take holds is left to it, without waiting: that take leases the lane's head,
+/// or finds nothing to lease, as this one would. Waiting held every lane of the take, ordered
+/// or not, behind an instance stopped inside its take, for as long as its transaction lived
+/// (a black-box run: an instance forwarded nothing for 60 s while another was frozen); now
+/// only that lane waits, for [`TAKE_IDLE_LIMIT`] at most.
+fn lock_lanes_pg<'a>(
+    conn: &mut diesel::PgConnection,
+    lanes: &[&'a Want],
+) -> QueryResult<Vec<&'a Want>> {
     use sha2::{Digest, Sha256};
-    let mut keys: Vec<i64> = lanes
-        .sources
+    #[derive(QueryableByName)]
+    struct Locked {
+        #[diesel(sql_type = BigInt)]
+        k: i64,
+    }
+    let key = |want: &Want| {
+        let digest = Sha256::digest(format!("hookbox lane\0{}\0{}", want.source, want.target));
+        i64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 is 32 bytes"))
+    };
+    let keys: Vec<i64> = lanes.iter().map(|want| key(want)).collect();
+    let locked: Vec<Locked> = diesel::sql_query(
+        "SELECT k FROM (SELECT set_config('idle_in_transaction_session_timeout', $2, true)) AS s, \
+         unnest($1::bigint[]) AS k WHERE pg_try_advisory_xact_lock(k)",
+    )
+    .bind::<Array<BigInt>, _>(&keys)
+    .bind::<Text, _>(TAKE_IDLE_LIMIT.as_millis().to_string())
+    .load(conn)?;
+    Ok(lanes
         .iter()
-        .zip(&lanes.targets)
-        .map(|(source, target)| {
-            let digest = Sha256::digest(format!("hookbox lane\0{source}\0{target}"));
-            i64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 is 32 bytes"))
-        })
-        .collect();
-    keys.sort_unstable();
-    keys.dedup();
-    // `unnest` yields the keys in the array's order, which the locks are taken in.
-    diesel::sql_query("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS k")
-        .bind::<Array<BigInt>, _>(&keys)
-        .execute(conn)
-        .map(drop)
+        .zip(keys)
+        .filter(|(_, key)| locked.iter().any(|l| l.k == *key))
+        .map(|(want, _)| *want)
+        .collect())
 }
 
 /// The lanes of a take on PostgreSQL, a column at a time: each column is bound as one array

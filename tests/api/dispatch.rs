@@ -901,3 +901,76 @@ async fn a_process_stopped_past_its_timeout_mid_attempt_keeps_the_answer_that_ca
         process.log()
     );
 }
+
+/// The advisory lock key of `source`'s ordered target `target`, as the dispatcher's take
+/// computes it.
+fn lane_lock_key(source: &str, target: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("hookbox lane\0{source}\0{target}"));
+    i64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 is 32 bytes"))
+}
+
+#[actix_web::test]
+async fn an_ordered_target_held_by_a_stopped_take_elsewhere_holds_up_only_itself() {
+    if skip_on_sqlite(
+        "an_ordered_target_held_by_a_stopped_take_elsewhere_holds_up_only_itself",
+        "the lanes' locks are PostgreSQL advisory locks; on SQLite a stopped writer holds the \
+         file's one write lock, and every process's writes wait for it",
+    ) {
+        return;
+    }
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let targets =
+        target("ledger", &downstream.url, "ordered = true") + &target("audit", &downstream.url, "");
+    let app = TestApp::spawn_with(&targets, Handlers::default()).await;
+    // Another instance's take of the ordered target, stopped inside its transaction: it holds
+    // the lane's lock. Taking every lane waited on it, and forwarded nothing meanwhile.
+    let AnyConnection::Postgres(mut holder) = app.db.connect() else {
+        unreachable!("skipped on SQLite")
+    };
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({})",
+            lane_lock_key("stripe", "ledger")
+        ))
+        .expect("the lane's lock");
+    let ids = ids(10);
+    // One at a time, so each is received after the one before.
+    send_all(&app.address, &app.config, &ids, 1).await;
+    poll_until(
+        "the unordered target gets every event while the ordered one is held",
+        Duration::from_secs(10),
+        || all_delivered(&downstream, &ids, Some("audit")),
+    )
+    .await;
+    let received = downstream.received();
+    let first_attempts: Vec<&str> = received
+        .iter()
+        .map(|r| r.header("x-hookbox-attempt"))
+        .collect();
+    assert!(
+        first_attempts.iter().all(|attempt| *attempt == "1"),
+        "each sent once, as its first attempt: {first_attempts:?}"
+    );
+    assert!(
+        received
+            .iter()
+            .all(|r| r.header("x-hookbox-target") == "audit"),
+        "nothing went to the held target"
+    );
+    holder.batch_execute("COMMIT").expect("let go");
+    poll_until(
+        "the ordered target gets every event once let go",
+        Duration::from_secs(10),
+        || all_delivered(&downstream, &ids, Some("ledger")),
+    )
+    .await;
+    let ledger: Vec<String> = downstream
+        .received()
+        .iter()
+        .filter(|r| r.header("x-hookbox-target") == "ledger")
+        .map(|r| r.header("idempotency-key").to_owned())
+        .collect();
+    let sent: Vec<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
+    assert_eq!(ledger, sent, "in received order, once each");
+}
