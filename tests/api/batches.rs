@@ -74,11 +74,7 @@ fn gocardless_event(id: &str, action: &str) -> Value {
 /// `items` as one delivery to `source`, signed as the provider signs it, with the source's
 /// secret number `key` (0 for the first).
 fn batch(config: &Config, source: &str, key: usize, items: &[Value]) -> Delivery {
-    let source_config = config
-        .sources
-        .iter()
-        .find(|s| s.name.as_str() == source)
-        .expect("a batch source");
+    let source_config = source_named(config, source);
     let provider = source_config
         .scheme
         .build(&source_config.secrets[key..=key], source_config.tolerance)

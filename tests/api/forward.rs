@@ -390,11 +390,7 @@ async fn a_dispatcher_pass_sends_what_is_due_and_then_nothing() {
         &app.db.url,
         &forward_extra(&downstream.url, "5s", 12),
     ));
-    let stripe = forwarding
-        .sources
-        .iter()
-        .find(|s| s.name.as_str() == "stripe")
-        .expect("stripe is configured");
+    let stripe = source_named(&forwarding, "stripe");
     let config = stripe.forward.first().expect("it forwards").clone();
     let target = Target::new(config).expect("a target");
     let outbox = Outbox::new(

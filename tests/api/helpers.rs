@@ -370,6 +370,15 @@ fn serve_with_outbox(config: Config, handlers: Handlers) -> (String, Option<Outb
 }
 
 /// Signs `body` for `source` at `timestamp`.
+/// The source of `config` named `name`.
+pub fn source_named<'a>(config: &'a Config, name: &str) -> &'a hookbox::config::SourceConfig {
+    config
+        .sources
+        .iter()
+        .find(|s| s.name.as_str() == name)
+        .unwrap_or_else(|| panic!("no source {name} in the test config"))
+}
+
 pub fn delivery_for(
     config: &Config,
     source: &str,
@@ -388,11 +397,7 @@ pub fn delivery_of_bytes(
     event_id: &str,
     timestamp: i64,
 ) -> Delivery {
-    let source_config = config
-        .sources
-        .iter()
-        .find(|s| s.name.as_str() == source)
-        .unwrap_or_else(|| panic!("no source {source} in the test config"));
+    let source_config = source_named(config, source);
     // The last secret is the current one (the test stripe source has a rotated-out first).
     let current = &source_config.secrets[source_config.secrets.len() - 1..];
     let verifier = source_config

@@ -735,11 +735,7 @@ async fn adyen_basic_credentials_that_do_not_match_are_told_apart_from_the_signa
     );
     let config = parse_config(&text);
     let process = Process::serve(&text);
-    let source = config
-        .sources
-        .iter()
-        .find(|s| s.name.as_str() == "adyen")
-        .expect("the adyen source");
+    let source = source_named(&config, "adyen");
     let provider = source
         .scheme
         .build(&source.secrets, source.tolerance)

@@ -197,12 +197,7 @@ async fn a_square_source_with_another_public_url_refuses_the_delivery() {
 async fn a_delivery_signed_with_either_of_two_secrets_verifies() {
     let app = TestApp::spawn_with(SOURCES, hookbox::Handlers::default()).await;
     for source in SCHEMES {
-        let secrets: Vec<String> = app
-            .config
-            .sources
-            .iter()
-            .find(|s| s.name.as_str() == source)
-            .expect("test source")
+        let secrets: Vec<String> = source_named(&app.config, source)
             .secrets
             .iter()
             .map(|secret| secret.expose().to_owned())

@@ -111,11 +111,7 @@ fn signed_for(
     };
     // The source's scheme built to sign, as `Signer::from_config` builds it, without its check
     // that the receiver admits `cert_url`: some of these deliveries are to be refused.
-    let source = config
-        .sources
-        .iter()
-        .find(|s| s.name.as_str() == "paypal")
-        .expect("a paypal source");
+    let source = source_named(config, "paypal");
     let verifier = source
         .scheme
         .build_signer(&[], source.tolerance, &signing)

@@ -8,12 +8,7 @@ use crate::helpers::*;
 
 /// `delivery`, re-signed with a secret the source does not have.
 fn signed_with_wrong_secret(app: &TestApp, source: &str, body: &str, id: &str) -> Delivery {
-    let config = app
-        .config
-        .sources
-        .iter()
-        .find(|s| s.name.as_str() == source)
-        .expect("test source");
+    let config = source_named(&app.config, source);
     // A Standard Webhooks secret must be base64 after whsec_; this one is, and is still wrong.
     let wrong = Secret::new("whsec_d3Jvbmcgc2VjcmV0IHdyb25nIHNlY3JldA==");
     let verifier = config
@@ -258,14 +253,7 @@ async fn a_source_with_rotated_secrets_accepts_either() {
     // The test stripe source has two secrets; deliveries are normally signed with the second.
     let id = unique_id("evt");
     let body = stripe_event(&id, "charge.succeeded", 1);
-    let first_secret = app
-        .config
-        .sources
-        .iter()
-        .find(|s| s.name.as_str() == "stripe")
-        .expect("stripe")
-        .secrets[0]
-        .clone();
+    let first_secret = source_named(&app.config, "stripe").secrets[0].clone();
     let verifier = Scheme::builtin("stripe")
         .expect("built in")
         .build(&[first_secret], std::time::Duration::from_secs(300))

@@ -182,12 +182,7 @@ fn signed_for(
     };
     // The source's scheme built to sign, as `Signer::from_config` builds it, without its check
     // that the receiver admits `cert_url`: some of these deliveries are to be refused.
-    let config = app
-        .config
-        .sources
-        .iter()
-        .find(|s| s.name.as_str() == source)
-        .expect("the sns source");
+    let config = source_named(&app.config, source);
     let verifier = config
         .scheme
         .build_signer(&[], config.tolerance, &signing)
