@@ -232,7 +232,8 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         errln!(
             "hookbox: the receiver checks with another secret than send signed with (the \
              source's first secret in --config, or --secret), or wants a header the scheme \
-             signs and this body lacks: give the receiver's config or secret"
+             signs and this body lacks, or credentials it also checks (Adyen's basic_auth, \
+             which send takes only from --config): give the receiver's config or secret"
         );
     }
     Ok((200..300).contains(&answer.status))

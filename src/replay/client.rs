@@ -92,7 +92,7 @@ impl FromStr for Target {
         };
         if authority.as_str().contains('@') {
             return Err(format!(
-                "{:?} carries a user or password (user:password@), which is never sent: leave it out (a receiver's webhook endpoint checks signatures, not logins)",
+                "{:?} carries a user or password (user:password@), which is never sent: leave it out (a webhook endpoint checks signatures; the one source that also checks a login, Adyen's basic_auth, gets it from the source in --config)",
                 crate::redact::database_url(text)
             ));
         }
