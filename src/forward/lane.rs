@@ -227,6 +227,10 @@ impl Lane {
     /// The dispatcher's next look at an ordered lane's rows that settle, if one is to come: at
     /// or before `now` when one came due (take again now; it is then done with).
     pub fn settle_look(&self, now: Instant) -> Option<Instant> {
+        if !self.target.config.ordered {
+            // Asked on every wake of the dispatcher: an unordered lane has none to look at.
+            return None;
+        }
         let mut settles = self.settles.lock().unwrap_or_else(|e| e.into_inner());
         let mut due = None;
         while let Some(at) = settles.front().copied().filter(|at| *at <= now) {
