@@ -605,6 +605,14 @@ fn take_due_pg(
 /// gets there. Without it such an instance held its lanes for the session's 60 s.
 const TAKE_IDLE_LIMIT: Duration = Duration::from_secs(2);
 
+/// The PostgreSQL advisory lock key of `source`'s ordered target `target` (see
+/// [`lock_lanes_pg`]): the first 8 bytes of a SHA-256 of both names.
+pub fn lane_lock_key(source: &str, target: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("hookbox lane\0{source}\0{target}"));
+    i64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 is 32 bytes"))
+}
+
 /// Locks, until the transaction ends, the lanes of a take that no other take holds (an
 /// advisory lock per lane, keyed by a hash of its source and target), so two takes of one lane
 /// go one after the other and each sees what the one before leased; returns those lanes. A
@@ -617,17 +625,15 @@ fn lock_lanes_pg<'a>(
     conn: &mut diesel::PgConnection,
     lanes: &[&'a Want],
 ) -> QueryResult<Vec<&'a Want>> {
-    use sha2::{Digest, Sha256};
     #[derive(QueryableByName)]
     struct Locked {
         #[diesel(sql_type = BigInt)]
         k: i64,
     }
-    let key = |want: &Want| {
-        let digest = Sha256::digest(format!("hookbox lane\0{}\0{}", want.source, want.target));
-        i64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 is 32 bytes"))
-    };
-    let keys: Vec<i64> = lanes.iter().map(|want| key(want)).collect();
+    let keys: Vec<i64> = lanes
+        .iter()
+        .map(|want| lane_lock_key(&want.source, &want.target))
+        .collect();
     let locked: Vec<Locked> = diesel::sql_query(
         "SELECT k FROM (SELECT set_config('idle_in_transaction_session_timeout', $2, true)) AS s, \
          unnest($1::bigint[]) AS k WHERE pg_try_advisory_xact_lock(k)",

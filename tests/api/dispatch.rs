@@ -902,14 +902,6 @@ async fn a_process_stopped_past_its_timeout_mid_attempt_keeps_the_answer_that_ca
     );
 }
 
-/// The advisory lock key of `source`'s ordered target `target`, as the dispatcher's take
-/// computes it.
-fn lane_lock_key(source: &str, target: &str) -> i64 {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(format!("hookbox lane\0{source}\0{target}"));
-    i64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 is 32 bytes"))
-}
-
 #[actix_web::test]
 async fn an_ordered_target_held_by_a_stopped_take_elsewhere_holds_up_only_itself() {
     if skip_on_sqlite(
@@ -931,7 +923,7 @@ async fn an_ordered_target_held_by_a_stopped_take_elsewhere_holds_up_only_itself
     holder
         .batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock({})",
-            lane_lock_key("stripe", "ledger")
+            hookbox::db::deliveries::lane_lock_key("stripe", "ledger")
         ))
         .expect("the lane's lock");
     let ids = ids(10);
