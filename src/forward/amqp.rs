@@ -137,9 +137,8 @@ impl Amqp {
     /// within a third of the timeout more: a broker that answers the header and then says
     /// nothing would otherwise hold the connect until the attempt's own timeout dropped it, and
     /// a connect dropped so was never counted as failed, so the next attempt connected again
-    /// at once (a black-box run: 90 handshakes a minute, each leaving lapin's thread behind
-    /// until the broker let go). Failed in time, it waits for the reconnect's backoff like any
-    /// other.
+    /// at once (a black-box run: 90 handshakes a minute). Failed in time, it waits for the
+    /// reconnect's backoff like any other, and its socket is shut down ([`Handshake`]).
     async fn connect(&self, name: &str) -> Result<Connection, String> {
         probe(&self.url, self.timeout / 2).await?;
         let properties = ConnectionProperties::default().with_connection_name(name.into());
@@ -153,13 +152,24 @@ impl Amqp {
             let silent = bus::silent_for(self.timeout).as_secs().div_ceil(2);
             u16::try_from(silent).unwrap_or(u16::MAX)
         });
+        let runtime = lapin::runtime::default_runtime()
+            .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
+        let handshake = Arc::new(Handshake::default());
+        let socket = {
+            let handshake = handshake.clone();
+            async move |uri: AMQPUri, _| handshake.open(&uri).await
+        };
         let wait = self.timeout / 3;
-        match tokio::time::timeout(wait, Connection::connect_uri(uri, properties)).await {
+        let connecting = Connection::connector(uri, runtime, socket, properties);
+        match tokio::time::timeout(wait, connecting).await {
             Ok(connected) => connected.map_err(|e| format!("cannot connect to RabbitMQ: {e}")),
-            Err(_) => Err(format!(
-                "RabbitMQ answered AMQP's header but did not finish its handshake within {}",
-                crate::config::Spelt(wait)
-            )),
+            Err(_) => {
+                handshake.give_up();
+                Err(format!(
+                    "RabbitMQ answered AMQP's header but did not finish its handshake within {}",
+                    crate::config::Spelt(wait)
+                ))
+            }
         }
     }
 
@@ -273,12 +283,81 @@ impl Amqp {
     }
 }
 
+/// The socket of one connect through lapin, kept so that a handshake given up on can be ended.
+/// lapin's handshake has no time limit, and its I/O thread owns the socket: a connect future
+/// dropped leaves both behind, waiting on the broker for ever (a black-box run: a thread and a
+/// descriptor per attempt against a broker that answered AMQP's header and then stalled). The
+/// socket is made here, a copy of its descriptor kept, and on [`Handshake::give_up`] shut
+/// down: lapin's thread reads the end, fails the connect and exits, closing its socket.
+#[derive(Default)]
+struct Handshake {
+    state: std::sync::Mutex<HandshakeState>,
+}
+
+#[derive(Default)]
+enum HandshakeState {
+    #[default]
+    Connecting,
+    /// The copy of the socket's descriptor.
+    Open(std::net::TcpStream),
+    GivenUp,
+}
+
+impl Handshake {
+    /// lapin's connect: a TCP connection to `uri`'s broker, with TLS over it for `amqps://`.
+    /// One per handshake: lapin does not connect again (no reconnect is configured), and a
+    /// second socket would escape [`Handshake::give_up`].
+    async fn open(
+        &self,
+        uri: &AMQPUri,
+    ) -> lapin::Result<lapin::tcp::AsyncTcpStream<async_compat::Compat<tokio::net::TcpStream>>>
+    {
+        use lapin::uri::AMQPScheme;
+        let failed = |e: std::io::Error| lapin::Error::from(lapin::ErrorKind::IOError(Arc::new(e)));
+        let refused = |why: &str| failed(std::io::Error::other(why.to_owned()));
+        let stream =
+            tokio::net::TcpStream::connect((uri.authority.host.as_str(), uri.authority.port))
+                .await
+                .map_err(failed)?;
+        let stream = stream.into_std().map_err(failed)?;
+        let copy = stream.try_clone().map_err(failed)?;
+        {
+            let mut state = self.state.lock().expect("the handshake's state");
+            match *state {
+                HandshakeState::Connecting => *state = HandshakeState::Open(copy),
+                HandshakeState::Open(_) => return Err(refused("one connect per handshake")),
+                HandshakeState::GivenUp => return Err(refused("the handshake was given up on")),
+            }
+        }
+        let stream = tokio::net::TcpStream::from_std(stream).map_err(failed)?;
+        let stream = lapin::tcp::AsyncTcpStream::Plain(async_compat::Compat::new(stream));
+        match uri.scheme {
+            AMQPScheme::AMQP => Ok(stream),
+            AMQPScheme::AMQPS => stream
+                .into_tls(
+                    &uri.authority.host,
+                    lapin::tcp::OwnedTLSConfig::default().as_ref(),
+                )
+                .await
+                .map_err(failed),
+        }
+    }
+
+    /// Ends the handshake: its socket, if open, is shut down; one not yet open is refused.
+    fn give_up(&self) {
+        let mut state = self.state.lock().expect("the handshake's state");
+        if let HandshakeState::Open(socket) =
+            std::mem::replace(&mut *state, HandshakeState::GivenUp)
+        {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 /// Whether the broker at `url` answers AMQP's protocol header within `wait`, on a socket of
-/// its own, closed after. lapin's handshake has no time limit, and a connect given up on (its
-/// attempt timed out) leaves its socket and its I/O thread behind, waiting on the broker for
-/// ever: against a broker that takes connections and says nothing (frozen, or behind a
-/// proxy whose backend is gone), one of each per attempt. So lapin is called only once the
-/// broker has answered here. Over TLS (`amqps://`) the probe makes its own TLS session first,
+/// its own, closed after. A broker that takes connections and says nothing (frozen, or behind
+/// a proxy whose backend is gone) is told apart from one that stalls in its handshake, and
+/// costs no lapin thread: lapin is called only once the broker has answered here. Over TLS (`amqps://`) the probe makes its own TLS session first,
 /// and the header goes inside it.
 async fn probe(url: &str, wait: Duration) -> Result<(), String> {
     use lapin::uri::{AMQPScheme, AMQPUri};

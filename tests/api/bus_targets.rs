@@ -1517,6 +1517,73 @@ async fn a_broker_that_answers_the_header_and_then_nothing_fails_the_connect_in_
     }
 }
 
+#[actix_web::test]
+async fn a_handshake_given_up_on_closes_its_connection() {
+    // lapin's I/O thread owns the socket of its handshake, which has no time limit: a connect
+    // given up on left the thread and the socket behind, open until the broker let go (a
+    // black-box run: one of each per attempt while the broker stalled). Each is now shut down
+    // when the connect fails: the broker sees every connection but the one under way close.
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    let (accepted, closed) = (
+        std::sync::Arc::new(AtomicUsize::new(0)),
+        std::sync::Arc::new(AtomicUsize::new(0)),
+    );
+    std::thread::spawn({
+        let (accepted, closed) = (accepted.clone(), closed.clone());
+        move || {
+            for mut client in listener.incoming().flatten() {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let closed = closed.clone();
+                std::thread::spawn(move || {
+                    use std::io::{Read, Write};
+                    let mut header = [0u8; 8];
+                    if client.read_exact(&mut header).is_ok() {
+                        // The first byte of a Connection.Start frame, and then nothing.
+                        let _ = client.write_all(&[1]);
+                    }
+                    // Whatever else comes, until the client closes its end.
+                    let mut rest = [0u8; 512];
+                    while matches!(client.read(&mut rest), Ok(1..)) {}
+                    closed.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        }
+    });
+    let db = TestDb::create();
+    let target = rabbit_at(&format!("amqp://guest:guest@127.0.0.1:{port}/%2f"), "1s");
+    let config = config_text(&db.url, &target);
+    let server = Process::serve(&config);
+    send_events(&parse_config(&config), &server.address, 1).await;
+    // Each attempt is a probe's connection and lapin's: three handshakes given up on.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while accepted.load(Ordering::SeqCst) < 6 {
+        assert!(
+            Instant::now() < deadline,
+            "three connects never came: {}",
+            server.log()
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    let open = || accepted.load(Ordering::SeqCst) - closed.load(Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open() > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} connections still open",
+            open(),
+            accepted.load(Ordering::SeqCst)
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        db.count("deliveries WHERE last_error LIKE '%did not finish its handshake%'") == 1,
+        "{}",
+        server.log()
+    );
+}
+
 /// How long the events sent after a bus connection was forgotten may take to arrive: the
 /// 10 s of silence after which it is opened again (a target's `timeout`, 2 s here, but never
 /// under 10 s), and the attempts' backoff meanwhile. The client libraries' own keepalives gave
