@@ -528,12 +528,22 @@ pub(super) fn queue_leased_sqlite(
 /// outcome, so should it die, another instance takes the row back without waiting for the
 /// lease.
 pub fn take_due(conn: &mut AnyConnection, wants: &[Want], holder: i64) -> QueryResult<Vec<Due>> {
+    take_due_and_held(conn, wants, holder).map(|(due, _)| due)
+}
+
+/// [`take_due`], and which of `wants` (their indexes) are ordered lanes whose lock another
+/// database session held ([`lock_lanes_pg`]; PostgreSQL only): nothing was taken from them.
+pub fn take_due_and_held(
+    conn: &mut AnyConnection,
+    wants: &[Want],
+    holder: i64,
+) -> QueryResult<(Vec<Due>, Vec<usize>)> {
     if wants.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     match conn {
         AnyConnection::Postgres(c) => take_due_pg(c, wants, holder),
-        AnyConnection::Sqlite(c) => take_due_sqlite(c, wants, holder),
+        AnyConnection::Sqlite(c) => take_due_sqlite(c, wants, holder).map(|due| (due, Vec::new())),
     }
 }
 
@@ -565,8 +575,8 @@ fn take_due_pg(
     conn: &mut diesel::PgConnection,
     wants: &[Want],
     holder: i64,
-) -> QueryResult<Vec<Due>> {
-    let mut due = Vec::new();
+) -> QueryResult<(Vec<Due>, Vec<usize>)> {
+    let (mut due, mut held) = (Vec::new(), Vec::new());
     for ordered in [false, true] {
         let lanes: Vec<&Want> = wants.iter().filter(|w| w.ordered == ordered).collect();
         if lanes.is_empty() {
@@ -575,6 +585,10 @@ fn take_due_pg(
         let taken = if ordered {
             conn.transaction(|conn| {
                 let free = lock_lanes_pg(conn, &lanes)?;
+                held = (0..wants.len())
+                    .filter(|&i| wants[i].ordered)
+                    .filter(|&i| !free.iter().any(|w| std::ptr::eq(*w, &wants[i])))
+                    .collect();
                 if free.is_empty() {
                     return Ok(Vec::new());
                 }
@@ -596,7 +610,7 @@ fn take_due_pg(
             }
         }
     }
-    Ok(due)
+    Ok((due, held))
 }
 
 /// How long an ordered take's session may sit idle inside its transaction before PostgreSQL

@@ -98,7 +98,7 @@ impl Runner {
         // Before the statement that writes the leases goes: they end no sooner than a lease
         // from here.
         let asked = Instant::now();
-        let Some(due) = self.outbox.take(wants).await else {
+        let Some((due, held)) = self.outbox.take(wants).await else {
             // The outbox could not be read: the lanes' backlogs stand, so claims keep queuing
             // rows the normal way until a take has read it.
             for (i, reserved, _) in &reserved {
@@ -121,6 +121,11 @@ impl Runner {
         for (i, reserved, _) in &reserved {
             let taken = by_lane.iter().filter(|(lane, _, _)| lane == i).count();
             self.outbox.lanes[*i].taken(*reserved, taken);
+        }
+        for (asked_for, (i, _, want)) in reserved.iter().enumerate() {
+            if want.ordered {
+                self.outbox.lanes[*i].held_elsewhere(held.contains(&asked_for), asked);
+            }
         }
         by_lane
     }

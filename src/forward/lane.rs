@@ -35,6 +35,22 @@ pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// `ORDER_SETTLE / SETTLE_GRAIN + 1` looks ahead.
 const SETTLE_GRAIN: Duration = Duration::from_millis(10);
 
+/// How long an ordered lane's lock may be found held by another database session, take after
+/// take, before it is said (once per hold, at WARN). A hookbox instance holds it only inside its
+/// take, for milliseconds (at most `deliveries::TAKE_IDLE_LIMIT` when stopped there).
+const HELD_TOLD_AFTER: Duration = Duration::from_secs(5);
+
+/// Looks at a held lane further apart than this are two holds, not one: the lane was not
+/// asked for in between (nothing was due).
+const HELD_GAP: Duration = Duration::from_secs(2);
+
+/// An ordered lane's lock found held by another session at each take since `since`.
+struct Held {
+    since: Instant,
+    last: Instant,
+    told: bool,
+}
+
 /// One (source, target) and its counts in this process.
 pub struct Lane {
     /// The source's name.
@@ -72,6 +88,9 @@ pub struct Lane {
     settles: Mutex<VecDeque<Instant>>,
     /// When the lane was made: the origin of the settle looks' grain.
     born: Instant,
+    /// An ordered lane whose lock another database session holds, take after take: said once
+    /// it has lasted [`HELD_TOLD_AFTER`], and again when it ends.
+    held: Mutex<Option<Held>>,
 }
 
 impl Lane {
@@ -92,6 +111,7 @@ impl Lane {
             polled: AtomicBool::new(false),
             settles: Mutex::new(VecDeque::new()),
             born: Instant::now(),
+            held: Mutex::new(None),
         }
     }
 
@@ -186,6 +206,48 @@ impl Lane {
             if self.hands_over() {
                 self.backlog.store(false, Ordering::SeqCst);
             }
+        }
+    }
+
+    /// An ordered lane's take at `at` found its lock held by another database session
+    /// (`held`), or took it. A hold that lasts [`HELD_TOLD_AFTER`] is logged at WARN (its
+    /// events wait, and nothing else says why), and its end at INFO once told.
+    pub fn held_elsewhere(&self, held: bool, at: Instant) {
+        let mut hold = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if !held {
+            if let Some(ended) = hold.take().filter(|h| h.told) {
+                tracing::info!(
+                    source = %self.source,
+                    target = %self.target.config.name,
+                    held_for = %crate::config::Spelt(super::round_to_seconds(at - ended.since)),
+                    "the ordered target's lane is free again; its events go on in order"
+                );
+            }
+            return;
+        }
+        let on = match hold.as_mut() {
+            Some(on) if at.saturating_duration_since(on.last) <= HELD_GAP => on,
+            _ => hold.insert(Held {
+                since: at,
+                last: at,
+                told: false,
+            }),
+        };
+        on.last = at;
+        if !on.told && at - on.since >= HELD_TOLD_AFTER {
+            on.told = true;
+            tracing::warn!(
+                source = %self.source,
+                target = %self.target.config.name,
+                lock = crate::db::deliveries::lane_lock_key(&self.source, &self.target.config.name),
+                held_for = %crate::config::Spelt(super::round_to_seconds(at - on.since)),
+                "the ordered target's lane is held by another PostgreSQL session: its events wait \
+                 until it lets go. A hookbox instance holds it only inside a take, for \
+                 milliseconds; a longer hold is a session that is not hookbox's, or one cut off \
+                 while PostgreSQL was still sending it rows. pg_locks shows the holder: \
+                 SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND \
+                 ((classid::bigint << 32) | objid::bigint) = <lock>. Said again when it ends"
+            );
         }
     }
 

@@ -375,12 +375,18 @@ impl Outbox {
     /// down or unreachable) is logged as one outage ([`Outage`]): a WARN when it starts, at
     /// most one a minute while it lasts, each failure at DEBUG, and an INFO when a take works
     /// again.
-    async fn take(&self, wants: Vec<Want>) -> Option<Vec<Due>> {
+    ///
+    /// With the rows come the indexes of `wants` whose lane another database session held
+    /// (ordered lanes on PostgreSQL, see `deliveries::take_due_and_held`).
+    async fn take(&self, wants: Vec<Want>) -> Option<(Vec<Due>, Vec<usize>)> {
         let pool = self.pool.clone();
         let holder = self.holder();
-        let due =
-            web::block(move || in_turn(&pool, |conn| deliveries::take_due(conn, &wants, holder)))
-                .await;
+        let due = web::block(move || {
+            in_turn(&pool, |conn| {
+                deliveries::take_due_and_held(conn, &wants, holder)
+            })
+        })
+        .await;
         let failure = match due {
             Ok(Ok(due)) => {
                 let ended = self.outage().ended(Instant::now());
@@ -632,7 +638,7 @@ impl Outage {
 }
 
 /// `d` to the whole second, for a log line (`3s`, not `3s 2ms 41us`).
-fn round_to_seconds(d: Duration) -> Duration {
+pub(super) fn round_to_seconds(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs())
 }
 

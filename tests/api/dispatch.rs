@@ -903,6 +903,67 @@ async fn a_process_stopped_past_its_timeout_mid_attempt_keeps_the_answer_that_ca
 }
 
 #[actix_web::test]
+async fn an_ordered_target_whose_lane_is_held_elsewhere_for_long_is_said_and_so_is_its_end() {
+    if skip_on_sqlite(
+        "an_ordered_target_whose_lane_is_held_elsewhere_for_long_is_said_and_so_is_its_end",
+        "the lanes' locks are PostgreSQL advisory locks",
+    ) {
+        return;
+    }
+    // A lane whose lock another session held was skipped in silence, take after take: its
+    // events waited, and nothing said why (a black-box run).
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &target("ledger", &downstream.url, "ordered = true"),
+    );
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    let key = hookbox::db::deliveries::lane_lock_key("stripe", "ledger");
+    let AnyConnection::Postgres(mut holder) = db.connect() else {
+        unreachable!("skipped on SQLite")
+    };
+    holder
+        .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({key})"))
+        .expect("the lane's lock");
+    let ids = ids(3);
+    send_all(&process.address, &config, &ids, 1).await;
+    until_logged(&process, "lane is held by another PostgreSQL session").await;
+    let log = process.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("lane is held by another PostgreSQL session"))
+        .expect("the line");
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains("target=ledger") || line.contains("target=\"ledger\""),
+        "{line}"
+    );
+    assert!(line.contains(&format!("lock={key}")), "{line}");
+    assert!(
+        downstream.received().is_empty(),
+        "nothing goes while it is held"
+    );
+    holder.batch_execute("COMMIT").expect("let go");
+    poll_until(
+        "every event reached the sink once let go",
+        Duration::from_secs(10),
+        || all_delivered(&downstream, &ids, None),
+    )
+    .await;
+    until_logged(&process, "lane is free again").await;
+    assert_eq!(
+        process
+            .log()
+            .matches("lane is held by another PostgreSQL session")
+            .count(),
+        1,
+        "said once per hold"
+    );
+}
+
+#[actix_web::test]
 async fn an_ordered_target_held_by_a_stopped_take_elsewhere_holds_up_only_itself() {
     if skip_on_sqlite(
         "an_ordered_target_held_by_a_stopped_take_elsewhere_holds_up_only_itself",
