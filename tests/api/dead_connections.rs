@@ -151,6 +151,8 @@ async fn connections_the_pool_cannot_open_are_logged_with_their_cause() {
         unix_now(),
     );
     let refused = send(&process.address, &delivery).await;
+    // Read once the reader has the line: the answer can come before it.
+    process.wait_for_log("a database connection failed");
     let log = process.log();
     allow(&mut server, true);
     assert_eq!(refused.status, 503, "{}", refused.text());

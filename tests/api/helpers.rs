@@ -635,6 +635,9 @@ pub struct Process {
     pub child: Child,
     pub address: String,
     pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    /// The thread reading its stderr into `stderr`: joined once it has exited, so the log
+    /// holds every line it wrote.
+    reader: Option<std::thread::JoinHandle<()>>,
     _config_file: TempFile,
 }
 
@@ -853,7 +856,7 @@ impl Process {
         let stderr = child.stderr.take().expect("stderr is piped");
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let (found, address) = std::sync::mpsc::channel();
-        std::thread::spawn({
+        let reader = std::thread::spawn({
             let log = log.clone();
             move || {
                 for line in std::io::BufReader::new(stderr)
@@ -884,15 +887,19 @@ impl Process {
             child,
             address,
             stderr: log,
+            reader: Some(reader),
             _config_file: config_file,
         }
     }
 
-    /// Waits for the process to exit, at most `limit`.
+    /// Waits for the process to exit, at most `limit`, and for its log's last line to be read.
     pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let deadline = std::time::Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("poll the process") {
+                if let Some(reader) = self.reader.take() {
+                    reader.join().expect("the log's reader");
+                }
                 return status;
             }
             assert!(
