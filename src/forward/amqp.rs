@@ -162,9 +162,13 @@ impl Amqp {
         let wait = self.timeout / 3;
         let connecting = Connection::connector(uri, runtime, socket, properties);
         match tokio::time::timeout(wait, connecting).await {
-            Ok(connected) => connected.map_err(|e| format!("cannot connect to RabbitMQ: {e}")),
+            Ok(connected) => {
+                // The copy is not needed once lapin has answered; its own socket lives on.
+                handshake.end(false);
+                connected.map_err(|e| format!("cannot connect to RabbitMQ: {e}"))
+            }
             Err(_) => {
-                handshake.give_up();
+                handshake.end(true);
                 Err(format!(
                     "RabbitMQ answered AMQP's header but did not finish its handshake within {}",
                     crate::config::Spelt(wait)
@@ -287,8 +291,9 @@ impl Amqp {
 /// lapin's handshake has no time limit, and its I/O thread owns the socket: a connect future
 /// dropped leaves both behind, waiting on the broker for ever (a black-box run: a thread and a
 /// descriptor per attempt against a broker that answered AMQP's header and then stalled). The
-/// socket is made here, a copy of its descriptor kept, and on [`Handshake::give_up`] shut
-/// down: lapin's thread reads the end, fails the connect and exits, closing its socket.
+/// socket is made here, a copy of its descriptor kept, and when the connect is given up on
+/// ([`Handshake::end`]) shut down: lapin's thread reads the end, fails the connect and exits,
+/// closing its socket.
 #[derive(Default)]
 struct Handshake {
     state: std::sync::Mutex<HandshakeState>,
@@ -300,13 +305,14 @@ enum HandshakeState {
     Connecting,
     /// The copy of the socket's descriptor.
     Open(std::net::TcpStream),
-    GivenUp,
+    /// The connect has been answered or given up on: no socket is made any more.
+    Ended,
 }
 
 impl Handshake {
     /// lapin's connect: a TCP connection to `uri`'s broker, with TLS over it for `amqps://`.
     /// One per handshake: lapin does not connect again (no reconnect is configured), and a
-    /// second socket would escape [`Handshake::give_up`].
+    /// second socket would escape [`Handshake::end`].
     async fn open(
         &self,
         uri: &AMQPUri,
@@ -326,7 +332,7 @@ impl Handshake {
             match *state {
                 HandshakeState::Connecting => *state = HandshakeState::Open(copy),
                 HandshakeState::Open(_) => return Err(refused("one connect per handshake")),
-                HandshakeState::GivenUp => return Err(refused("the handshake was given up on")),
+                HandshakeState::Ended => return Err(refused("the connect has ended")),
             }
         }
         let stream = tokio::net::TcpStream::from_std(stream).map_err(failed)?;
@@ -343,13 +349,15 @@ impl Handshake {
         }
     }
 
-    /// Ends the handshake: its socket, if open, is shut down; one not yet open is refused.
-    fn give_up(&self) {
+    /// The connect is over: answered, or given up on (`shut`), when its socket, if open, is
+    /// shut down. Either way the copy is closed, and a socket not yet made is refused.
+    fn end(&self, shut: bool) {
         let mut state = self.state.lock().expect("the handshake's state");
-        if let HandshakeState::Open(socket) =
-            std::mem::replace(&mut *state, HandshakeState::GivenUp)
+        if let HandshakeState::Open(socket) = std::mem::replace(&mut *state, HandshakeState::Ended)
         {
-            let _ = socket.shutdown(std::net::Shutdown::Both);
+            if shut {
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
 }
