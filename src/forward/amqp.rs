@@ -155,6 +155,9 @@ impl Amqp {
         let runtime = lapin::runtime::default_runtime()
             .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
         let handshake = Arc::new(Handshake::default());
+        // Dropped with its attempt (whose own timeout counts the wait for the link too), the
+        // connect is given up on like one that timed out here.
+        let _given_up_if_dropped = EndOnDrop(handshake.clone());
         let socket = {
             let handshake = handshake.clone();
             async move |uri: AMQPUri, _| handshake.open(&uri).await
@@ -162,10 +165,14 @@ impl Amqp {
         let wait = self.timeout / 3;
         let connecting = Connection::connector(uri, runtime, socket, properties);
         match tokio::time::timeout(wait, connecting).await {
-            Ok(connected) => {
-                // The copy is not needed once lapin has answered; its own socket lives on.
+            Ok(Ok(connection)) => {
+                // The copy is not needed once connected; lapin's own socket lives on.
                 handshake.end(false);
-                connected.map_err(|e| format!("cannot connect to RabbitMQ: {e}"))
+                Ok(connection)
+            }
+            Ok(Err(e)) => {
+                handshake.end(true);
+                Err(format!("cannot connect to RabbitMQ: {e}"))
             }
             Err(_) => {
                 handshake.end(true);
@@ -307,6 +314,19 @@ enum HandshakeState {
     Open(std::net::TcpStream),
     /// The connect has been answered or given up on: no socket is made any more.
     Ended,
+}
+
+/// Ends its handshake as given up on when dropped, unless it has ended already: a connect
+/// dropped with its attempt left lapin to finish the handshake alone, and the connection it
+/// made was held by no one, open for as long as the broker kept it (a black-box run: one in
+/// eight or so reconnects to a broker that stopped answering after its handshake left a
+/// connection and a thread behind).
+struct EndOnDrop(Arc<Handshake>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end(true);
+    }
 }
 
 impl Handshake {
@@ -495,6 +515,114 @@ fn message_id(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An AMQP 0-9-1 frame on channel 0 of a connection-class method.
+    fn method(method: u16, args: &[u8]) -> Vec<u8> {
+        let mut payload = 10u16.to_be_bytes().to_vec();
+        payload.extend(method.to_be_bytes());
+        payload.extend(args);
+        let mut frame = vec![1, 0, 0];
+        frame.extend(u32::try_from(payload.len()).unwrap().to_be_bytes());
+        frame.extend(payload);
+        frame.push(0xce);
+        frame
+    }
+
+    fn read_frame(client: &mut std::net::TcpStream) -> std::io::Result<()> {
+        let mut head = [0u8; 7];
+        client.read_exact(&mut head)?;
+        let size = u32::from_be_bytes(head[3..7].try_into().unwrap()) as usize;
+        client.read_exact(&mut vec![0u8; size + 1])
+    }
+
+    /// A broker that answers the handshake's steps, Connection.Open-Ok only `open_ok_after`
+    /// it was asked, and then says nothing. Counts the connections that got as far as Open,
+    /// and of those the ones the client closed.
+    fn slow_broker(open_ok_after: Duration) -> (u16, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (opened, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let counts = (opened.clone(), closed.clone());
+        std::thread::spawn(move || {
+            let long = |s: &[u8]| [&u32::try_from(s.len()).unwrap().to_be_bytes()[..], s].concat();
+            let start = method(
+                10,
+                &[
+                    [0, 9].as_slice(),
+                    &[0, 0, 0, 0],
+                    &long(b"PLAIN"),
+                    &long(b"en_US"),
+                ]
+                .concat(),
+            );
+            let tune = method(
+                30,
+                &[[0x07, 0xff].as_slice(), &131_072u32.to_be_bytes(), &[0, 60]].concat(),
+            );
+            let open_ok = method(41, &[0]);
+            for mut client in listener.incoming().flatten() {
+                let (start, tune, open_ok) = (start.clone(), tune.clone(), open_ok.clone());
+                let (opened, closed) = (counts.0.clone(), counts.1.clone());
+                std::thread::spawn(move || {
+                    let mut header = [0u8; 8];
+                    let handshake = client
+                        .read_exact(&mut header)
+                        .and_then(|()| client.write_all(&start))
+                        // Start-Ok; Tune-Ok and Open. The probe's connection ends before.
+                        .and_then(|()| read_frame(&mut client))
+                        .and_then(|()| client.write_all(&tune))
+                        .and_then(|()| read_frame(&mut client))
+                        .and_then(|()| read_frame(&mut client));
+                    if handshake.is_err() {
+                        return;
+                    }
+                    opened.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(open_ok_after);
+                    let _ = client.write_all(&open_ok);
+                    let mut rest = [0u8; 512];
+                    while matches!(client.read(&mut rest), Ok(1..)) {}
+                    closed.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        (port, opened, closed)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connect_dropped_with_its_attempt_closes_the_connection_it_began() {
+        // The attempt's own timeout (which counts the wait for the link) dropped the connect
+        // mid-handshake; lapin finished it alone, and the connection stayed open, held by no
+        // one, with its thread, until the broker let go.
+        let (port, opened, closed) = slow_broker(Duration::from_secs(2));
+        let template =
+            |t: &str| routing::Template::parse(t, routing::Kind::AmqpRoutingKey).unwrap();
+        let amqp = Amqp::new(
+            &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            template("x"),
+            template("k"),
+            Duration::from_secs(9),
+        );
+        // Dropped once the handshake has got as far as Open, before the broker's Open-Ok.
+        let until_open = async {
+            while opened.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::select! {
+            connected = amqp.connect("test") => panic!("connected: {:?}", connected.err()),
+            () = until_open => {}
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while closed.load(Ordering::SeqCst) < 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the connection was left open"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 
     #[test]
     fn a_message_id_fits_in_a_short_string_and_is_stable() {
