@@ -140,7 +140,7 @@ impl Amqp {
     /// at once (a black-box run: 90 handshakes a minute). Failed in time, it waits for the
     /// reconnect's backoff like any other, and its socket is shut down ([`Handshake`]).
     async fn connect(&self, name: &str) -> Result<Connection, String> {
-        probe(&self.url, self.timeout / 2).await?;
+        probe(&self.url, bus::share_of(self.timeout, 2)).await?;
         let properties = ConnectionProperties::default().with_connection_name(name.into());
         let mut uri: AMQPUri = self
             .url
@@ -162,7 +162,7 @@ impl Amqp {
             let handshake = handshake.clone();
             async move |uri: AMQPUri, _| handshake.open(&uri).await
         };
-        let wait = self.timeout / 3;
+        let wait = bus::share_of(self.timeout, 3);
         let connecting = Connection::connector(uri, runtime, socket, properties);
         match tokio::time::timeout(wait, connecting).await {
             Ok(Ok(connection)) => {

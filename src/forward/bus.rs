@@ -25,6 +25,12 @@ const SILENT_LEAST: Duration = Duration::from_secs(10);
 /// The most (the client libraries' own keepalives give up after 2-3 minutes).
 const SILENT_MOST: Duration = Duration::from_secs(120);
 
+/// The `n`th part of a target's `timeout`, to the whole millisecond: a connect's share of an
+/// attempt, said in its error as `333ms` rather than `333ms 333us 333ns`.
+pub fn share_of(timeout: Duration, n: u32) -> Duration {
+    Duration::from_millis(u64::try_from((timeout / n).as_millis()).unwrap_or(u64::MAX))
+}
+
 /// How long a bus connection may stay silent, nothing heard from the broker though the client
 /// asked (a NATS PING, an AMQP heartbeat), before it is taken as dropped and opened again: the
 /// target's `timeout`, within 10 s and 2 minutes. A connection dropped without a word (a NAT
@@ -211,6 +217,17 @@ impl Reconnect {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_share_of_a_timeout_is_said_to_the_millisecond() {
+        // A black-box run read `within 666ms 666us 666ns` in an error.
+        let said = |timeout: u64, n| {
+            crate::config::Spelt(share_of(Duration::from_secs(timeout), n)).to_string()
+        };
+        assert_eq!(said(2, 3), "666ms");
+        assert_eq!(said(1, 3), "333ms");
+        assert_eq!(said(3, 2), "1s 500ms");
+    }
 
     #[test]
     fn failures_in_a_row_wait_longer_and_a_success_resets() {

@@ -297,9 +297,7 @@ impl Nats {
         // Each of the connect and the two requests may take a third of the target's timeout
         // (whole milliseconds), so that a login that may not use JetStream's API (whose
         // requests go unanswered) is said before the check's own time runs out.
-        let third = Duration::from_millis(
-            u64::try_from((self.timeout / 3).as_millis()).unwrap_or(u64::MAX),
-        );
+        let third = bus::share_of(self.timeout, 3);
         let client = self
             .options()
             .name("hookbox (startup check)")
