@@ -480,7 +480,7 @@ async fn a_process_stopped_past_its_leases_does_not_send_the_rows_another_took_s
     }
     let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
     // Paced, so that rows wait in the process for their turns; leases of 9.5 s.
-    let (db, config, one, _two) = two_processes(&downstream, "rate = \"2/s\"\ntimeout = \"1s\"");
+    let (db, config, one, two) = two_processes(&downstream, "rate = \"2/s\"\ntimeout = \"1s\"");
     let ids = ids(6);
     send_all(&one.address, &config, &ids, 6).await;
     poll_until("the first attempt arrives", Duration::from_secs(10), || {
@@ -512,15 +512,20 @@ async fn a_process_stopped_past_its_leases_does_not_send_the_rows_another_took_s
     .await;
     signal(&one, "CONT");
     // Within seconds; the limit is for a machine busy with other work (10 s was once too few).
-    poll_until(
-        "the resumed process gives up the rows it held, or sends them",
-        Duration::from_secs(30),
-        || {
-            one.log().contains("lease ran out before its turn")
-                || !stale_arrivals(&downstream).is_empty()
-        },
-    )
-    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !one.log().contains("lease ran out before its turn")
+        && stale_arrivals(&downstream).is_empty()
+    {
+        // Once in a CI run under two other loads it came to neither: what each said, then.
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the resumed process neither gave up the rows it held nor sent them:\n\
+             the resumed one:\n{}\nthe other:\n{}",
+            one.log(),
+            two.log()
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(stale_arrivals(&downstream), Vec::new());
     assert!(one.log().contains("lease ran out before its turn"));
 }
