@@ -381,6 +381,7 @@ async fn answer(
         json,
         forward: targets,
         deadline: Instant::now() + state.in_flight_wait,
+        answer_by: deadline.into_std(),
         dedupe_key,
     };
     let answer_by = deadline.into_std();
@@ -458,6 +459,7 @@ async fn batch(
             json: Some(item.json),
             forward,
             deadline: in_flight_deadline,
+            answer_by: deadline.into_std(),
             dedupe_key: source.dedupe_body.then_some(fingerprint),
         });
     }
@@ -562,6 +564,10 @@ fn claim_failed(e: ClaimError) -> Failed {
             };
             Failed::because(error, format_args!("database error: {e}"))
         }
+        ClaimError::TooLate => Failed::because(
+            ApiError::Unavailable,
+            "the claim was ready to commit only after the request timeout, and was rolled back",
+        ),
     }
 }
 
@@ -697,7 +703,25 @@ async fn claim_blocking<T: Send + 'static>(
                 )
             })
         };
+        // A claim that waited past its answer (for a thread, or a connection, behind a
+        // database that stalled) is not made: its delivery was answered 503 already, and
+        // claimed late it stored an event its provider was told was not taken, minutes after,
+        // under the received time it had then (see `inbox::batch`, `still_waited_for`).
+        let too_late = || {
+            (Instant::now() >= answer_by).then(|| {
+                Failed::because(
+                    ApiError::Unavailable,
+                    "the claim's turn came after the request timeout; it was not made",
+                )
+            })
+        };
+        if let Some(late) = too_late() {
+            return Err(late);
+        }
         let mut conn = checkout()?;
+        if let Some(late) = too_late() {
+            return Err(late);
+        }
         let mut outcome = claim(&mut conn);
         // A pooled connection can have died since its last use (the database restarted).
         // Claiming again on a fresh one is safe whatever the dead one managed to commit: a

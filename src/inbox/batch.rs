@@ -195,9 +195,31 @@ enum Queued {
     Unknown,
 }
 
+/// The jobs of `batch` whose delivery still waits for its answer. A delivery answered
+/// already (503 at the request timeout, or its client gone) is not claimed: claimed late, it
+/// stored an event its provider was told was not taken, minutes after, under the received
+/// time it had then (a black-box run: claims queued behind a stalled database connection
+/// committed 9 minutes after their 503s, and an ordered target got them far out of order).
+fn still_waited_for(batch: Vec<Job>) -> Vec<Job> {
+    batch
+        .into_iter()
+        .filter(|job| !job.reply.is_closed())
+        .collect()
+}
+
 /// Claims a batch and answers its jobs; says what it queued for a take.
 fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
-    let mut conn = match pool.get() {
+    let batch = still_waited_for(batch);
+    if batch.is_empty() {
+        return Queued::Nothing;
+    }
+    let conn = pool.get();
+    // Checking a connection out may have waited (on a database that stalled).
+    let batch = still_waited_for(batch);
+    if batch.is_empty() {
+        return Queued::Nothing;
+    }
+    let mut conn = match conn {
         Ok(conn) => conn,
         Err(e) => {
             // Not logged here: each delivery logs its failure, with this cause, where it is

@@ -66,6 +66,12 @@ pub struct Delivery {
     /// When the in-flight wait of this delivery ends: every wait of its claim (for a write
     /// turn, for another transaction's claim, on each try) ends by then, in all.
     pub deadline: std::time::Instant,
+    /// When its request is answered whatever becomes of the claim (`server.request_timeout`).
+    /// A claim in a transaction that is ready to commit only after it is rolled back instead
+    /// ([`ClaimError::TooLate`]): committed, it stored an event its provider was told was not
+    /// taken (a black-box run: minutes later, under the received time it had then, and an
+    /// ordered target got it far out of order).
+    pub answer_by: std::time::Instant,
     /// For a source with `dedupe = "body"`: the key its payload is stored under (the
     /// fingerprint, or what the signature covers where bodies of other bytes verify alike:
     /// [`Provider::signed_payload_key`](crate::providers::Provider::signed_payload_key)),
@@ -134,6 +140,10 @@ pub enum ClaimError {
     /// The database failed (unreachable, connection lost, ...); nothing was committed.
     #[error("database error: {0}")]
     Database(#[from] DieselError),
+    /// The claim's transaction came to its commit after its delivery's answer was due (held
+    /// up by a database that stalled): it was rolled back, not committed.
+    #[error("the claim was ready to commit only after the request timeout; rolled back")]
+    TooLate,
 }
 
 /// Whether `delivery` must be claimed in a transaction of its own: its handler writes, or its
@@ -362,6 +372,9 @@ fn claim_in_transaction(
     events::set_answer(conn, claimed.row, &answer(&response))?;
     if !delivery.forward.is_empty() {
         deliveries::enqueue(conn, claimed.row, &delivery.forward)?;
+    }
+    if std::time::Instant::now() >= delivery.answer_by {
+        return Err(ClaimError::TooLate);
     }
     Ok(Some(Outcome::Claimed(StoredResponse::new(
         response,

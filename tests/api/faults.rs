@@ -372,6 +372,74 @@ async fn a_stalled_connection_under_the_built_in_handler_is_503_in_time_then_rec
 }
 
 #[actix_web::test]
+async fn a_claim_whose_turn_comes_after_its_503_is_not_made_once_the_stall_ends() {
+    if skip_on_sqlite(
+        "a_claim_whose_turn_comes_after_its_503_is_not_made_once_the_stall_ends",
+        "an embedded store has no connection to stall",
+    ) {
+        return;
+    }
+    // Claims queued behind a stalled connection were made whenever it came back (a black-box
+    // run: 9 minutes after their 503s, under their old received times, and an ordered target
+    // got them far out of order). Both claim paths: the batch writer's (the built-in handler)
+    // and a transaction's (a handler that writes).
+    for handlers in [
+        Handlers::default(),
+        Handlers::default().with("stripe", Counting::new(Duration::ZERO)),
+    ] {
+        let db = TestDb::create();
+        let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+        let text = with_server_keys(&config_text(&db.url, ""), "request_timeout = \"2s\"");
+        let config = parse_config(&text.replace(&db.url, &proxied_url));
+        let address = serve_in_process(config, handlers);
+        let parsed = parse_config(&text);
+        let post = |id: &str| {
+            delivery_for(
+                &parsed,
+                "stripe",
+                &stripe_event(id, "charge.succeeded", 1),
+                id,
+                unix_now(),
+            )
+        };
+        let warm = unique_id("evt_warm");
+        assert_eq!(send(&address, &post(&warm)).await.status, 200);
+
+        proxy.stall();
+        // The first takes the connection or the writer, and waits in the stall; those after
+        // it wait their turns behind it.
+        let first = unique_id("evt_first");
+        let waiting: Vec<String> = (0..6).map(|_| unique_id("evt_behind")).collect();
+        let first_delivery = post(&first);
+        let first_sent = send(&address, &first_delivery);
+        let behind_deliveries: Vec<_> = waiting.iter().map(|id| post(id)).collect();
+        let behind = async {
+            actix_web::rt::time::sleep(Duration::from_millis(800)).await;
+            join_all(behind_deliveries.iter().map(|d| send(&address, d))).await
+        };
+        let (first_answer, behind_answers) = tokio::join!(first_sent, behind);
+        assert_eq!(first_answer.status, 503, "{}", first_answer.text());
+        for answer in &behind_answers {
+            assert_eq!(answer.status, 503, "{}", answer.text());
+        }
+        proxy.restore();
+        // A delivery after the stall is claimed behind whatever still waited.
+        let after = unique_id("evt_after");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let answer = send(&address, &post(&after)).await;
+            if answer.status == 200 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}", answer.text());
+        }
+        let stored = |id: &str| db.count(&format!("events WHERE event_id = '{id}'"));
+        let late: Vec<&String> = waiting.iter().filter(|id| stored(id) > 0).collect();
+        assert!(late.is_empty(), "claimed after their 503s: {late:?}");
+    }
+}
+
+#[actix_web::test]
 async fn readyz_answers_503_within_the_request_timeout_while_the_database_stalls() {
     if skip_on_sqlite(
         "readyz_answers_503_within_the_request_timeout_while_the_database_stalls",
