@@ -889,7 +889,7 @@ pub struct UnreadableUrl(String);
 /// Connects once, outside the pool, with an error that says what to check.
 pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
     match &config.store {
-        Store::Postgres(url) => PgConnection::establish(&pg::with_connect_timeout(url))
+        Store::Postgres(url) => PgConnection::establish(&pg::with_session_defaults(url))
             .map(AnyConnection::Postgres)
             .map_err(|e| {
                 let message = crate::redact::message_about(&e.to_string(), url);

@@ -163,3 +163,71 @@ async fn connections_the_pool_cannot_open_are_logged_with_their_cause() {
         "{log}"
     );
 }
+
+#[actix_web::test]
+async fn connections_to_postgresql_probe_a_silent_server_within_seconds() {
+    if skip_on_sqlite(
+        "connections_to_postgresql_probe_a_silent_server_within_seconds",
+        "an embedded store has no connection",
+    ) {
+        return;
+    }
+    // A server that vanished without a word (a failover that black-holed the old address) was
+    // found only by the system's TCP defaults: 2 hours for an idle connection. libpq's
+    // keepalives are now asked of every connection: the first probe after 10 s of silence.
+    let db = TestDb::create();
+    let process = Process::serve(&config_text(&db.url, ""));
+    let port = host_port(&db.url)
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+        .expect("the server's port");
+    let pid = process.child.id();
+    let sockets: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the process's descriptors")
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            link.strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect();
+    // /proc/net/tcp: `sl local rem st tx:rx tr:when retrnsmt uid timeout inode`; `tr` 2 is
+    // the keepalive timer, `when` in clock ticks (USER_HZ, 100 a second) until it fires.
+    let mut timers = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(remote), Some(state), Some(timer), Some(inode)) =
+                (fields.get(2), fields.get(3), fields.get(5), fields.get(9))
+            else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit_once(':')
+                .and_then(|(_, port)| u16::from_str_radix(port, 16).ok());
+            let ours = inode
+                .parse::<u64>()
+                .is_ok_and(|inode| sockets.contains(&inode));
+            if ours && remote_port == Some(port) && *state == "01" {
+                timers.push((*timer).to_owned());
+            }
+        }
+    }
+    // A connection with bytes in flight as it is read shows its retransmission timer (`01`)
+    // instead: it is not idle then.
+    assert!(
+        timers.iter().any(|timer| timer.starts_with("02:")),
+        "no idle connection to PostgreSQL found: {timers:?}"
+    );
+    for timer in &timers {
+        let (kind, when) = timer.split_once(':').expect("tr:when");
+        let ticks = u64::from_str_radix(when, 16).expect("hex ticks");
+        assert!(
+            kind == "01" || (kind == "02" && ticks <= 10 * 100 + 50),
+            "a connection whose keepalive probe is not due within 10 s: {timer} ({timers:?})"
+        );
+    }
+}
