@@ -180,8 +180,8 @@ impl Runner {
                 attempt = due.attempt,
                 "not sent: this delivery's lease ran out before its turn came (the process was \
                  stopped or starved for a while, or, for a paced target, other instances held \
-                 its schedule that long), so another instance may have taken it; it goes back \
-                 to the outbox unless one has"
+                 its schedule, or the database did not answer its booking, that long), so \
+                 another instance may have taken it; it goes back to the outbox unless one has"
             );
             started.poke();
             return untried(&due, Duration::ZERO);

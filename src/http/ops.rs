@@ -71,7 +71,14 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
             {
                 return Err(NotReady::Locked(format!("{e:#}")))
             }
-            Err(e) => return Err(NotReady::Failed(db::Failure::Other, format!("{e:#}"))),
+            // The connection lost as the database restarts is told as unreachable, not as a
+            // store that does not take a write (a black-box run).
+            Err(e) => {
+                let failure = e
+                    .downcast_ref::<diesel::result::Error>()
+                    .map_or(db::Failure::Other, db::Failure::of);
+                return Err(NotReady::Failed(failure, format!("{e:#}")));
+            }
         }
         db::events::takes_writes(&mut conn).map_err(|e| {
             if db::is_lock_timeout(&e) && db::tables_locked(&mut conn) {
