@@ -236,17 +236,18 @@ impl Lane {
         on.last = at;
         if !on.told && at - on.since >= HELD_TOLD_AFTER {
             on.told = true;
+            let lock = crate::db::deliveries::lane_lock_key(&self.source, &self.target.config.name);
             tracing::warn!(
                 source = %self.source,
                 target = %self.target.config.name,
-                lock = crate::db::deliveries::lane_lock_key(&self.source, &self.target.config.name),
+                lock,
                 held_for = %crate::config::Spelt(super::round_to_seconds(at - on.since)),
                 "the ordered target's lane is held by another PostgreSQL session: its events wait \
                  until it lets go. A hookbox instance holds it only inside a take, for \
                  milliseconds; a longer hold is a session that is not hookbox's, or one cut off \
-                 while PostgreSQL was still sending it rows. pg_locks shows the holder: \
-                 SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND \
-                 ((classid::bigint << 32) | objid::bigint) = <lock>. Said again when it ends"
+                 while PostgreSQL was still sending it rows. Its end is said too. This finds \
+                 the holder's pid: SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND \
+                 ((classid::bigint << 32) | objid::bigint) = {lock};"
             );
         }
     }

@@ -946,6 +946,8 @@ async fn an_ordered_target_whose_lane_is_held_elsewhere_for_long_is_said_and_so_
         "{line}"
     );
     assert!(line.contains(&format!("lock={key}")), "{line}");
+    // The query that finds the holder, ready to paste.
+    assert!(line.contains(&format!("objid::bigint) = {key};")), "{line}");
     assert!(
         downstream.received().is_empty(),
         "nothing goes while it is held"
