@@ -196,7 +196,7 @@ enum Queued {
 }
 
 /// The jobs of `batch` whose delivery still waits for its answer. A delivery answered
-/// already (503 at the request timeout, or its client gone) is not claimed: claimed late, it
+/// already (503 at the request timeout) is not claimed: claimed late, it
 /// stored an event its provider was told was not taken, minutes after, under the received
 /// time it had then (a black-box run: claims queued behind a stalled database connection
 /// committed 9 minutes after their 503s, and an ordered target got them far out of order).
