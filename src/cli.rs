@@ -770,11 +770,18 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
                 );
             }
             if crate::db::Failure::of(&e) == crate::db::Failure::Unreachable {
+                // hookbox's sentence first: libpq's text for a lost connection runs over
+                // three lines, and what to do came after them (a black-box run).
                 return anyhow::anyhow!(
-                    "{e}: the connection to the database {} was lost part way (a restart, a \
+                    "the connection to the database {} was lost part way (a restart, a \
                      failover, a network that dropped it); what was removed before stays \
-                     removed; run purge again once the database answers",
-                    config.database.display_url()
+                     removed; run purge again once the database answers (the database's \
+                     client said: {})",
+                    config.database.display_url(),
+                    e.to_string()
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 );
             }
             if crate::db::Failure::of(&e) == crate::db::Failure::Permission {

@@ -187,14 +187,21 @@ pub struct Reconnect {
 }
 
 impl Reconnect {
-    /// `Err` with the last failure and the time left while the wait runs.
+    /// `Err` with the last failure and when the next connect is made, while the wait runs.
+    /// The time is said as a time of day (UTC), not as a wait: the error is kept as the
+    /// delivery's `last_error` and read later, when "in 800 ms" no longer means anything.
     pub fn check(&self) -> Result<(), String> {
         match self.not_before {
-            Some(at) if Instant::now() < at => Err(format!(
-                "{}; connecting again in {} ms",
-                self.last_error,
-                at.saturating_duration_since(Instant::now()).as_millis()
-            )),
+            Some(at) if Instant::now() < at => {
+                let left = at.saturating_duration_since(Instant::now());
+                let next =
+                    chrono::Utc::now() + chrono::Duration::from_std(left).unwrap_or_default();
+                Err(format!(
+                    "{}; the next connect is made at {}",
+                    self.last_error,
+                    next.format("%H:%M:%S%.3f UTC")
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -235,7 +242,11 @@ mod tests {
         assert!(reconnect.check().is_ok());
         reconnect.failed("refused".to_owned());
         let error = reconnect.check().expect_err("waits after a failure");
-        assert!(error.starts_with("refused; connecting again in"), "{error}");
+        assert!(
+            error.starts_with("refused; the next connect is made at "),
+            "{error}"
+        );
+        assert!(error.ends_with(" UTC"), "{error}");
         for _ in 0..10 {
             reconnect.failed("refused".to_owned());
         }

@@ -262,6 +262,7 @@ async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &
     let elapsed = started.elapsed();
     let result = match &outcome {
         Settle::Delivered { status } => {
+            lane.attempt_delivered();
             tracing::info!(
                 status,
                 duration_ms = elapsed.as_millis() as u64,
@@ -270,6 +271,7 @@ async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &
             ForwardResult::Delivered
         }
         Settle::Retry { error, after, .. } => {
+            lane.attempt_failed(error);
             tracing::warn!(
                 error = %error,
                 retry_in_ms = after.as_millis() as u64,

@@ -44,6 +44,18 @@ const HELD_TOLD_AFTER: Duration = Duration::from_secs(5);
 /// asked for in between (nothing was due).
 const HELD_GAP: Duration = Duration::from_secs(2);
 
+/// How long every attempt of a lane must have failed, none delivered in between, before it is
+/// said (once per run of failures, at WARN). Shorter runs (a redeploy, a blip) pass in
+/// silence beyond each attempt's own line.
+const FAILING_TOLD_AFTER: Duration = Duration::from_secs(5);
+
+/// A lane's attempts failing in a row since `since`, none delivered in between.
+struct Failing {
+    since: Instant,
+    attempts: u64,
+    told: bool,
+}
+
 /// An ordered lane's lock found held by another session at each take since `since`.
 struct Held {
     since: Instant,
@@ -91,6 +103,9 @@ pub struct Lane {
     /// An ordered lane whose lock another database session holds, take after take: said once
     /// it has lasted [`HELD_TOLD_AFTER`], and again when it ends.
     held: Mutex<Option<Held>>,
+    /// Attempts failing in a row: a target down is said once, after [`FAILING_TOLD_AFTER`],
+    /// and its return too, beside each attempt's own line.
+    failing: Mutex<Option<Failing>>,
 }
 
 impl Lane {
@@ -112,6 +127,7 @@ impl Lane {
             settles: Mutex::new(VecDeque::new()),
             born: Instant::now(),
             held: Mutex::new(None),
+            failing: Mutex::new(None),
         }
     }
 
@@ -248,6 +264,51 @@ impl Lane {
                  while PostgreSQL was still sending it rows. Its end is said too. This finds \
                  the holder's pid: SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND \
                  ((classid::bigint << 32) | objid::bigint) = {lock};"
+            );
+        }
+    }
+
+    /// An attempt of this lane failed with `error` and is to be retried. Each failed attempt
+    /// has its own WARN; during an outage those come by the hundred, and none says the target
+    /// itself is down, nor when it is back. So a run of failures that has lasted
+    /// [`FAILING_TOLD_AFTER`] with no delivery in between is said once, and its end (the next
+    /// delivery) once told.
+    pub fn attempt_failed(&self, error: &str) {
+        let at = Instant::now();
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        let run = failing.get_or_insert(Failing {
+            since: at,
+            attempts: 0,
+            told: false,
+        });
+        run.attempts += 1;
+        if !run.told && at - run.since >= FAILING_TOLD_AFTER {
+            run.told = true;
+            tracing::warn!(
+                source = %self.source,
+                target = %self.target.config.name,
+                failing_for = %crate::config::Spelt(super::round_to_seconds(at - run.since)),
+                failed_attempts = run.attempts,
+                "forward target down: every attempt has failed for {} ({} attempts), the \
+                 latest with: {error}. Its deliveries wait in the outbox and are retried with \
+                 backoff (dead-lettered after max_attempts); a line says when it delivers again",
+                crate::config::Spelt(super::round_to_seconds(at - run.since)),
+                run.attempts
+            );
+        }
+    }
+
+    /// An attempt of this lane was delivered: a run of failures that was said ends.
+    pub fn attempt_delivered(&self) {
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(run) = failing.take().filter(|run| run.told) {
+            tracing::info!(
+                source = %self.source,
+                target = %self.target.config.name,
+                failed_for = %crate::config::Spelt(super::round_to_seconds(run.since.elapsed())),
+                failed_attempts = run.attempts,
+                "forward target delivers again, after {} failed attempts",
+                run.attempts
             );
         }
     }

@@ -100,6 +100,11 @@ pub enum ApiError {
     /// 503 `unavailable`, with `Retry-After`: the database answered, but failed the statement.
     #[error("{}", database_failure(*.0))]
     Database(Failure),
+    /// 503 `unavailable`, with `Retry-After`: an admin or console request's database work
+    /// failed, or the database was unreachable. Its sentence says nothing of storing (it read,
+    /// or asked for a change, not for an event to be stored).
+    #[error("{}", admin_failure(*.0))]
+    AdminDatabase(Failure),
     /// 503 `unavailable`, with `Retry-After`: an admin or console request waited past the
     /// lock wait for another writer (SQLite's write lock held by another process, a table
     /// another PostgreSQL session locked).
@@ -175,6 +180,22 @@ fn database_failure(failure: Failure) -> &'static str {
     }
 }
 
+/// [`database_failure`] for an admin or console request: what happened, and what to do.
+fn admin_failure(failure: Failure) -> &'static str {
+    match failure {
+        Failure::Unreachable => "the database is unreachable; retry later",
+        Failure::Permission => "the database refused hookbox a permission it needs; retry later",
+        Failure::Refused => "the database refused a value of this request; retry later",
+        Failure::Full => "the database's disk is full; retry later, once space is freed",
+        Failure::Io => {
+            "the database could not read or write its file (an I/O error: a file-size limit or a failing disk); retry later"
+        }
+        Failure::Other => {
+            "the database failed the request or is not set up (migrations pending); retry later"
+        }
+    }
+}
+
 /// The error code an answer carries, kept in the response's extensions so what observes the
 /// answers (the console's per-minute counts) can tell refusals apart without parsing the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,6 +232,7 @@ impl ApiError {
             | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
+            | ApiError::AdminDatabase(_)
             | ApiError::Busy
             | ApiError::NotReady(_) => "unavailable",
             ApiError::Unauthorized => "unauthorized",
@@ -237,6 +259,7 @@ impl ApiError {
             | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
+            | ApiError::AdminDatabase(_)
             | ApiError::Busy
             | ApiError::NotReady(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
             ApiError::ProviderStatus { error, .. } => error.retry_after(),
@@ -280,6 +303,7 @@ impl ResponseError for ApiError {
             | ApiError::NoAnswer
             | ApiError::NotFetched(_)
             | ApiError::Database(_)
+            | ApiError::AdminDatabase(_)
             | ApiError::Busy
             | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ProviderStatus { status, .. } => *status,

@@ -63,16 +63,18 @@ pub(crate) async fn with_db<T: Send + 'static>(
         );
         ApiError::NoAnswer
     })?;
-    worked.map_err(|_| ApiError::Unavailable)?.map_err(|e| {
-        tracing::warn!(error = %e, "{what} failed");
-        match &e {
-            db::DbError::Unavailable(_) => ApiError::Unavailable,
-            // Another writer held the lock past the wait: SQLite's write lock (another
-            // process writing), or a table another PostgreSQL session locked.
-            db::DbError::Query(query) if db::is_lock_timeout(query) => ApiError::Busy,
-            db::DbError::Query(query) => ApiError::Database(db::Failure::of(query)),
-        }
-    })
+    worked
+        .map_err(|_| ApiError::AdminDatabase(db::Failure::Unreachable))?
+        .map_err(|e| {
+            tracing::warn!(error = %e, "{what} failed");
+            match &e {
+                db::DbError::Unavailable(_) => ApiError::AdminDatabase(db::Failure::Unreachable),
+                // Another writer held the lock past the wait: SQLite's write lock (another
+                // process writing), or a table another PostgreSQL session locked.
+                db::DbError::Query(query) if db::is_lock_timeout(query) => ApiError::Busy,
+                db::DbError::Query(query) => ApiError::AdminDatabase(db::Failure::of(query)),
+            }
+        })
 }
 
 /// How long a request's body may take to arrive (`[server].request_timeout`), for an

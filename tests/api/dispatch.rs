@@ -1034,3 +1034,57 @@ async fn an_ordered_target_held_by_a_stopped_take_elsewhere_holds_up_only_itself
     let sent: Vec<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
     assert_eq!(ledger, sent, "in received order, once each");
 }
+
+#[actix_web::test]
+async fn a_target_down_for_a_while_is_said_once_and_so_is_its_return() {
+    // During an outage each failed attempt had its own WARN, by the hundred at concurrency 64,
+    // and no line said the target itself was down or back (a black-box run).
+    let downstream = Downstream::start(crate::downstream::always(503));
+    let db = TestDb::create();
+    let text = config_text(&db.url, &target("ledger", &downstream.url, ""));
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    send_all(&process.address, &config, &ids(4), 4).await;
+    // Retried after about 1, 2, 4 and 8 s: the fifth attempt of each is 7.5 s in at least.
+    poll_until(
+        "the process says the target is down",
+        Duration::from_secs(30),
+        || process.log().contains("forward target down"),
+    )
+    .await;
+    let log = process.log();
+    let down: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("forward target down"))
+        .collect();
+    assert_eq!(down.len(), 1, "said once per outage: {down:?}");
+    assert!(down[0].contains("WARN"), "{}", down[0]);
+    assert!(
+        down[0].contains("target=ledger") || down[0].contains("target=\"ledger\""),
+        "{}",
+        down[0]
+    );
+    assert!(down[0].contains("503"), "the latest error: {}", down[0]);
+    assert!(
+        log.matches("forward attempt failed").count() > 4,
+        "each attempt still has its own line"
+    );
+    downstream.behave(|_, _| (200, Duration::ZERO));
+    let fresh = ids(1);
+    send_all(&process.address, &config, &fresh, 1).await;
+    poll_until(
+        "a fresh event is delivered",
+        Duration::from_secs(10),
+        || all_delivered(&downstream, &fresh, None),
+    )
+    .await;
+    until_logged(&process, "forward target delivers again").await;
+    let log = process.log();
+    let back = log
+        .lines()
+        .find(|l| l.contains("forward target delivers again"))
+        .expect("the line");
+    assert!(back.contains("INFO"), "{back}");
+    assert!(back.contains("failed attempts"), "{back}");
+    assert_eq!(log.matches("forward target down").count(), 1);
+}

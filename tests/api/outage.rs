@@ -43,6 +43,20 @@ async fn while_the_database_is_unreachable_deliveries_get_503_and_the_server_rec
             .header("Retry-After")
             .is_some_and(|v| v.parse::<u64>().is_ok()));
     }
+    // An admin read is refused as unavailable too; its sentence says what is wrong, and not
+    // that "nothing was stored" (it asked to store nothing; a black-box run).
+    let admin = app.get("/admin/events", Some(ADMIN_TOKEN)).await;
+    assert_eq!(
+        (admin.status, admin.error().as_str()),
+        (503, "unavailable"),
+        "{}",
+        admin.text()
+    );
+    assert!(
+        admin.message().contains("unreachable") && !admin.message().contains("stored"),
+        "{}",
+        admin.text()
+    );
     let ready = app.get("/readyz", None).await;
     assert_eq!(ready.status, 503);
     assert_eq!(

@@ -828,6 +828,21 @@ fn a_purge_whose_connection_is_lost_part_way_says_so_and_to_run_it_again() {
                 && stderr.contains("run purge again once the database answers"),
             "{stderr}"
         );
+        // hookbox's sentence first and on one line: libpq's own text ran over three lines
+        // before it, the last two indented with tabs.
+        let said = stderr
+            .lines()
+            .find(|l| l.contains("was lost part way"))
+            .expect("the line");
+        assert!(said.contains("run purge again"), "{stderr}");
+        assert!(
+            !stderr.lines().any(|l| l.starts_with('\t')),
+            "no line of libpq's own: {stderr}"
+        );
+        assert!(
+            stderr.find("was lost part way") < stderr.find("the database's client said"),
+            "{stderr}"
+        );
     });
 }
 
