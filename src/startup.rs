@@ -214,7 +214,8 @@ impl Application {
                 self.forward.stop();
                 tracing::info!(signal, "shutting down: no new connections, letting in-flight deliveries finish");
                 // The server future carries out the stop, so it is polled alongside it. A
-                // request that holds it (a client still sending its body) is said, every
+                // request that holds it (a client still sending its body, a claim waiting for
+                // a database that does not answer) is said, every
                 // STOP_NOTE, rather than the stop going quiet for up to STOP_WAIT.
                 let began = tokio::time::Instant::now();
                 let drained = async { tokio::join!(handle.stop(true), &mut server).1 };
@@ -224,7 +225,8 @@ impl Application {
                         result = &mut drained => break result,
                         () = tokio::time::sleep(STOP_NOTE) => tracing::info!(
                             "still letting requests in flight finish, {} s into the stop (up \
-                             to {} s: a client still sending its body holds the stop that long)",
+                             to {} s: a request still receiving its body, or waiting for the \
+                             database, holds the stop that long)",
                             began.elapsed().as_secs(),
                             STOP_WAIT.as_secs()
                         ),

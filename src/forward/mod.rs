@@ -48,6 +48,11 @@ const SETTLE_PATIENCE: Duration = Duration::from_secs(5);
 /// While the outbox cannot be read, at most one WARN about it per this long.
 const OUTAGE_WARN_EVERY: Duration = Duration::from_secs(60);
 
+/// A read of the outbox that has waited this long for the database is said (at WARN), and its
+/// end (at INFO): a database that stalls without an error (frozen, black-holed) otherwise held
+/// forwarding up in silence. Longer than [`TURN_WAIT`], after which a take on SQLite gives up.
+const TAKE_TOLD_AFTER: Duration = Duration::from_secs(10);
+
 /// One of a source's downstreams, ready to send to.
 pub struct Target {
     /// `[sources.NAME.forward]`, or one of `[[sources.NAME.forward]]`.
@@ -385,8 +390,26 @@ impl Outbox {
             in_turn(&pool, |conn| {
                 deliveries::take_due_and_held(conn, &wants, holder)
             })
-        })
-        .await;
+        });
+        tokio::pin!(due);
+        let began = Instant::now();
+        let due = match tokio::time::timeout(TAKE_TOLD_AFTER, &mut due).await {
+            Ok(due) => due,
+            Err(_) => {
+                tracing::warn!(
+                    "reading the outbox has waited {} for the database, which does not answer \
+                     (frozen, overloaded, or cut off without an error); nothing is forwarded \
+                     meanwhile, and its end is said",
+                    crate::config::Spelt(TAKE_TOLD_AFTER)
+                );
+                let due = due.await;
+                tracing::info!(
+                    waited = %crate::config::Spelt(round_to_seconds(began.elapsed())),
+                    "the database answered the outbox's read; forwarding goes on"
+                );
+                due
+            }
+        };
         let failure = match due {
             Ok(Ok(due)) => {
                 let ended = self.outage().ended(Instant::now());

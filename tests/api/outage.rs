@@ -149,3 +149,47 @@ async fn an_outbox_that_cannot_be_read_is_warned_about_once_and_its_end_is_logge
         .unwrap_or_else(|| panic!("the end says how many tries failed: {ended}"));
     assert!(failed >= 3, "{ended}");
 }
+
+/// A database that stalls without an error (frozen, black-holed) held the dispatcher's read of
+/// the outbox, and with it all forwarding, with nothing in its log (a black-box run: only the
+/// requests' 503s and `/readyz` said anything). The wait is said once it has lasted 10 s, and
+/// its end.
+#[actix_web::test]
+async fn an_outbox_read_the_database_does_not_answer_is_said_and_so_is_its_end() {
+    if skip_on_sqlite(
+        "an_outbox_read_the_database_does_not_answer_is_said_and_so_is_its_end",
+        "an embedded store has no connection to stall",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+    let config = config_text(
+        &proxied_url,
+        &crate::forward::forward_extra("http://127.0.0.1:1/hook", "2s", 3),
+    );
+    let server = Process::serve(&config);
+    proxy.stall();
+    crate::forward::poll_until("the stalled read is said", Duration::from_secs(30), || {
+        server.log().contains("reading the outbox has waited 10s")
+    })
+    .await;
+    proxy.restore();
+    crate::forward::poll_until("its end is said", Duration::from_secs(30), || {
+        server
+            .log()
+            .contains("the database answered the outbox's read")
+    })
+    .await;
+    let log = server.log();
+    let said = log
+        .lines()
+        .find(|line| line.contains("reading the outbox has waited"))
+        .expect("found above");
+    assert!(said.contains(" WARN"), "{said}");
+    assert_eq!(
+        log.matches("reading the outbox has waited").count(),
+        1,
+        "once per stall:\n{log}"
+    );
+}
