@@ -93,6 +93,18 @@ async fn while_the_database_is_unreachable_deliveries_get_503_and_the_server_rec
     assert_eq!(again.body, stored.body);
 }
 
+/// A database behind a proxy, and the config of a source that forwards to a target nobody
+/// listens on: nothing is queued, so only the dispatcher's takes touch the outbox.
+fn forwarding_behind_a_proxy() -> (TestDb, Proxy, String) {
+    let db = TestDb::create();
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+    let config = config_text(
+        &proxied_url,
+        &crate::forward::forward_extra("http://127.0.0.1:1/hook", "2s", 3),
+    );
+    (db, proxy, config)
+}
+
 /// The dispatcher retries its take at every look (at least every 250 ms); an outage of the
 /// database is one WARN, not four lines a second, and its end is said once.
 #[actix_web::test]
@@ -103,13 +115,7 @@ async fn an_outbox_that_cannot_be_read_is_warned_about_once_and_its_end_is_logge
     ) {
         return;
     }
-    let db = TestDb::create();
-    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
-    // A target nobody listens on: nothing is queued, so only the takes touch the outbox.
-    let config = config_text(
-        &proxied_url,
-        &crate::forward::forward_extra("http://127.0.0.1:1/hook", "2s", 3),
-    );
+    let (_db, proxy, config) = forwarding_behind_a_proxy();
     let server = Process::serve_with_env(&config, &[("RUST_LOG", "info,hookbox=debug")]);
     let lines = |level: &str, text: &str| {
         server
@@ -162,12 +168,7 @@ async fn an_outbox_read_the_database_does_not_answer_is_said_and_so_is_its_end()
     ) {
         return;
     }
-    let db = TestDb::create();
-    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
-    let config = config_text(
-        &proxied_url,
-        &crate::forward::forward_extra("http://127.0.0.1:1/hook", "2s", 3),
-    );
+    let (_db, proxy, config) = forwarding_behind_a_proxy();
     let server = Process::serve(&config);
     proxy.stall();
     crate::forward::poll_until("the stalled read is said", Duration::from_secs(30), || {
