@@ -34,7 +34,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
 use super::bus;
-use super::transport::{hookbox_headers, idempotency_key, Handoff, Transport};
+use super::transport::{hookbox_headers, idempotency_key, Handoff, Step, Transport};
 use crate::db::deliveries::Due;
 use crate::routing::{self, Template};
 
@@ -73,7 +73,8 @@ impl Amqp {
     /// A confirm-mode channel for one publish: an idle one, or a new one (opening the
     /// connection first if it is closed). Given back with [`Amqp::give_back`] once its
     /// confirm is in.
-    async fn channel(&self) -> Result<Channel, String> {
+    async fn channel(&self, step: &Step) -> Result<Channel, String> {
+        step.at("waiting for another attempt's connect to RabbitMQ");
         let mut link = self.link.lock().await;
         while let Some(channel) = link.idle.pop() {
             if channel.status().connected() {
@@ -87,6 +88,7 @@ impl Amqp {
         {
             link.connection = None;
             link.reconnect.check()?;
+            step.at("connecting to RabbitMQ");
             match self.connect("hookbox").await {
                 Ok(connection) => {
                     link.connection = Some(connection);
@@ -99,10 +101,12 @@ impl Amqp {
             }
         }
         let connection = link.connection.as_ref().expect("opened just above");
+        step.at("opening a channel");
         let channel = connection
             .create_channel()
             .await
             .map_err(|e| format!("cannot open a channel: {e}"))?;
+        step.at("putting the channel in confirm mode");
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
@@ -235,7 +239,7 @@ impl Amqp {
 
     /// One attempt: publish the event and wait for the broker's confirm. The dispatcher
     /// bounds it by the target's timeout.
-    async fn publish(&self, due: &Due) -> Handoff {
+    async fn publish(&self, due: &Due, step: &Step) -> Handoff {
         let names = bus::names(due);
         let exchange = self.exchange.render(names);
         let routing_key = self.routing_key.render(names);
@@ -246,8 +250,9 @@ impl Amqp {
             format!("exchange {exchange:?}")
         };
         let attempt = async {
-            let mut lent = Lent(Some(self.channel().await?));
+            let mut lent = Lent(Some(self.channel(step).await?));
             let channel = lent.0.as_ref().expect("lent just above");
+            step.at("publishing");
             let confirm = channel
                 .basic_publish(
                     ShortString::from(exchange.clone()),
@@ -262,9 +267,12 @@ impl Amqp {
                 .await
                 .map_err(|e| format!("the publish failed: {e}"));
             let confirmed = match confirm {
-                Ok(confirm) => confirm
-                    .await
-                    .map_err(|e| format!("no confirm from the broker: {e}")),
+                Ok(confirm) => {
+                    step.at("waiting for the broker's confirm");
+                    confirm
+                        .await
+                        .map_err(|e| format!("no confirm from the broker: {e}"))
+                }
                 Err(e) => Err(e),
             };
             // Only once its one publish is confirmed: an attempt that times out before drops
@@ -473,8 +481,8 @@ impl Drop for Lent {
 
 /// Shared by the target and every dispatcher thread's lane: one connection and channel.
 impl Transport for Arc<Amqp> {
-    fn hand_off<'a>(&'a self, due: &'a Due) -> LocalBoxFuture<'a, Handoff> {
-        Box::pin(self.publish(due))
+    fn hand_off<'a>(&'a self, due: &'a Due, step: &'a Step) -> LocalBoxFuture<'a, Handoff> {
+        Box::pin(self.publish(due, step))
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::lane::Lane;
-use super::transport::{Handoff, Transport, Transports};
+use super::transport::{Handoff, Step, Transport, Transports};
 use super::{Outbox, Wake};
 use crate::db::deliveries::{Due, Settle, Settled};
 use crate::ids::ClientText;
@@ -237,13 +237,18 @@ async fn within<F: std::future::Future>(timeout: Duration, handoff: F) -> Option
 async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &Due) -> Settle {
     let config = &lane.target.config;
     let started = std::time::Instant::now();
-    let handoff = match within(config.timeout, transport.hand_off(due)).await {
+    let step = Step::default();
+    let handoff = match within(config.timeout, transport.hand_off(due, &step)).await {
         Some(handoff) => handoff,
         None => Handoff::Failed {
             status: None,
             error: format!(
-                "no answer within {}{}",
+                "no answer within {}{}{}",
                 crate::config::Spelt(config.timeout),
+                match step.now() {
+                    "" => String::new(),
+                    doing => format!(" (the attempt was {doing})"),
+                },
                 transport
                     .trouble()
                     .map_or(String::new(), |trouble| format!("; {trouble}"))

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use actix_web::http::header::HeaderValue;
 use futures_util::future::LocalBoxFuture;
 
-use super::transport::{hookbox_headers, idempotency_key, Handoff, Transport};
+use super::transport::{hookbox_headers, idempotency_key, Handoff, Step, Transport};
 use super::{Link, Target};
 use crate::db::deliveries::Due;
 use crate::providers::Provider;
@@ -82,7 +82,8 @@ impl Http {
 }
 
 impl Transport for Http {
-    fn hand_off<'a>(&'a self, due: &'a Due) -> LocalBoxFuture<'a, Handoff> {
+    // awc's one future connects, sends and reads the answer's head: no step of its own.
+    fn hand_off<'a>(&'a self, due: &'a Due, _: &'a Step) -> LocalBoxFuture<'a, Handoff> {
         Box::pin(self.post(due))
     }
 }

@@ -25,7 +25,7 @@ use futures_util::StreamExt;
 use tokio::sync::OnceCell;
 
 use super::bus;
-use super::transport::{hookbox_headers, idempotency_key, Handoff, Transport};
+use super::transport::{hookbox_headers, idempotency_key, Handoff, Step, Transport};
 use crate::db::deliveries::Due;
 use crate::routing::{self, Template};
 use crate::secret::Secret;
@@ -194,7 +194,7 @@ impl Nats {
     /// One attempt: publish the event and wait for the stream's acknowledgement. The
     /// dispatcher bounds it by the target's timeout, as the JetStream context bounds the wait
     /// for the acknowledgement.
-    async fn publish(&self, due: &Due) -> Handoff {
+    async fn publish(&self, due: &Due, step: &Step) -> Handoff {
         let subject = self.subject.render(bus::names(due));
         let mut headers = HeaderMap::new();
         let values = [
@@ -219,13 +219,16 @@ impl Nats {
             }
         }
         let published = async {
+            step.at("waiting for the connection to the NATS server");
             let jetstream = self.jetstream().await.map_err(Failure::Retry)?;
             self.connected(&jetstream.client()).await?;
             let ack = async {
-                jetstream
+                step.at("publishing");
+                let ack = jetstream
                     .publish_with_headers(subject.clone(), headers, due.payload.clone().into())
-                    .await?
-                    .await
+                    .await?;
+                step.at("waiting for the stream's acknowledgement");
+                ack.await
             }
             .await;
             let ack = match ack {
@@ -241,7 +244,10 @@ impl Nats {
                 Err(e) => return Err(Failure::from_publish(e.kind(), e.to_string())),
             };
             let other = match ack.duplicate {
-                true => another_targets_copy(jetstream, &ack, due, &subject).await,
+                true => {
+                    step.at("looking up the stream's copy of a duplicate");
+                    another_targets_copy(jetstream, &ack, due, &subject).await
+                }
                 false => None,
             };
             Ok((ack, other))
@@ -447,8 +453,8 @@ const CONNECTED_EVERY: Duration = Duration::from_millis(5);
 
 /// Shared by the target and every dispatcher thread's lane: one connection.
 impl Transport for Arc<Nats> {
-    fn hand_off<'a>(&'a self, due: &'a Due) -> LocalBoxFuture<'a, Handoff> {
-        Box::pin(self.publish(due))
+    fn hand_off<'a>(&'a self, due: &'a Due, step: &'a Step) -> LocalBoxFuture<'a, Handoff> {
+        Box::pin(self.publish(due, step))
     }
 
     fn trouble(&self) -> Option<String> {

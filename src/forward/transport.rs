@@ -7,6 +7,7 @@
 //! that went: HTTP (`http.rs`), NATS JetStream (`nats.rs`) or RabbitMQ (`amqp.rs`), picked in
 //! [`Transports::for_target`].
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +52,25 @@ pub enum Handoff {
     },
 }
 
+/// Where an attempt is, for the error of one that runs out of time: a bus attempt has steps
+/// of its own (a connection to make, a channel to open, an acknowledgement to wait for), and
+/// `no answer within 1s` alone did not say which never ended (a black-box run). The
+/// dispatcher owns it, so it outlives the attempt's future, which a timeout drops.
+#[derive(Debug, Default)]
+pub struct Step(Cell<&'static str>);
+
+impl Step {
+    /// The attempt is now `doing` this (`"waiting for the broker's confirm"`).
+    pub fn at(&self, doing: &'static str) {
+        self.0.set(doing);
+    }
+
+    /// What the attempt was doing last; empty if its transport says nothing of its steps.
+    pub fn now(&self) -> &'static str {
+        self.0.get()
+    }
+}
+
 /// Hands a taken delivery to its target.
 ///
 /// A transport lives on the dispatcher's thread (the futures need not be `Send`), is built
@@ -58,8 +78,9 @@ pub enum Handoff {
 /// `concurrency`. The dispatcher bounds each call by the target's `timeout` (a call still
 /// running then is dropped and retried), so a transport need not time itself out.
 pub trait Transport {
-    /// Hands `due` over once and says how it went. Never panics on what the target answers.
-    fn hand_off<'a>(&'a self, due: &'a Due) -> LocalBoxFuture<'a, Handoff>;
+    /// Hands `due` over once and says how it went, saying in `step` where it is as it goes.
+    /// Never panics on what the target answers.
+    fn hand_off<'a>(&'a self, due: &'a Due, step: &'a Step) -> LocalBoxFuture<'a, Handoff>;
 
     /// What is wrong with the transport's connection now, if it knows: said with an attempt
     /// that ran out of time, whose timeout alone cannot tell why.

@@ -1667,3 +1667,39 @@ async fn a_rabbitmq_link_cut_is_told_by_hookbox_not_by_the_clients_error_lines()
         "no ERROR line for a link cut:\n{log}"
     );
 }
+
+#[actix_web::test]
+async fn an_attempt_that_runs_out_of_time_says_which_step_it_was_at() {
+    // A bus attempt that ran out of time said only `no answer within 2s`: not whether the
+    // connection, the publish or the acknowledgement never came (bb110 LOW-2).
+    // (NATS's own acknowledgement wait ends within the timeout, and says so.)
+    let proxy = Proxy::start("127.0.0.1:5672".to_owned());
+    let rabbit = Rabbit::create(true).await;
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port);
+    let app = TestApp::spawn_with(
+        &amqp_target_at("rabbit", &url, &rabbit.exchange, 30),
+        Handlers::default(),
+    )
+    .await;
+    send_events(&app.config, &app.address, 1).await;
+    until_delivered(&app.db, "rabbit", 1, Duration::from_secs(30)).await;
+    // The connection stays open, and what is sent on it is held: the publish goes out, its
+    // confirm never comes back.
+    proxy.stall();
+    let events = send_events(&app.config, &app.address, 1).await;
+    let path = format!("/admin/events/stripe/{}/deliveries", events[0].0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let error = loop {
+        let shown = app.get(&path, Some(ADMIN_TOKEN)).await.json()["deliveries"].clone();
+        if let Some(error) = shown[0]["last_error"].as_str() {
+            break error.to_owned();
+        }
+        assert!(Instant::now() < deadline, "never tried: {shown}");
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    };
+    proxy.restore();
+    assert!(
+        error.contains("no answer within 2s (the attempt was waiting for the broker's confirm)"),
+        "{error}"
+    );
+}
