@@ -111,6 +111,11 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
                 .to_owned(),
         ));
     }
+    if let Some(why) = verifier.unsignable(&options.body) {
+        return Err(SendError::Usage(format!(
+            "{why}; nothing was sent (add the field to the body)"
+        )));
+    }
     let event_id = options.event_id.clone().unwrap_or_else(generated_id);
     let (identity, signed) = signed_now(
         verifier,

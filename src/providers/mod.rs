@@ -349,6 +349,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
         0
     }
 
+    /// Built to sign: why `body` cannot be signed as the provider would sign it (it lacks a
+    /// field the provider's signature covers), for `send` and `replay` to refuse it rather
+    /// than send it unsigned; `None` when it can be (most schemes sign any bytes).
+    fn unsignable(&self, _body: &[u8]) -> Option<String> {
+        None
+    }
+
     /// Built to sign from a config's source: why the receiver with that config would refuse
     /// every delivery signed so (a `--cert-url` its `cert_urls` do not admit), for `send` and
     /// `replay` to refuse before sending; `None` when there is nothing against it.

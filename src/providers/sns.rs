@@ -280,6 +280,47 @@ impl Provider for Sns {
         self.signer.as_ref()?.not_admitted_by(&self.allowlist)
     }
 
+    /// A body [`sign_delivery`](Provider::sign_delivery) would send without a `Signature`: not
+    /// a JSON object, a `Type` SNS does not send, or a field its kind signs missing or not a
+    /// string (`Timestamp` aside: signing sets it). A black-box run's `send` posted such a
+    /// body unsigned and exited 0.
+    fn unsignable(&self, body: &[u8]) -> Option<String> {
+        self.signer.as_ref()?;
+        let Ok(Value::Object(message)) = serde_json::from_slice::<Value>(body) else {
+            return Some(
+                "an SNS message is a JSON object (with Type, MessageId, TopicArn, Message, ...), \
+                 and this body is not one"
+                    .to_owned(),
+            );
+        };
+        let Some(kind) = field(&message, "Type").ok().flatten().and_then(Kind::of) else {
+            return Some(
+                "the SNS message's Type is missing or not one SNS sends (Notification, \
+                 SubscriptionConfirmation or UnsubscribeConfirmation)"
+                    .to_owned(),
+            );
+        };
+        let wrong: Vec<&str> = kind
+            .signed_fields()
+            .iter()
+            .copied()
+            .filter(|name| *name != "Timestamp")
+            .filter(|name| match field(&message, name) {
+                Ok(Some(_)) => false,
+                Ok(None) => *name != "Subject",
+                Err(()) => true,
+            })
+            .collect();
+        (!wrong.is_empty()).then(|| {
+            format!(
+                "the SNS message lacks {} as a string: a {kind:?}'s signature covers {} (each a \
+                 string; Subject only when there is one, and Timestamp, which signing sets)",
+                wrong.join(", "),
+                kind.signed_fields().join(", ")
+            )
+        })
+    }
+
     fn scheme(&self) -> &'static str {
         "sns"
     }

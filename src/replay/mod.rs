@@ -573,16 +573,21 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
                         .map(|(name, value)| (name.clone(), value.clone()))
                         .collect();
                     match signer.for_capture(&line.source, &captured, &line.body, &line.event_id) {
-                        Ok(verifier) => Headers::Sign {
-                            verifier,
-                            identity: Identity {
-                                event_id: Some(line.event_id),
-                                event_type: line.event_type,
-                            },
-                            content_type: ContentType::Captured(
-                                line.headers.get("content-type").cloned(),
-                            ),
-                        },
+                        Ok(verifier) => {
+                            if let Some(why) = verifier.unsignable(&line.body) {
+                                return Job::Fail(origin, "cannot_sign", why);
+                            }
+                            Headers::Sign {
+                                verifier,
+                                identity: Identity {
+                                    event_id: Some(line.event_id),
+                                    event_type: line.event_type,
+                                },
+                                content_type: ContentType::Captured(
+                                    line.headers.get("content-type").cloned(),
+                                ),
+                            }
+                        }
                         Err((code, message)) => return Job::Fail(origin, code, message),
                     }
                 }
@@ -608,6 +613,9 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
                 Ok(verifier) => verifier,
                 Err((code, message)) => return Job::Fail(origin, code, message),
             };
+            if let Some(why) = verifier.unsignable(&body) {
+                return Job::Fail(origin, "cannot_sign", why);
+            }
             // A body file carries no id header; one derived from its bytes makes a second
             // replay of the same file a redelivery of the same event, as it should be.
             let file_id = format!("file_{}", &hex::encode(Sha256::digest(&body))[..24]);

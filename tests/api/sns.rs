@@ -669,6 +669,83 @@ async fn send_and_replay_sign_as_sns_with_key_and_cert_url_and_name_a_missing_fl
     assert_eq!(stored(&app), 2);
 }
 
+#[actix_web::test]
+async fn send_and_replay_refuse_an_sns_body_they_cannot_sign_and_send_nothing() {
+    // `send` posted a message without MessageId unsigned (no Signature field), said `200 OK:
+    // processed` from a receiver that took anything, and exited 0 (a black-box run).
+    let key = TestKey::new();
+    let (base, aws) = stand_in(Duration::ZERO);
+    aws.serve("send.pem", &key.cert_pem);
+    let app = spawn(&base).await;
+    let key_file = TempFile::new(&key.key_pem);
+    let cert_url = format!("{base}/certs/send.pem");
+    let deliveries_counted = async |app: &TestApp| -> Vec<String> {
+        app.get("/metrics", None)
+            .await
+            .text()
+            .lines()
+            .filter(|l| l.starts_with("hookbox_webhooks_total"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let counted_before = deliveries_counted(&app).await;
+    let unsignable = [
+        (
+            r#"{"Type":"Notification","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"m"}"#,
+            "MessageId",
+        ),
+        (
+            r#"{"Type":"Notification","MessageId":"m-1","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":{"a":1}}"#,
+            "Message",
+        ),
+        (
+            r#"{"Type":"SubscriptionConfirmation","MessageId":"m-2","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"m","SubscribeURL":"https://example.com"}"#,
+            "Token",
+        ),
+        (r#"{"MessageId":"m-3","Message":"m"}"#, "Type"),
+        ("[1, 2]", "JSON object"),
+    ];
+    for (body, named) in unsignable {
+        // A plain body file, which replay signs with --source as send does.
+        let file = TempFile::with_extension(body.as_bytes(), "json");
+        let args = |command: &'static str| {
+            vec![
+                command,
+                "--to",
+                app.address.as_str(),
+                "--source",
+                "sns",
+                "--scheme",
+                "sns",
+                "--key",
+                key_file.0.to_str().expect("a UTF-8 path"),
+                "--cert-url",
+                cert_url.as_str(),
+                file.0.to_str().expect("a UTF-8 path"),
+            ]
+        };
+        let (code, stdout, stderr) = run_hookbox_async(&args("send")).await;
+        assert_eq!(code, 2, "{body}: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains(named) && stderr.contains("nothing was sent"),
+            "{body}: {stderr}"
+        );
+        // Bad usage, as a line of a source whose key replay lacks: checked before it sends.
+        let (code, stdout, stderr) = run_hookbox_async(&args("replay")).await;
+        assert_eq!(code, 2, "{body}: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains("cannot_sign") && stderr.contains(named),
+            "{body}: {stdout}\n{stderr}"
+        );
+    }
+    assert_eq!(
+        deliveries_counted(&app).await,
+        counted_before,
+        "nothing reached the receiver"
+    );
+    assert_eq!(stored(&app), 0);
+}
+
 #[test]
 fn serve_warns_of_an_sns_source_without_topic_arns_at_startup() {
     let db = TestDb::create();
