@@ -349,6 +349,12 @@ pub trait Provider: Send + Sync + fmt::Debug {
         0
     }
 
+    /// Built to sign, re-signing a captured delivery: renames what [`sign`](Provider::sign)
+    /// made in `signed` to the header names the capture arrived with, where the scheme has
+    /// more than one spelling (Standard Webhooks' `svix-*` beside `webhook-*`). A receiver
+    /// that reads the names its sender uses gets them back. By default nothing.
+    fn respell(&self, _captured: &dyn Headers, _signed: &mut [(String, String)]) {}
+
     /// Built to sign: why `body` cannot be signed as the provider would sign it (it lacks a
     /// field the provider's signature covers), for `send` and `replay` to refuse it rather
     /// than send it unsigned; `None` when it can be (most schemes sign any bytes).

@@ -151,6 +151,20 @@ impl Provider for Standard {
         )
     }
 
+    /// A capture that came with `svix-*` names (Svix's own senders: Clerk, Resend) is re-signed
+    /// under them: a handler written as their docs show reads `svix-id` and the rest, and
+    /// refused every replayed event signed under `webhook-*` (a black-box run).
+    fn respell(&self, captured: &dyn Headers, signed: &mut [(String, String)]) {
+        if names_in_use(captured) != Some(SVIX) {
+            return;
+        }
+        for (name, _) in signed.iter_mut() {
+            if let Some(at) = WEBHOOK.iter().position(|w| name.eq_ignore_ascii_case(w)) {
+                SVIX[at].clone_into(name);
+            }
+        }
+    }
+
     fn redelivery_horizon(&self) -> Option<(Duration, &'static str)> {
         Some((
             Duration::from_secs(76 * 3600),

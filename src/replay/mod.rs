@@ -94,6 +94,9 @@ enum Headers<'a> {
         verifier: &'a Verifier,
         identity: Identity,
         content_type: ContentType,
+        /// The capture line's headers, whose names the signature's take where the scheme
+        /// has two spellings (none for a body file).
+        captured: Vec<(String, String)>,
     },
 }
 
@@ -118,8 +121,10 @@ impl Pending<'_> {
                 verifier,
                 identity,
                 content_type,
+                captured,
             } => {
-                let signed = signing::signed(verifier, &self.body, now, identity, content_type);
+                let mut signed = signing::signed(verifier, &self.body, now, identity, content_type);
+                verifier.respell(captured, &mut signed.headers);
                 Request {
                     url: signing::with_query(&self.url, signed.query.as_deref()),
                     headers: signed.headers,
@@ -586,6 +591,7 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
                                 content_type: ContentType::Captured(
                                     line.headers.get("content-type").cloned(),
                                 ),
+                                captured,
                             }
                         }
                         Err((code, message)) => return Job::Fail(origin, code, message),
@@ -629,6 +635,7 @@ fn job<'a>(entry: Entry, options: &'a Options) -> Job<'a> {
                     verifier,
                     identity,
                     content_type: ContentType::Default,
+                    captured: Vec::new(),
                 },
             })
         }

@@ -713,6 +713,69 @@ async fn as_is_never_sends_credentials_the_host_or_framing_headers_a_capture_hol
 }
 
 #[actix_web::test]
+async fn a_capture_that_came_with_svix_names_is_re_signed_under_them() {
+    // Svix's senders (Clerk, Resend) send `svix-id`, `svix-timestamp` and `svix-signature`; a
+    // handler written as their docs show reads those. A re-signing replay sent `webhook-*`
+    // instead, and such a handler refused every replayed event (a black-box run).
+    let (url, _, seen) = recorder();
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let body = r#"{"type":"user.created","data":{"id":"user_1"}}"#;
+    let header = |names: [&str; 3]| -> Vec<(String, String)> {
+        names
+            .iter()
+            .zip(["msg_svix_1", "1700000000", "v1,c3RhbGU="])
+            .map(|(n, v)| ((*n).to_owned(), v.to_owned()))
+            .chain([("content-type".to_owned(), "application/json".to_owned())])
+            .collect()
+    };
+    let svix = header(["svix-id", "svix-timestamp", "svix-signature"]);
+    let webhook = header(["webhook-id", "webhook-timestamp", "webhook-signature"]);
+    let file = capture(&[
+        capture_line("clerk", "msg_svix_1", Some("user.created"), &svix, body),
+        capture_line("acme", "msg_svix_1", Some("user.created"), &webhook, body),
+    ]);
+    let path = file.path();
+
+    let run = replay(&[
+        &path, "--to", &url, "--scheme", "standard", "--secret", secret,
+    ])
+    .await;
+
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let seen = seen.lock().expect("seen lock");
+    assert_eq!(seen.len(), 2, "two deliveries");
+    let names = |delivery: &[(String, String)]| -> Vec<String> {
+        let mut names: Vec<String> = delivery
+            .iter()
+            .map(|(n, _)| n.clone())
+            .filter(|n| n.starts_with("svix-") || n.starts_with("webhook-"))
+            .collect();
+        names.sort();
+        names
+    };
+    let sent = |id_header: &str| -> &Vec<(String, String)> {
+        seen.iter()
+            .find(|d| d.iter().any(|(n, _)| n == id_header))
+            .unwrap_or_else(|| panic!("a delivery with {id_header}: {seen:?}"))
+    };
+    assert_eq!(
+        names(sent("svix-id")),
+        ["svix-id", "svix-signature", "svix-timestamp"]
+    );
+    assert_eq!(
+        names(sent("webhook-id")),
+        ["webhook-id", "webhook-signature", "webhook-timestamp"]
+    );
+    // Re-signed, not the captured stale signature.
+    let signature = sent("svix-id")
+        .iter()
+        .find(|(n, _)| n == "svix-signature")
+        .map(|(_, v)| v.clone())
+        .expect("signed");
+    assert_ne!(signature, "v1,c3RhbGU=");
+}
+
+#[actix_web::test]
 async fn a_header_http_cannot_carry_is_a_usage_error_and_nothing_is_sent() {
     let (url, _, seen) = recorder();
     let good = capture_line("github", "d-good", Some("push"), &[], "{}");
