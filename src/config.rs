@@ -1712,10 +1712,13 @@ impl RawSource {
             // an empty list under `secrets` when it is built below.
             (None, None) => Vec::new(),
         };
-        if secrets.iter().any(String::is_empty) || (given && secrets.is_empty()) {
+        // Only whitespace is a paste gone wrong, as an empty one is (`secrets_env` trims its
+        // values, so there it is none).
+        if secrets.iter().any(|s| s.trim().is_empty()) || (given && secrets.is_empty()) {
             return Err(ConfigError::at(
                 key("secrets"),
-                "a source needs at least one secret, and no secret may be empty",
+                "a source needs at least one secret, and no secret may be empty or only \
+                 whitespace",
             ));
         }
         let secrets: Vec<Secret> = secrets.into_iter().map(Secret::new).collect();

@@ -92,11 +92,24 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         .for_source(options.source.as_str())
         .map_err(SendError::Usage)?;
     if verifier.id_in_body() && options.event_id.is_some() {
-        return Err(SendError::Usage(format!(
-            "the {} scheme reads the event id from the body, so --event-id does not apply; \
-             change the id in the body instead",
-            verifier.scheme()
-        )));
+        // A scheme whose provider sends no id derives one from the body's bytes: there is no
+        // id in it to change (a black-box run was told to change one).
+        let derived = signing::identity(verifier, &options.body, None, None)
+            .event_id
+            .is_some_and(|id| id.starts_with("sha256:"));
+        return Err(SendError::Usage(if derived {
+            format!(
+                "the {} scheme derives the event id from the body (sha256: and the hash of its \
+                 bytes), so --event-id does not apply; another body is another event",
+                verifier.scheme()
+            )
+        } else {
+            format!(
+                "the {} scheme reads the event id from the body, so --event-id does not \
+                 apply; change the id in the body instead",
+                verifier.scheme()
+            )
+        }));
     }
     // An empty id (`--event-id "$(uuidgen)"` where uuidgen is missing) is refused here, not
     // sent for the receiver to refuse.
@@ -228,7 +241,11 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         crate::redact::target_url(&request.url)
     )
     .and_then(|()| writeln!(out, "{}{reason}: {verdict}", answer.status))
-    .and_then(|()| out.write_all(&answer.body))
+    .and_then(|()| match answer.location.as_deref() {
+        // An empty body says nothing of where it went: replay's sentence, with the Location.
+        Some(_) if (300..400).contains(&answer.status) => writeln!(out, "{}", answer.message()),
+        _ => out.write_all(&answer.body),
+    })
     .and_then(|()| writeln!(out));
     // The answer came; a closed stdout is no reason to report otherwise.
     drop(written);

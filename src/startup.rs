@@ -166,7 +166,7 @@ impl Application {
         let stop = shutdown_signal().context("cannot listen for SIGTERM")?;
         if config.server.listen_key == "HOOKBOX_LISTEN" {
             tracing::info!(
-                "the listen address is HOOKBOX_LISTEN's (a [server].listen in the config file is not used)"
+                "the listen address is HOOKBOX_LISTEN's (it overrides any [server].listen)"
             );
         }
         tracing::info!("hookbox listening on http://{address}");

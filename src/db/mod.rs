@@ -870,6 +870,10 @@ fn connect_hint(message: &str) -> &'static str {
     {
         // "received invalid response to SSL negotiation: H": an HTTP server, say.
         "something answered at that host and port, but not as PostgreSQL: check them"
+    } else if message.contains("could not translate host name") {
+        // libpq's "could not translate host name \"db\" to address: Name or service not
+        // known": the name, not the server.
+        "the host name in the URL does not resolve here: check its spelling, or this host's DNS"
     } else if message.contains("invalid ") {
         // libpq's own reading of the URL: "invalid port number", "invalid sslmode value",
         // "invalid connection option", "invalid URI query parameter".
@@ -914,7 +918,9 @@ pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
                 .map(AnyConnection::Sqlite)
                 .with_context(|| {
                     format!(
-                        "cannot open the SQLite store {} (the file {}: is its directory there and writable, and the file a SQLite database?)",
+                        "cannot open the SQLite store {} (the file {}: is its directory there \
+                         and writable, the file a SQLite database, and no other process \
+                         holding its write lock?)",
                         config.display_url(),
                         sqlite::absolute(path)
                     )

@@ -441,12 +441,15 @@ async fn send_all(entries: Entries, options: &Options, tally: &mut Tally, progre
             }
             tally.interrupted = true;
             deadline = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
-            errln!(
-                "\nhookbox: interrupted: sending no more; waiting up to {} s for the {} \
-                 delivery(ies) in flight (Ctrl-C again to stop waiting)",
-                INTERRUPT_GRACE.as_secs(),
-                in_flight.get()
-            );
+            match in_flight.get() {
+                0 => errln!("\nhookbox: interrupted: sending no more"),
+                n => errln!(
+                    "\nhookbox: interrupted: sending no more; waiting up to {} s for the {n} \
+                     {} in flight (Ctrl-C again to stop waiting)",
+                    INTERRUPT_GRACE.as_secs(),
+                    if n == 1 { "delivery" } else { "deliveries" }
+                ),
+            }
         }
     }
     tally.abandoned = in_flight.get();

@@ -2,11 +2,33 @@
 
 use crate::helpers::*;
 
+/// `serve` with `config`: its exit code and stderr. A config taken by mistake would serve for
+/// ever: it is stopped after 20 s, as exit code -1, so the test fails rather than hangs.
 fn serve_with(config: &str) -> (i32, String) {
     let file = TempFile::new(config);
     let path = file.0.to_string_lossy().into_owned();
-    let (code, _stdout, stderr) = run_hookbox(&["serve", "--config", &path], &[]);
-    (code, stderr)
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(["serve", "--config", &path])
+        .env_remove("DATABASE_URL")
+        .env_remove("HOOKBOX_CONFIG")
+        .env_remove("HOOKBOX_LISTEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run hookbox");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().expect("wait for hookbox").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("hookbox's stderr");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -82,6 +104,12 @@ fn each_kind_of_bad_config_exits_2_and_names_the_key() {
         (
             "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\"]\ntolerance = \"5 fortnights\"\n",
             "sources.s.tolerance",
+        ),
+        // Only whitespace, as an empty one, is a paste gone wrong (a black-box run saw it
+        // taken).
+        (
+            "[sources.s]\nscheme = \"stripe\"\nsecrets = [\"x\", \"  \"]\n",
+            "sources.s.secrets",
         ),
         (
             "[sources._unknown]\nscheme = \"stripe\"\nsecrets = [\"x\"]\n",

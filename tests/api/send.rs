@@ -436,3 +436,54 @@ async fn a_handshake_sent_is_said_to_be_one_not_processed() {
     assert!(out.contains("pogchamp-kappa"), "{out}");
     assert_eq!(app.db.count("events"), 0);
 }
+
+#[actix_web::test]
+async fn a_redirect_says_where_it_points_and_a_derived_id_is_not_told_to_be_changed() {
+    use actix_web::{web, App, HttpResponse, HttpServer};
+    // `send` against a URL that answers 302 printed `302 Found: rejected` and a blank line
+    // (the body is empty); replay names the Location (a black-box run).
+    let server = HttpServer::new(|| {
+        App::new().default_service(web::to(|| async {
+            HttpResponse::Found()
+                .insert_header(("Location", "https://hooks.example/webhooks/github"))
+                .finish()
+        }))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(("127.0.0.1", 0))
+    .expect("bind");
+    let to = format!("http://127.0.0.1:{}", server.addrs()[0].port());
+    actix_web::rt::spawn(server.run());
+    let (code, out, stderr) = send_github_to(&to).await;
+    assert_eq!(code, 1, "{out}{stderr}");
+    assert!(
+        out.contains("redirected to https://hooks.example/webhooks/github (not followed"),
+        "{out}"
+    );
+
+    // Lemon Squeezy sends no id: hookbox derives one from the body, which has none to change.
+    let body = TempFile::with_extension(br#"{"meta":{"event_name":"order_created"}}"#, "json");
+    let path = body.path();
+    let (code, out, stderr) = run_hookbox_async(&[
+        "send",
+        "--to",
+        &to,
+        "--source",
+        "ls",
+        "--scheme",
+        "lemonsqueezy",
+        "--secret",
+        "s3cret",
+        "--event-id",
+        "ord_1",
+        &path,
+    ])
+    .await;
+    assert_eq!(code, 2, "{out}{stderr}");
+    assert!(
+        stderr.contains("derives the event id from the body")
+            && !stderr.contains("change the id in the body"),
+        "{stderr}"
+    );
+}
