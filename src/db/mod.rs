@@ -894,7 +894,11 @@ pub struct UnreadableUrl(String);
 pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
     match &config.store {
         Store::Postgres(url) => PgConnection::establish(&pg::with_session_defaults(url))
-            .map(AnyConnection::Postgres)
+            .and_then(|mut pg| {
+                pg::ask_server_keepalives(&mut pg, url)
+                    .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+                Ok(AnyConnection::Postgres(pg))
+            })
             .map_err(|e| {
                 let message = crate::redact::message_about(&e.to_string(), url);
                 let hint = connect_hint(&message);

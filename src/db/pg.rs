@@ -40,6 +40,29 @@ const SESSION_DEFAULTS: [(&str, &str); 5] = [
     ("tcp_user_timeout", "25000"),
 ];
 
+/// The server's side of the same: PostgreSQL's own keepalives and `tcp_user_timeout` for each
+/// session, where nothing (the server's config, the database, the role, the URL's `options`)
+/// sets them. A session whose client vanished without a word otherwise stayed on the server
+/// for its 2-hour default, and kept what it held: an instance's advisory lock among them, so
+/// no other instance learnt of that instance's death (a black-box run: a crash after a network
+/// cut went unseen, and its deliveries under way waited for their leases). Parameters the
+/// server does not know (`tcp_user_timeout` before PostgreSQL 12) are left alone; a session
+/// over a Unix socket ignores them. Not set where the URL turns keepalives off.
+const SERVER_SESSION_DEFAULTS: &str = "SELECT set_config(d.name, d.value, false) \
+     FROM (VALUES ('tcp_keepalives_idle', '10'), ('tcp_keepalives_interval', '5'), \
+                  ('tcp_keepalives_count', '3'), ('tcp_user_timeout', '25000')) \
+          AS d(name, value) \
+     JOIN pg_settings s ON s.name = d.name \
+     WHERE s.source = 'default'";
+
+/// Whether `url` turns libpq's keepalives off (`keepalives=0`).
+fn keepalives_off(url: &str) -> bool {
+    crate::redact::query_of(url)
+        .unwrap_or("")
+        .split('&')
+        .any(|pair| pair == "keepalives=0")
+}
+
 /// `url` with each of [`SESSION_DEFAULTS`] added that it does not set.
 pub fn with_session_defaults(url: &str) -> std::borrow::Cow<'_, str> {
     // A password may hold an unencoded '?' (libpq reads `u:ab?c@h/db`): the query is the one
@@ -82,7 +105,17 @@ pub fn connect(url: &str, lock_timeout: Duration) -> Result<PgConnection, diesel
         lock_timeout.as_millis().max(1)
     ))
     .map_err(diesel::r2d2::Error::QueryError)?;
+    ask_server_keepalives(&mut pg, url).map_err(diesel::r2d2::Error::QueryError)?;
     Ok(pg)
+}
+
+/// Sets [`SERVER_SESSION_DEFAULTS`] on a session opened from `url`: every session hookbox
+/// opens, pooled or not (`serve`'s migration connection lives as long as the process).
+pub fn ask_server_keepalives(pg: &mut PgConnection, url: &str) -> QueryResult<()> {
+    if keepalives_off(url) {
+        return Ok(());
+    }
+    pg.batch_execute(SERVER_SESSION_DEFAULTS)
 }
 
 /// A query that makes the transaction it runs in commit without waiting for its log to reach

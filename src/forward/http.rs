@@ -2,7 +2,7 @@
 //! the target's secret, over the dispatcher's shared, kept-alive client.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use actix_web::http::header::HeaderValue;
 use futures_util::future::LocalBoxFuture;
@@ -85,6 +85,91 @@ impl Transport for Http {
     // awc's one future connects, sends and reads the answer's head: no step of its own.
     fn hand_off<'a>(&'a self, due: &'a Due, _: &'a Step) -> LocalBoxFuture<'a, Handoff> {
         Box::pin(self.post(due))
+    }
+}
+
+/// awc's TCP connector, setting `TCP_USER_TIMEOUT` on each connection it makes to its
+/// target's `timeout`: data the target has not acknowledged within it ends the connection,
+/// and what the kernel still held for it is dropped.
+///
+/// A request written into a path that went silent (a black hole: no answer, no reset) stayed
+/// in the kernel's send queue when its attempt timed out and the connection was dropped, and
+/// the kernel went on sending it; it reached the target once the path came back, a minute
+/// later, after the attempts that followed it (a black-box run: an `ordered` target got an
+/// old event after newer ones, and two at once). Only unacknowledged data counts: a target
+/// that takes the request and is slow to answer is not cut off by this (the attempt's own
+/// timeout is what bounds that). Targets that share a host and port share their connections:
+/// the shortest of their timeouts.
+#[derive(Clone)]
+pub struct GiveUpWithTheAttempt {
+    tcp: actix_tls::connect::ConnectorService,
+    timeouts: std::rc::Rc<std::collections::HashMap<(String, u16), Duration>>,
+}
+
+impl GiveUpWithTheAttempt {
+    /// The connector for the HTTP targets of `targets`.
+    pub fn new<'a>(targets: impl IntoIterator<Item = &'a Arc<Target>>) -> GiveUpWithTheAttempt {
+        let mut timeouts: std::collections::HashMap<(String, u16), Duration> =
+            std::collections::HashMap::new();
+        for target in targets {
+            let Ok(uri) = target.config.url.parse::<awc::http::Uri>() else {
+                continue;
+            };
+            let (Some(host), Some(port)) = (
+                uri.host(),
+                uri.port_u16().or(match uri.scheme_str() {
+                    Some("https") => Some(443),
+                    Some("http") => Some(80),
+                    _ => None,
+                }),
+            ) else {
+                continue;
+            };
+            let timeout = timeouts
+                .entry((host.to_owned(), port))
+                .or_insert(target.config.timeout);
+            *timeout = (*timeout).min(target.config.timeout);
+        }
+        GiveUpWithTheAttempt {
+            tcp: actix_tls::connect::Connector::default().service(),
+            timeouts: std::rc::Rc::new(timeouts),
+        }
+    }
+}
+
+type Connected = actix_tls::connect::Connection<awc::http::Uri, actix_web::rt::net::TcpStream>;
+
+impl actix_web::dev::Service<actix_tls::connect::ConnectInfo<awc::http::Uri>>
+    for GiveUpWithTheAttempt
+{
+    type Response = Connected;
+    type Error = actix_tls::connect::ConnectError;
+    type Future = LocalBoxFuture<'static, Result<Connected, actix_tls::connect::ConnectError>>;
+
+    fn poll_ready(
+        &self,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        actix_web::dev::Service::<actix_tls::connect::ConnectInfo<awc::http::Uri>>::poll_ready(
+            &self.tcp, context,
+        )
+    }
+
+    fn call(&self, info: actix_tls::connect::ConnectInfo<awc::http::Uri>) -> Self::Future {
+        let timeout = self
+            .timeouts
+            .get(&(info.hostname().to_owned(), info.port()))
+            .copied();
+        let connecting = self.tcp.call(info);
+        Box::pin(async move {
+            let connected = connecting.await?;
+            if let Some(timeout) = timeout {
+                // Best effort: a kernel without the option connects as before.
+                let _ =
+                    socket2::SockRef::from(connected.io_ref()).set_tcp_user_timeout(Some(timeout));
+            }
+            Ok(connected)
+        })
     }
 }
 

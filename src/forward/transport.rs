@@ -120,12 +120,14 @@ pub struct Transports {
 
 impl Transports {
     /// The transports of `targets`.
-    pub fn new<'a>(targets: impl IntoIterator<Item = &'a Arc<Target>>) -> Transports {
+    pub fn new<'a>(targets: impl IntoIterator<Item = &'a Arc<Target>> + Clone) -> Transports {
         let connections: usize = targets
+            .clone()
             .into_iter()
             .map(|t| t.config.concurrency as usize)
             .sum();
         let connector = awc::Connector::new()
+            .connector(super::http::GiveUpWithTheAttempt::new(targets))
             // awc's default is 100 in all; each target may want its `concurrency` at once.
             .limit(connections.max(100));
         let http = awc::Client::builder()
