@@ -45,6 +45,7 @@ pub mod http;
 pub mod ids;
 pub mod inbox;
 pub mod metrics;
+pub mod outage;
 pub mod providers;
 pub mod purge;
 pub mod redact;

@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::web;
 use diesel::QueryResult;
 
 use crate::db::{self, AnyConnection, DbPool};
+use crate::outage::{round_to_seconds, Outage};
 
 /// How often replay counts are added to the database.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
@@ -118,12 +119,13 @@ impl Flusher {
             async move {
                 let mut ticks = tokio::time::interval(FLUSH_EVERY);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut outage = Outage::default();
                 loop {
                     let stopping = tokio::select! {
                         _ = ticks.tick() => false,
                         _ = stop.notified() => true,
                     };
-                    flush(&pool, &counts).await;
+                    flush(&pool, &counts, &mut outage).await;
                     if stopping {
                         break;
                     }
@@ -140,7 +142,9 @@ impl Flusher {
     }
 }
 
-async fn flush(pool: &DbPool, replays: &ReplayCounts) {
+/// Writes what `replays` holds; a failure keeps it for the next flush, and a run of them (the
+/// database away) is one WARN a minute (`outage`), not one every flush.
+async fn flush(pool: &DbPool, replays: &ReplayCounts, outage: &mut Outage) {
     let lost = replays.lost.swap(0, Ordering::Relaxed);
     if lost > 0 {
         tracing::warn!(
@@ -162,9 +166,28 @@ async fn flush(pool: &DbPool, replays: &ReplayCounts) {
         )
         .await;
     match written {
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => {
+            if let Some(ended) = outage.ended(Instant::now()) {
+                tracing::info!(
+                    failed_tries = ended.failed,
+                    lasted = %crate::config::Spelt(round_to_seconds(ended.lasted)),
+                    "replay counts are flushed again"
+                );
+            }
+        }
         Ok(Err((e, counts))) => {
-            tracing::warn!(error = %e, events = counts.len(), "replay counts not flushed; retrying at the next flush");
+            tracing::debug!(error = %e, events = counts.len(), "replay counts not flushed");
+            if let Some(warn) = outage.failed(Instant::now()) {
+                tracing::warn!(
+                    error = %e,
+                    events = counts.len(),
+                    failing_for = %crate::config::Spelt(round_to_seconds(warn.lasted)),
+                    failed_tries = warn.failed,
+                    "replay counts not flushed; kept and retried at every flush (every {} s). \
+                     At most one such warning a minute, RUST_LOG=debug shows each",
+                    FLUSH_EVERY.as_secs()
+                );
+            }
             replays.restore(counts);
         }
         Err(_) => tracing::error!("the replay-count flush panicked"),

@@ -235,7 +235,7 @@ impl Lane {
                 tracing::info!(
                     source = %self.source,
                     target = %self.target.config.name,
-                    held_for = %crate::config::Spelt(super::round_to_seconds(at - ended.since)),
+                    held_for = %crate::config::Spelt(crate::outage::round_to_seconds(at - ended.since)),
                     "the ordered target's lane is free again; its events go on in order"
                 );
             }
@@ -257,7 +257,7 @@ impl Lane {
                 source = %self.source,
                 target = %self.target.config.name,
                 lock,
-                held_for = %crate::config::Spelt(super::round_to_seconds(at - on.since)),
+                held_for = %crate::config::Spelt(crate::outage::round_to_seconds(at - on.since)),
                 "the ordered target's lane is held by another PostgreSQL session: its events wait \
                  until it lets go. A hookbox instance holds it only inside a take, for \
                  milliseconds; a longer hold is a session that is not hookbox's, or one cut off \
@@ -287,12 +287,12 @@ impl Lane {
             tracing::warn!(
                 source = %self.source,
                 target = %self.target.config.name,
-                failing_for = %crate::config::Spelt(super::round_to_seconds(at - run.since)),
+                failing_for = %crate::config::Spelt(crate::outage::round_to_seconds(at - run.since)),
                 failed_attempts = run.attempts,
                 "forward target down: every attempt has failed for {} ({} attempts), the \
                  latest with: {error}. Its deliveries wait in the outbox and are retried with \
                  backoff (dead-lettered after max_attempts); a line says when it delivers again",
-                crate::config::Spelt(super::round_to_seconds(at - run.since)),
+                crate::config::Spelt(crate::outage::round_to_seconds(at - run.since)),
                 run.attempts
             );
         }
@@ -305,7 +305,7 @@ impl Lane {
             tracing::info!(
                 source = %self.source,
                 target = %self.target.config.name,
-                failed_for = %crate::config::Spelt(super::round_to_seconds(run.since.elapsed())),
+                failed_for = %crate::config::Spelt(crate::outage::round_to_seconds(run.since.elapsed())),
                 failed_attempts = run.attempts,
                 "forward target delivers again, after {} failed attempts",
                 run.attempts

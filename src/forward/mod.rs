@@ -45,9 +45,6 @@ const TURN_WAIT: Duration = Duration::from_secs(5);
 /// writes, before its rows are left to be attempted again.
 const SETTLE_PATIENCE: Duration = Duration::from_secs(5);
 
-/// While the outbox cannot be read, at most one WARN about it per this long.
-const OUTAGE_WARN_EVERY: Duration = Duration::from_secs(60);
-
 /// A read of the outbox that has waited this long for the database is said (at WARN), and its
 /// end (at INFO): a database that stalls without an error (frozen, black-holed) otherwise held
 /// forwarding up in silence. Longer than [`TURN_WAIT`], after which a take on SQLite gives up.
@@ -262,7 +259,7 @@ pub struct Outbox {
     /// each may start ([`Lane::start_by`]), not yet started.
     handed: Arc<Mutex<Vec<(usize, Due, tokio::time::Instant)>>>,
     /// The takes failing in a row, for the log.
-    unread: Arc<Mutex<Outage>>,
+    unread: Arc<Mutex<crate::outage::Outage>>,
     /// Where the outbox is, for this instance's registration (`db::instances`).
     store: Store,
     /// This instance's number: every row it leases names it.
@@ -377,7 +374,7 @@ impl Outbox {
 
     /// Takes the rows `wants` asks for; `None` when the outbox cannot be read. The dispatcher
     /// tries again at every look (at least every 250 ms), so a failure that lasts (the database
-    /// down or unreachable) is logged as one outage ([`Outage`]): a WARN when it starts, at
+    /// down or unreachable) is logged as one outage ([`crate::outage::Outage`]): a WARN when it starts, at
     /// most one a minute while it lasts, each failure at DEBUG, and an INFO when a take works
     /// again.
     ///
@@ -404,7 +401,7 @@ impl Outbox {
                 );
                 let due = due.await;
                 tracing::info!(
-                    waited = %crate::config::Spelt(round_to_seconds(began.elapsed())),
+                    waited = %crate::config::Spelt(crate::outage::round_to_seconds(began.elapsed())),
                     "the database answered the outbox's read; forwarding goes on"
                 );
                 due
@@ -416,7 +413,7 @@ impl Outbox {
                 if let Some(ended) = ended {
                     tracing::info!(
                         failed_tries = ended.failed,
-                        lasted = %crate::config::Spelt(round_to_seconds(ended.lasted)),
+                        lasted = %crate::config::Spelt(crate::outage::round_to_seconds(ended.lasted)),
                         "the outbox can be read again; forwarding goes on"
                     );
                 }
@@ -434,7 +431,7 @@ impl Outbox {
         if let Some(warn) = warn {
             tracing::warn!(
                 error = %failure,
-                failing_for = %crate::config::Spelt(round_to_seconds(warn.lasted)),
+                failing_for = %crate::config::Spelt(crate::outage::round_to_seconds(warn.lasted)),
                 failed_tries = warn.failed,
                 "cannot read the outbox; nothing is forwarded until it can be (rows stay queued \
                  and are sent then). Retried at every look; at most one such warning a minute, \
@@ -477,7 +474,7 @@ impl Outbox {
         }
     }
 
-    fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {
+    fn outage(&self) -> std::sync::MutexGuard<'_, crate::outage::Outage> {
         self.unread.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -606,63 +603,6 @@ impl Outbox {
             }
         }
     }
-}
-
-/// A run of failures of a step the dispatcher retries on its own (the take), as the log tells
-/// it: at most one WARN per [`OUTAGE_WARN_EVERY`], however the failures come (one long run, or
-/// many short ones that flap), and the first success after a run that warned ends it with a
-/// report; a run that did not warn ends quietly.
-#[derive(Debug, Default)]
-struct Outage {
-    /// When the first failure of the run was.
-    since: Option<Instant>,
-    /// Failures in the run so far.
-    failed: u64,
-    /// When the last WARN was worth making, this run or an earlier one (this run's when it is
-    /// not before the run's first failure).
-    warned_at: Option<Instant>,
-}
-
-/// What an [`Outage`] says to log: the failures so far and how long since the first.
-#[derive(Debug, PartialEq, Eq)]
-struct OutageReport {
-    failed: u64,
-    lasted: Duration,
-}
-
-impl Outage {
-    /// A failure at `now`: a report when a WARN is due.
-    fn failed(&mut self, now: Instant) -> Option<OutageReport> {
-        let since = *self.since.get_or_insert(now);
-        self.failed += 1;
-        if self
-            .warned_at
-            .is_some_and(|at| now.saturating_duration_since(at) < OUTAGE_WARN_EVERY)
-        {
-            return None;
-        }
-        self.warned_at = Some(now);
-        Some(OutageReport {
-            failed: self.failed,
-            lasted: now.saturating_duration_since(since),
-        })
-    }
-
-    /// A success at `now`: a report of the run it ends, if there was one.
-    fn ended(&mut self, now: Instant) -> Option<OutageReport> {
-        let since = self.since.take()?;
-        let failed = std::mem::take(&mut self.failed);
-        let warned = self.warned_at.is_some_and(|at| at >= since);
-        warned.then(|| OutageReport {
-            failed,
-            lasted: now.saturating_duration_since(since),
-        })
-    }
-}
-
-/// `d` to the whole second, for a log line (`3s`, not `3s 2ms 41us`).
-pub(super) fn round_to_seconds(d: Duration) -> Duration {
-    Duration::from_secs(d.as_secs())
 }
 
 /// What a claim uses to hand its outbox rows straight to this process's dispatcher.
@@ -817,51 +757,5 @@ impl Dispatcher {
             left.as_secs_f64().ceil()
         );
         tokio::time::timeout_at(deadline, running).await.is_ok()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_outage_warns_as_it_starts_then_once_a_minute_and_reports_its_end_once() {
-        let start = Instant::now();
-        let at = |secs: u64| start + Duration::from_secs(secs);
-        let report = |failed: u64, secs: u64| {
-            Some(OutageReport {
-                failed,
-                lasted: Duration::from_secs(secs),
-            })
-        };
-        let mut outage = Outage::default();
-        assert_eq!(outage.ended(at(0)), None, "no failure, so nothing ends");
-        assert_eq!(outage.failed(at(0)), report(1, 0));
-        for s in 1..60 {
-            assert_eq!(
-                outage.failed(at(s)),
-                None,
-                "quiet within the minute ({s} s)"
-            );
-        }
-        assert_eq!(outage.failed(at(60)), report(61, 60));
-        assert_eq!(outage.failed(at(61)), None);
-        assert_eq!(outage.ended(at(90)), report(62, 90));
-        assert_eq!(outage.ended(at(91)), None, "an outage ends once");
-        // Failures that flap (fail, work, fail, ...) warn no more than one long run does.
-        for s in 92..120 {
-            assert_eq!(outage.failed(at(s)), None, "within the minute ({s} s)");
-            assert_eq!(
-                outage.ended(at(s)),
-                None,
-                "a run that did not warn ends quietly"
-            );
-        }
-        assert_eq!(
-            outage.failed(at(125)),
-            report(1, 0),
-            "a minute after the last WARN, the next run warns, counted afresh"
-        );
-        assert_eq!(outage.ended(at(126)), report(1, 1));
     }
 }

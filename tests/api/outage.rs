@@ -194,3 +194,57 @@ async fn an_outbox_read_the_database_does_not_answer_is_said_and_so_is_its_end()
         "once per stall:\n{log}"
     );
 }
+
+/// Replays answered while the database is away are counted in memory and flushed every 2 s; a
+/// black-box run's log had a WARN at every flush that failed (12 in 36 s). One WARN, at most
+/// one a minute, and its end.
+#[actix_web::test]
+async fn replay_counts_that_cannot_be_flushed_are_warned_about_once_and_their_end_is_logged() {
+    if skip_on_sqlite(
+        "replay_counts_that_cannot_be_flushed_are_warned_about_once_and_their_end_is_logged",
+        "an embedded store cannot become unreachable",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+    let text = config_text(&proxied_url, "");
+    let config = parse_config(&text);
+    let server = Process::serve_with_env(&text, &[("RUST_LOG", "info,hookbox=debug")]);
+    let id = unique_id("evt");
+    let delivery = delivery_for(
+        &config,
+        "stripe",
+        &stripe_event(&id, "charge.succeeded", 1),
+        &id,
+        unix_now(),
+    );
+    assert_eq!(send(&server.address, &delivery).await.status, 200);
+    proxy.cut();
+    let again = send(&server.address, &delivery).await;
+    assert!(again.replayed(), "{}", again.text());
+    let lines = |level: &str, text: &str| {
+        server
+            .log()
+            .lines()
+            .filter(|line| line.contains(level) && line.contains(text))
+            .count()
+    };
+    crate::forward::poll_until("three flushes failed", Duration::from_secs(30), || {
+        lines("DEBUG", "replay counts not flushed") >= 3
+    })
+    .await;
+    proxy.restore();
+    crate::forward::poll_until(
+        "the flushes' return is logged",
+        Duration::from_secs(30),
+        || lines(" INFO", "replay counts are flushed again") == 1,
+    )
+    .await;
+    assert_eq!(
+        lines(" WARN", "replay counts not flushed"),
+        1,
+        "one warning for the whole outage:\n{}",
+        server.log()
+    );
+}
