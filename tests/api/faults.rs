@@ -519,6 +519,40 @@ async fn the_admin_api_and_the_console_answer_503_in_time_while_the_database_sta
     assert!(!page.text().contains("re-queue"), "{}", page.text());
 }
 
+#[actix_web::test]
+async fn readyz_answers_within_5_s_while_the_database_stalls_whatever_the_request_timeout() {
+    if skip_on_sqlite(
+        "readyz_answers_within_5_s_while_the_database_stalls_whatever_the_request_timeout",
+        "an embedded store has no connection to stall",
+    ) {
+        return;
+    }
+    // With the default request timeout (30 s) a probe waited 28 s for its 503 while the
+    // database was cut off; a load balancer's probe gives up long before (a black-box run).
+    let db = TestDb::create();
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+    let address = serve_in_process(
+        parse_config(&config_text(&proxied_url, "")),
+        Handlers::default(),
+    );
+    let ready = get(&address, "/readyz", None).await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    proxy.stall();
+    let asked = Instant::now();
+    let stalled =
+        actix_web::rt::time::timeout(Duration::from_secs(9), get(&address, "/readyz", None)).await;
+    let took = asked.elapsed();
+    proxy.restore();
+    let stalled = stalled.expect("/readyz answered nothing within 9 s while the database stalled");
+    assert_eq!(stalled.status, 503, "{}", stalled.text());
+    assert!(
+        stalled.message().contains("at most 5 s"),
+        "{}",
+        stalled.text()
+    );
+    assert!(took >= Duration::from_secs(5), "waited its bound: {took:?}");
+}
+
 /// Work left waiting on a database that stopped answering (a `/readyz` check, an admin read,
 /// a purge batch: each on a thread of its own, blocked in a query) does not keep `serve` alive
 /// once it has stopped: a black-box run's serve logged `hookbox stopped` and was still there 70 s
