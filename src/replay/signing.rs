@@ -31,7 +31,13 @@ pub enum Signer {
     Flags(Verifier),
     /// From `--secret` alone (`replay`): each capture line is signed by the scheme its kept
     /// headers show (see [`providers::fits_capture`]), with that secret.
-    Detect(Vec<Detectable>),
+    Detect {
+        /// The schemes a secret alone can sign for.
+        schemes: Vec<Detectable>,
+        /// The others (Square's `public_url`, PayPal's `--key`): a line of theirs shows no
+        /// scheme here, and its message names them.
+        beyond: Vec<&'static str>,
+    },
 }
 
 /// A built-in scheme `replay --secret` may find a capture line to be.
@@ -137,6 +143,7 @@ impl Signer {
     pub fn detecting(secret: Secret, signing: &Signing) -> Signer {
         let probe = [Secret::new(PROBE_SECRET)];
         let given = [secret];
+        let mut beyond = Vec::new();
         let schemes = Registry::builtin()
             .schemes()
             .filter_map(|scheme| {
@@ -147,7 +154,13 @@ impl Signer {
                     Ok(verifier) => Arc::clone(verifier),
                     // A scheme that needs more than a secret (a config's keys, a --key) is
                     // never one a line can be signed with here, so it is never a candidate.
-                    Err(_) => scheme.build_signer(&probe, Duration::ZERO, signing).ok()?,
+                    Err(_) => match scheme.build_signer(&probe, Duration::ZERO, signing) {
+                        Ok(probe) => probe,
+                        Err(_) => {
+                            beyond.push(scheme.name());
+                            return None;
+                        }
+                    },
                 };
                 Some(Detectable {
                     scheme: scheme.name(),
@@ -156,7 +169,7 @@ impl Signer {
                 })
             })
             .collect();
-        Signer::Detect(schemes)
+        Signer::Detect { schemes, beyond }
     }
 
     /// The verifier that signs a capture line of `source` with these kept headers, body and
@@ -173,7 +186,7 @@ impl Signer {
         body: &[u8],
         event_id: &str,
     ) -> Result<&Verifier, Unsigned> {
-        let Signer::Detect(schemes) = self else {
+        let Signer::Detect { schemes, beyond } = self else {
             return self.for_entry(source);
         };
         let fits: Vec<&Detectable> = schemes
@@ -198,11 +211,16 @@ impl Signer {
                 } else {
                     format!("its headers ({}) are no one scheme's", named.join(", "))
                 };
+                // A line of a scheme that needs more than a secret (a bb115 run: a Square
+                // line was said to carry "no one scheme's" headers) is one of these.
                 Err((
                     "unknown_scheme",
                     format!(
-                        "cannot tell which scheme signs this {source} delivery ({kept}): add \
-                         --scheme NAME (or give --config FILE)"
+                        "cannot tell which scheme signs this {source} delivery ({kept}) among \
+                         those a secret alone signs for; {} sign with more than a secret (a \
+                         config's public_url or webhook_id, a --key): add --scheme NAME (or \
+                         give --config FILE, which has what they need)",
+                        beyond.join(", ")
                     ),
                 ))
             }
@@ -254,7 +272,7 @@ impl Signer {
     pub fn for_source(&self, source: &str) -> Result<&Verifier, String> {
         match self {
             Signer::Flags(verifier) => Ok(verifier),
-            Signer::Detect(_) => Err(
+            Signer::Detect { .. } => Err(
                 "--secret without --scheme signs only capture lines, whose headers tell the \
                  scheme: add --scheme NAME"
                     .to_owned(),

@@ -1120,6 +1120,27 @@ async fn secret_alone_on_a_line_whose_headers_tell_no_scheme_is_a_usage_error_na
     );
     let file = capture(&[stripe, acme]);
     let body = TempFile::with_extension(br#"{"id":"evt_2"}"#, "json");
+    // A Square line: its scheme signs its public_url, which only a config has, so it is no
+    // candidate here; the message names it among those that need more than a secret.
+    let square = capture(&[capture_line(
+        "sq",
+        "sq-1",
+        Some("payment.updated"),
+        &[(
+            "x-square-hmacsha256-signature".to_owned(),
+            "AAAA".to_owned(),
+        )],
+        r#"{"event_id":"sq-1","type":"payment.updated"}"#,
+    )]);
+    let mut all = vec!["replay".to_owned(), square.path(), "--to".to_owned()];
+    all.extend([url.clone(), "--secret".to_owned(), "s3cret".to_owned()]);
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let (code, stdout, stderr) = run_hookbox_async(&all).await;
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("square") && stderr.contains("more than a secret"),
+        "{stderr}"
+    );
 
     for (args, says) in [
         (
