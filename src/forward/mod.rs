@@ -343,17 +343,33 @@ impl Outbox {
         })
         .await
         .unwrap_or_else(|_| Err("the look panicked".to_owned()))?;
-        for dead in looked.iter().filter(|dead| dead.rows > 0) {
-            tracing::info!(
-                instance = dead.id,
-                host = %dead.host,
-                pid = dead.pid,
-                deliveries = dead.rows,
-                "an instance sharing this database has stopped (or its lock was free for 2.5 s \
-                 or more: it lost the connection that holds it, and is told at its next look); \
-                 its deliveries under way are due again now (they go with the same key, so one \
-                 that reached the downstream before it stopped may arrive twice)"
-            );
+        // Every one, also with nothing under way: an idle instance's crash or cut-off went
+        // unsaid (a black-box run). A clean stop leaves its row for another's look too, so it
+        // is said as well.
+        for dead in &looked {
+            if dead.rows > 0 {
+                tracing::info!(
+                    instance = dead.id,
+                    host = %dead.host,
+                    pid = dead.pid,
+                    deliveries = dead.rows,
+                    "an instance sharing this database has stopped (or its lock was free for \
+                     2.5 s or more: it lost the connection that holds it, and is told at its \
+                     next look); its deliveries under way are due again now (they go with the \
+                     same key, so one that reached the downstream before it stopped may arrive \
+                     twice)"
+                );
+            } else {
+                tracing::info!(
+                    instance = dead.id,
+                    host = %dead.host,
+                    pid = dead.pid,
+                    deliveries = 0,
+                    "an instance sharing this database has stopped (a stop, a crash, or its \
+                     lock was free for 2.5 s or more: it lost the connection that holds it, and \
+                     is told at its next look); it had no deliveries under way"
+                );
+            }
         }
         Ok(looked.iter().any(|dead| dead.rows > 0))
     }
@@ -400,10 +416,22 @@ impl Outbox {
                     crate::config::Spelt(TAKE_TOLD_AFTER)
                 );
                 let due = due.await;
-                tracing::info!(
-                    waited = %crate::config::Spelt(crate::outage::round_to_seconds(began.elapsed())),
-                    "the database answered the outbox's read; forwarding goes on"
-                );
+                let waited = crate::config::Spelt(crate::outage::round_to_seconds(began.elapsed()));
+                match &due {
+                    Ok(Ok(_)) => tracing::info!(
+                        waited = %waited,
+                        "the database answered the outbox's read; forwarding goes on"
+                    ),
+                    // A connection found dead at last is no answer (a black-box run read "the
+                    // database answered" while it was still cut off).
+                    Ok(Err(e)) => tracing::info!(
+                        waited = %waited,
+                        error = %e,
+                        "the outbox's read that waited for the database ended with an error, \
+                         not an answer"
+                    ),
+                    Err(_) => {}
+                }
                 due
             }
         };

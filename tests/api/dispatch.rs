@@ -1088,3 +1088,37 @@ async fn a_target_down_for_a_while_is_said_once_and_so_is_its_return() {
     assert!(back.contains("failed attempts"), "{back}");
     assert_eq!(log.matches("forward target down").count(), 1);
 }
+
+#[actix_web::test]
+async fn an_idle_instance_that_dies_is_said_by_the_one_that_finds_it() {
+    // The surviving instance said nothing of an instance that died with nothing under way:
+    // the line came only with deliveries to take back (a black-box run).
+    let downstream = Downstream::start(|_, _| (200, Duration::ZERO));
+    let db = TestDb::create();
+    let text = config_text(&db.url, &target("ledger", &downstream.url, ""));
+    let mut first = Process::serve(&text);
+    until_logged(&first, "forward dispatcher registered").await;
+    let second = Process::serve(&text);
+    until_logged(&second, "forward dispatcher registered").await;
+    let pid = first.child.id();
+    first.child.kill().expect("SIGKILL");
+    let _ = first.child.wait();
+    // Its lock is free at once; it is taken for dead once free for 2.5 s, at a look every 2 s.
+    poll_until(
+        "the surviving instance says the other has stopped",
+        Duration::from_secs(20),
+        || {
+            second.log().lines().any(|line| {
+                line.contains("an instance sharing this database has stopped")
+                    && line.contains(&format!("pid={pid}"))
+            })
+        },
+    )
+    .await;
+    let log = second.log();
+    let line = log
+        .lines()
+        .find(|line| line.contains("an instance sharing this database has stopped"))
+        .expect("found above");
+    assert!(line.contains("deliveries=0"), "{line}");
+}

@@ -248,3 +248,39 @@ async fn replay_counts_that_cannot_be_flushed_are_warned_about_once_and_their_en
         server.log()
     );
 }
+
+/// A read that waited on a stalled database and then ended in an error (the connection found
+/// dead) was said to be answered: "the database answered the outbox's read; forwarding goes
+/// on", while the database was still cut off (a black-box run).
+#[actix_web::test]
+async fn a_stalled_outbox_read_that_ends_in_an_error_is_not_said_to_be_answered() {
+    if skip_on_sqlite(
+        "a_stalled_outbox_read_that_ends_in_an_error_is_not_said_to_be_answered",
+        "an embedded store has no connection to stall",
+    ) {
+        return;
+    }
+    let (_db, proxy, config) = forwarding_behind_a_proxy();
+    let server = Process::serve(&config);
+    proxy.stall();
+    crate::forward::poll_until("the stalled read is said", Duration::from_secs(30), || {
+        server.log().contains("reading the outbox has waited 10s")
+    })
+    .await;
+    // The connection ends under the stalled read: an error, not an answer.
+    proxy.cut();
+    crate::forward::poll_until("the read's end is said", Duration::from_secs(30), || {
+        server
+            .log()
+            .contains("the outbox's read that waited for the database ended with an error")
+    })
+    .await;
+    assert!(
+        !server
+            .log()
+            .contains("the database answered the outbox's read"),
+        "{}",
+        server.log()
+    );
+    proxy.restore();
+}
