@@ -156,6 +156,19 @@ async fn an_outbox_that_cannot_be_read_is_warned_about_once_and_its_end_is_logge
     assert!(failed >= 3, "{ended}");
 }
 
+/// A forwarding server whose database stalls (bytes held, no error), once it has said that
+/// its read of the outbox has waited 10 s.
+async fn an_outbox_read_stalled_for_10_s() -> (TestDb, Proxy, Process) {
+    let (db, proxy, config) = forwarding_behind_a_proxy();
+    let server = Process::serve(&config);
+    proxy.stall();
+    crate::forward::poll_until("the stalled read is said", Duration::from_secs(30), || {
+        server.log().contains("reading the outbox has waited 10s")
+    })
+    .await;
+    (db, proxy, server)
+}
+
 /// A database that stalls without an error (frozen, black-holed) held the dispatcher's read of
 /// the outbox, and with it all forwarding, with nothing in its log (a black-box run: only the
 /// requests' 503s and `/readyz` said anything). The wait is said once it has lasted 10 s, and
@@ -168,13 +181,7 @@ async fn an_outbox_read_the_database_does_not_answer_is_said_and_so_is_its_end()
     ) {
         return;
     }
-    let (_db, proxy, config) = forwarding_behind_a_proxy();
-    let server = Process::serve(&config);
-    proxy.stall();
-    crate::forward::poll_until("the stalled read is said", Duration::from_secs(30), || {
-        server.log().contains("reading the outbox has waited 10s")
-    })
-    .await;
+    let (_db, proxy, server) = an_outbox_read_stalled_for_10_s().await;
     proxy.restore();
     crate::forward::poll_until("its end is said", Duration::from_secs(30), || {
         server
@@ -260,13 +267,7 @@ async fn a_stalled_outbox_read_that_ends_in_an_error_is_not_said_to_be_answered(
     ) {
         return;
     }
-    let (_db, proxy, config) = forwarding_behind_a_proxy();
-    let server = Process::serve(&config);
-    proxy.stall();
-    crate::forward::poll_until("the stalled read is said", Duration::from_secs(30), || {
-        server.log().contains("reading the outbox has waited 10s")
-    })
-    .await;
+    let (_db, proxy, server) = an_outbox_read_stalled_for_10_s().await;
     // The connection ends under the stalled read: an error, not an answer.
     proxy.cut();
     crate::forward::poll_until("the read's end is said", Duration::from_secs(30), || {
