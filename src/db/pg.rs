@@ -98,24 +98,36 @@ pub fn connect(url: &str, lock_timeout: Duration) -> Result<PgConnection, diesel
     // idle_in_transaction_session_timeout makes the server abandon a transaction whose client
     // went away or stalled mid-way, so its claim cannot block the provider's retry for long:
     // 60 s, unless the server, database, role or URL already sets one.
+    // One round trip, the server's keepalives with them.
     pg.batch_execute(&format!(
         "SET lock_timeout = {}; SET application_name = 'hookbox'; \
          SELECT set_config('idle_in_transaction_session_timeout', '60000', false) \
-         WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
-        lock_timeout.as_millis().max(1)
+         WHERE current_setting('idle_in_transaction_session_timeout') = '0'; {}",
+        lock_timeout.as_millis().max(1),
+        server_keepalives(url)
     ))
     .map_err(diesel::r2d2::Error::QueryError)?;
-    ask_server_keepalives(&mut pg, url).map_err(diesel::r2d2::Error::QueryError)?;
     Ok(pg)
 }
 
-/// Sets [`SERVER_SESSION_DEFAULTS`] on a session opened from `url`: every session hookbox
-/// opens, pooled or not (`serve`'s migration connection lives as long as the process).
-pub fn ask_server_keepalives(pg: &mut PgConnection, url: &str) -> QueryResult<()> {
+/// [`SERVER_SESSION_DEFAULTS`] for a session opened from `url`, or nothing where the URL
+/// turns keepalives off.
+fn server_keepalives(url: &str) -> &'static str {
     if keepalives_off(url) {
-        return Ok(());
+        ""
+    } else {
+        SERVER_SESSION_DEFAULTS
     }
-    pg.batch_execute(SERVER_SESSION_DEFAULTS)
+}
+
+/// Sets [`SERVER_SESSION_DEFAULTS`] on a session opened from `url` outside [`connect`] (the
+/// commands' one connection, and `serve`'s for its migrations, which lives as long as the
+/// process).
+pub fn ask_server_keepalives(pg: &mut PgConnection, url: &str) -> QueryResult<()> {
+    match server_keepalives(url) {
+        "" => Ok(()),
+        sql => pg.batch_execute(sql),
+    }
 }
 
 /// A query that makes the transaction it runs in commit without waiting for its log to reach

@@ -98,12 +98,12 @@ pub enum ApiError {
     #[error("{0}")]
     NotFetched(&'static str),
     /// 503 `unavailable`, with `Retry-After`: the database answered, but failed the statement.
-    #[error("{}", database_failure(*.0))]
+    #[error("{}; nothing was stored, retry later{}", database_cause(*.0), retry_when(*.0))]
     Database(Failure),
     /// 503 `unavailable`, with `Retry-After`: an admin or console request's database work
     /// failed, or the database was unreachable. Its sentence says nothing of storing (it read,
     /// or asked for a change, not for an event to be stored).
-    #[error("{}", admin_failure(*.0))]
+    #[error("{}; retry later{}", database_cause(*.0), retry_when(*.0))]
     AdminDatabase(Failure),
     /// 503 `unavailable`, with `Retry-After`: an admin or console request waited past the
     /// lock wait for another writer (SQLite's write lock held by another process, a table
@@ -157,42 +157,26 @@ pub enum ApiError {
     },
 }
 
-/// The sentence of a failure the database answered with: what happened, never its own message
-/// (which may quote a value of the delivery).
-fn database_failure(failure: Failure) -> &'static str {
+/// What a failure the database answered with was, never its own message (which may quote a
+/// value of the delivery); each variant that carries one says what follows from it.
+fn database_cause(failure: Failure) -> &'static str {
     match failure {
-        Failure::Unreachable => "the database is unreachable; nothing was stored, retry later",
-        Failure::Permission => {
-            "the database refused hookbox permission to write; nothing was stored, retry later"
-        }
-        Failure::Refused => {
-            "the database refused a value of this request; nothing was stored, retry later"
-        }
-        Failure::Full => {
-            "the database's disk is full; nothing was stored, retry later (it is taken again once space is freed)"
-        }
+        Failure::Unreachable => "the database is unreachable",
+        Failure::Permission => "the database refused hookbox a permission it needs",
+        Failure::Refused => "the database refused a value of this request",
+        Failure::Full => "the database's disk is full",
         Failure::Io => {
-            "the database could not write its file (an I/O error: a file-size limit or a failing disk); nothing was stored, retry later"
+            "the database could not write its file (an I/O error: a file-size limit or a failing disk)"
         }
-        Failure::Other => {
-            "the database failed the request or is not set up (migrations pending); nothing was stored, retry later"
-        }
+        Failure::Other => "the database failed the request or is not set up (migrations pending)",
     }
 }
 
-/// [`database_failure`] for an admin or console request: what happened, and what to do.
-fn admin_failure(failure: Failure) -> &'static str {
+/// When a retry may work, where the cause says more than "later".
+fn retry_when(failure: Failure) -> &'static str {
     match failure {
-        Failure::Unreachable => "the database is unreachable; retry later",
-        Failure::Permission => "the database refused hookbox a permission it needs; retry later",
-        Failure::Refused => "the database refused a value of this request; retry later",
-        Failure::Full => "the database's disk is full; retry later, once space is freed",
-        Failure::Io => {
-            "the database could not read or write its file (an I/O error: a file-size limit or a failing disk); retry later"
-        }
-        Failure::Other => {
-            "the database failed the request or is not set up (migrations pending); retry later"
-        }
+        Failure::Full => ", once space is freed on its disk",
+        _ => "",
     }
 }
 

@@ -93,6 +93,15 @@ async fn while_the_database_is_unreachable_deliveries_get_503_and_the_server_rec
     assert_eq!(again.body, stored.body);
 }
 
+/// How many lines of `server`'s log hold both `level` and `text`.
+fn lines_of(server: &Process, level: &str, text: &str) -> usize {
+    server
+        .log()
+        .lines()
+        .filter(|line| line.contains(level) && line.contains(text))
+        .count()
+}
+
 /// A database behind a proxy, and the config of a source that forwards to a target nobody
 /// listens on: nothing is queued, so only the dispatcher's takes touch the outbox.
 fn forwarding_behind_a_proxy() -> (TestDb, Proxy, String) {
@@ -117,13 +126,7 @@ async fn an_outbox_that_cannot_be_read_is_warned_about_once_and_its_end_is_logge
     }
     let (_db, proxy, config) = forwarding_behind_a_proxy();
     let server = Process::serve_with_env(&config, &[("RUST_LOG", "info,hookbox=debug")]);
-    let lines = |level: &str, text: &str| {
-        server
-            .log()
-            .lines()
-            .filter(|line| line.contains(level) && line.contains(text))
-            .count()
-    };
+    let lines = |level: &str, text: &str| lines_of(&server, level, text);
 
     proxy.cut();
     crate::forward::poll_until("three takes failed", Duration::from_secs(60), || {
@@ -230,13 +233,7 @@ async fn replay_counts_that_cannot_be_flushed_are_warned_about_once_and_their_en
     proxy.cut();
     let again = send(&server.address, &delivery).await;
     assert!(again.replayed(), "{}", again.text());
-    let lines = |level: &str, text: &str| {
-        server
-            .log()
-            .lines()
-            .filter(|line| line.contains(level) && line.contains(text))
-            .count()
-    };
+    let lines = |level: &str, text: &str| lines_of(&server, level, text);
     crate::forward::poll_until("three flushes failed", Duration::from_secs(30), || {
         lines("DEBUG", "replay counts not flushed") >= 3
     })
