@@ -347,29 +347,21 @@ impl Outbox {
         // unsaid (a black-box run). A clean stop leaves its row for another's look too, so it
         // is said as well.
         for dead in &looked {
-            if dead.rows > 0 {
-                tracing::info!(
-                    instance = dead.id,
-                    host = %dead.host,
-                    pid = dead.pid,
-                    deliveries = dead.rows,
-                    "an instance sharing this database has stopped (or its lock was free for \
-                     2.5 s or more: it lost the connection that holds it, and is told at its \
-                     next look); its deliveries under way are due again now (they go with the \
-                     same key, so one that reached the downstream before it stopped may arrive \
-                     twice)"
-                );
+            let then = if dead.rows > 0 {
+                "its deliveries under way are due again now (they go with the same key, so one \
+                 that reached the downstream before it stopped may arrive twice)"
             } else {
-                tracing::info!(
-                    instance = dead.id,
-                    host = %dead.host,
-                    pid = dead.pid,
-                    deliveries = 0,
-                    "an instance sharing this database has stopped (a stop, a crash, or its \
-                     lock was free for 2.5 s or more: it lost the connection that holds it, and \
-                     is told at its next look); it had no deliveries under way"
-                );
-            }
+                "it had no deliveries under way"
+            };
+            tracing::info!(
+                instance = dead.id,
+                host = %dead.host,
+                pid = dead.pid,
+                deliveries = dead.rows,
+                "an instance sharing this database has stopped (a stop, a crash, or its lock was \
+                 free for 2.5 s or more: it lost the connection that holds it, and is told at its \
+                 next look); {then}"
+            );
         }
         Ok(looked.iter().any(|dead| dead.rows > 0))
     }
@@ -390,9 +382,9 @@ impl Outbox {
 
     /// Takes the rows `wants` asks for; `None` when the outbox cannot be read. The dispatcher
     /// tries again at every look (at least every 250 ms), so a failure that lasts (the database
-    /// down or unreachable) is logged as one outage ([`crate::outage::Outage`]): a WARN when it starts, at
-    /// most one a minute while it lasts, each failure at DEBUG, and an INFO when a take works
-    /// again.
+    /// down or unreachable) is logged as one outage ([`crate::outage::Outage`]): a WARN when
+    /// it starts, at most one a minute while it lasts, each failure at DEBUG, and an INFO when
+    /// a take works again.
     ///
     /// With the rows come the indexes of `wants` whose lane another database session held
     /// (ordered lanes on PostgreSQL, see `deliveries::take_due_and_held`).
