@@ -163,8 +163,8 @@ impl Amqp {
         // connect is given up on like one that timed out here.
         let _given_up_if_dropped = EndOnDrop(handshake.clone());
         let socket = {
-            let handshake = handshake.clone();
-            async move |uri: AMQPUri, _| handshake.open(&uri).await
+            let (handshake, timeout) = (handshake.clone(), self.timeout);
+            async move |uri: AMQPUri, _| handshake.open(&uri, timeout).await
         };
         let wait = bus::share_of(self.timeout, 3);
         let connecting = Connection::connector(uri, runtime, socket, properties);
@@ -341,9 +341,17 @@ impl Handshake {
     /// lapin's connect: a TCP connection to `uri`'s broker, with TLS over it for `amqps://`.
     /// One per handshake: lapin does not connect again (no reconnect is configured), and a
     /// second socket would escape [`Handshake::end`].
+    ///
+    /// The socket gives up on data the broker has not acknowledged within `timeout` (the
+    /// target's; `TCP_USER_TIMEOUT`), as an HTTP target's connections do
+    /// ([`super::http::GiveUpWithTheAttempt`]): a publish written into a path gone silent (a
+    /// black hole: no answer, no reset) stayed in the kernel's send queue after its attempt
+    /// timed out, and reached the broker once the path came back, after the attempts that
+    /// followed it. The connection ends instead, and the retry goes on a new one.
     async fn open(
         &self,
         uri: &AMQPUri,
+        timeout: Duration,
     ) -> lapin::Result<lapin::tcp::AsyncTcpStream<async_compat::Compat<tokio::net::TcpStream>>>
     {
         use lapin::uri::AMQPScheme;
@@ -353,6 +361,8 @@ impl Handshake {
             tokio::net::TcpStream::connect((uri.authority.host.as_str(), uri.authority.port))
                 .await
                 .map_err(failed)?;
+        // Best effort: a kernel without the option connects as before.
+        let _ = socket2::SockRef::from(&stream).set_tcp_user_timeout(Some(timeout));
         let stream = stream.into_std().map_err(failed)?;
         let copy = stream.try_clone().map_err(failed)?;
         {

@@ -1633,6 +1633,33 @@ async fn a_rabbitmq_connection_the_network_forgot_is_opened_again_within_seconds
 }
 
 #[actix_web::test]
+async fn a_rabbitmq_connection_gives_up_on_unacknowledged_data_with_the_attempt() {
+    // A publish written into a path gone silent (a black hole) stayed in the kernel's send
+    // queue after its attempt gave up, and could reach the broker once the path came back,
+    // after the attempts that followed it, as an HTTP target's requests did (a black-box
+    // run). The socket hookbox makes for lapin has TCP_USER_TIMEOUT at the target's timeout.
+    let proxy = Proxy::start("127.0.0.1:5672".to_owned());
+    let rabbit = Rabbit::create(true).await;
+    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port);
+    let app = TestApp::spawn_with(
+        &amqp_target_at("rabbit", &url, &rabbit.exchange, 30),
+        Handlers::default(),
+    )
+    .await;
+    send_events(&app.config, &app.address, 1).await;
+    until_delivered(&app.db, "rabbit", 1, Duration::from_secs(30)).await;
+    let timeouts = user_timeouts_of_connections_to(proxy.port);
+    assert_eq!(
+        timeouts.len(),
+        1,
+        "the target's one connection: {timeouts:?}"
+    );
+    for (fd, timeout) in timeouts {
+        assert_eq!(timeout, Some(Duration::from_secs(2)), "descriptor {fd}");
+    }
+}
+
+#[actix_web::test]
 async fn a_rabbitmq_link_cut_is_told_by_hookbox_not_by_the_clients_error_lines() {
     // The RabbitMQ client logged six ERROR lines naming no target at each cut of its link
     // (bb103): a routine broker restart paged whoever alerts on ERROR.

@@ -1225,3 +1225,47 @@ pub fn libfaketime() -> &'static str {
     );
     FAKETIME
 }
+
+/// The descriptors of this process's established TCP connections to `port` on 127.0.0.1.
+fn connections_to(port: u16) -> Vec<i32> {
+    // /proc/net/tcp: `sl local rem st ... inode`; state 01 is ESTABLISHED.
+    let inodes: Vec<String> = std::fs::read_to_string("/proc/self/net/tcp")
+        .expect("the process's TCP table")
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let remote = fields.get(2)?.rsplit_once(':')?.1;
+            let inode = (*fields.get(9)?).to_owned();
+            (u16::from_str_radix(remote, 16).ok()? == port && *fields.get(3)? == "01")
+                .then_some(inode)
+        })
+        .collect();
+    std::fs::read_dir("/proc/self/fd")
+        .expect("the process's descriptors")
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let link = std::fs::read_link(entry.path()).ok()?;
+            let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
+            let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
+            inodes.iter().any(|i| i == inode).then_some(fd)
+        })
+        .collect()
+}
+
+/// The `TCP_USER_TIMEOUT` of each of this process's established TCP connections to `port` on
+/// 127.0.0.1, by descriptor.
+pub fn user_timeouts_of_connections_to(port: u16) -> Vec<(i32, Option<Duration>)> {
+    connections_to(port)
+        .into_iter()
+        .map(|fd| {
+            // SAFETY: the descriptor is open (read from /proc/self/fd just now) and only
+            // borrowed here, for one getsockopt.
+            let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            let timeout = socket2::SockRef::from(&socket)
+                .tcp_user_timeout()
+                .expect("getsockopt");
+            (fd, timeout)
+        })
+        .collect()
+}
