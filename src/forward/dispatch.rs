@@ -275,8 +275,12 @@ async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &
             );
             ForwardResult::Delivered
         }
-        Settle::Retry { error, after, .. } => {
-            lane.attempt_failed(error);
+        Settle::Retry {
+            status,
+            error,
+            after,
+        } => {
+            lane.attempt_failed(*status, error);
             tracing::warn!(
                 error = %error,
                 retry_in_ms = after.as_millis() as u64,

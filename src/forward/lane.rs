@@ -53,6 +53,8 @@ const FAILING_TOLD_AFTER: Duration = Duration::from_secs(5);
 struct Failing {
     since: Instant,
     attempts: u64,
+    /// Every one of them was answered 429: the target is up, and asks for fewer.
+    throttled: bool,
     told: bool,
 }
 
@@ -268,32 +270,54 @@ impl Lane {
         }
     }
 
-    /// An attempt of this lane failed with `error` and is to be retried. Each failed attempt
-    /// has its own WARN; during an outage those come by the hundred, and none says the target
-    /// itself is down, nor when it is back. So a run of failures that has lasted
-    /// [`FAILING_TOLD_AFTER`] with no delivery in between is said once, and its end (the next
-    /// delivery) once told.
-    pub fn attempt_failed(&self, error: &str) {
+    /// An attempt of this lane failed with `error` (the target's `status`, where it answered)
+    /// and is to be retried. Each failed attempt has its own WARN; during an outage those come
+    /// by the hundred, and none says the target itself is down, nor when it is back. So a run
+    /// of failures that has lasted [`FAILING_TOLD_AFTER`] with no delivery in between is said
+    /// once, and its end (the next delivery) once told. A run of 429s alone is said as the
+    /// target throttling hookbox, not as down (a target that is up and asks for fewer
+    /// attempts is helped by a `rate` or a lower `concurrency`, not by looking for an outage).
+    pub fn attempt_failed(&self, status: Option<u16>, error: &str) {
         let at = Instant::now();
         let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
         let run = failing.get_or_insert(Failing {
             since: at,
             attempts: 0,
+            throttled: true,
             told: false,
         });
         run.attempts += 1;
+        run.throttled &= status == Some(429);
         if !run.told && at - run.since >= FAILING_TOLD_AFTER {
             run.told = true;
+            let failing_for = crate::config::Spelt(crate::outage::round_to_seconds(at - run.since));
+            let attempts = run.attempts;
+            let (what, advice) = if run.throttled {
+                (
+                    format!(
+                        "forward target throttling: every attempt for {failing_for} ({attempts} \
+                         attempts) was answered 429 Too Many Requests"
+                    ),
+                    ", never sooner than its Retry-After (dead-lettered after max_attempts); if \
+                     it stays so, give the target a `rate` or a lower `concurrency` within what \
+                     it takes",
+                )
+            } else {
+                (
+                    format!(
+                        "forward target down: every attempt has failed for {failing_for} \
+                         ({attempts} attempts), the latest with: {error}"
+                    ),
+                    " (dead-lettered after max_attempts)",
+                )
+            };
             tracing::warn!(
                 source = %self.source,
                 target = %self.target.config.name,
-                failing_for = %crate::config::Spelt(crate::outage::round_to_seconds(at - run.since)),
-                failed_attempts = run.attempts,
-                "forward target down: every attempt has failed for {} ({} attempts), the \
-                 latest with: {error}. Its deliveries wait in the outbox and are retried with \
-                 backoff (dead-lettered after max_attempts); a line says when it delivers again",
-                crate::config::Spelt(crate::outage::round_to_seconds(at - run.since)),
-                run.attempts
+                failing_for = %failing_for,
+                failed_attempts = attempts,
+                "{what}. Its deliveries wait in the outbox and are retried with backoff{advice}; \
+                 a line says when it delivers again"
             );
         }
     }

@@ -1090,6 +1090,42 @@ async fn a_target_down_for_a_while_is_said_once_and_so_is_its_return() {
 }
 
 #[actix_web::test]
+async fn a_target_answering_429_for_a_while_is_said_to_throttle_not_to_be_down() {
+    // A target that answered 429 for 5 s was logged `forward target down`: an operator looked
+    // for an outage where the target was up and asking for fewer attempts, which a `rate`
+    // would give it.
+    let downstream = Downstream::start(crate::downstream::always(429));
+    let db = TestDb::create();
+    let text = config_text(&db.url, &target("ledger", &downstream.url, ""));
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    send_all(&process.address, &config, &ids(4), 4).await;
+    // Retried after about 1, 2, 4 and 8 s: the fifth attempt of each is 7.5 s in at least.
+    poll_until(
+        "the process says the target throttles",
+        Duration::from_secs(30),
+        || process.log().contains("forward target throttling"),
+    )
+    .await;
+    let log = process.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("forward target throttling"))
+        .collect();
+    assert_eq!(said.len(), 1, "said once: {said:?}");
+    assert!(said[0].contains("WARN"), "{}", said[0]);
+    assert!(
+        said[0].contains("answered 429 Too Many Requests") && said[0].contains("`rate`"),
+        "says what the target asks and what helps: {}",
+        said[0]
+    );
+    assert!(!log.contains("forward target down"), "{log}");
+    downstream.behave(|_, _| (200, Duration::ZERO));
+    send_all(&process.address, &config, &ids(1), 1).await;
+    until_logged(&process, "forward target delivers again").await;
+}
+
+#[actix_web::test]
 async fn an_idle_instance_that_dies_is_said_by_the_one_that_finds_it() {
     // The surviving instance said nothing of an instance that died with nothing under way:
     // the line came only with deliveries to take back (a black-box run).
