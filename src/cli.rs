@@ -784,6 +784,17 @@ fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<Pass> {
                         .join(" ")
                 );
             }
+            if crate::db::Failure::of(&e) == crate::db::Failure::Full {
+                // Deleting rows needs room for the log of the deletes: purge cannot free a
+                // full disk (a black-box run: only the database's words were said).
+                return anyhow::anyhow!(
+                    "{e}: the disk of the store {} is full, and deleting rows needs room to \
+                     log the deletes, so purge cannot free it; what was removed before stays \
+                     removed; free space on that disk by other means first, then run purge \
+                     again",
+                    config.database.display_url()
+                );
+            }
             if crate::db::Failure::of(&e) == crate::db::Failure::Permission {
                 return anyhow::anyhow!(
                     "{e}: the store {} does not take this user's deletes (a read-only file or \

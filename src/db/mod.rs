@@ -1078,7 +1078,17 @@ pub fn checkpoint_on_stop(pool: &DbPool) {
             "SQLite write-ahead log not fully checkpointed: another process has the file open; \
              back it up with sqlite3's .backup, or copy the -wal and -shm files with it"
         ),
-        Err(e) => tracing::warn!(error = %e, "SQLite write-ahead log checkpoint failed"),
+        // The file alone is not a backup then: a checkpoint that failed part way (a full disk)
+        // leaves it readable only with its log (a black-box run: a copy of it alone read as
+        // `database disk image is malformed`; with its -wal beside it, every event).
+        Err(e) => tracing::warn!(
+            error = %e,
+            "SQLite write-ahead log checkpoint failed: the database file alone is not a backup \
+             now and may read as malformed without its -wal file; keep the -wal and -shm files \
+             beside it and copy all three together (or use sqlite3's .backup). Nothing stored \
+             is lost: the next start reads the log, and a clean stop once the cause is mended \
+             (a full disk: free space on it) checkpoints it"
+        ),
     }
 }
 

@@ -687,19 +687,21 @@ impl Drop for SmallDisk {
 
 /// `/readyz`'s own write is rolled back before SQLite needs a new page, so it cannot see a full
 /// disk; once a delivery failed for one, it answers not ready (for 30 s after the last such
-/// failure), so a load balancer stops sending to an instance whose every delivery fails.
+/// failure), so a load balancer stops sending to an instance whose every delivery fails. The
+/// stop that cannot checkpoint and a purge that cannot delete say what that means and what to
+/// do.
 #[actix_web::test]
-async fn after_a_delivery_failed_for_a_full_disk_readyz_says_not_ready() {
+async fn a_full_disk_is_said_by_readyz_by_the_stop_and_by_purge() {
     if !store_is_sqlite() {
         eprintln!(
-            "after_a_delivery_failed_for_a_full_disk_readyz_says_not_ready: skipped on \
+            "a_full_disk_is_said_by_readyz_by_the_stop_and_by_purge: skipped on \
              PostgreSQL: the disk filled is the SQLite file's"
         );
         return;
     }
     let Some(disk) = SmallDisk::mount("3m") else {
         eprintln!(
-            "after_a_delivery_failed_for_a_full_disk_readyz_says_not_ready: skipped: a tmpfs \
+            "a_full_disk_is_said_by_readyz_by_the_stop_and_by_purge: skipped: a tmpfs \
              cannot be mounted here (it takes root)"
         );
         return;
@@ -719,6 +721,32 @@ async fn after_a_delivery_failed_for_a_full_disk_readyz_says_not_ready() {
     assert_eq!(ready.status, 503, "{}", ready.text());
     assert!(ready.text().contains("disk is full"), "{}", ready.text());
     assert!(ready.header("Retry-After").is_some());
+    // The clean stop cannot move the log into the file on a full disk: said with what it
+    // means for a backup (a copy of the file alone, the usual backup after a clean stop, read
+    // as malformed in a black-box run).
+    server.terminate();
+    server.wait_for_log("hookbox stopped");
+    let log = server.log();
+    let said = log
+        .lines()
+        .find(|l| l.contains("checkpoint failed"))
+        .unwrap_or_else(|| panic!("the stop says the checkpoint failed:\n{log}"));
+    assert!(
+        said.contains("not a backup") && said.contains("-wal"),
+        "{said}"
+    );
     drop(server);
+    // purge cannot free a full disk (its deletes need room too), and says what to do instead
+    // rather than only the database's words (a black-box run).
+    let file = TempFile::new(&config);
+    let (code, _, stderr) = run_hookbox(
+        &["purge", "--config", &file.path(), "--older-than", "0s"],
+        &[],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("free space on that disk by other means first"),
+        "{stderr}"
+    );
     drop(disk);
 }
