@@ -203,7 +203,7 @@ impl Registration {
                 .map(|(since, _)| *since);
             let confirm = since.is_some_and(|since| since.elapsed() >= FREE_FOR);
             match look_at(&self.store, conn, other, confirm)? {
-                Found::Alive => {}
+                Found::Alive | Found::Gone => {}
                 Found::Free => {
                     free.insert(other, (since.unwrap_or_else(Instant::now), locks_taken));
                 }
@@ -233,6 +233,20 @@ impl Registration {
                      (should it not take its lock again within 2.5 s, another instance may take \
                      this one for dead and send its deliveries under way again, with the same \
                      key)"
+                );
+                self.lock = None;
+                self.listed = false;
+            }
+        }
+        if let Some(Lock::File(file, path)) = &self.lock {
+            if !still_named(file, path) {
+                tracing::warn!(
+                    instance = self.id(),
+                    path = %path,
+                    "this instance's lock file was removed or replaced while it runs; making it \
+                     again. Do not delete hookbox's `*-hookbox-N.lock` files while serve runs: \
+                     another instance takes an instance whose lock file is gone for dead, and \
+                     sends its deliveries under way again, with the same key"
                 );
                 self.lock = None;
                 self.listed = false;
@@ -284,6 +298,20 @@ impl Drop for Registration {
 /// The lock file of instance `id` of the SQLite file at `path`: beside the file itself, where
 /// `path` is a symbolic link or a relative path (every process sharing the file must find one
 /// another's locks, however each names the file); beside `path` if it cannot be resolved.
+/// Whether `path` still names `file`: a lock file deleted (a clean-up job taking it for a
+/// stray) or replaced is held by no one that another instance can see, which then took this
+/// one for dead at every look, for good, and sent its deliveries under way again while it
+/// still sent them (a black-box run).
+fn still_named(file: &File, path: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
+        // Not known to be gone: kept (a failure to read it says nothing of the lock).
+        (Err(_), _) => true,
+        (Ok(_), Err(e)) => e.kind() != std::io::ErrorKind::NotFound,
+    }
+}
+
 fn lock_path(path: &str, id: i64) -> String {
     let file = std::fs::canonicalize(path)
         .map(|real| real.to_string_lossy().into_owned())
@@ -450,6 +478,9 @@ enum Found {
     /// Its lock was free at the last look and still is: its leased rows (this many) are due
     /// again and its row is gone.
     TakenBack(usize),
+    /// Its lock was free, but another instance's look took it back first: nothing came back
+    /// here, and there is nothing to say.
+    Gone,
 }
 
 /// Whether instance `id`'s lock is free; if it is and `confirm` (it has been free since a
@@ -464,10 +495,17 @@ fn look_at(
     id: i64,
     confirm: bool,
 ) -> anyhow::Result<Found> {
-    let forget = |conn: &mut AnyConnection| -> QueryResult<usize> {
+    // What came back, or `Gone` when another instance's look took it back first (its row is
+    // gone): two survivors both said the same death, the second with no deliveries under way
+    // (a black-box run).
+    let forget = |conn: &mut AnyConnection| -> QueryResult<Found> {
         let rows = super::deliveries::release_leased_by(conn, id)?;
-        on_backend!(conn, c => diesel::delete(instances::table.find(id)).execute(c))?;
-        Ok(rows)
+        let listed = on_backend!(conn, c => diesel::delete(instances::table.find(id)).execute(c))?;
+        Ok(if listed == 0 && rows == 0 {
+            Found::Gone
+        } else {
+            Found::TakenBack(rows)
+        })
     };
     match store {
         Store::Postgres(_) if !confirm => {
@@ -494,7 +532,7 @@ fn look_at(
                     .get_result(conn)?;
             Ok::<_, diesel::result::Error>(match locked.locked {
                 false => Found::Alive,
-                true => Found::TakenBack(forget(conn)?),
+                true => forget(conn)?,
             })
         })?),
         Store::SqliteFile(path) => {
@@ -512,11 +550,11 @@ fn look_at(
             if !confirm {
                 return Ok(Found::Free);
             }
-            let rows = write_transaction(conn, forget)?;
+            let found = write_transaction(conn, forget)?;
             if held.is_some() {
                 let _ = std::fs::remove_file(&path);
             }
-            Ok(Found::TakenBack(rows))
+            Ok(found)
         }
         Store::SqliteMemory => Ok(Found::Alive),
     }
@@ -544,6 +582,28 @@ mod tests {
         // Not there (yet): beside the path as written.
         let missing = dir.join("missing.db").to_string_lossy().into_owned();
         assert_eq!(lock_path(&missing, 7), format!("{missing}-hookbox-7.lock"));
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn an_instance_another_look_took_back_first_is_not_taken_back_or_said_again() {
+        // Two survivors whose looks met both said the same death, the second "with no
+        // deliveries under way" (a black-box run): the second finds the row gone.
+        let dir = std::env::temp_dir().join(format!("hookbox-look-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let path = dir.join("store.db").to_string_lossy().into_owned();
+        let mut conn = AnyConnection::Sqlite(
+            crate::db::sqlite::connect(&path, Duration::from_secs(5)).expect("the store"),
+        );
+        crate::db::migrate(&mut conn, |_| Ok(())).expect("migrated");
+        let store = Store::SqliteFile(path);
+        assert!(list(&mut conn, 42).expect("listed"));
+        // No lock file: free, and confirmed.
+        let first = look_at(&store, &mut conn, 42, true).expect("a look");
+        assert!(matches!(first, Found::TakenBack(0)));
+        let second = look_at(&store, &mut conn, 42, true).expect("a look");
+        assert!(matches!(second, Found::Gone));
+        drop(conn);
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }

@@ -446,26 +446,30 @@ fn a_short_request_timeout_still_gives_the_headers_a_second() {
     }
 }
 
+/// The names of the dispatchers' lock files beside the SQLite store `db`
+/// (`<file>-hookbox-<id>.lock`).
+fn lock_files_of(db: &TestDb) -> Vec<String> {
+    let file = std::path::PathBuf::from(db.url.trim_start_matches("sqlite://"));
+    let dir = file.parent().expect("a directory");
+    let prefix = format!(
+        "{}-hookbox-",
+        file.file_name().expect("a name").to_string_lossy()
+    );
+    std::fs::read_dir(dir)
+        .expect("the directory")
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(&prefix) && name.ends_with(".lock"))
+        .collect()
+}
+
 #[test]
 fn a_forwarding_serve_on_sqlite_leaves_no_lock_file_once_stopped() {
     if !store_is_sqlite() {
         return;
     }
     let db = TestDb::create();
-    let file = std::path::PathBuf::from(db.url.trim_start_matches("sqlite://"));
-    let locks = || -> Vec<String> {
-        let dir = file.parent().expect("a directory");
-        let prefix = format!(
-            "{}-hookbox-",
-            file.file_name().expect("a name").to_string_lossy()
-        );
-        std::fs::read_dir(dir)
-            .expect("the directory")
-            .filter_map(Result::ok)
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .filter(|name| name.starts_with(&prefix) && name.ends_with(".lock"))
-            .collect()
-    };
+    let locks = || lock_files_of(&db);
     let config = config_text(
         &db.url,
         &crate::forward::forward_extra("http://127.0.0.1:9/hooks", "1s", 3),
@@ -486,6 +490,40 @@ fn a_forwarding_serve_on_sqlite_leaves_no_lock_file_once_stopped() {
             process.log()
         );
     }
+}
+
+#[test]
+fn a_lock_file_removed_under_a_running_serve_is_made_again() {
+    // A clean-up job that deleted a stray-looking `*.lock` file left the instance with a lock
+    // no one could see: another instance took it for dead at every look, for good, and sent
+    // its deliveries under way again while it still sent them (a black-box run).
+    if !store_is_sqlite() {
+        return;
+    }
+    let db = TestDb::create();
+    let config = config_text(
+        &db.url,
+        &crate::forward::forward_extra("http://127.0.0.1:9/hooks", "1s", 3),
+    );
+    let process = Process::serve(&config);
+    process.wait_for_log("forward dispatcher registered");
+    let locks = lock_files_of(&db);
+    assert_eq!(locks.len(), 1, "its lock: {locks:?}");
+    let dir = std::path::PathBuf::from(db.url.trim_start_matches("sqlite://"));
+    let path = dir.parent().expect("a directory").join(&locks[0]);
+    std::fs::remove_file(&path).expect("remove the lock file");
+    // Looked at every 2 s.
+    process.wait_for_log("lock file was removed or replaced");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "made again:\n{}",
+            process.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(lock_files_of(&db), locks, "the same instance's, no other");
 }
 
 #[actix_web::test]
