@@ -49,9 +49,19 @@ const HELD_GAP: Duration = Duration::from_secs(2);
 /// silence beyond each attempt's own line.
 const FAILING_TOLD_AFTER: Duration = Duration::from_secs(5);
 
+/// Failed attempts of a lane further apart than this are two runs, not one, until one is
+/// said: the target was not tried in between (nothing was due), so nothing says it was down.
+/// One event's failed series, an idle spell, then another event's first failure read as 16 s
+/// of outage (a black-box run). Longer than the backoff's gaps while a run is young (the
+/// fifth attempt of one event comes 4-8 s after the fourth), so a target down with a single
+/// event to send is still said.
+const FAILING_GAP: Duration = Duration::from_secs(10);
+
 /// A lane's attempts failing in a row since `since`, none delivered in between.
 struct Failing {
     since: Instant,
+    /// The latest failed attempt's end.
+    last: Instant,
     attempts: u64,
     /// Every one of them was answered 429: the target is up, and asks for fewer.
     throttled: bool,
@@ -273,20 +283,27 @@ impl Lane {
     /// An attempt of this lane failed with `error` (the target's `status`, where it answered)
     /// and is to be retried. Each failed attempt has its own WARN; during an outage those come
     /// by the hundred, and none says the target itself is down, nor when it is back. So a run
-    /// of failures that has lasted [`FAILING_TOLD_AFTER`] with no delivery in between is said
-    /// once, and its end (the next delivery) once told. A run of 429s alone is said as the
+    /// of failures that has lasted [`FAILING_TOLD_AFTER`] with no delivery in between (nor,
+    /// before it is said, a spell of [`FAILING_GAP`] without a failed attempt) is said once,
+    /// and its end (the next delivery) once told. A run of 429s alone is said as the
     /// target throttling hookbox, not as down (a target that is up and asks for fewer
     /// attempts is helped by a `rate` or a lower `concurrency`, not by looking for an outage).
     pub fn attempt_failed(&self, status: Option<u16>, error: &str) {
         let at = Instant::now();
         let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        let run = failing.get_or_insert(Failing {
+        let fresh = Failing {
             since: at,
+            last: at,
             attempts: 0,
             throttled: true,
             told: false,
-        });
+        };
+        let run = match failing.as_mut() {
+            Some(run) if run.told || at - run.last <= FAILING_GAP => run,
+            _ => failing.insert(fresh),
+        };
         run.attempts += 1;
+        run.last = at;
         run.throttled &= status == Some(429);
         if !run.told && at - run.since >= FAILING_TOLD_AFTER {
             run.told = true;

@@ -1090,6 +1090,42 @@ async fn a_target_down_for_a_while_is_said_once_and_so_is_its_return() {
 }
 
 #[actix_web::test]
+async fn failures_a_quiet_spell_apart_are_not_said_as_an_outage() {
+    // One event's failed series, 11 s with nothing to send, then another event's first
+    // failure was said as `forward target down: every attempt has failed for 16s`, though the
+    // target was never tried in between (a black-box run).
+    let downstream = Downstream::start(crate::downstream::always(503));
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &target("ledger", &downstream.url, "max_attempts = 2"),
+    );
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    let process = &process;
+    let gave_up = |n: usize| move || process.log().matches("forward gave up").count() >= n;
+    send_all(&process.address, &config, &ids(1), 1).await;
+    poll_until(
+        "the first event is dead",
+        Duration::from_secs(10),
+        gave_up(1),
+    )
+    .await;
+    // The quiet spell: longer than the 10 s that make two runs of failures.
+    actix_web::rt::time::sleep(Duration::from_millis(10_500)).await;
+    send_all(&process.address, &config, &ids(1), 1).await;
+    poll_until(
+        "the second event is dead",
+        Duration::from_secs(10),
+        gave_up(2),
+    )
+    .await;
+    let log = process.log();
+    assert_eq!(log.matches("forward attempt failed").count(), 2, "{log}");
+    assert!(!log.contains("forward target down"), "{log}");
+}
+
+#[actix_web::test]
 async fn a_target_answering_429_for_a_while_is_said_to_throttle_not_to_be_down() {
     // A target that answered 429 for 5 s was logged `forward target down`: an operator looked
     // for an outage where the target was up and asking for fewer attempts, which a `rate`
