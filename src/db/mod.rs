@@ -599,6 +599,9 @@ pub enum Failure {
     /// SQLite could not read or write its files (`disk I/O error`): a file-size limit reached
     /// (`ulimit -f`), a failing disk.
     Io,
+    /// SQLite found its file damaged (`database disk image is malformed`): a backup put in
+    /// place beside the old file's `-wal`, a file copied while written.
+    Damaged,
     /// Anything else.
     Other,
 }
@@ -625,6 +628,7 @@ impl Failure {
                 Failure::Full
             }
             _ if message.contains("disk I/O error") => Failure::Io,
+            _ if message.contains("database disk image is malformed") => Failure::Damaged,
             _ if message.contains("permission denied")
                 || message.contains("readonly database")
                 || message.contains("read-only transaction") =>
@@ -1276,6 +1280,10 @@ mod tests {
     fn a_full_disk_is_told_apart_from_other_failures() {
         assert_eq!(failure("database or disk is full"), Failure::Full);
         assert_eq!(failure("disk I/O error"), Failure::Io);
+        assert_eq!(
+            failure("database disk image is malformed"),
+            Failure::Damaged
+        );
         assert_eq!(
             failure("could not extend file \"base/16384/2619\": No space left on device"),
             Failure::Full

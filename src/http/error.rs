@@ -168,6 +168,7 @@ fn database_cause(failure: Failure) -> &'static str {
         Failure::Io => {
             "the database could not write its file (an I/O error: a file-size limit or a failing disk)"
         }
+        Failure::Damaged => "the database's file is damaged (SQLite reads it as malformed)",
         Failure::Other => "the database failed the request or is not set up (migrations pending)",
     }
 }
@@ -176,6 +177,7 @@ fn database_cause(failure: Failure) -> &'static str {
 fn retry_when(failure: Failure) -> &'static str {
     match failure {
         Failure::Full => ", once space is freed on its disk",
+        Failure::Damaged => ", once it is mended (docs/stores.md, Backups)",
         _ => "",
     }
 }

@@ -125,6 +125,9 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
                 db::Failure::Permission => "the database refuses hookbox permission to write",
                 db::Failure::Full => "the database's disk is full",
                 db::Failure::Io => "the database could not write its file (an I/O error)",
+                db::Failure::Damaged => {
+                    "the database's file is damaged (SQLite reads it as malformed)"
+                }
                 db::Failure::Refused => "the database refused the check's write",
                 db::Failure::Unreachable | db::Failure::Other => {
                     "the store does not take a write (the log has the database's error)"
