@@ -685,6 +685,68 @@ impl Drop for SmallDisk {
     }
 }
 
+/// A redelivery needs no room: on a full disk a stored event's same payload is still its
+/// stored answer, and another payload under its id still `422 event_id_reused` (it was a 503
+/// "retry later" for a delivery no retry makes storable, found by a black-box run).
+#[actix_web::test]
+async fn on_a_full_disk_a_reused_event_id_is_still_a_422() {
+    if !store_is_sqlite() {
+        eprintln!(
+            "on_a_full_disk_a_reused_event_id_is_still_a_422: skipped on PostgreSQL: the disk \
+             filled is the SQLite file's"
+        );
+        return;
+    }
+    let Some(disk) = SmallDisk::mount("3m") else {
+        eprintln!(
+            "on_a_full_disk_a_reused_event_id_is_still_a_422: skipped: a tmpfs cannot be \
+             mounted here (it takes root)"
+        );
+        return;
+    };
+    let url = format!("sqlite://{}", disk.dir.join("hookbox.db").display());
+    let config = config_text(&url, "");
+    let parsed = parse_config(&config);
+    let id = unique_id("evt");
+    let body = stripe_event(&id, "charge.succeeded", 1);
+    let server = Process::serve(&config);
+    let first = send(
+        &server.address,
+        &delivery_for(&parsed, "stripe", &body, &id, unix_now()),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let refused = first_refusal_of_big_events(&server, &config).await;
+    assert!(
+        refused.text().contains("disk is full"),
+        "{}",
+        refused.text()
+    );
+    // A new process: nothing answered from memory.
+    drop(server);
+    let server = Process::serve(&config);
+    let same = send(
+        &server.address,
+        &delivery_for(&parsed, "stripe", &body, &id, unix_now()),
+    )
+    .await;
+    assert_eq!(same.status, 200, "{}", same.text());
+    let other = stripe_event(&id, "charge.refunded", 1);
+    let reused = send(
+        &server.address,
+        &delivery_for(&parsed, "stripe", &other, &id, unix_now()),
+    )
+    .await;
+    assert_eq!(reused.status, 422, "{}", reused.text());
+    assert!(
+        reused.text().contains("event_id_reused"),
+        "{}",
+        reused.text()
+    );
+    drop(server);
+    drop(disk);
+}
+
 /// `/readyz`'s own write is rolled back before SQLite needs a new page, so it cannot see a full
 /// disk; once a delivery failed for one, it answers not ready (for 30 s after the last such
 /// failure), so a load balancer stops sending to an instance whose every delivery fails. The
