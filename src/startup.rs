@@ -265,7 +265,7 @@ impl Application {
             let _ = web::block(move || db::checkpoint_on_stop(&pool)).await;
         }
         if let Some(dispatcher) = finished {
-            dispatcher.release();
+            dispatcher.release().await;
         }
         self.purge.say_if_abandoned();
         tracing::info!("hookbox stopped");

@@ -732,6 +732,9 @@ fn in_turn<T>(
     })
 }
 
+/// How long a stop waits for a look under way to end before it lets go of the registration.
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
+
 /// The dispatcher task inside `serve`.
 pub struct Dispatcher {
     running: tokio::task::JoinHandle<()>,
@@ -749,11 +752,21 @@ impl Dispatcher {
     }
 
     /// After [`finish`](Self::finish) found every attempt ended: lets go of this instance's
-    /// registration ([`Registration::release`]). Not while a look holds it (a database that
-    /// hangs): the process's end lets go of the lock then.
-    pub fn release(&self) {
-        if let Ok(mut registration) = self.registration.try_lock() {
-            registration.release();
+    /// registration ([`Registration::release`]), once a look still under way (on a thread of
+    /// its own, which outlives the dispatcher's task) has ended: a stop that came during a
+    /// look left the SQLite lock file behind. Not after [`RELEASE_WAIT`] (a database that
+    /// hangs): the process's end lets go of the lock then, and the file stays.
+    pub async fn release(&self) {
+        let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
+        loop {
+            if let Ok(mut registration) = self.registration.try_lock() {
+                registration.release();
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
