@@ -381,6 +381,8 @@ pub struct Conn {
     health: Arc<Health>,
     /// When the pool last handed this connection out (or made it).
     handed_out: Instant,
+    /// When it was made.
+    made: Instant,
 }
 
 /// A connection idle this long is checked with a round trip before it is handed out: a server
@@ -395,6 +397,8 @@ struct Health {
     since: Instant,
     /// Milliseconds from `since` to the last dead connection seen, plus one; 0 if none was.
     dead_seen: AtomicU64,
+    /// The same, for the last SQLite connection that refused a write as read-only.
+    read_only_seen: AtomicU64,
 }
 
 impl Health {
@@ -402,17 +406,37 @@ impl Health {
         Arc::new(Health {
             since: Instant::now(),
             dead_seen: AtomicU64::new(0),
+            read_only_seen: AtomicU64::new(0),
         })
     }
 
     fn saw_dead(&self) {
+        self.saw(&self.dead_seen);
+    }
+
+    /// A connection refused a write as read-only: the others made before now were opened as
+    /// it was (SQLite opens a file it cannot write read-only), and are made again.
+    fn saw_read_only(&self) {
+        self.saw(&self.read_only_seen);
+    }
+
+    fn saw(&self, seen: &AtomicU64) {
         let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
-        self.dead_seen.fetch_max(ms, Ordering::Relaxed);
+        seen.fetch_max(ms, Ordering::Relaxed);
     }
 
     /// Whether a dead connection was seen after `at`.
     fn dead_seen_after(&self, at: Instant) -> bool {
-        match self.dead_seen.load(Ordering::Relaxed) {
+        self.seen_after(&self.dead_seen, at)
+    }
+
+    /// Whether a connection refused a write as read-only after `at`.
+    fn read_only_seen_after(&self, at: Instant) -> bool {
+        self.seen_after(&self.read_only_seen, at)
+    }
+
+    fn seen_after(&self, seen: &AtomicU64, at: Instant) -> bool {
+        match seen.load(Ordering::Relaxed) {
             0 => false,
             ms => self.since + Duration::from_millis(ms - 1) >= at,
         }
@@ -462,10 +486,23 @@ impl Conn {
     /// Marks the connection broken when `error` says the connection itself failed (closed, or
     /// a command could not be sent): the pool then drops it rather than hand it out again.
     /// Returns whether it did.
+    ///
+    /// So too an SQLite connection that refused a write as read-only: SQLite opened the file
+    /// read-only because it was not writable then, and such a connection stays so for its
+    /// life. Kept in the pool, a store made writable again went on refusing every delivery
+    /// until the pool retired its connections, ten minutes later (a black-box run); a fresh
+    /// connection opens it for writing as soon as it can be. The pool's other connections,
+    /// made before, are made again as they are checked out (see [`Health`]).
     pub fn note(&mut self, error: &DieselError) -> bool {
         if is_connection_error(error) {
             self.broken = true;
             self.health.saw_dead();
+        } else if matches!(self.conn, AnyConnection::Sqlite(_))
+            && matches!(error, DieselError::DatabaseError(_, info)
+                if info.message().contains("readonly database"))
+        {
+            self.broken = true;
+            self.health.saw_read_only();
         }
         self.broken
     }
@@ -744,6 +781,7 @@ impl ManageConnection for Manager {
             lock_wait: self.lock_timeout,
             health: self.health.clone(),
             handed_out: Instant::now(),
+            made: Instant::now(),
         })
     }
 
@@ -751,6 +789,11 @@ impl ManageConnection for Manager {
     /// last handed out before a dead connection was seen (see [`Health`]); the pool drops a
     /// connection that fails it and takes the next, or makes a new one.
     fn is_valid(&self, conn: &mut Conn) -> Result<(), Self::Error> {
+        if self.health.read_only_seen_after(conn.made) {
+            return Err(diesel::r2d2::Error::ConnectionError(
+                diesel::ConnectionError::BadConnection(MADE_AGAIN_WRITABLE.to_owned()),
+            ));
+        }
         let last = std::mem::replace(&mut conn.handed_out, Instant::now());
         if last.elapsed() < IDLE_BEFORE_CHECK && !self.health.dead_seen_after(last) {
             return Ok(());
@@ -823,9 +866,16 @@ struct SayConnectionErrors {
 /// How often [`SayConnectionErrors`] says so while the errors go on.
 const CONNECTION_ERRORS_SAID_EVERY: Duration = Duration::from_secs(60);
 
+/// Why a checkout drops a connection made before one refused a write as read-only (see
+/// [`Health`]): a connection made again, not a failure, and not said.
+const MADE_AGAIN_WRITABLE: &str = "made before a connection refused a write as read-only";
+
 impl diesel::r2d2::HandleError<diesel::r2d2::Error> for SayConnectionErrors {
     fn handle_error(&self, error: diesel::r2d2::Error) {
         let mut text = error.to_string();
+        if text.contains(MADE_AGAIN_WRITABLE) {
+            return;
+        }
         if text.trim().is_empty() {
             // libpq's message for an SSL connection cut from under it can be empty.
             text = "the database driver gave no message".to_owned();

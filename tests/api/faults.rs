@@ -685,6 +685,74 @@ impl Drop for SmallDisk {
     }
 }
 
+/// A store that was not writable as serve started is taken as soon as it is made writable:
+/// SQLite opened it read-only on each pooled connection, which stayed so until the pool retired
+/// it, and every delivery was 503 for ten minutes more (a black-box run).
+#[actix_web::test]
+async fn a_store_made_writable_again_takes_deliveries_at_once() {
+    if !store_is_sqlite() {
+        eprintln!(
+            "a_store_made_writable_again_takes_deliveries_at_once: skipped on PostgreSQL: the \
+             file made writable is the SQLite store's"
+        );
+        return;
+    }
+    // The file modes bind only a user other than root: serve runs as nobody.
+    let as_nobody = [
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+    ];
+    let is_root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    });
+    if !is_root
+        || std::process::Command::new("setpriv")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!(
+            "a_store_made_writable_again_takes_deliveries_at_once: skipped: it runs serve as \
+             another user, which takes root and setpriv"
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(unique_id("hookbox-read-only"));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let set_mode = |path: &std::path::Path, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    // Nobody makes its -shm and -wal here.
+    set_mode(&dir, 0o777);
+    let file = dir.join("hookbox.db");
+    let config = config_text(&format!("sqlite://{}", file.display()), "");
+    let parsed = parse_config(&config);
+    let config_file = TempFile::new(&config);
+    set_mode(std::path::Path::new(&config_file.path()), 0o644);
+    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_file.path()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    // Readable by nobody, not writable.
+    set_mode(&file, 0o644);
+    let server = Process::serve_through(&as_nobody, &config);
+    let post = |id: &str| {
+        let body = stripe_event(id, "charge.succeeded", 1);
+        delivery_for(&parsed, "stripe", &body, id, unix_now())
+    };
+    let refused = send(&server.address, &post(&unique_id("evt"))).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    set_mode(&file, 0o666);
+    let taken = send(&server.address, &post(&unique_id("evt"))).await;
+    assert_eq!(taken.status, 200, "{}\n{}", taken.text(), server.log());
+    let ready = get(&server.address, "/readyz", None).await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A redelivery needs no room: on a full disk a stored event's same payload is still its
 /// stored answer, and another payload under its id still `422 event_id_reused` (it was a 503
 /// "retry later" for a delivery no retry makes storable, found by a black-box run).

@@ -835,6 +835,16 @@ impl Process {
         Process::serve_by(command, config, &[])
     }
 
+    /// [`Process::serve`] through `wrapper` (a program and its arguments that runs the one
+    /// after them: `setpriv --reuid=nobody ...`, say).
+    pub fn serve_through(wrapper: &[&str], config: &str) -> Process {
+        let mut command = Command::new(wrapper[0]);
+        command
+            .args(&wrapper[1..])
+            .arg(env!("CARGO_BIN_EXE_hookbox"));
+        Process::serve_by(command, config, &[])
+    }
+
     /// `command` (hookbox, or what execs it) given `serve --config <config>`, started and
     /// waited for until it says where it listens.
     fn serve_by(mut command: Command, config: &str, env: &[(&str, &str)]) -> Process {
