@@ -411,20 +411,31 @@ async fn probe(url: &str, wait: Duration) -> Result<(), String> {
         .parse()
         .map_err(|e| format!("the RabbitMQ URL cannot be read: {e}"))?;
     let (host, port) = (uri.authority.host.as_str(), uri.authority.port);
+    // A connect that never completes (its packets dropped) is said as the network's, not as
+    // a broker that took the connection and froze (a black-box run behind a black hole).
+    let connected = std::cell::Cell::new(false);
     let talk = async {
         let socket = tokio::net::TcpStream::connect((host, port))
             .await
             .map_err(|e| format!("cannot connect to RabbitMQ: {e}"))?;
+        connected.set(true);
         match uri.scheme {
             AMQPScheme::AMQPS => speaks_amqp(tls_session(host, socket).await?).await,
             AMQPScheme::AMQP => speaks_amqp(socket).await,
         }
     };
-    tokio::time::timeout(wait, talk).await.unwrap_or_else(|_| {
-        Err(format!(
-            "RabbitMQ took the connection but did not answer within {}",
-            crate::config::Spelt(wait)
-        ))
+    let answered = tokio::time::timeout(wait, talk).await;
+    answered.unwrap_or_else(|_| {
+        let wait = crate::config::Spelt(wait);
+        Err(if connected.get() {
+            format!("RabbitMQ took the connection but did not answer within {wait}")
+        } else {
+            format!(
+                "cannot connect to RabbitMQ: no answer to the connect to {host}:{port} within \
+                 {wait} (nothing refused it: packets dropped on the way, by a firewall, a route \
+                 gone or a host that is down)"
+            )
+        })
     })
 }
 

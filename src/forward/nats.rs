@@ -183,7 +183,8 @@ impl Nats {
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(Failure::Retry(
-                    "the connection to the NATS server is not up (is it running?)".to_owned(),
+                    "the connection to the NATS server is not up (is it running, and the network to it \
+                     up?)".to_owned(),
                 ));
             }
             tokio::time::sleep(CONNECTED_EVERY).await;

@@ -1337,6 +1337,49 @@ fn silent_then_forwarding(silent_for: Duration, to: &'static str) -> u16 {
 }
 
 #[actix_web::test]
+async fn a_connect_with_no_answer_is_said_as_the_networks_not_as_a_silent_broker() {
+    // With the broker's address black-holed (the connect's packets dropped), every check and
+    // attempt said `RabbitMQ took the connection but did not answer`, sending an operator to
+    // a frozen broker rather than the network (a black-box run). A listener whose queue of
+    // connections is full drops the SYNs that come after: a connect that is never answered.
+    let listener =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
+    listener
+        .bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .expect("an address")
+                .into(),
+        )
+        .expect("bind");
+    listener.listen(0).expect("listen");
+    let address = listener
+        .local_addr()
+        .expect("its address")
+        .as_socket()
+        .expect("an IP address");
+    let _filling = std::net::TcpStream::connect(address).expect("the one queued connection");
+    let db = TestDb::create();
+    let target = amqp_target_at(
+        "rabbit",
+        &format!("amqp://guest:guest@{address}/%2f"),
+        "unused",
+        30,
+    );
+    let server = Process::serve(&config_text(&db.url, &target));
+    server.wait_for_log("forward target not ready");
+    let log = server.log();
+    let said = log
+        .lines()
+        .find(|l| l.contains("forward target not ready"))
+        .expect("the line");
+    assert!(
+        said.contains("no answer to the connect") && !said.contains("took the connection"),
+        "{said}"
+    );
+}
+
+#[actix_web::test]
 async fn a_broker_silent_at_startup_gets_the_events_once_it_answers() {
     // The startup check waited on a broker that took the connection and said nothing, with
     // the target's connection locked: every later attempt timed out behind it, until a
