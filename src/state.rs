@@ -168,9 +168,16 @@ impl LastDiskFull {
     /// freed is taken back soon (the next delivery that fails for it starts the wait again).
     pub const REMEMBERED: Duration = Duration::from_secs(30);
 
-    /// A delivery failed for a full disk now.
-    pub fn noticed(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+    /// A delivery failed for a full disk now. Whether that begins a spell (none within
+    /// [`Self::REMEMBERED`] before it), to be said once.
+    pub fn noticed(&self) -> bool {
+        let now = std::time::Instant::now();
+        let last = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(now);
+        last.is_none_or(|last| now - last >= Self::REMEMBERED)
     }
 
     /// How long ago a delivery last failed for a full disk, if within [`Self::REMEMBERED`].

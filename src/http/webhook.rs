@@ -171,8 +171,21 @@ pub async fn receive(
         Ok(answer) => answer,
         Err(failed) => {
             failed.log();
-            if matches!(failed.error, ApiError::Database(crate::db::Failure::Full)) {
-                state.disk_full.noticed();
+            if matches!(failed.error, ApiError::Database(crate::db::Failure::Full))
+                && state.disk_full.noticed()
+            {
+                // Each delivery's own WARN quotes the database; what it means and what to do
+                // is said once a spell (a black-box run: 4,052 WARNs naming no file).
+                let disk = state.store_file.as_ref().map_or_else(
+                    || "the database server's disk".to_owned(),
+                    |file| format!("the disk of {}", file.path().display()),
+                );
+                tracing::error!(
+                    "the database's disk is full ({disk}): every delivery that needs room is \
+                     answered 503 and /readyz says not ready until space is freed there; hookbox \
+                     purge cannot free it (its deletes need room too): free space by other means \
+                     (said once while it lasts)"
+                );
             }
             let counted = if matches!(failed.error, ApiError::CutShort) {
                 Counted::Incomplete

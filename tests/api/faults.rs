@@ -851,6 +851,20 @@ async fn a_full_disk_is_said_by_readyz_by_the_stop_and_by_purge() {
     assert_eq!(ready.status, 503, "{}", ready.text());
     assert!(ready.text().contains("disk is full"), "{}", ready.text());
     assert!(ready.header("Retry-After").is_some());
+    // What it means and what to do, with the file's disk, said once while it lasts.
+    let again = first_refusal_of_big_events(&server, &config).await;
+    assert_eq!(again.status, 503, "{}", again.text());
+    let log = server.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("the database's disk is full"))
+        .collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(
+        said[0].contains(&disk.dir.display().to_string()) && said[0].contains("free space"),
+        "{}",
+        said[0]
+    );
     // The clean stop cannot move the log into the file on a full disk: said with what it
     // means for a backup (a copy of the file alone, the usual backup after a clean stop, read
     // as malformed in a black-box run).
