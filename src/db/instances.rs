@@ -179,7 +179,10 @@ impl Registration {
         }
         // Listed again if another instance took this one for dead (it lost its lock a while).
         if !self.listed || !is_listed(conn, id)? {
-            if list(conn, id)? && self.was_listed {
+            let inserted = list(conn, id)?;
+            if !self.was_listed {
+                tracing::info!(instance = id, "forward dispatcher registered");
+            } else if inserted {
                 tracing::warn!(
                     instance = id,
                     "another instance sharing the database took this one for dead (it found this \
@@ -280,7 +283,8 @@ impl Registration {
             if let Some(lock) = try_lock(&self.store, id, false)? {
                 self.lock = Some(lock);
                 self.registered = true;
-                tracing::info!(instance = id, "forward dispatcher registered");
+                // Said once its row is in too ([`Registration::look`]): on a full disk the
+                // lock was taken and said, and the row's insert failed the next moment.
                 return Ok(true);
             }
             self.id.store(new_number(), Ordering::SeqCst);
