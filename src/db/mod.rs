@@ -977,7 +977,8 @@ pub fn connect(config: &DatabaseConfig) -> anyhow::Result<AnyConnection> {
                 .with_context(|| {
                     format!(
                         "cannot open the SQLite store {} (the file {}: is its directory there \
-                         and writable, the file a SQLite database, and no other process \
+                         and writable, with room and inodes free for its -wal and -shm files \
+                         (df -h, df -i), the file a SQLite database, and no other process \
                          holding its write lock?)",
                         config.display_url(),
                         sqlite::absolute(path)
