@@ -299,9 +299,6 @@ impl Drop for Registration {
     }
 }
 
-/// The lock file of instance `id` of the SQLite file at `path`: beside the file itself, where
-/// `path` is a symbolic link or a relative path (every process sharing the file must find one
-/// another's locks, however each names the file); beside `path` if it cannot be resolved.
 /// Whether `path` still names `file`: a lock file deleted (a clean-up job taking it for a
 /// stray) or replaced is held by no one that another instance can see, which then took this
 /// one for dead at every look, for good, and sent its deliveries under way again while it
@@ -316,6 +313,9 @@ fn still_named(file: &File, path: &str) -> bool {
     }
 }
 
+/// The lock file of instance `id` of the SQLite file at `path`: beside the file itself, where
+/// `path` is a symbolic link or a relative path (every process sharing the file must find one
+/// another's locks, however each names the file); beside `path` if it cannot be resolved.
 fn lock_path(path: &str, id: i64) -> String {
     let file = std::fs::canonicalize(path)
         .map(|real| real.to_string_lossy().into_owned())
