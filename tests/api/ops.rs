@@ -511,8 +511,8 @@ fn a_lock_file_removed_under_a_running_serve_is_made_again() {
     process.wait_for_log("forward dispatcher registered");
     let locks = lock_files_of(&db);
     assert_eq!(locks.len(), 1, "its lock: {locks:?}");
-    let dir = std::path::PathBuf::from(db.url.trim_start_matches("sqlite://"));
-    let path = dir.parent().expect("a directory").join(&locks[0]);
+    let store = std::path::PathBuf::from(db.url.trim_start_matches("sqlite://"));
+    let path = store.parent().expect("a directory").join(&locks[0]);
     std::fs::remove_file(&path).expect("remove the lock file");
     // Looked at every 2 s.
     process.wait_for_log("lock file was removed or replaced");
