@@ -319,8 +319,9 @@ fn open_database(
         if let Err(e) = db::events::takes_writes(&mut conn) {
             tracing::warn!(
                 error = %e,
-                "the database does not take hookbox's writes: every delivery will be answered \
-                 503 and /readyz says not ready until it does (check this role's grants, see \
+                "the database does not take hookbox's writes: every new delivery will be \
+                 answered 503 (a stored event's redelivery still gets its stored answer) and \
+                 /readyz says not ready until it does (check this role's grants, see \
                  docs/stores.md, Roles, or that the SQLite file is writable)"
             );
         }

@@ -200,10 +200,29 @@ fn claim_within(
                     false => Outcome::InFlight,
                 })
             }
+            // A write the store refused (a full disk, a read-only file) need not keep a stored
+            // event from its answer, which is a read: its replay and a reused id's 422 stand.
+            // SQLite refused even an INSERT that would have conflicted, on a disk full from
+            // before a restart (a black-box run: replays and 422s answered 503).
+            Err(ClaimError::Database(e)) if write_refused(&e) => {
+                return match stored(conn, delivery) {
+                    Ok(Some(outcome)) => Ok(outcome),
+                    _ => Err(ClaimError::Database(e)),
+                };
+            }
             Err(e) => return Err(e),
         }
     }
     Err(ClaimError::Database(DieselError::NotFound))
+}
+
+/// Whether the store refused to write at all (no room, no permission, its file unwritable),
+/// which says nothing against reading what it holds.
+fn write_refused(error: &DieselError) -> bool {
+    matches!(
+        db::Failure::of(error),
+        db::Failure::Full | db::Failure::Permission | db::Failure::Io
+    )
 }
 
 /// Runs the handler, turning a panic into an error and a nonsense status into one too.
