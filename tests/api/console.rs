@@ -634,6 +634,34 @@ async fn a_form_posted_with_a_query_is_refused_and_changes_nothing() {
 }
 
 #[actix_web::test]
+async fn a_redeliver_form_with_an_empty_target_is_refused_and_changes_nothing() {
+    // The console's forms leave `target` out to redeliver to every target; a hand-made form
+    // with `target=` empty was taken as "every target", which the admin API refuses (a
+    // black-box run).
+    let (_downstream, app, ids) = with_dead_deliveries(1).await;
+    let id = ids[0].as_str();
+    let cookie = log_in(&app).await;
+    let csrf = csrf_of(&event_page(&app, &cookie, "stripe", id).await.text());
+    for target in ["", " "] {
+        let refused = post_form(
+            &app,
+            "/console/events/redeliver",
+            Some(&cookie),
+            &[
+                ("csrf", &csrf),
+                ("source", "stripe"),
+                ("event_id", id),
+                ("target", target),
+            ],
+        )
+        .await;
+        assert_eq!(refused.status, 400, "{target:?}: {}", refused.text());
+        assert!(refused.text().contains("is empty"), "{}", refused.text());
+    }
+    assert_eq!(dead_deliveries(&app), 1, "nothing was redelivered");
+}
+
+#[actix_web::test]
 async fn the_dead_filter_re_queues_every_dead_delivery_with_one_button() {
     // After a downstream is mended, its dead deliveries go again from the list, not one event
     // page at a time.

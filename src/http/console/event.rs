@@ -416,7 +416,22 @@ pub async fn redeliver(
     check_csrf(&session, &body)?;
     check_fields(&body, &["csrf", "source", "event_id", "target"])?;
     let (source, event_id) = (field(&body, "source"), field(&body, "event_id"));
-    let target = Some(field(&body, "target")).filter(|t| !t.is_empty());
+    // The console's own forms leave `target` out to redeliver to every target; one given
+    // empty would widen a redeliver to one target to all of them, and is refused, as the
+    // admin API refuses `target=` (a black-box run's hand-made form was taken as "every").
+    let target = if form_urlencoded::parse(&body).any(|(name, _)| name == "target") {
+        let target = field(&body, "target");
+        if target.trim().is_empty() {
+            return Err(Refused::NotMade(
+                "the field \"target\" is empty: this form names a target, or leaves the field \
+                 out to redeliver to every target"
+                    .to_owned(),
+            ));
+        }
+        Some(target)
+    } else {
+        None
+    };
     let outcome = admin::redeliver(
         &state,
         source.clone(),
