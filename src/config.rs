@@ -1336,9 +1336,15 @@ pub fn parse_time_or_ago(
         return Ok(no_earlier_than_1970(time));
     }
     let ago = humantime::parse_duration(text).map_err(|_| {
+        // A `+` of an offset that came in a URL's query unescaped reads as a space.
+        let plus = if text.contains(' ') && text.contains(':') {
+            "; in a URL's query, write an offset's + as %2B (a + reads as a space)"
+        } else {
+            ""
+        };
         format!(
             "{text:?} is not a time (RFC 3339 as in 2026-12-02T09:00:00Z, or 2026-12-02 09:00 \
-             or 2026-12-02, taken as UTC) or a duration ago (90s, 5m, 72h, 30d)"
+             or 2026-12-02, taken as UTC) or a duration ago (90s, 5m, 72h, 30d){plus}"
         )
     })?;
     chrono::Duration::from_std(ago)

@@ -65,7 +65,9 @@ struct Failing {
     attempts: u64,
     /// Every one of them was answered 429: the target is up, and asks for fewer.
     throttled: bool,
-    told: bool,
+    /// Said, and whether as throttling (a failure other than a 429 after it is said again,
+    /// as down).
+    told: Option<bool>,
 }
 
 /// An ordered lane's lock found held by another session at each take since `since`.
@@ -296,17 +298,19 @@ impl Lane {
             last: at,
             attempts: 0,
             throttled: true,
-            told: false,
+            told: None,
         };
         let run = match failing.as_mut() {
-            Some(run) if run.told || at - run.last <= FAILING_GAP => run,
+            Some(run) if run.told.is_some() || at - run.last <= FAILING_GAP => run,
             _ => failing.insert(fresh),
         };
         run.attempts += 1;
         run.last = at;
         run.throttled &= status == Some(429);
-        if !run.told && at - run.since >= FAILING_TOLD_AFTER {
-            run.told = true;
+        // Untold, or told as throttling and now failing otherwise too (429s, then 503s).
+        let untold = run.told.is_none_or(|throttled| throttled && !run.throttled);
+        if untold && at - run.since >= FAILING_TOLD_AFTER {
+            run.told = Some(run.throttled);
             let failing_for = crate::config::Spelt(crate::outage::round_to_seconds(at - run.since));
             let attempts = run.attempts;
             let (what, advice) = if run.throttled {
@@ -342,7 +346,7 @@ impl Lane {
     /// An attempt of this lane was delivered: a run of failures that was said ends.
     pub fn attempt_delivered(&self) {
         let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(run) = failing.take().filter(|run| run.told) {
+        if let Some(run) = failing.take().filter(|run| run.told.is_some()) {
             tracing::info!(
                 source = %self.source,
                 target = %self.target.config.name,

@@ -1156,9 +1156,16 @@ async fn a_target_answering_429_for_a_while_is_said_to_throttle_not_to_be_down()
         said[0]
     );
     assert!(!log.contains("forward target down"), "{log}");
+    // Then down as well (429s, then 503s): said again, as down, not left as throttling.
+    downstream.behave(|_, _| (503, Duration::ZERO));
+    send_all(&process.address, &config, &ids(1), 1).await;
+    until_logged(&process, "forward target down").await;
     downstream.behave(|_, _| (200, Duration::ZERO));
     send_all(&process.address, &config, &ids(1), 1).await;
     until_logged(&process, "forward target delivers again").await;
+    let log = process.log();
+    assert_eq!(log.matches("forward target throttling").count(), 1, "{log}");
+    assert_eq!(log.matches("forward target down").count(), 1, "{log}");
 }
 
 #[actix_web::test]

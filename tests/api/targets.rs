@@ -299,6 +299,17 @@ async fn dead_deliveries_are_requeued_in_bulk_by_source_and_target() {
         (status, &body["error"]),
         (400, &serde_json::json!("invalid_query"))
     );
+    // An offset's `+` left unescaped reads as a space: the refusal says how to write it.
+    let (status, body) = admin_post(
+        &app,
+        "/admin/deliveries/requeue?since=2026-12-07T10:00:00+02:00",
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| m.contains("%2B")),
+        "{body}"
+    );
     // A misspelt filter is refused, not ignored: ignored, it would requeue every dead delivery
     // (the count of 3 below shows this one requeued nothing).
     let (status, body) = admin_post(&app, "/admin/deliveries/requeue?soruce=github&target=b").await;

@@ -344,6 +344,7 @@ fn requeued_notice(filters: &Filters, session: &Session) -> Option<String> {
         format!("source {source}")
     };
     Some(match requeued {
+        0 if source.is_empty() => "No dead delivery of any source was left to re-queue.".to_owned(),
         0 => format!("No dead delivery of {whose} was left to re-queue."),
         1 => format!(
             "1 dead delivery of {whose} is pending again; it is sent as its target takes it, \
