@@ -882,7 +882,8 @@ fn status_column(status: Option<u16>) -> Option<i16> {
 
 /// Records the outcomes of a batch of attempts, all or none. Each applies only while its row is
 /// pending at the attempt it names, so an outcome that comes late (its lease ran out and the row
-/// was taken again, or it was re-queued) changes nothing. On PostgreSQL the common batch, every
+/// was taken again, or it was re-queued) changes nothing; returns how many applied. On
+/// PostgreSQL the common batch, every
 /// row delivered, is one statement (atomic on its own, so no BEGIN and COMMIT round trips);
 /// anything else is one transaction.
 ///
@@ -893,9 +894,9 @@ fn status_column(status: Option<u16>) -> Option<i16> {
 /// sent again with its one key: at least once, as always. A crash of hookbox loses nothing
 /// committed. Waiting for the disk on every batch of outcomes cost as much as the claims'
 /// own waits.
-pub fn settle(conn: &mut AnyConnection, outcomes: &[Settled]) -> QueryResult<()> {
+pub fn settle(conn: &mut AnyConnection, outcomes: &[Settled]) -> QueryResult<usize> {
     if outcomes.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let now = now();
     // Rows are locked in ascending id order, as the purge locks the rows it deletes (see
@@ -928,8 +929,9 @@ fn settle_in_transaction(
     delivered: &[&Settled],
     others: &[&Settled],
     now: DateTime<Utc>,
-) -> QueryResult<()> {
+) -> QueryResult<usize> {
     write_transaction(conn, |conn| {
+        let mut recorded = 0;
         let rest: Vec<&Settled> = match &mut *conn {
             AnyConnection::Postgres(c) => {
                 super::pg::commit_without_waiting(c)?;
@@ -942,7 +944,7 @@ fn settle_in_transaction(
                 )
                 .bind::<Array<BigInt>, _>(&ids)
                 .execute(c)?;
-                settle_delivered_pg(c, delivered, now)?;
+                recorded += settle_delivered_pg(c, delivered, now)?;
                 // Attempts to be made again, the most of the others while a downstream
                 // fails, in one statement too: one each, a round trip apiece with the rows
                 // locked, kept a batch's transaction open for seconds under load (a purge
@@ -951,18 +953,18 @@ fn settle_in_transaction(
                     .iter()
                     .copied()
                     .partition(|s| matches!(s.outcome, Settle::Retry { .. }));
-                settle_retried_pg(c, &retried, now)?;
+                recorded += settle_retried_pg(c, &retried, now)?;
                 rest
             }
             AnyConnection::Sqlite(c) => {
-                settle_delivered_sqlite(c, delivered, now)?;
+                recorded += settle_delivered_sqlite(c, delivered, now)?;
                 others.to_vec()
             }
         };
         for settled in rest {
-            settle_one(conn, settled, now)?;
+            recorded += settle_one(conn, settled, now)?;
         }
-        Ok(())
+        Ok(recorded)
     })
 }
 
@@ -972,9 +974,9 @@ fn settle_delivered_sqlite(
     conn: &mut diesel::SqliteConnection,
     delivered: &[&Settled],
     now: DateTime<Utc>,
-) -> QueryResult<()> {
+) -> QueryResult<usize> {
     if delivered.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let rows: Vec<(i64, i32, Option<i16>, i32)> = delivered
         .iter()
@@ -991,7 +993,6 @@ fn settle_delivered_sqlite(
         at: now,
     }
     .execute(conn)
-    .map(|_| ())
 }
 
 /// The delivered outcomes of [`settle`] on PostgreSQL, in one statement.
@@ -999,9 +1000,9 @@ fn settle_delivered_pg(
     conn: &mut diesel::PgConnection,
     delivered: &[&Settled],
     now: DateTime<Utc>,
-) -> QueryResult<()> {
+) -> QueryResult<usize> {
     if delivered.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let mut rows = OutcomeRows::default();
     for settled in delivered {
@@ -1010,9 +1011,7 @@ fn settle_delivered_pg(
         };
         rows.push(settled, status);
     }
-    SettleDeliveredPg { rows, at: now }
-        .execute(conn)
-        .map(|_| ())
+    SettleDeliveredPg { rows, at: now }.execute(conn)
 }
 
 /// The rows of a batch of outcomes on PostgreSQL, bound a column at a time, as arrays: each
@@ -1093,9 +1092,9 @@ fn settle_retried_pg(
     conn: &mut diesel::PgConnection,
     retried: &[&Settled],
     now: DateTime<Utc>,
-) -> QueryResult<()> {
+) -> QueryResult<usize> {
     if retried.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let mut retry = SettleRetriedPg::default();
     for settled in retried {
@@ -1111,7 +1110,7 @@ fn settle_retried_pg(
         retry.errors.push(error.clone());
         retry.due.push(due_after(now, *after));
     }
-    retry.execute(conn).map(|_| ())
+    retry.execute(conn)
 }
 
 /// [`settle_retried_pg`]'s UPDATE: each row keeps its status and error and is due again at its
@@ -1162,7 +1161,11 @@ outcome_statement!(SettleDeliveredPg, SettleRetriedPg);
 /// One outcome of [`settle`]. Its row is found by primary key; the state is tested as neither
 /// delivered nor dead, as in [`SettleDeliveredPg`], so no partial index on pending rows (with
 /// the entries of every row delivered since the last vacuum) can be picked for it instead.
-fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -> QueryResult<()> {
+fn settle_one(
+    conn: &mut AnyConnection,
+    settled: &Settled,
+    now: DateTime<Utc>,
+) -> QueryResult<usize> {
     on_backend!(conn, c => {
     let row = deliveries::table
         .find(settled.id)
@@ -1213,7 +1216,6 @@ fn settle_one(conn: &mut AnyConnection, settled: &Settled, now: DateTime<Utc>) -
             ))
             .execute(c),
     }
-    .map(|_| ())
     })
 }
 

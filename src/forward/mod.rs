@@ -526,7 +526,24 @@ impl Outbox {
         })
         .await;
         match stored {
-            Ok(Ok(())) => true,
+            Ok(Ok(recorded)) => {
+                if recorded < n {
+                    // A paused process's attempt that another instance took again at the end
+                    // of its lease was logged as `forwarded`, and nothing said why the
+                    // downstream got it twice (a black-box run).
+                    tracing::info!(
+                        outcomes = n,
+                        not_recorded = n - recorded,
+                        "{} of {n} forward attempt outcomes were not recorded: their deliveries \
+                         had moved on meanwhile (taken again by another instance once their \
+                         lease ran out, as when this process was paused or cut off past it; \
+                         redelivered; or purged), so whoever has them now sends them, with the \
+                         same key, and a downstream may get such an event twice",
+                        n - recorded
+                    );
+                }
+                true
+            }
             Ok(Err(e)) => {
                 tracing::warn!(
                     error = %e,

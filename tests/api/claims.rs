@@ -336,14 +336,16 @@ fn outcomes_apply_at_their_attempt_and_the_connection_waits_for_the_disk_again_a
     };
 
     // Every outcome delivered (on PostgreSQL one statement), one of them for an attempt the
-    // row is not at (its lease ran out and it was taken again): that one changes nothing.
-    deliveries::settle(
+    // row is not at (its lease ran out and it was taken again): that one changes nothing,
+    // and is not counted as recorded (the dispatcher says so).
+    let recorded = deliveries::settle(
         &mut conn,
         &[delivered("delivered", 1), delivered("late", 2)],
     )
     .expect("the outcomes are stored");
+    assert_eq!(recorded, 1);
     // Delivered and retried together (a transaction).
-    deliveries::settle(
+    let recorded = deliveries::settle(
         &mut conn,
         &[
             delivered("also-delivered", 1),
@@ -360,6 +362,7 @@ fn outcomes_apply_at_their_attempt_and_the_connection_waits_for_the_disk_again_a
         ],
     )
     .expect("the outcomes are stored");
+    assert_eq!(recorded, 2);
 
     for name in ["delivered", "also-delivered"] {
         let row = row_of(&mut conn, name);
@@ -800,8 +803,8 @@ fn a_purge_and_a_batch_of_outcomes_on_the_same_rows_never_deadlock() {
     );
     assert_eq!(
         settle.join().expect("the batch's thread"),
-        Ok(()),
-        "the outcomes of rows purged meanwhile change nothing"
+        Ok(0),
+        "the outcomes of rows purged meanwhile change nothing, and are counted as not recorded"
     );
     assert_eq!(db.count("deliveries"), 0);
 }

@@ -1169,6 +1169,35 @@ async fn a_target_answering_429_for_a_while_is_said_to_throttle_not_to_be_down()
 }
 
 #[actix_web::test]
+async fn an_outcome_that_comes_after_its_delivery_moved_on_is_said_not_recorded() {
+    // A paused process's attempt that another instance took again at the end of its lease
+    // was logged `forwarded`, its outcome dropped unsaid: nothing told an operator why the
+    // downstream got the event twice (a black-box run).
+    let downstream = Downstream::start(|_, _| (200, Duration::from_secs(2)));
+    let db = TestDb::create();
+    let text = config_text(&db.url, &target("ledger", &downstream.url, ""));
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    send_all(&process.address, &config, &ids(1), 1).await;
+    poll_until("the attempt is under way", Duration::from_secs(10), || {
+        downstream.answering() == 1
+    })
+    .await;
+    // As another instance does when it takes the row again: the next attempt.
+    use diesel::connection::SimpleConnection;
+    connect_url(&db.url)
+        .batch_execute("UPDATE deliveries SET attempts = attempts + 1")
+        .expect("the row moved on");
+    until_logged(&process, "forward attempt outcomes were not recorded").await;
+    let log = process.log();
+    let said = log
+        .lines()
+        .find(|l| l.contains("were not recorded"))
+        .expect("the line");
+    assert!(said.contains("1 of 1"), "{said}");
+}
+
+#[actix_web::test]
 async fn an_idle_instance_that_dies_is_said_by_the_one_that_finds_it() {
     // The surviving instance said nothing of an instance that died with nothing under way:
     // the line came only with deliveries to take back (a black-box run).
