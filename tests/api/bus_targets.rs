@@ -1675,12 +1675,10 @@ async fn a_rabbitmq_connection_the_network_forgot_is_opened_again_within_seconds
     rabbit.until_ready(6, Duration::from_secs(10)).await;
 }
 
-#[actix_web::test]
-async fn a_rabbitmq_connection_gives_up_on_unacknowledged_data_with_the_attempt() {
-    // A publish written into a path gone silent (a black hole) stayed in the kernel's send
-    // queue after its attempt gave up, and could reach the broker once the path came back,
-    // after the attempts that followed it, as an HTTP target's requests did (a black-box
-    // run). The socket hookbox makes for lapin has TCP_USER_TIMEOUT at the target's timeout.
+/// An app forwarding to RabbitMQ through a proxy of the test's own (target `rabbit`, a 2 s
+/// `timeout`), one event delivered through it: the proxy, the broker's exchange and queue, and
+/// the app.
+async fn rabbit_through_a_proxy() -> (Proxy, Rabbit, TestApp) {
     let proxy = Proxy::start("127.0.0.1:5672".to_owned());
     let rabbit = Rabbit::create(true).await;
     let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port);
@@ -1691,6 +1689,16 @@ async fn a_rabbitmq_connection_gives_up_on_unacknowledged_data_with_the_attempt(
     .await;
     send_events(&app.config, &app.address, 1).await;
     until_delivered(&app.db, "rabbit", 1, Duration::from_secs(30)).await;
+    (proxy, rabbit, app)
+}
+
+#[actix_web::test]
+async fn a_rabbitmq_connection_gives_up_on_unacknowledged_data_with_the_attempt() {
+    // A publish written into a path gone silent (a black hole) stayed in the kernel's send
+    // queue after its attempt gave up, and could reach the broker once the path came back,
+    // after the attempts that followed it, as an HTTP target's requests did (a black-box
+    // run). The socket hookbox makes for lapin has TCP_USER_TIMEOUT at the target's timeout.
+    let (proxy, _rabbit, _app) = rabbit_through_a_proxy().await;
     let timeouts = user_timeouts_of_connections_to(proxy.port);
     assert_eq!(
         timeouts.len(),
@@ -1743,16 +1751,7 @@ async fn an_attempt_that_runs_out_of_time_says_which_step_it_was_at() {
     // A bus attempt that ran out of time said only `no answer within 2s`: not whether the
     // connection, the publish or the acknowledgement never came (bb110 LOW-2).
     // (NATS's own acknowledgement wait ends within the timeout, and says so.)
-    let proxy = Proxy::start("127.0.0.1:5672".to_owned());
-    let rabbit = Rabbit::create(true).await;
-    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port);
-    let app = TestApp::spawn_with(
-        &amqp_target_at("rabbit", &url, &rabbit.exchange, 30),
-        Handlers::default(),
-    )
-    .await;
-    send_events(&app.config, &app.address, 1).await;
-    until_delivered(&app.db, "rabbit", 1, Duration::from_secs(30)).await;
+    let (proxy, _rabbit, app) = rabbit_through_a_proxy().await;
     // The connection stays open, and what is sent on it is held: the publish goes out, its
     // confirm never comes back.
     proxy.stall();

@@ -1035,28 +1035,48 @@ async fn an_ordered_target_held_by_a_stopped_take_elsewhere_holds_up_only_itself
     assert_eq!(ledger, sent, "in received order, once each");
 }
 
-#[actix_web::test]
-async fn a_target_down_for_a_while_is_said_once_and_so_is_its_return() {
-    // During an outage each failed attempt had its own WARN, by the hundred at concurrency 64,
-    // and no line said the target itself was down or back (a black-box run).
-    let downstream = Downstream::start(crate::downstream::always(503));
+/// A process forwarding to a target that answers `status` to every attempt, sent four events,
+/// once it has logged `words` (each event is retried after about 1, 2, 4 and 8 s: its fifth
+/// attempt comes 7.5 s in at least): its database, the target, the process, its config, and
+/// the lines that say `words`.
+async fn failing_target_said(
+    status: u16,
+    words: &str,
+) -> (
+    TestDb,
+    Downstream,
+    Process,
+    hookbox::config::Config,
+    Vec<String>,
+) {
+    let downstream = Downstream::start(crate::downstream::always(status));
     let db = TestDb::create();
     let text = config_text(&db.url, &target("ledger", &downstream.url, ""));
     let config = parse_config(&text);
     let process = Process::serve(&text);
     send_all(&process.address, &config, &ids(4), 4).await;
-    // Retried after about 1, 2, 4 and 8 s: the fifth attempt of each is 7.5 s in at least.
     poll_until(
-        "the process says the target is down",
+        &format!("the process logs {words:?}"),
         Duration::from_secs(30),
-        || process.log().contains("forward target down"),
+        || process.log().contains(words),
     )
     .await;
-    let log = process.log();
-    let down: Vec<&str> = log
+    let said = process
+        .log()
         .lines()
-        .filter(|l| l.contains("forward target down"))
+        .filter(|l| l.contains(words))
+        .map(str::to_owned)
         .collect();
+    (db, downstream, process, config, said)
+}
+
+#[actix_web::test]
+async fn a_target_down_for_a_while_is_said_once_and_so_is_its_return() {
+    // During an outage each failed attempt had its own WARN, by the hundred at concurrency 64,
+    // and no line said the target itself was down or back (a black-box run).
+    let (_db, downstream, process, config, down) =
+        failing_target_said(503, "forward target down").await;
+    let log = process.log();
     assert_eq!(down.len(), 1, "said once per outage: {down:?}");
     assert!(down[0].contains("WARN"), "{}", down[0]);
     assert!(
@@ -1130,24 +1150,9 @@ async fn a_target_answering_429_for_a_while_is_said_to_throttle_not_to_be_down()
     // A target that answered 429 for 5 s was logged `forward target down`: an operator looked
     // for an outage where the target was up and asking for fewer attempts, which a `rate`
     // would give it.
-    let downstream = Downstream::start(crate::downstream::always(429));
-    let db = TestDb::create();
-    let text = config_text(&db.url, &target("ledger", &downstream.url, ""));
-    let config = parse_config(&text);
-    let process = Process::serve(&text);
-    send_all(&process.address, &config, &ids(4), 4).await;
-    // Retried after about 1, 2, 4 and 8 s: the fifth attempt of each is 7.5 s in at least.
-    poll_until(
-        "the process says the target throttles",
-        Duration::from_secs(30),
-        || process.log().contains("forward target throttling"),
-    )
-    .await;
+    let (_db, downstream, process, config, said) =
+        failing_target_said(429, "forward target throttling").await;
     let log = process.log();
-    let said: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("forward target throttling"))
-        .collect();
     assert_eq!(said.len(), 1, "said once: {said:?}");
     assert!(said[0].contains("WARN"), "{}", said[0]);
     assert!(
