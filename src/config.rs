@@ -1331,7 +1331,7 @@ pub fn parse_time_or_ago(
     text: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<chrono::DateTime<chrono::Utc>, String> {
-    let text = text.trim();
+    let (given, text) = (text, text.trim());
     if let Some(time) = parse_time(text) {
         return Ok(no_earlier_than_1970(time));
     }
@@ -1343,7 +1343,7 @@ pub fn parse_time_or_ago(
             ""
         };
         format!(
-            "{text:?} is not a time (RFC 3339 as in 2026-12-02T09:00:00Z, or 2026-12-02 09:00 \
+            "{given:?} is not a time (RFC 3339 as in 2026-12-02T09:00:00Z, or 2026-12-02 09:00 \
              or 2026-12-02, taken as UTC) or a duration ago (90s, 5m, 72h, 30d){plus}"
         )
     })?;

@@ -398,13 +398,16 @@ pub(crate) async fn requeue_all_dead(
             .iter()
             .any(|(s, t)| t == name && source.as_ref().is_none_or(|source| source == s));
         if !known {
+            let whose = match &source {
+                Some(s) if !state.sources.contains_key(s.as_str()) => {
+                    format!(" (no source {s:?} is either)")
+                }
+                Some(s) => format!(" for source {s:?}"),
+                None => String::new(),
+            };
             return Err(ApiError::UnknownTarget(format!(
-                "no forward target {name:?} is in the config{}: its dead deliveries stay dead, \
-                 as no instance would send them",
-                source
-                    .as_ref()
-                    .map(|s| format!(" for source {s:?}"))
-                    .unwrap_or_default()
+                "no forward target {name:?} is in the config{whose}: its dead deliveries stay \
+                 dead, as no instance would send them"
             )));
         }
     }

@@ -294,6 +294,15 @@ async fn dead_deliveries_are_requeued_in_bulk_by_source_and_target() {
             "{query}"
         );
     }
+    // A source the config does not have is named as the unknown one.
+    let (status, body) = admin_post(&app, "/admin/deliveries/requeue?source=nosuch&target=b").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no source \"nosuch\"")),
+        "{body}"
+    );
     let (status, body) = admin_post(&app, "/admin/deliveries/requeue?since=whenever").await;
     assert_eq!(
         (status, &body["error"]),
