@@ -92,11 +92,41 @@ pub fn claim_batch(
                         false => BatchOutcome::InFlight,
                     })
                 }
+                // As for one event (`inbox::claim_within`): a batch whose every item is
+                // stored is answered from what is stored though the store refuses writes (an
+                // Adyen redelivery, always a batch, was a 503 on a full disk, found by a
+                // black-box run).
+                Err(Abort::Failed(ClaimError::Database(e))) if super::write_refused(&e) => {
+                    return match stored_batch(conn, items) {
+                        Ok(Some(outcome)) => Ok(outcome),
+                        _ => Err(ClaimError::Database(e)),
+                    };
+                }
                 Err(Abort::Failed(e)) => return Err(e),
             }
         }
         Err(ClaimError::Database(DieselError::NotFound))
     })
+}
+
+/// The answer of a batch from what is stored alone, reads only: its replay when every item is
+/// stored, a mismatch when one is stored with another payload; `None` when an item is not
+/// stored (the batch needs its write).
+fn stored_batch(
+    conn: &mut AnyConnection,
+    items: &[Delivery],
+) -> Result<Option<BatchOutcome>, ClaimError> {
+    let mut answers = Vec::with_capacity(items.len());
+    for item in items {
+        match super::stored(conn, item)? {
+            Some(super::Outcome::Replay(stored) | super::Outcome::BodyReplay { stored, .. }) => {
+                answers.push(stored);
+            }
+            Some(super::Outcome::Mismatch) => return Ok(Some(BatchOutcome::Mismatch)),
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(BatchOutcome::Replay(answers)))
 }
 
 /// Where an item's answer comes from.

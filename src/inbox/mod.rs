@@ -218,7 +218,7 @@ fn claim_within(
 
 /// Whether the store refused to write at all (no room, no permission, its file unwritable),
 /// which says nothing against reading what it holds.
-fn write_refused(error: &DieselError) -> bool {
+pub(super) fn write_refused(error: &DieselError) -> bool {
     matches!(
         db::Failure::of(error),
         db::Failure::Full | db::Failure::Permission | db::Failure::Io

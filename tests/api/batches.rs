@@ -271,6 +271,71 @@ async fn a_batch_of_three_is_three_events_answered_accepted_and_its_redelivery_a
 }
 
 #[actix_web::test]
+async fn a_stored_batch_is_answered_from_the_store_while_it_refuses_writes() {
+    // A stored batch's redelivery (an Adyen notification is always one) was a 503 while the
+    // store refused writes (a read-only file, a full disk), where a single event's got its
+    // stored answer (a black-box run): a batch whose every item is stored needs only reads.
+    if !store_is_sqlite() {
+        eprintln!(
+            "a_stored_batch_is_answered_from_the_store_while_it_refuses_writes: skipped on \
+             PostgreSQL: the file made read-only is the SQLite store's"
+        );
+        return;
+    }
+    let Some(as_nobody) = as_nobody() else {
+        eprintln!(
+            "a_stored_batch_is_answered_from_the_store_while_it_refuses_writes: skipped: it \
+             runs serve as another user, which takes root and setpriv"
+        );
+        return;
+    };
+    let dir = std::env::temp_dir().join(unique_id("hookbox-read-only-batch"));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    set_mode(&dir, 0o777);
+    let file = dir.join("hookbox.db");
+    let text = config_text(&format!("sqlite://{}", file.display()), &sources());
+    let config = parse_config(&text);
+    let ids = [unique_id("EV"), unique_id("EV")];
+    let items = [
+        gocardless_event(&ids[0], "confirmed"),
+        gocardless_event(&ids[1], "paid_out"),
+    ];
+    let mut writable = Process::serve(&text);
+    let first = send(&writable.address, &batch(&config, "gocardless", 0, &items)).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    writable.terminate();
+    assert!(writable.wait_exit(Duration::from_secs(20)).success());
+    // Readable by nobody, not writable.
+    set_mode(&file, 0o644);
+    let server = Process::serve_through(&as_nobody, &text);
+    let again = send(&server.address, &batch(&config, "gocardless", 0, &items)).await;
+    assert_eq!(
+        seen(&again),
+        seen(&first),
+        "{}\n{}",
+        again.text(),
+        server.log()
+    );
+    assert_eq!(again.header("Idempotent-Replayed"), Some("true"));
+    let reused = [
+        gocardless_event(&ids[0], "cancelled"),
+        gocardless_event(&ids[1], "paid_out"),
+    ];
+    let refused = send(&server.address, &batch(&config, "gocardless", 0, &reused)).await;
+    assert_eq!(
+        (refused.status, refused.error().as_str()),
+        (422, "event_id_reused"),
+        "{}",
+        refused.text()
+    );
+    let new = [gocardless_event(&unique_id("EV"), "confirmed")];
+    let unstored = send(&server.address, &batch(&config, "gocardless", 0, &new)).await;
+    assert_eq!(unstored.status, 503, "{}", unstored.text());
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[actix_web::test]
 async fn a_batch_with_an_item_stored_before_processes_only_the_new_ones() {
     let app = spawn(counting(Duration::ZERO)).await;
     let [a, b, c] = [unique_id("EV"), unique_id("EV"), unique_id("EV")];

@@ -698,34 +698,15 @@ async fn a_store_made_writable_again_takes_deliveries_at_once() {
         return;
     }
     // The file modes bind only a user other than root: serve runs as nobody.
-    let as_nobody = [
-        "setpriv",
-        "--reuid=nobody",
-        "--regid=nogroup",
-        "--clear-groups",
-    ];
-    let is_root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-    });
-    if !is_root
-        || std::process::Command::new("setpriv")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
+    let Some(as_nobody) = as_nobody() else {
         eprintln!(
             "a_store_made_writable_again_takes_deliveries_at_once: skipped: it runs serve as \
              another user, which takes root and setpriv"
         );
         return;
-    }
+    };
     let dir = std::env::temp_dir().join(unique_id("hookbox-read-only"));
     std::fs::create_dir_all(&dir).expect("a directory");
-    let set_mode = |path: &std::path::Path, mode: u32| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-    };
     // Nobody makes its -shm and -wal here.
     set_mode(&dir, 0o777);
     let file = dir.join("hookbox.db");

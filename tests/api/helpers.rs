@@ -1279,3 +1279,26 @@ pub fn user_timeouts_of_connections_to(port: u16) -> Vec<(i32, Option<Duration>)
         })
         .collect()
 }
+
+/// The program and arguments that run a program as the user nobody (`setpriv`), where this
+/// process is root and has setpriv: file modes bind only a user other than root. `None`
+/// elsewhere (a test then says it is skipped).
+pub fn as_nobody() -> Option<[&'static str; 4]> {
+    let is_root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    });
+    let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
+    (is_root && setpriv).then_some([
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+    ])
+}
+
+/// Sets the mode of the file or directory at `path`.
+pub fn set_mode(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
