@@ -585,6 +585,61 @@ async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
 }
 
 #[actix_web::test]
+async fn a_re_queue_the_database_refuses_says_why_not_that_it_did_not_answer() {
+    // On a full disk or a store that refused writes, the console said "The database did not
+    // answer", sending an operator to look for an outage, where the admin API named the cause
+    // (a black-box run). A trigger makes the store refuse the re-queue's UPDATE as a
+    // read-only store does.
+    let (_downstream, app, ids) = with_dead_deliveries(1).await;
+    let id = ids[0].as_str();
+    let delivery_id = deliveries(&app, id).await[0]["id"]
+        .as_i64()
+        .expect("a delivery id");
+    let refuse = if store_is_sqlite() {
+        "CREATE TRIGGER hb_refuse BEFORE UPDATE ON deliveries BEGIN \
+         SELECT RAISE(ABORT, 'attempt to write a readonly database'); END;"
+    } else {
+        "CREATE FUNCTION hb_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         RAISE EXCEPTION 'permission denied for table deliveries'; END $$; \
+         CREATE TRIGGER hb_refuse BEFORE UPDATE ON deliveries FOR EACH ROW \
+         EXECUTE FUNCTION hb_refuse();"
+    };
+    use diesel::connection::SimpleConnection;
+    app.db.connect().batch_execute(refuse).expect("the trigger");
+    let cookie = log_in(&app).await;
+    let csrf = csrf_of(&event_page(&app, &cookie, "stripe", id).await.text());
+    let one = post_form(
+        &app,
+        &format!("/console/deliveries/{delivery_id}/requeue"),
+        Some(&cookie),
+        &[("csrf", &csrf), ("source", "stripe"), ("event_id", id)],
+    )
+    .await;
+    assert_eq!(one.status, 303, "{}", one.text());
+    let location = one
+        .header("Location")
+        .expect("back to the event")
+        .to_owned();
+    let shown = get_page(&app, &location, Some(&cookie)).await.text();
+    assert!(shown.contains("The database refused the write"), "{shown}");
+    assert!(!shown.contains("did not answer"), "{shown}");
+    let all = post_form(
+        &app,
+        "/console/deliveries/requeue",
+        Some(&cookie),
+        &[("csrf", &csrf), ("source", "stripe")],
+    )
+    .await;
+    assert_eq!(all.status, 503, "{}", all.text());
+    assert!(
+        all.text().contains("The database refused") && all.text().contains("permission"),
+        "{}",
+        all.text()
+    );
+    assert_eq!(dead_deliveries(&app), 1, "nothing was re-queued");
+}
+
+#[actix_web::test]
 async fn a_form_posted_with_a_query_is_refused_and_changes_nothing() {
     // The forms ignored a query: `?source=` naming one source re-queued every source's dead
     // deliveries, and `?target=` redelivered to every target (bb61).

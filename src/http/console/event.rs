@@ -103,6 +103,22 @@ fn notice(which: &Which, session: &Session) -> Option<(bool, String)> {
             "The database did not answer; nothing was re-queued.".to_owned(),
         ));
     }
+    if which.notice.as_deref() == Some("full") {
+        return Some((
+            false,
+            "The database's disk is full; nothing was re-queued. Free space on its disk, then \
+             try again."
+                .to_owned(),
+        ));
+    }
+    if which.notice.as_deref() == Some("refused") {
+        return Some((
+            false,
+            "The database refused the write (a read-only file or role, or a failing or damaged \
+             store: the log says which); nothing was re-queued."
+                .to_owned(),
+        ));
+    }
     if which.notice.as_deref() == Some("unanswered") {
         // Asked, but not answered in time: it may yet be done, and a second click would
         // send the event again.
@@ -392,7 +408,7 @@ pub async fn requeue(
         Err(crate::http::ApiError::UnknownTarget(_)) => "no_target",
         Err(crate::http::ApiError::Busy) => "busy",
         Err(crate::http::ApiError::NoAnswer) => "unanswered",
-        Err(_) => "unavailable",
+        Err(e) => failed_notice(&e),
     };
     Ok(redirect(&outcome_link(
         &session,
@@ -402,6 +418,20 @@ pub async fn requeue(
         &id.to_string(),
         "",
     )))
+}
+
+/// The notice of a re-queue or redeliver the database failed: its cause where it answered
+/// with one ("did not answer" sent an operator to look for an outage where the disk was
+/// full, found by a black-box run).
+fn failed_notice(error: &crate::http::ApiError) -> &'static str {
+    use crate::db::Failure;
+    match error {
+        crate::http::ApiError::AdminDatabase(Failure::Full) => "full",
+        crate::http::ApiError::AdminDatabase(
+            Failure::Permission | Failure::Io | Failure::Damaged,
+        ) => "refused",
+        _ => "unavailable",
+    }
 }
 
 /// `POST /console/events/redeliver` with `csrf`, `source`, `event_id` and, optionally,
@@ -447,7 +477,7 @@ pub async fn redeliver(
         Err(crate::http::ApiError::UnknownTarget(_)) => ("no_target", String::new()),
         Err(crate::http::ApiError::Busy) => ("busy", String::new()),
         Err(crate::http::ApiError::NoAnswer) => ("unanswered", String::new()),
-        Err(_) => ("unavailable", String::new()),
+        Err(e) => (failed_notice(&e), String::new()),
     };
     Ok(redirect(&outcome_link(
         &session, &source, &event_id, notice, "", &count,

@@ -21,6 +21,7 @@ pub use session::{Session, Sessions};
 
 use super::auth::{Admin, Login};
 use super::ApiError;
+use crate::db::Failure;
 use crate::state::AppState;
 use html::{guarded, page, redirect, respond};
 
@@ -100,6 +101,10 @@ pub enum Refused {
     /// was asked may still be done.
     #[error("the database did not answer in time")]
     NoAnswer,
+    /// 503: the database answered, and refused the write (a full disk, a permission, a damaged
+    /// file): the admin API's sentence, which names the cause.
+    #[error("{0}")]
+    Refusing(String),
 }
 
 impl From<ApiError> for Refused {
@@ -108,6 +113,11 @@ impl From<ApiError> for Refused {
         match error {
             ApiError::Busy => Refused::Busy,
             ApiError::NoAnswer => Refused::NoAnswer,
+            // Said as the admin API says it: "did not answer" sent an operator to look for a
+            // database outage where its disk was full (a black-box run).
+            ApiError::AdminDatabase(
+                Failure::Full | Failure::Permission | Failure::Io | Failure::Damaged,
+            ) => Refused::Refusing(error.to_string()),
             // A read that got no answer: nothing asked may still be done, so no more to say
             // than for a database that is away.
             _ => Refused::Unavailable,
@@ -123,7 +133,7 @@ impl ResponseError for Refused {
             Refused::WrongToken(_) => StatusCode::UNAUTHORIZED,
             Refused::Forged => StatusCode::FORBIDDEN,
             Refused::NotMade(_) => StatusCode::BAD_REQUEST,
-            Refused::Unavailable | Refused::Busy | Refused::NoAnswer => {
+            Refused::Unavailable | Refused::Busy | Refused::NoAnswer | Refused::Refusing(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
         }
@@ -152,6 +162,11 @@ impl ResponseError for Refused {
                 self.status_code(),
                 "Database unreachable",
                 "The database did not answer; reload the page in a moment.",
+            ),
+            Refused::Refusing(why) => message(
+                self.status_code(),
+                "The database refused",
+                &format!("Nothing was changed: {why}."),
             ),
             Refused::NotMade(problem) => message(
                 self.status_code(),
