@@ -1366,17 +1366,25 @@ async fn a_connect_with_no_answer_is_said_as_the_networks_not_as_a_silent_broker
         "unused",
         30,
     );
-    let server = Process::serve(&config_text(&db.url, &target));
-    server.wait_for_log("forward target not ready");
-    let log = server.log();
-    let said = log
-        .lines()
-        .find(|l| l.contains("forward target not ready"))
-        .expect("the line");
+    let (_server, said) = serve_not_ready(&db, &target);
     assert!(
         said.contains("no answer to the connect") && !said.contains("took the connection"),
         "{said}"
     );
+}
+
+/// A serve of `target` on `db`, once it has said the target is not ready: the process, and
+/// that line.
+fn serve_not_ready(db: &TestDb, target: &str) -> (Process, String) {
+    let server = Process::serve(&config_text(&db.url, target));
+    server.wait_for_log("forward target not ready");
+    let line = server
+        .log()
+        .lines()
+        .find(|l| l.contains("forward target not ready"))
+        .expect("the line")
+        .to_owned();
+    (server, line)
 }
 
 #[actix_web::test]
@@ -1514,16 +1522,11 @@ async fn over_tls_the_probe_lets_lapin_connect_once_the_broker_answers() {
     });
     let db = TestDb::create();
     let target = rabbit_at(&format!("amqps://guest:guest@127.0.0.1:{port}/%2f"), "2s");
-    let server = Process::serve(&config_text(&db.url, &target));
-    server.wait_for_log("forward target not ready");
-    let log = server.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("forward target not ready"))
-        .expect("the line");
+    let (server, line) = serve_not_ready(&db, &target);
     assert!(
         probed.load(std::sync::atomic::Ordering::SeqCst) >= 1,
-        "{log}"
+        "{}",
+        server.log()
     );
     assert!(!line.contains("did not answer"), "{line}");
     assert!(line.contains("certificate"), "{line}");
