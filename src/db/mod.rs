@@ -644,6 +644,15 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// Whether the database answered and refused to write (no room, no permission, a file it
+    /// cannot write or finds damaged): not away, and what it holds may still be read.
+    pub fn refused_a_write(self) -> bool {
+        matches!(
+            self,
+            Failure::Full | Failure::Permission | Failure::Io | Failure::Damaged
+        )
+    }
+
     /// Reads a statement's error. PostgreSQL's SQLSTATE is not exposed by diesel, so its
     /// message is matched (the server's default English text), as for the lock timeout.
     pub fn of(error: &DieselError) -> Failure {

@@ -219,10 +219,7 @@ fn claim_within(
 /// Whether the store refused to write at all (no room, no permission, its file unwritable),
 /// which says nothing against reading what it holds.
 pub(super) fn write_refused(error: &DieselError) -> bool {
-    matches!(
-        db::Failure::of(error),
-        db::Failure::Full | db::Failure::Permission | db::Failure::Io
-    )
+    db::Failure::of(error).refused_a_write()
 }
 
 /// Runs the handler, turning a panic into an error and a nonsense status into one too.

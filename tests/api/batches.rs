@@ -300,7 +300,14 @@ async fn a_stored_batch_is_answered_from_the_store_while_it_refuses_writes() {
         gocardless_event(&ids[0], "confirmed"),
         gocardless_event(&ids[1], "paid_out"),
     ];
-    let mut writable = Process::serve(&text);
+    // Stored by nobody while the file is writable: the -wal and -shm a stop may leave are
+    // nobody's too.
+    let config_file = TempFile::new(&text);
+    set_mode(std::path::Path::new(&config_file.path()), 0o644);
+    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_file.path()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    set_mode(&file, 0o666);
+    let mut writable = Process::serve_through(&as_nobody, &text);
     let first = send(&writable.address, &batch(&config, "gocardless", 0, &items)).await;
     assert_eq!(first.status, 200, "{}", first.text());
     writable.terminate();

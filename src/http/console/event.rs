@@ -424,12 +424,9 @@ pub async fn requeue(
 /// with one ("did not answer" sent an operator to look for an outage where the disk was
 /// full, found by a black-box run).
 fn failed_notice(error: &crate::http::ApiError) -> &'static str {
-    use crate::db::Failure;
     match error {
-        crate::http::ApiError::AdminDatabase(Failure::Full) => "full",
-        crate::http::ApiError::AdminDatabase(
-            Failure::Permission | Failure::Io | Failure::Damaged,
-        ) => "refused",
+        crate::http::ApiError::AdminDatabase(crate::db::Failure::Full) => "full",
+        crate::http::ApiError::AdminDatabase(failure) if failure.refused_a_write() => "refused",
         _ => "unavailable",
     }
 }

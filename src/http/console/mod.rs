@@ -21,7 +21,6 @@ pub use session::{Session, Sessions};
 
 use super::auth::{Admin, Login};
 use super::ApiError;
-use crate::db::Failure;
 use crate::state::AppState;
 use html::{guarded, page, redirect, respond};
 
@@ -115,9 +114,9 @@ impl From<ApiError> for Refused {
             ApiError::NoAnswer => Refused::NoAnswer,
             // Said as the admin API says it: "did not answer" sent an operator to look for a
             // database outage where its disk was full (a black-box run).
-            ApiError::AdminDatabase(
-                Failure::Full | Failure::Permission | Failure::Io | Failure::Damaged,
-            ) => Refused::Refusing(error.to_string()),
+            ApiError::AdminDatabase(failure) if failure.refused_a_write() => {
+                Refused::Refusing(error.to_string())
+            }
             // A read that got no answer: nothing asked may still be done, so no more to say
             // than for a database that is away.
             _ => Refused::Unavailable,
