@@ -253,6 +253,52 @@ async fn replay_counts_that_cannot_be_flushed_are_warned_about_once_and_their_en
     );
 }
 
+/// Replay counts the stop's last flush cannot write are said lost, not "kept and retried"
+/// (a black-box run: that WARN came at the stop itself, and the counts were gone).
+#[actix_web::test]
+async fn replay_counts_the_stop_cannot_write_are_said_lost() {
+    if skip_on_sqlite(
+        "replay_counts_the_stop_cannot_write_are_said_lost",
+        "an embedded store cannot become unreachable",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
+    let text = config_text(&proxied_url, "");
+    let config = parse_config(&text);
+    let mut server = Process::serve_with_env(&text, &[("RUST_LOG", "info,hookbox=debug")]);
+    let id = unique_id("evt");
+    let delivery = delivery_for(
+        &config,
+        "stripe",
+        &stripe_event(&id, "charge.succeeded", 1),
+        &id,
+        unix_now(),
+    );
+    assert_eq!(send(&server.address, &delivery).await.status, 200);
+    proxy.cut();
+    assert!(send(&server.address, &delivery).await.replayed());
+    crate::forward::poll_until("a flush failed", Duration::from_secs(30), || {
+        lines_of(&server, "DEBUG", "replay counts not flushed") >= 1
+    })
+    .await;
+    server.terminate();
+    server.wait_exit(Duration::from_secs(60));
+    let log = server.log();
+    let lost = log
+        .lines()
+        .find(|l| l.contains("could not be written before the stop"))
+        .unwrap_or_else(|| panic!("the stop says the counts are lost:\n{log}"));
+    assert!(lost.contains("WARN") && lost.contains("events=1"), "{lost}");
+    let stop = log.find("shutting down").expect("the stop began");
+    assert!(
+        !log[stop..].contains("kept and retried"),
+        "nothing is retried after the stop:\n{log}"
+    );
+    proxy.restore();
+}
+
 /// A read that waited on a stalled database and then ended in an error (the connection found
 /// dead) was said to be answered: "the database answered the outbox's read; forwarding goes
 /// on", while the database was still cut off (a black-box run).
