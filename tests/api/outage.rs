@@ -216,23 +216,7 @@ async fn replay_counts_that_cannot_be_flushed_are_warned_about_once_and_their_en
     ) {
         return;
     }
-    let db = TestDb::create();
-    let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
-    let text = config_text(&proxied_url, "");
-    let config = parse_config(&text);
-    let server = Process::serve_with_env(&text, &[("RUST_LOG", "info,hookbox=debug")]);
-    let id = unique_id("evt");
-    let delivery = delivery_for(
-        &config,
-        "stripe",
-        &stripe_event(&id, "charge.succeeded", 1),
-        &id,
-        unix_now(),
-    );
-    assert_eq!(send(&server.address, &delivery).await.status, 200);
-    proxy.cut();
-    let again = send(&server.address, &delivery).await;
-    assert!(again.replayed(), "{}", again.text());
+    let (_db, proxy, server) = replayed_with_the_database_cut().await;
     let lines = |level: &str, text: &str| lines_of(&server, level, text);
     crate::forward::poll_until("three flushes failed", Duration::from_secs(30), || {
         lines("DEBUG", "replay counts not flushed") >= 3
@@ -253,21 +237,15 @@ async fn replay_counts_that_cannot_be_flushed_are_warned_about_once_and_their_en
     );
 }
 
-/// Replay counts the stop's last flush cannot write are said lost, not "kept and retried"
-/// (a black-box run: that WARN came at the stop itself, and the counts were gone).
-#[actix_web::test]
-async fn replay_counts_the_stop_cannot_write_are_said_lost() {
-    if skip_on_sqlite(
-        "replay_counts_the_stop_cannot_write_are_said_lost",
-        "an embedded store cannot become unreachable",
-    ) {
-        return;
-    }
+/// A serve (its own debug lines on) whose database sits behind a proxy: one event stored, the
+/// proxy cut, and the event replayed from memory, its replay count waiting for a flush that
+/// cannot be written: the database, the proxy, the process.
+async fn replayed_with_the_database_cut() -> (TestDb, Proxy, Process) {
     let db = TestDb::create();
     let (proxy, proxied_url) = Proxy::in_front_of(&db.url);
     let text = config_text(&proxied_url, "");
     let config = parse_config(&text);
-    let mut server = Process::serve_with_env(&text, &[("RUST_LOG", "info,hookbox=debug")]);
+    let server = Process::serve_with_env(&text, &[("RUST_LOG", "info,hookbox=debug")]);
     let id = unique_id("evt");
     let delivery = delivery_for(
         &config,
@@ -278,7 +256,22 @@ async fn replay_counts_the_stop_cannot_write_are_said_lost() {
     );
     assert_eq!(send(&server.address, &delivery).await.status, 200);
     proxy.cut();
-    assert!(send(&server.address, &delivery).await.replayed());
+    let again = send(&server.address, &delivery).await;
+    assert!(again.replayed(), "{}", again.text());
+    (db, proxy, server)
+}
+
+/// Replay counts the stop's last flush cannot write are said lost, not "kept and retried"
+/// (a black-box run: that WARN came at the stop itself, and the counts were gone).
+#[actix_web::test]
+async fn replay_counts_the_stop_cannot_write_are_said_lost() {
+    if skip_on_sqlite(
+        "replay_counts_the_stop_cannot_write_are_said_lost",
+        "an embedded store cannot become unreachable",
+    ) {
+        return;
+    }
+    let (_db, proxy, mut server) = replayed_with_the_database_cut().await;
     crate::forward::poll_until("a flush failed", Duration::from_secs(30), || {
         lines_of(&server, "DEBUG", "replay counts not flushed") >= 1
     })
