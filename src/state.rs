@@ -153,6 +153,9 @@ pub struct AppState {
     pub store_file: Option<crate::db::sqlite::OpenedFile>,
     /// When a delivery last failed for a full disk, for `/readyz`.
     pub disk_full: LastDiskFull,
+    /// Deliveries the store failed since the last one it stored, to say when storing works
+    /// again.
+    pub store_failing: StoreFailing,
 }
 
 /// When a delivery last failed because the database's disk is full. `/readyz`'s own write is
@@ -184,6 +187,42 @@ impl LastDiskFull {
     pub fn lately(&self) -> Option<Duration> {
         let last = (*self.0.lock().unwrap_or_else(|e| e.into_inner()))?;
         Some(last.elapsed()).filter(|ago| *ago < Self::REMEMBERED)
+    }
+}
+
+/// Deliveries answered 503 because the store failed them (unreachable, full, refusing writes,
+/// locked, too slow), since the last delivery it stored. Each failure has its own WARN; the
+/// first delivery stored after them is said once with how many failed and for how long, so an
+/// operator paged for the 503s reads when they stopped (no line said so, on either store).
+#[derive(Debug, Default)]
+pub struct StoreFailing {
+    /// Whether a failure is counted, so a stored delivery outside a spell takes no lock.
+    open: std::sync::atomic::AtomicBool,
+    /// When the first failure of the spell was, and how many there have been.
+    spell: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
+}
+
+impl StoreFailing {
+    /// The store failed a delivery now.
+    pub fn failed(&self) {
+        let mut spell = self.spell.lock().unwrap_or_else(|e| e.into_inner());
+        spell
+            .get_or_insert_with(|| (std::time::Instant::now(), 0))
+            .1 += 1;
+        self.open.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The store stored a delivery now: the spell it ends, if one was open (how long since its
+    /// first failure, and how many failed).
+    pub fn stored(&self) -> Option<(Duration, u64)> {
+        if !self.open.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let mut spell = self.spell.lock().unwrap_or_else(|e| e.into_inner());
+        self.open.store(false, std::sync::atomic::Ordering::Release);
+        spell
+            .take()
+            .map(|(since, failed)| (since.elapsed(), failed))
     }
 }
 
@@ -227,6 +266,7 @@ impl AppState {
                 _ => None,
             },
             disk_full: LastDiskFull::default(),
+            store_failing: StoreFailing::default(),
         }
     }
 

@@ -446,16 +446,27 @@ impl Outbox {
                 return None;
             }
         };
-        tracing::debug!(error = %failure, "cannot read the outbox");
+        // A take reads the due rows and leases them: a store that refuses writes (a full
+        // disk, a read-only file) reads fine and refuses the lease, which "cannot read" misnamed
+        // (a black-box run).
+        let what = if failure
+            .downcast_ref::<diesel::result::Error>()
+            .is_some_and(|e| crate::db::Failure::of(e).refused_a_write())
+        {
+            "cannot take rows from the outbox: the database refuses the write that leases them"
+        } else {
+            "cannot read the outbox"
+        };
+        tracing::debug!(error = %failure, "{what}");
         let warn = self.outage().failed(Instant::now());
         if let Some(warn) = warn {
             tracing::warn!(
                 error = %failure,
                 failing_for = %crate::config::Spelt(crate::outage::round_to_seconds(warn.lasted)),
                 failed_tries = warn.failed,
-                "cannot read the outbox; nothing is forwarded until it can be (rows stay queued \
-                 and are sent then). Retried at every look; at most one such warning a minute, \
-                 RUST_LOG=debug shows each"
+                "{what}; nothing is forwarded until it can be (rows stay queued and are sent \
+                 then). Retried at every look; at most one such warning a minute, RUST_LOG=debug \
+                 shows each"
             );
         }
         None

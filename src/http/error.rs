@@ -191,6 +191,19 @@ pub struct ErrorCode(pub &'static str);
 const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 5;
 
 impl ApiError {
+    /// Whether a delivery's 503 is the store's failure (unreachable, failing its statements,
+    /// locked, not answering in time, its file gone), not a provider's (a certificate).
+    pub fn is_the_stores(&self) -> bool {
+        matches!(
+            self,
+            ApiError::Unavailable
+                | ApiError::TablesLocked
+                | ApiError::Unanswered
+                | ApiError::StoreGone
+                | ApiError::Database(_)
+        )
+    }
+
     /// The contract's error code.
     pub fn code(&self) -> &'static str {
         match self {

@@ -168,9 +168,24 @@ pub async fn receive(
         .await
         .and_then(|answer| kept_where_serve_opened_it(&state, answer));
     let (response, counted) = match answered {
-        Ok(answer) => answer,
+        Ok(answer) => {
+            if matches!(answer.1, Counted::Processed) {
+                if let Some((lasted, failed)) = state.store_failing.stored() {
+                    tracing::info!(
+                        failed,
+                        lasted = %crate::config::Spelt(crate::outage::round_to_seconds(lasted)),
+                        "the store takes deliveries again: this one was stored after {failed} \
+                         that it failed (answered 503 unavailable)"
+                    );
+                }
+            }
+            answer
+        }
         Err(failed) => {
             failed.log();
+            if failed.error.is_the_stores() {
+                state.store_failing.failed();
+            }
             if matches!(failed.error, ApiError::Database(crate::db::Failure::Full))
                 && state.disk_full.noticed()
             {

@@ -1030,8 +1030,7 @@ fn escaped(text: &str) -> String {
 /// Stores an event (and a dead delivery of it) with `hostile` in every field the console shows:
 /// what intake never lets in (a source outside the config's charset, any header name) as much
 /// as what it does (ids, types, header values, bodies). Returns the event's source and id.
-fn store_hostile_event(app: &TestApp, hostile: &str) -> (String, String) {
-    let source = format!("src{hostile}");
+fn store_hostile_event(app: &TestApp, source: &str, hostile: &str) -> String {
     let id = format!("{}{hostile}", unique_id("evt"));
     let mut conn = app.db.connect();
     hookbox::on_backend!(&mut conn, c => {
@@ -1069,7 +1068,7 @@ fn store_hostile_event(app: &TestApp, hostile: &str) -> (String, String) {
             .execute(c)
             .expect("store its delivery")
     });
-    (source, id)
+    id
 }
 
 /// No element, attribute or entity of `hostile` came through as markup.
@@ -1121,8 +1120,14 @@ async fn an_event_page_hides_signatures_and_stays_small_for_a_body_nested_thousa
 
 #[actix_web::test]
 async fn a_hostile_value_in_every_shown_field_comes_out_escaped() {
-    let app = TestApp::spawn().await;
-    let (source, id) = store_hostile_event(&app, HOSTILE);
+    // `stripe` forwards to `default`, the target of the delivery stored with each event.
+    let app = TestApp::spawn_with(
+        &forward_extra("http://127.0.0.1:9/hooks", "1s", 3),
+        Handlers::default(),
+    )
+    .await;
+    let source = format!("src{HOSTILE}");
+    let id = store_hostile_event(&app, &source, HOSTILE);
     let cookie = log_in(&app).await;
     let shown = escaped(HOSTILE);
 
@@ -1140,9 +1145,21 @@ async fn a_hostile_value_in_every_shown_field_comes_out_escaped() {
         format!("<code>text/plain; x=&quot;{shown}&quot;</code>"),
         format!("<pre id=\"response\">answer{shown}</pre>"),
         format!("<td>error{shown}</td>"),
-        format!("name=\"source\" value=\"src{shown}\""),
-        format!("name=\"event_id\" value=\"{}\"", escaped(&id)),
         format!("Other events from src{shown}</a>"),
+        // No source of that name is configured, so no target either: no form.
+        "target not configured".to_owned(),
+    ] {
+        assert!(page.contains(&expected), "{expected} in:\n{page}");
+    }
+    // The forms a configured target's delivery gets carry the id escaped.
+    let forwarded = store_hostile_event(&app, "stripe", HOSTILE);
+    let page = event_page(&app, &cookie, "stripe", &forwarded).await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    let page = page.text();
+    assert_inert(&page, "a configured source's event page");
+    for expected in [
+        "id=\"requeue-".to_owned(),
+        format!("name=\"event_id\" value=\"{}\"", escaped(&forwarded)),
     ] {
         assert!(page.contains(&expected), "{expected} in:\n{page}");
     }
@@ -1267,6 +1284,47 @@ async fn the_event_page_shows_deliveries_per_target_and_redelivers_the_event() {
         .for_key(&key)
         .iter()
         .all(|r| r.header("idempotency-key") == key));
+}
+
+/// An event no target's patterns match was said to come from a source that "does not
+/// forward"; a delivery to a target removed from the config showed buttons that could only be
+/// refused (a black-box run).
+#[actix_web::test]
+async fn the_event_page_says_why_nothing_was_queued_and_offers_nothing_for_a_removed_target() {
+    use crate::targets::{send_event, target};
+    let sink = Downstream::start(always(200));
+    let app = TestApp::spawn_with(
+        &target("a", &sink.url, Some("[\"charge.*\"]")),
+        Handlers::default(),
+    )
+    .await;
+    let cookie = log_in(&app).await;
+    let unmatched = send_event(&app, "invoice.paid").await;
+    let page = event_page(&app, &cookie, "stripe", &unmatched).await.text();
+    assert!(
+        page.contains("no target of this source takes events of this type")
+            && !page.contains("does not forward"),
+        "{page}"
+    );
+
+    let id = send_event(&app, "charge.refunded").await;
+    crate::targets::settled(&app, &[&id], "delivered").await;
+    diesel::sql_query(format!(
+        "INSERT INTO deliveries (event_row, target, source, received_at, queued_at, state) \
+         SELECT id, 'gone', source, received_at, received_at, 'dead' FROM events \
+         WHERE source = 'stripe' AND event_id = '{id}'"
+    ))
+    .execute(&mut app.db.connect())
+    .expect("a dead row to a removed target");
+    let page = event_page(&app, &cookie, "stripe", &id).await.text();
+    assert!(
+        page.contains("<td class=\"target\">gone</td>")
+            && page.contains("target not configured")
+            && page.contains("id=\"redeliver-to-a\"")
+            && !page.contains("id=\"redeliver-to-gone\"")
+            && !page.contains("class=\"requeue\""),
+        "{page}"
+    );
 }
 
 #[actix_web::test]

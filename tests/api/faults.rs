@@ -687,7 +687,9 @@ impl Drop for SmallDisk {
 
 /// A store that was not writable as serve started is taken as soon as it is made writable:
 /// SQLite opened it read-only on each pooled connection, which stayed so until the pool retired
-/// it, and every delivery was 503 for ten minutes more (a black-box run).
+/// it, and every delivery was 503 for ten minutes more (a black-box run). The log says both
+/// ends: the outbox's take refused (not "cannot read", which it can), and the first delivery
+/// stored again, after how many failed (no line said so).
 #[actix_web::test]
 async fn a_store_made_writable_again_takes_deliveries_at_once() {
     if !store_is_sqlite() {
@@ -710,26 +712,61 @@ async fn a_store_made_writable_again_takes_deliveries_at_once() {
     // Nobody makes its -shm and -wal here.
     set_mode(&dir, 0o777);
     let file = dir.join("hookbox.db");
-    let config = config_text(&format!("sqlite://{}", file.display()), "");
+    let config = config_text(
+        &format!("sqlite://{}", file.display()),
+        &crate::forward::forward_extra("http://127.0.0.1:9/hooks", "1s", 12),
+    );
     let parsed = parse_config(&config);
-    let config_file = TempFile::new(&config);
-    set_mode(std::path::Path::new(&config_file.path()), 0o644);
-    let (code, _, stderr) = run_hookbox(&["migrate", "--config", &config_file.path()], &[]);
-    assert_eq!(code, 0, "{stderr}");
-    // Readable by nobody, not writable.
-    set_mode(&file, 0o644);
-    let server = Process::serve_through(&as_nobody, &config);
     let post = |id: &str| {
         let body = stripe_event(id, "charge.succeeded", 1);
         delivery_for(&parsed, "stripe", &body, id, unix_now())
     };
-    let refused = send(&server.address, &post(&unique_id("evt"))).await;
-    assert_eq!(refused.status, 503, "{}", refused.text());
+    // One delivery queued while the file is writable, for the outbox's take to lease.
+    let mut writable = Process::serve(&config);
+    let queued = send(&writable.address, &post(&unique_id("evt"))).await;
+    assert_eq!(queued.status, 200, "{}", queued.text());
+    writable.terminate();
+    writable.wait_exit(Duration::from_secs(30));
+    // Readable by nobody, not writable; the -wal and -shm a stop may leave are nobody's to
+    // open.
+    set_mode(&file, 0o644);
+    for suffix in ["-wal", "-shm"] {
+        let left = dir.join(format!("hookbox.db{suffix}"));
+        if left.exists() {
+            set_mode(&left, 0o666);
+        }
+    }
+    let server = Process::serve_through(&as_nobody, &config);
+    for _ in 0..2 {
+        let refused = send(&server.address, &post(&unique_id("evt"))).await;
+        assert_eq!(refused.status, 503, "{}", refused.text());
+    }
+    server.wait_for_log_within(
+        "cannot take rows from the outbox: the database refuses the write that leases them",
+        Duration::from_secs(30),
+    );
+    assert!(
+        !server.log().contains("cannot read the outbox"),
+        "{}",
+        server.log()
+    );
     set_mode(&file, 0o666);
     let taken = send(&server.address, &post(&unique_id("evt"))).await;
     assert_eq!(taken.status, 200, "{}\n{}", taken.text(), server.log());
     let ready = get(&server.address, "/readyz", None).await;
     assert_eq!(ready.status, 200, "{}", ready.text());
+    server.wait_for_log("the outbox can be read again");
+    let stored_again: Vec<String> = server
+        .log()
+        .lines()
+        .filter(|line| line.contains("the store takes deliveries again"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        stored_again.len() == 1 && stored_again[0].contains("failed=2"),
+        "one line, after the two that failed: {stored_again:?}\n{}",
+        server.log()
+    );
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

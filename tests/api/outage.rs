@@ -237,6 +237,71 @@ async fn replay_counts_that_cannot_be_flushed_are_warned_about_once_and_their_en
     );
 }
 
+/// Each delivery the database fails is a WARN of its own, and no line said when they stopped:
+/// an operator paged for the 503s could not read when storing came back. The first delivery
+/// stored after them is said once, with how many failed.
+#[actix_web::test]
+async fn the_first_delivery_stored_after_an_outage_is_said_with_how_many_failed() {
+    if skip_on_sqlite(
+        "the_first_delivery_stored_after_an_outage_is_said_with_how_many_failed",
+        "an embedded store cannot become unreachable",
+    ) {
+        return;
+    }
+    let (db, proxy, server) = replayed_with_the_database_cut().await;
+    // Signed as the proxied config signs: the same sources and secrets.
+    let config = parse_config(&config_text(&db.url, ""));
+    let id = unique_id("evt");
+    let delivery = delivery_for(
+        &config,
+        "stripe",
+        &stripe_event(&id, "charge.succeeded", 1),
+        &id,
+        unix_now(),
+    );
+    let mut failed = 0;
+    for _ in 0..2 {
+        assert_eq!(send(&server.address, &delivery).await.status, 503);
+        failed += 1;
+    }
+    assert!(!server.log().contains("the store takes deliveries again"));
+    proxy.restore();
+    loop {
+        let answer = send(&server.address, &delivery).await;
+        if answer.status == 200 {
+            break;
+        }
+        assert_eq!(answer.status, 503, "{}", answer.text());
+        assert!(failed < 40, "never stored again:\n{}", server.log());
+        failed += 1;
+        actix_web::rt::time::sleep(Duration::from_millis(250)).await;
+    }
+    let another = unique_id("evt");
+    let stored = send(
+        &server.address,
+        &delivery_for(
+            &config,
+            "stripe",
+            &stripe_event(&another, "charge.succeeded", 1),
+            &another,
+            unix_now(),
+        ),
+    )
+    .await;
+    assert_eq!(stored.status, 200, "{}", stored.text());
+    let log = server.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("the store takes deliveries again"))
+        .collect();
+    assert!(
+        said.len() == 1
+            && said[0].contains(" INFO")
+            && said[0].contains(&format!("failed={failed}")),
+        "one line, after the {failed} that failed: {said:?}"
+    );
+}
+
 /// A serve (its own debug lines on) whose database sits behind a proxy: one event stored, the
 /// proxy cut, and the event replayed from memory, its replay count waiting for a flush that
 /// cannot be written: the database, the proxy, the process.

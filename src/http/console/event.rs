@@ -140,8 +140,8 @@ fn notice(which: &Which, session: &Session) -> Option<(bool, String)> {
     if which.notice.as_deref() == Some("no_target") {
         return Some((
             false,
-            "Nothing was re-queued: that target is not in this source's config any more, and \
-             no instance would send to it."
+            "Nothing was re-queued: that target is not in this source's config (removed, or \
+             never there), and no instance would send to it."
                 .to_owned(),
         ));
     }
@@ -186,6 +186,7 @@ fn deliveries_table(
     source: &str,
     event_id: &str,
     deliveries: &[DeliveryView],
+    configured: &[&str],
 ) -> Markup {
     let when = |at: Option<DateTime<Utc>>| at.map_or_else(String::new, time);
     html! {
@@ -216,7 +217,11 @@ fn deliveries_table(
                         }
                         td { (when(d.delivered_at)) }
                         td {
-                            @if d.state == "dead" {
+                            @if !configured.contains(&d.target.as_str()) {
+                                // Its buttons could only be refused: no instance sends to a
+                                // target the config no longer names.
+                                span class="muted gone" { "target not configured" }
+                            } @else if d.state == "dead" {
                                 form method="post" action={ "/console/deliveries/" (d.id) "/requeue" } {
                                     input type="hidden" name="csrf" value=(csrf);
                                     input type="hidden" name="source" value=(source);
@@ -226,7 +231,9 @@ fn deliveries_table(
                                     }
                                 }
                             }
-                            @if d.state == "delivered" || d.state == "dead" {
+                            @if configured.contains(&d.target.as_str())
+                                && (d.state == "delivered" || d.state == "dead")
+                            {
                                 (redeliver_form(csrf, source, event_id, Some(&d.target)))
                             }
                         }
@@ -329,10 +336,24 @@ pub async fn show(
             .replay_counts
             .unflushed_replays(&which.source, &which.id);
     let status = stored.status.map_or_else(String::new, |s| s.to_string());
-    let answered = state
-        .sources
-        .get(&which.source)
-        .and_then(|configured| configured.answered_instead(stored.status));
+    let configured = state.sources.get(&which.source);
+    let answered = configured.and_then(|configured| configured.answered_instead(stored.status));
+    let targets: Vec<&str> = configured.map_or_else(Vec::new, |configured| {
+        configured
+            .forward
+            .iter()
+            .map(|target| target.config.name.as_str())
+            .collect()
+    });
+    // Why no delivery is listed: a source that forwards queues none for an event no target's
+    // `events` patterns match, which "does not forward" misnamed.
+    let none = match configured {
+        None => "None: this event's source is not in the config.",
+        Some(_) if targets.is_empty() => "None: this event's source does not forward.",
+        Some(_) => {
+            "None: no target of this source takes events of this type (its events patterns)."
+        }
+    };
     let main = html! {
         @if let Some((ok, text)) = notice(&which, &session) {
             p class=(if ok { "notice" } else { "error" }) id="notice" { (text) }
@@ -369,10 +390,13 @@ pub async fn show(
         }
         h2 { "Forward deliveries" }
         @if deliveries.is_empty() {
-            p class="muted" { "None: this event's source does not forward." }
+            p class="muted" id="no-deliveries" { (none) }
         } @else {
-            (deliveries_table(session.csrf(), &which.source, &which.id, &deliveries))
-            @if deliveries.iter().any(|d| d.state != "pending") {
+            (deliveries_table(session.csrf(), &which.source, &which.id, &deliveries, &targets))
+            @if deliveries
+                .iter()
+                .any(|d| d.state != "pending" && targets.contains(&d.target.as_str()))
+            {
                 (redeliver_form(session.csrf(), &which.source, &which.id, None))
             }
             p class="muted" {
