@@ -1309,13 +1309,7 @@ async fn the_event_page_says_why_nothing_was_queued_and_offers_nothing_for_a_rem
 
     let id = send_event(&app, "charge.refunded").await;
     crate::targets::settled(&app, &[&id], "delivered").await;
-    diesel::sql_query(format!(
-        "INSERT INTO deliveries (event_row, target, source, received_at, queued_at, state) \
-         SELECT id, 'gone', source, received_at, received_at, 'dead' FROM events \
-         WHERE source = 'stripe' AND event_id = '{id}'"
-    ))
-    .execute(&mut app.db.connect())
-    .expect("a dead row to a removed target");
+    crate::targets::dead_to_a_removed_target(&app, &id);
     let page = event_page(&app, &cookie, "stripe", &id).await.text();
     assert!(
         page.contains("<td class=\"target\">gone</td>")

@@ -251,14 +251,12 @@ async fn the_first_delivery_stored_after_an_outage_is_said_with_how_many_failed(
     let (db, proxy, server) = replayed_with_the_database_cut().await;
     // Signed as the proxied config signs: the same sources and secrets.
     let config = parse_config(&config_text(&db.url, ""));
-    let id = unique_id("evt");
-    let delivery = delivery_for(
-        &config,
-        "stripe",
-        &stripe_event(&id, "charge.succeeded", 1),
-        &id,
-        unix_now(),
-    );
+    let fresh = || {
+        let id = unique_id("evt");
+        let body = stripe_event(&id, "charge.succeeded", 1);
+        delivery_for(&config, "stripe", &body, &id, unix_now())
+    };
+    let delivery = fresh();
     let mut failed = 0;
     for _ in 0..2 {
         assert_eq!(send(&server.address, &delivery).await.status, 503);
@@ -276,18 +274,7 @@ async fn the_first_delivery_stored_after_an_outage_is_said_with_how_many_failed(
         failed += 1;
         actix_web::rt::time::sleep(Duration::from_millis(250)).await;
     }
-    let another = unique_id("evt");
-    let stored = send(
-        &server.address,
-        &delivery_for(
-            &config,
-            "stripe",
-            &stripe_event(&another, "charge.succeeded", 1),
-            &another,
-            unix_now(),
-        ),
-    )
-    .await;
+    let stored = send(&server.address, &fresh()).await;
     assert_eq!(stored.status, 200, "{}", stored.text());
     let log = server.log();
     let said: Vec<&str> = log

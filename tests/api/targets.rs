@@ -25,6 +25,19 @@ async fn spawn_targets(tables: &[String]) -> TestApp {
     TestApp::spawn_with(&tables.concat(), Handlers::default()).await
 }
 
+/// Stores a dead delivery of stripe event `id` to `gone`, a target no config names (one
+/// removed from it since).
+pub fn dead_to_a_removed_target(app: &TestApp, id: &str) {
+    use diesel::RunQueryDsl;
+    diesel::sql_query(format!(
+        "INSERT INTO deliveries (event_row, target, source, received_at, queued_at, state) \
+         SELECT id, 'gone', source, received_at, received_at, 'dead' FROM events \
+         WHERE source = 'stripe' AND event_id = '{id}'"
+    ))
+    .execute(&mut app.db.connect())
+    .expect("a dead row to a removed target");
+}
+
 /// Sends one stripe event of type `kind`; returns its id.
 pub async fn send_event(app: &TestApp, kind: &str) -> String {
     let id = unique_id("evt");
@@ -731,19 +744,12 @@ async fn a_redeliver_does_not_wait_for_another_events_attempt() {
 
 #[actix_web::test]
 async fn a_dead_delivery_to_a_target_since_removed_from_the_config_is_not_requeued() {
-    use diesel::RunQueryDsl;
     let a = Downstream::start(always(200));
     let app = spawn_targets(&[target("a", &a.url, None)]).await;
     let id = send_event(&app, "charge.refunded").await;
     settled(&app, &[id.as_str()], "delivered").await;
     // A dead delivery of the event to a target an earlier config had.
-    diesel::sql_query(format!(
-        "INSERT INTO deliveries (event_row, target, source, received_at, queued_at, state) \
-         SELECT id, 'gone', source, received_at, received_at, 'dead' FROM events \
-         WHERE source = 'stripe' AND event_id = '{id}'"
-    ))
-    .execute(&mut app.db.connect())
-    .expect("a dead row to a removed target");
+    dead_to_a_removed_target(&app, &id);
     let gone = app
         .db
         .count("deliveries WHERE target = 'gone' AND state = 'dead'");
