@@ -329,6 +329,10 @@ async fn answer(
             Refusal::Signature(SignatureError::Credentials(what)) => {
                 Failed::because(error, format_args!("the signature matched, but {what}"))
             }
+            Refusal::Signature(SignatureError::Untrusted(what)) => Failed::because(
+                error,
+                format_args!("the signing certificate is not one to trust: {what}"),
+            ),
             _ => Failed::from(error),
         }
     })?;
@@ -893,9 +897,11 @@ pub fn refused_by(provider: &dyn Provider, refusal: Refusal) -> ApiError {
 /// and error code.
 pub fn refused(refusal: Refusal) -> ApiError {
     match refusal {
-        Refusal::Signature(SignatureError::Invalid | SignatureError::Credentials(_)) => {
-            ApiError::InvalidSignature
-        }
+        Refusal::Signature(
+            SignatureError::Invalid
+            | SignatureError::Credentials(_)
+            | SignatureError::Untrusted(_),
+        ) => ApiError::InvalidSignature,
         Refusal::Signature(SignatureError::Stale) => ApiError::StaleTimestamp,
         Refusal::MalformedPayload => ApiError::MalformedPayload,
         Refusal::MissingEventId => ApiError::MissingEventId,

@@ -27,7 +27,8 @@ use chrono::{DateTime, Utc};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 use super::{
-    answer, claim, event, new_event, run_handler, ClaimError, Delivery, Outcome, StoredResponse,
+    answer, claim_until, event, new_event, run_handler, ClaimError, Delivery, Outcome,
+    StoredResponse,
 };
 use crate::db::deliveries::{Due, Lease, Leased, ToQueue};
 use crate::db::{self, events, AnyConnection, DbPool};
@@ -36,6 +37,13 @@ use crate::handlers::{Handler, Response};
 
 /// Claims one INSERT carries at most.
 pub const MAX_BATCH: usize = 64;
+
+/// How long a batch's INSERT waits, on PostgreSQL, for a row another session holds (a claim of
+/// the same event not yet committed, elsewhere) before its claims go one by one. Waiting the
+/// whole in-flight wait held up the one writer, and with it every delivery to the instance, for
+/// as long as a duplicate waited (a black-box run: 55 unrelated deliveries held up to 10 s
+/// each). Another instance's claim commits in a few milliseconds.
+const BATCH_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 // A batch's claim is one INSERT on SQLite too, outside any transaction: never split in parts.
 const _: () = assert!(MAX_BATCH <= events::SQLITE_ROWS_PER_CLAIM);
@@ -267,6 +275,13 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         .map(|(job, _)| job.delivery.deadline)
         .min()
         .expect("a batch has a job");
+    // On SQLite the wait is for the store's one write lock, which any claim one by one would
+    // wait for as well: no row of its own holds a batch up there.
+    let on_postgres = matches!(**conn, AnyConnection::Postgres(_));
+    let deadline = match on_postgres {
+        true => deadline.min(std::time::Instant::now() + BATCH_LOCK_WAIT),
+        false => deadline,
+    };
     let inserted = {
         // Past the in-flight wait without a turn, the batch goes ahead anyway: SQLite's own
         // lock still keeps it safe. The turn ends with the INSERT, before any claim one by one
@@ -283,7 +298,11 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
                 tracing::debug!(error = %e, "a claim batch fell back to claims one by one");
             }
             drop(conn);
-            one_by_one(pool, groups);
+            if on_postgres && db::is_lock_timeout(&e) {
+                apart_from_the_held(pool, groups, &queue.wake);
+            } else {
+                one_by_one(pool, groups);
+            }
             return Queued::Unknown;
         }
     };
@@ -523,34 +542,82 @@ fn answer_from_store(conn: &mut db::DbConnection, groups: Groups) -> Groups {
     missing
 }
 
-/// Claims each delivery on its own, as the single-statement path does: on a connection that
-/// turns out dead (the database restarted, or ended the session), once more on a fresh one.
-/// That is safe whatever the dead one managed to commit: a committed claim comes back as a
-/// replay of the same stored bytes.
+/// Claims each delivery on its own, as the single-statement path does.
 fn one_by_one(pool: &DbPool, groups: Groups) {
     for (_, jobs) in groups {
         for (job, _) in jobs {
-            let claim_on_its_own = || match pool.get() {
-                Ok(mut conn) => {
-                    let outcome = claim(&mut conn, &job.delivery, job.handler.as_ref());
-                    let dead = match &outcome {
-                        Err(ClaimError::Database(e)) => conn.note(e),
-                        _ => false,
-                    };
-                    (outcome, dead)
-                }
-                Err(e) => (
-                    Err(shared_failure(&format!("no database connection: {e}"))),
-                    false,
-                ),
-            };
-            let outcome = match claim_on_its_own() {
-                (_, true) if std::time::Instant::now() < job.delivery.deadline => {
-                    claim_on_its_own().0
-                }
-                (outcome, _) => outcome,
-            };
+            let outcome = on_its_own(pool, &job, job.delivery.deadline);
             let _ = job.reply.send(outcome);
         }
+    }
+}
+
+/// After a batch waited [`BATCH_LOCK_WAIT`] for a row another session holds: each delivery is
+/// claimed on its own, waiting as briefly, and those still held up (a duplicate of an event
+/// another session's claim has not committed, or a table locked) wait out the rest of their
+/// in-flight wait on a thread of their own, in turn, while the writer goes on with the claims
+/// behind them. Each is answered as it would have been in the writer (its wait is not
+/// started over).
+fn apart_from_the_held(pool: &DbPool, groups: Groups, wake: &Wake) {
+    let mut held = Vec::new();
+    for (_, jobs) in groups {
+        for (job, _) in jobs {
+            let deadline = job.delivery.deadline;
+            let brief = deadline.min(std::time::Instant::now() + BATCH_LOCK_WAIT);
+            match on_its_own(pool, &job, brief) {
+                Ok(Outcome::InFlight | Outcome::Locked) if std::time::Instant::now() < deadline => {
+                    held.push(job);
+                }
+                outcome => {
+                    let _ = job.reply.send(outcome);
+                }
+            }
+        }
+    }
+    if held.is_empty() {
+        return;
+    }
+    let (pool, wake) = (pool.clone(), wake.clone());
+    let waits = move || {
+        let forwards = held.iter().any(|job| !job.delivery.forward.is_empty());
+        for job in held {
+            let outcome = on_its_own(&pool, &job, job.delivery.deadline);
+            let _ = job.reply.send(outcome);
+        }
+        if forwards {
+            wake.queued();
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("hookbox-claims-held".to_owned())
+        .spawn(waits)
+    {
+        // No thread to be had: the jobs, dropped with the closure, are answered 500.
+        tracing::error!(error = %e, "cannot start a thread for claims held up by another's");
+    }
+}
+
+/// Claims `job`'s delivery on its own, waiting for another's claim of it until `until`: on a
+/// connection that turns out dead (the database restarted, or ended the session), once more
+/// on a fresh one. That is safe whatever the dead one managed to commit: a committed claim
+/// comes back as a replay of the same stored bytes.
+fn on_its_own(pool: &DbPool, job: &Job, until: std::time::Instant) -> Result<Outcome, ClaimError> {
+    let claim_on_its_own = || match pool.get() {
+        Ok(mut conn) => {
+            let outcome = claim_until(&mut conn, &job.delivery, job.handler.as_ref(), until);
+            let dead = match &outcome {
+                Err(ClaimError::Database(e)) => conn.note(e),
+                _ => false,
+            };
+            (outcome, dead)
+        }
+        Err(e) => (
+            Err(shared_failure(&format!("no database connection: {e}"))),
+            false,
+        ),
+    };
+    match claim_on_its_own() {
+        (_, true) if std::time::Instant::now() < until => claim_on_its_own().0,
+        (outcome, _) => outcome,
     }
 }

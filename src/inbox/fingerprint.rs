@@ -23,6 +23,12 @@ pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Val
             // be: nothing is copied. serde_json's map keeps its keys sorted.
             let mut hasher = HashWriter(Sha256::new());
             write_without(&mut hasher, value, &paths);
+            // What the parse rounded away, as sent (none in any provider's body so far, so
+            // the hash of such a body is as it always was).
+            for number in beyond_f64(body) {
+                hasher.0.update(b"\0");
+                hasher.0.update(number);
+            }
             hasher.0.finalize().into()
         }
         None if !paths.is_empty() => {
@@ -41,6 +47,62 @@ pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Val
         }
         _ => Sha256::digest(body).into(),
     }
+}
+
+/// The numbers of a JSON text, in order, whose text holds more than the parsed value keeps: an
+/// integer past 64 bits, or a decimal of more than 15 significant digits (or too small for a
+/// normal `f64`), which serde_json reads as the nearest `f64`. Two payloads that differ only
+/// there were one payload to the re-serialized hash, and a reused id a replay (a black-box
+/// run: `12345678901234567890123` and `...124`). `json` is a text that parsed.
+fn beyond_f64(json: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        while at < json.len() {
+            match json[at] {
+                b'"' => {
+                    at += 1;
+                    while at < json.len() && json[at] != b'"' {
+                        at += if json[at] == b'\\' { 2 } else { 1 };
+                    }
+                    at += 1;
+                }
+                b'-' | b'0'..=b'9' => {
+                    let start = at;
+                    while at < json.len()
+                        && matches!(json[at], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                    {
+                        at += 1;
+                    }
+                    let number = &json[start..at];
+                    if !kept_whole(number) {
+                        return Some(number);
+                    }
+                }
+                _ => at += 1,
+            }
+        }
+        None
+    })
+}
+
+/// Whether serde_json's value of a JSON number keeps all its text says (see [`beyond_f64`]).
+fn kept_whole(number: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(number) else {
+        return false;
+    };
+    if !text.contains(['.', 'e', 'E']) {
+        // An integer: exact as an i64 or a u64.
+        return text.parse::<i64>().is_ok() || text.parse::<u64>().is_ok();
+    }
+    let mantissa = text.split(['e', 'E']).next().unwrap_or_default();
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let significant = digits.trim_start_matches('0').trim_end_matches('0').len();
+    // Any decimal of up to 15 significant digits (f64's DIG) is told apart from every other
+    // by its nearest f64, within the normal range.
+    let normal = text
+        .parse::<f64>()
+        .is_ok_and(|value| value == 0.0 || value.abs() >= f64::MIN_POSITIVE);
+    significant <= 15 && normal
 }
 
 /// A JSON pointer's reference tokens (RFC 6901: `~1` is `/`, `~0` is `~`); a pointer that does
@@ -184,6 +246,64 @@ mod tests {
         assert_eq!(
             fingerprint(volatile, raw, None),
             <[u8; 32]>::from(Sha256::digest(raw))
+        );
+    }
+
+    #[test]
+    fn numbers_an_f64_cannot_hold_are_told_apart_and_the_others_hash_as_before() {
+        let stripe = provider("stripe");
+        let body = |amount: &str| {
+            format!(
+                r#"{{"id":"evt_1","pending_webhooks":3,"amount":{amount},"note":"12345678901234567890123"}}"#
+            )
+        };
+        for (one, other) in [
+            ("12345678901234567890123", "12345678901234567890124"),
+            ("-12345678901234567890123", "-12345678901234567890124"),
+            ("0.1000000000000000055511151231257827", "0.1"),
+            ("1.00000000000000001e300", "1e300"),
+            ("1.5e-320", "1.6e-320"),
+        ] {
+            assert_ne!(
+                of(&stripe, &body(one)),
+                of(&stripe, &body(other)),
+                "{one} vs {other}"
+            );
+        }
+        // A volatile field still does not count, with such a number beside it.
+        let big = body("12345678901234567890123");
+        assert_eq!(
+            of(&stripe, &big),
+            of(
+                &stripe,
+                &big.replace("\"pending_webhooks\":3", "\"pending_webhooks\":1")
+            )
+        );
+        // What an f64 or a 64-bit integer holds hashes as the canonical JSON alone, as before
+        // (digits in strings are no numbers).
+        for amount in [
+            "18446744073709551615",
+            "-9223372036854775808",
+            "0.123456789012345",
+            "1e300",
+            "0.000",
+            "-0",
+        ] {
+            let canonical = serde_json::to_string(&serde_json::json!({
+                "amount": serde_json::from_str::<serde_json::Value>(amount).expect("a number"),
+                "id": "evt_1",
+                "note": "12345678901234567890123",
+            }))
+            .expect("serializes");
+            let expected: [u8; 32] = Sha256::digest(canonical.as_bytes()).into();
+            assert_eq!(of(&stripe, &body(amount)), expected, "{amount}");
+        }
+        assert_eq!(
+            beyond_f64(
+                br#"{"a":"x\"12345678901234567890123","b":[1,2.5,-3e-2,99999999999999999999]}"#
+            )
+            .collect::<Vec<_>>(),
+            vec![&b"99999999999999999999"[..]]
         );
     }
 

@@ -604,8 +604,9 @@ impl RsaSignature {
     ///
     /// # Errors
     /// [`Refusal::Unavailable`] when the fetch fails (503: the provider retries);
-    /// [`SignatureError::Invalid`] for a key that is not RSA, a certificate outside its validity
-    /// period at `now`, or a signature that does not match.
+    /// [`SignatureError::Untrusted`] for a key that is not RSA or a certificate outside its
+    /// validity period at `now`, [`SignatureError::Invalid`] for a signature that does not
+    /// match.
     pub async fn verify(&self, signed: &[u8], now: i64) -> Result<(), Refusal> {
         let certificate = certificate(&self.cert_url)
             .await
@@ -620,8 +621,15 @@ impl RsaSignature {
         now: i64,
     ) -> Result<(), SignatureError> {
         let key = certificate.public_key();
-        if key.id() != Id::RSA || !certificate.valid_at(now) {
-            return Err(SignatureError::Invalid);
+        if key.id() != Id::RSA {
+            return Err(SignatureError::Untrusted(
+                "the certificate's key is not RSA",
+            ));
+        }
+        if !certificate.valid_at(now) {
+            return Err(SignatureError::Untrusted(
+                "the certificate is outside its validity period (expired, or not valid yet)",
+            ));
         }
         let good = RsaVerifier::new(self.digest, key)
             .and_then(|mut verifier| verifier.verify_oneshot(&self.bytes, signed))

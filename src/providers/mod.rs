@@ -112,6 +112,26 @@ pub enum SignatureError {
     /// credentials does not chase the signing key.
     #[error("The request's credentials are missing or do not match.")]
     Credentials(&'static str),
+    /// The certificate that would check the signature is not one to trust (PayPal's, SNS's):
+    /// its URL under none of the source's `cert_urls`, its key not RSA, or now outside its
+    /// validity period. Answered as [`Self::Invalid`] is; the log line says which, so that an
+    /// operator whose every PayPal delivery is refused learns why.
+    #[error("The request's signing certificate is not one to trust.")]
+    Untrusted(&'static str),
+}
+
+impl SignatureError {
+    /// The error as the answer reads it: [`Self::Credentials`] and [`Self::Untrusted`] are
+    /// answered as [`Self::Invalid`] (tables of refusals compare so).
+    #[cfg(test)]
+    pub fn as_answered(self) -> SignatureError {
+        match self {
+            SignatureError::Credentials(_) | SignatureError::Untrusted(_) => {
+                SignatureError::Invalid
+            }
+            other => other,
+        }
+    }
 }
 
 /// What a delivery says about itself: its id and type, found where the provider puts them.

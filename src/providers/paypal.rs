@@ -122,7 +122,9 @@ impl PayPal {
         let cert_url = self
             .allowlist
             .admit(cert_url)
-            .ok_or(SignatureError::Invalid)?;
+            .ok_or(SignatureError::Untrusted(
+                "PAYPAL-CERT-URL is under none of the source's cert_urls",
+            ))?;
         let timestamp = chrono::DateTime::parse_from_rfc3339(time)
             .map_err(|_| SignatureError::Invalid)?
             .timestamp();
@@ -351,7 +353,9 @@ mod tests {
         ] {
             let changed = set(signed.clone(), name, value);
             assert_eq!(
-                paypal.verify(&changed, BODY, NOW),
+                paypal
+                    .verify(&changed, BODY, NOW)
+                    .map_err(SignatureError::as_answered),
                 Err(SignatureError::Invalid),
                 "{name}: {value}"
             );
@@ -402,7 +406,9 @@ mod tests {
         let signed = signer(&key, url).sign(BODY, NOW, "unused", None);
         assert_eq!(
             receiver().verify(&signed, BODY, NOW),
-            Err(SignatureError::Invalid)
+            Err(SignatureError::Untrusted(
+                "the certificate is outside its validity period (expired, or not valid yet)"
+            ))
         );
         let url = "https://api.paypal.com/v1/notifications/certs/CERT-unit-future";
         let (key, pem) = key_and_cert(NOW + 3600, NOW + 7200);
@@ -410,7 +416,9 @@ mod tests {
         let signed = signer(&key, url).sign(BODY, NOW, "unused", None);
         assert_eq!(
             receiver().verify(&signed, BODY, NOW),
-            Err(SignatureError::Invalid)
+            Err(SignatureError::Untrusted(
+                "the certificate is outside its validity period (expired, or not valid yet)"
+            ))
         );
     }
 
@@ -537,11 +545,13 @@ mod tests {
                 .iter()
                 .map(|(name, value)| (name.clone(), value.as_str().expect("text").to_owned()))
                 .collect();
-            let outcome = paypal.verify(
-                &sent,
-                text("body").as_bytes(),
-                vector["now"].as_i64().expect("now"),
-            );
+            let outcome = paypal
+                .verify(
+                    &sent,
+                    text("body").as_bytes(),
+                    vector["now"].as_i64().expect("now"),
+                )
+                .map_err(SignatureError::as_answered);
             let expected = match (
                 vector["valid"].as_bool(),
                 vector["expect"]["error"].as_str(),

@@ -243,13 +243,17 @@ impl Sns {
             .allowlist
             .admit(text("SigningCertURL")?)
             .filter(|url| !url.as_str().contains('?') && url.as_str().ends_with(".pem"))
-            .ok_or(SignatureError::Invalid)?;
+            .ok_or(SignatureError::Untrusted(
+                "SigningCertURL is no .pem URL under the source's cert_urls",
+            ))?;
         let subscribe_url = match kind {
-            Kind::SubscriptionConfirmation => Some(
-                self.allowlist
-                    .admit(text("SubscribeURL")?)
-                    .ok_or(SignatureError::Invalid)?,
-            ),
+            Kind::SubscriptionConfirmation => {
+                Some(self.allowlist.admit(text("SubscribeURL")?).ok_or(
+                    SignatureError::Untrusted(
+                        "SubscribeURL is under none of the source's cert_urls",
+                    ),
+                )?)
+            }
             Kind::Notification | Kind::UnsubscribeConfirmation => None,
         };
         let timestamp = chrono::DateTime::parse_from_rfc3339(text("Timestamp")?)
@@ -648,7 +652,8 @@ mod tests {
             ] {
                 let changed = with(&signed.body, name, value.clone());
                 assert_eq!(
-                    sns.verify(headers, &changed, NOW),
+                    sns.verify(headers, &changed, NOW)
+                        .map_err(SignatureError::as_answered),
                     Err(SignatureError::Invalid),
                     "{version}: {name} = {value}"
                 );
@@ -682,7 +687,9 @@ mod tests {
         let signed = signer(&key, url).sign_delivery(body.as_bytes(), NOW, "", None);
         assert_eq!(
             receiver("").verify(&signed.headers, &signed.body, NOW),
-            Err(SignatureError::Invalid)
+            Err(SignatureError::Untrusted(
+                "the certificate is outside its validity period (expired, or not valid yet)"
+            ))
         );
     }
 

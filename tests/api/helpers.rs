@@ -1081,6 +1081,12 @@ pub struct TestKey {
 
 impl TestKey {
     pub fn new() -> TestKey {
+        let day = 24 * 3600;
+        TestKey::valid(unix_now() - day, unix_now() + day)
+    }
+
+    /// A key whose certificate is valid from `from` until `until` (unix seconds).
+    pub fn valid(from: i64, until: i64) -> TestKey {
         use openssl::asn1::Asn1Time;
         use openssl::bn::BigNum;
         use openssl::hash::MessageDigest;
@@ -1101,10 +1107,9 @@ impl TestKey {
         cert.set_subject_name(&name).expect("subject");
         cert.set_issuer_name(&name).expect("issuer");
         cert.set_pubkey(&key).expect("public key");
-        let day = 24 * 3600;
-        cert.set_not_before(&Asn1Time::from_unix(unix_now() - day).expect("a time"))
+        cert.set_not_before(&Asn1Time::from_unix(from).expect("a time"))
             .expect("not before");
-        cert.set_not_after(&Asn1Time::from_unix(unix_now() + day).expect("a time"))
+        cert.set_not_after(&Asn1Time::from_unix(until).expect("a time"))
             .expect("not after");
         cert.sign(&key, MessageDigest::sha256())
             .expect("self-signed");

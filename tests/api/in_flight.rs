@@ -118,6 +118,57 @@ async fn a_forwarding_claim_behind_an_uncommitted_claim_gets_409_within_in_fligh
     duplicate_behind_a_held_claim_gets_409_within_the_wait(&app, "stripe").await;
 }
 
+/// A duplicate waiting on another session's uncommitted claim held up the one claim writer,
+/// and with it every other delivery to the instance, for its whole in-flight wait (a black-box
+/// run: 55 unrelated deliveries held up to 10 s each). The duplicate waits apart; the
+/// deliveries behind it are stored meanwhile, and it is still answered as before once the held
+/// claim goes.
+#[actix_web::test]
+async fn a_duplicate_waiting_on_an_uncommitted_claim_holds_up_no_other_delivery() {
+    if skip_on_sqlite(
+        "a_duplicate_waiting_on_an_uncommitted_claim_holds_up_no_other_delivery",
+        "SQLite's one write lock holds every writer up alike",
+    ) {
+        return;
+    }
+    for extra in [
+        String::new(),
+        crate::forward::forward_extra("http://127.0.0.1:9/unused", "1s", 1),
+    ] {
+        let db = TestDb::create();
+        let text = config_text(&db.url, &extra)
+            .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"8s\"");
+        let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+        let id = unique_id("evt_held");
+        let body = stripe_event(&id, "charge.refunded", 1);
+        let held = HeldClaim::take(&app.db.url, "stripe", &id);
+        let duplicate = app.delivery("stripe", &body, &id);
+        let address = app.address.clone();
+        let waiting = actix_web::rt::spawn(async move { send(&address, &duplicate).await });
+        for _ in 0..5 {
+            let fresh = unique_id("evt_fresh");
+            let answer = app
+                .send(&app.delivery(
+                    "stripe",
+                    &stripe_event(&fresh, "charge.refunded", 1),
+                    &fresh,
+                ))
+                .await;
+            assert_eq!(answer.status, 200, "{}", answer.text());
+        }
+        assert!(
+            !waiting.is_finished(),
+            "the deliveries behind the duplicate were answered only after it ({extra})"
+        );
+        // The held claim rolls back: the waiting duplicate claims the event itself.
+        drop(held);
+        let answer = waiting.await.expect("the duplicate's request");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert!(!answer.replayed(), "{}", answer.text());
+        assert_eq!(stored(&app, &id), 1);
+    }
+}
+
 /// How many outbox rows the stripe event `id` has (none when it is not stored).
 fn queued(app: &TestApp, id: &str) -> i64 {
     app.db.count(&format!(

@@ -84,6 +84,37 @@ async fn a_stripe_retry_whose_pending_webhooks_changed_is_a_replay_not_a_422() {
     assert_eq!(retry.body, first.body);
 }
 
+/// Stripe's fingerprint is over the parsed JSON less `pending_webhooks`; a number the parse
+/// rounded (past 64 bits, or more digits than an f64 keeps) made another payload under a stored
+/// id a replay, not a 422 (a black-box run).
+#[actix_web::test]
+async fn a_stripe_payload_that_differs_past_an_f64s_digits_is_a_422() {
+    let app = TestApp::spawn().await;
+    for (one, other) in [
+        ("12345678901234567890123", "12345678901234567890124"),
+        ("0.1000000000000000055511151231257827", "0.1"),
+    ] {
+        let id = unique_id("evt");
+        let body = |amount: &str| {
+            stripe_event(&id, "invoice.paid", 3).replacen(
+                '{',
+                &format!("{{\"amount\": {amount},"),
+                1,
+            )
+        };
+        let first = app.send(&app.delivery("stripe", &body(one), &id)).await;
+        assert_eq!(first.status, 200, "{}", first.text());
+        let again = app.send(&app.delivery("stripe", &body(one), &id)).await;
+        assert!(again.replayed(), "{}", again.text());
+        let reused = app.send(&app.delivery("stripe", &body(other), &id)).await;
+        assert_eq!(
+            (reused.status, reused.error().as_str()),
+            (422, "event_id_reused"),
+            "{one} then {other}"
+        );
+    }
+}
+
 #[actix_web::test]
 async fn an_unknown_source_is_404() {
     let app = TestApp::spawn().await;

@@ -700,3 +700,45 @@ async fn a_certificate_that_cannot_be_fetched_is_named_in_the_503_line_and_its_w
         "{failure}"
     );
 }
+
+/// A refusal for the certificate itself (expired, or its URL under none of `cert_urls`) is the
+/// contract's 401 `invalid_signature`, and its log line says which: it said nothing, though the
+/// signature matched, and an operator whose certificate had expired saw every delivery refused
+/// with no hint why (a black-box run).
+#[actix_web::test]
+async fn a_certificate_refused_as_untrusted_is_401_and_its_log_line_says_why() {
+    let day = 24 * 3600;
+    let expired = TestKey::valid(unix_now() - 2 * day, unix_now() - day);
+    let (base, _server) = cert_server(&expired.cert_pem, Duration::ZERO);
+    let db = TestDb::create();
+    let text = config_text(&db.url, &source(&base));
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    let refused = |cert_url: String| {
+        let (_, body) = event("PAYMENT.CAPTURE.COMPLETED");
+        let delivery = signed_for(&config, &expired, &cert_url, &body, unix_now());
+        let address = process.address.clone();
+        async move { send(&address, &delivery).await }
+    };
+    for (cert_url, why) in [
+        (
+            format!("{base}/certs/CERT-expired"),
+            "outside its validity period",
+        ),
+        (
+            format!("{base}/other/CERT-expired"),
+            "PAYPAL-CERT-URL is under none of the source's cert_urls",
+        ),
+    ] {
+        let answer = refused(cert_url).await;
+        assert_eq!(answer.status, 401, "{}", answer.text());
+        assert_eq!(answer.code().as_deref(), Some("invalid_signature"));
+        process.wait_for_log(why);
+        let log = process.log();
+        let line = log.lines().find(|l| l.contains(why)).expect("found above");
+        assert!(
+            line.contains("delivery refused") && line.contains("not one to trust"),
+            "{line}"
+        );
+    }
+}
