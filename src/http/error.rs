@@ -249,7 +249,10 @@ impl ApiError {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::InProgress(wait) | ApiError::StoreBusy(wait) => Some(wait.as_secs().max(1)),
+            // Rounded up: a retry sooner than the wait would meet the same wait (1500ms said 1).
+            ApiError::InProgress(wait) | ApiError::StoreBusy(wait) => {
+                Some((wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1))
+            }
             ApiError::Unavailable
             | ApiError::TablesLocked
             | ApiError::Unanswered
@@ -325,5 +328,22 @@ impl ResponseError for ApiError {
             "error": self.code(),
             "message": self.to_string(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_409_asks_for_at_least_the_whole_wait_rounded_up() {
+        let after = |wait: Duration| ApiError::InProgress(wait).retry_after();
+        assert_eq!(after(Duration::from_millis(1500)), Some(2));
+        assert_eq!(after(Duration::from_secs(3)), Some(3));
+        assert_eq!(after(Duration::from_millis(200)), Some(1));
+        assert_eq!(
+            ApiError::StoreBusy(Duration::from_millis(2001)).retry_after(),
+            Some(3)
+        );
     }
 }
