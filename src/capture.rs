@@ -285,7 +285,8 @@ pub struct ExportFilter {
 /// It reads in batches of [`EXPORT_BATCH`], each starting after the last (received time, row
 /// id) written, so memory stays bounded however many events are stored. All batches read one
 /// snapshot (a read-only repeatable-read transaction), so the capture is consistent even while
-/// deliveries arrive. `progress` is told the count written so far after each batch.
+/// deliveries arrive. `progress` is told where it is: reading a batch, or writing its lines
+/// (after each, with the count written so far), so that a wait says whom it is for.
 ///
 /// # Errors
 /// A database error, or a failure to write to `out`.
@@ -293,22 +294,21 @@ pub fn export(
     conn: &mut AnyConnection,
     filter: &ExportFilter,
     out: &mut dyn Write,
-    progress: &mut dyn FnMut(u64),
+    progress: &mut dyn FnMut(Step),
 ) -> anyhow::Result<u64> {
     db::read_snapshot(conn, |conn| {
         let mut written = 0;
-        let mut after: Option<(DateTime<Utc>, i64)> = None;
+        let mut after: Option<i64> = None;
         loop {
+            progress(Step::Reading);
             let batch = export_batch(conn, filter, after)?;
             let full = batch.len() as i64 == EXPORT_BATCH;
-            after = batch
-                .last()
-                .map(|(id, _, _, _, received_at, _, _)| (*received_at, *id));
-            written += batch.len() as u64;
+            after = batch.last().map(|(id, ..)| *id);
             for row in batch {
                 capture_line(row).write_to(out)?;
+                written += 1;
+                progress(Step::Wrote(written));
             }
-            progress(written);
             if !full {
                 break;
             }
@@ -318,11 +318,20 @@ pub fn export(
     })
 }
 
-/// The next batch in (received time, row id) order, after `after`.
+/// Where an [`export`] is, with how many lines it has written.
+#[derive(Debug, Clone, Copy)]
+pub enum Step {
+    /// Reading the next batch from the database.
+    Reading,
+    /// A line written; the next one is next.
+    Wrote(u64),
+}
+
+/// The next batch in (received time, row id) order, after the row `after`.
 fn export_batch(
     conn: &mut AnyConnection,
     filter: &ExportFilter,
-    after: Option<(DateTime<Utc>, i64)>,
+    after: Option<i64>,
 ) -> anyhow::Result<Vec<Exported>> {
     let span = Span {
         source: filter.source.as_deref(),

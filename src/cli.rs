@@ -942,21 +942,42 @@ fn export(args: ExportArgs) -> Result<ExitCode, Exit> {
             Some(_) => "Ctrl-C stops it and leaves --out as it was",
             None => "Ctrl-C stops it",
         };
-        let ticker = Ticker::start(every, move |written, waited| {
-            if waited >= every {
-                errln!(
-                    "export: {written} event(s) so far; waiting {} s for the database to \
-                     answer ({stopping})",
-                    waited.as_secs()
-                );
-            } else {
-                errln!("export: {written} event(s) so far");
+        // A wait while lines go out is the reader's, not the database's (a black-box run: a
+        // reader that did not read was said to be the database not answering).
+        let writing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = match &args.out {
+            Some(path) => path.display().to_string(),
+            None => "stdout".to_owned(),
+        };
+        let ticker = Ticker::start(every, {
+            let writing = Arc::clone(&writing);
+            move |written, waited| {
+                if waited < every {
+                    errln!("export: {written} event(s) so far");
+                } else if writing.load(Ordering::Relaxed) {
+                    errln!(
+                        "export: {written} event(s) so far; waiting {} s for the reader of \
+                         {reader} to take more ({stopping})",
+                        waited.as_secs()
+                    );
+                } else {
+                    errln!(
+                        "export: {written} event(s) so far; waiting {} s for the database to \
+                         answer ({stopping})",
+                        waited.as_secs()
+                    );
+                }
             }
         });
         let mut begun = false;
-        let mut progress = |written: u64| {
-            begun = true;
-            ticker.advanced(written);
+        // The wait is counted from the last line written (or the start).
+        let mut progress = |step: capture::Step| match step {
+            capture::Step::Reading => writing.store(false, Ordering::Relaxed),
+            capture::Step::Wrote(written) => {
+                begun = true;
+                writing.store(true, Ordering::Relaxed);
+                ticker.advanced(written);
+            }
         };
         let count = match &args.out {
             None => {

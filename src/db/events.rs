@@ -690,12 +690,12 @@ pub struct Span<'a> {
     pub until: Option<DateTime<Utc>>,
 }
 
-/// A page of `export`: up to `limit` events of `span`, oldest first, after the
-/// `(received_at, row)` of `after`.
+/// A page of `export`: up to `limit` events of `span`, oldest first, after the row `after`
+/// (its received time, then its id), which must still be there (`export` reads one snapshot).
 pub fn export_page(
     conn: &mut AnyConnection,
     span: Span<'_>,
-    after: Option<(DateTime<Utc>, i64)>,
+    after: Option<i64>,
     limit: i64,
 ) -> QueryResult<Vec<Exported>> {
     on_backend!(conn, c => {
@@ -721,13 +721,21 @@ pub fn export_page(
         if let Some(until) = span.until {
             query = query.filter(events::received_at.lt(until));
         }
-        if let Some((received_at, id)) = after {
+        if let Some(id) = after {
             // Written as a range on received_at plus a tie-break, so the index on received_at
-            // serves it.
+            // serves it. The range starts at the last row's received time as stored, read back
+            // in the statement: on SQLite it is text, and a time another tool stored
+            // (`.100000` where hookbox writes `.100`) sorted apart from hookbox's spelling of
+            // it, so pages read rows again (a black-box run: an export that never ended).
+            let prev = "(SELECT prev.received_at FROM events AS prev WHERE prev.id = ";
             query = query.filter(
-                events::received_at
-                    .ge(received_at)
-                    .and(events::received_at.gt(received_at).or(events::id.gt(id))),
+                diesel::dsl::sql::<diesel::sql_types::Bool>(&format!("events.received_at >= {prev}"))
+                    .bind::<BigInt, _>(id)
+                    .sql(&format!(") AND (events.received_at > {prev}"))
+                    .bind::<BigInt, _>(id)
+                    .sql(") OR events.id > ")
+                    .bind::<BigInt, _>(id)
+                    .sql(")"),
             );
         }
         query.load(c)

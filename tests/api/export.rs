@@ -263,6 +263,45 @@ fn export_pages_through_more_than_a_batch_in_received_order_with_ties_broken_by_
     );
 }
 
+/// Times stored in another spelling than hookbox writes (on SQLite, text: `.100000` where it
+/// writes `.100`, as another tool may have stored them) are paged through once each: pages
+/// started after the last time as hookbox spelt it, which sorted before the stored text, so
+/// rows were read again, and 500 at one such time made an export that never ended (a
+/// black-box run: 25 GB in 10 minutes).
+#[test]
+fn export_pages_through_times_stored_in_another_spelling_once_each() {
+    let (db, config) = stored_events(1300);
+    for (rows, at) in [
+        ("id <= 450", "2026-12-01 12:00:00.100000+00:00"),
+        (
+            "id > 450 AND id <= 1000",
+            "2026-12-01 12:00:01.000000+00:00",
+        ),
+        ("id > 1000", "2026-12-01 12:00:01.500+00:00"),
+    ] {
+        diesel::RunQueryDsl::execute(
+            diesel::sql_query(format!(
+                "UPDATE events SET received_at = '{at}' WHERE {rows}"
+            )),
+            &mut db.connect(),
+        )
+        .expect("another spelling of the time");
+    }
+    let (code, stdout, stderr) = run_hookbox(&["export", "--config", &config.path()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let lines = parse_capture(&stdout);
+    let got = ids(&lines);
+    let mut once = got.clone();
+    once.sort_unstable();
+    once.dedup();
+    assert_eq!((got.len(), once.len()), (1300, 1300), "every event once");
+    let times: Vec<DateTime<Utc>> = lines
+        .iter()
+        .map(|line| time(line["received_at"].as_str().expect("a time")))
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "oldest first");
+}
+
 /// An export the database keeps waiting (a read held behind a lock here; a stalled connection
 /// is the same to it) says so every few seconds instead of going quiet, then finishes.
 #[test]
@@ -779,6 +818,64 @@ fn an_export_out_over_a_private_capture_keeps_it_private_and_a_new_one_is_privat
     assert_eq!(
         std::fs::read_to_string(&out).expect("read").lines().count(),
         2
+    );
+}
+
+/// A reader that stops reading (a full pipe) holds the export up; the progress line said it
+/// was waiting for the database, which was idle (a black-box run).
+#[test]
+fn an_export_held_up_by_its_reader_says_so_not_that_the_database_is_slow() {
+    use std::io::{BufRead, Read};
+    let (_db, config) = stored_events(5_000);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
+        .args(["export", "--config", &config.path()])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start hookbox export");
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let stderr = child.stderr.take().expect("piped");
+    let reading = std::thread::spawn({
+        let said = said.clone();
+        move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let mut said = said.lock().expect("stderr lock");
+                said.push_str(&line);
+                said.push('\n');
+            }
+        }
+    });
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut read = String::new();
+    stdout.read_line(&mut read).expect("the first line");
+    // Not read further until the export says it waits.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !said.lock().expect("stderr lock").contains("waiting") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            said.lock().expect("stderr lock")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    stdout.read_to_string(&mut read).expect("the rest");
+    let code = child.wait().expect("export ends").code();
+    reading.join().expect("stderr read");
+    let said = said.lock().expect("stderr lock").clone();
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(read.lines().count(), 5_000);
+    let waiting = said
+        .lines()
+        .find(|line| line.contains("waiting"))
+        .expect("found above");
+    assert!(
+        waiting.contains("for the reader of stdout to take more")
+            && !said.contains("for the database"),
+        "{said}"
     );
 }
 
