@@ -222,7 +222,13 @@ pub fn run(options: &SendOptions, out: &mut dyn Write) -> Result<bool, SendError
         }
         200..=299 => "processed".to_owned(),
         status => {
-            let kind = if status < 500 { "rejected" } else { "failed" };
+            // As replay counts it: a 4xx refused the delivery, anything else (a redirect, a
+            // 5xx) failed it.
+            let kind = if (400..500).contains(&status) {
+                "rejected"
+            } else {
+                "failed"
+            };
             match answer.error_code() {
                 Some(code) => format!("{kind} ({code})"),
                 None => kind.to_owned(),

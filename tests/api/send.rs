@@ -461,6 +461,11 @@ async fn a_redirect_says_where_it_points_and_a_derived_id_is_not_told_to_be_chan
         out.contains("redirected to https://hooks.example/webhooks/github (not followed"),
         "{out}"
     );
+    // Failed, as replay counts a redirect, not "rejected" as a 4xx is.
+    assert!(
+        out.contains("302 Found: failed") && !out.contains("rejected"),
+        "{out}"
+    );
 
     // Lemon Squeezy sends no id: hookbox derives one from the body, which has none to change.
     let body = TempFile::with_extension(br#"{"meta":{"event_name":"order_created"}}"#, "json");
