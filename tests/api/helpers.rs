@@ -716,11 +716,21 @@ pub struct Watched {
     lines: std::sync::mpsc::Receiver<String>,
     /// Its stdout, read to its end by a thread of its own.
     stdout: std::thread::JoinHandle<String>,
+    /// While held, its stdout is not read (see [`Watched::start_unread`]).
+    gate: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Watched {
     /// Starts `hookbox ARGS` with `env` (and no DATABASE_URL or HOOKBOX_CONFIG of the test's).
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Watched {
+        let mut watched = Watched::start_unread(args, env);
+        watched.read_stdout();
+        watched
+    }
+
+    /// [`Watched::start`], its stdout left unread, as a pipe whose reader stopped reading, until
+    /// [`Watched::read_stdout`].
+    pub fn start_unread(args: &[&str], env: &[(&str, &str)]) -> Watched {
         use std::io::BufRead;
         let mut child = Command::new(env!("CARGO_BIN_EXE_hookbox"))
             .args(args)
@@ -732,7 +742,10 @@ impl Watched {
             .spawn()
             .expect("hookbox starts");
         let mut out = child.stdout.take().expect("stdout is piped");
+        let (gate, opened) = std::sync::mpsc::channel::<()>();
         let stdout = std::thread::spawn(move || {
+            // Until the gate is dropped.
+            let _ = opened.recv();
             let mut text = String::new();
             let _ = std::io::Read::read_to_string(&mut out, &mut text);
             text
@@ -751,7 +764,13 @@ impl Watched {
             child,
             lines,
             stdout,
+            gate: Some(gate),
         }
+    }
+
+    /// Reads its stdout from now on, to its end.
+    pub fn read_stdout(&mut self) {
+        self.gate.take();
     }
 
     /// Waits (up to 30 s) for a line of stderr holding `text`, and returns it.
@@ -775,6 +794,7 @@ impl Watched {
     /// Waits for it to end: its exit code, the stderr lines not yet read by
     /// [`says`](Watched::says), and its stdout.
     pub fn ended(mut self) -> (Option<i32>, String, String) {
+        self.read_stdout();
         let code = self.child.wait().expect("hookbox ends").code();
         let rest: Vec<String> = self.lines.iter().collect();
         let stdout = self.stdout.join().expect("the stdout reader");
