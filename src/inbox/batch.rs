@@ -560,12 +560,24 @@ fn one_by_one(pool: &DbPool, groups: Groups) {
 /// started over).
 fn apart_from_the_held(pool: &DbPool, groups: Groups, wake: &Wake) {
     let mut held = Vec::new();
+    // A table locked holds up every claim: the rest wait apart without a try of their own.
+    let mut locked = false;
     for (_, jobs) in groups {
+        // The deliveries of one event: once one is held up, so are the others.
+        let mut held_up = locked;
         for (job, _) in jobs {
+            if held_up {
+                held.push(job);
+                continue;
+            }
             let deadline = job.delivery.deadline;
             let brief = deadline.min(std::time::Instant::now() + BATCH_LOCK_WAIT);
             match on_its_own(pool, &job, brief) {
-                Ok(Outcome::InFlight | Outcome::Locked) if std::time::Instant::now() < deadline => {
+                Ok(outcome @ (Outcome::InFlight | Outcome::Locked))
+                    if std::time::Instant::now() < deadline =>
+                {
+                    locked |= matches!(outcome, Outcome::Locked);
+                    held_up = true;
                     held.push(job);
                 }
                 outcome => {
