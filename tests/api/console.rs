@@ -1307,6 +1307,28 @@ async fn the_event_page_says_why_nothing_was_queued_and_offers_nothing_for_a_rem
         "{page}"
     );
 
+    // Stored before the source forwarded (no delivery), of a type its target takes.
+    let before = unique_id("evt_before");
+    let mut conn = app.db.connect();
+    hookbox::on_backend!(&mut conn, c => diesel::insert_into(events::table)
+        .values((
+            events::source.eq("stripe"),
+            events::event_id.eq(&before),
+            events::event_type.eq("charge.captured"),
+            events::fingerprint.eq(&[0u8][..]),
+            events::received_at.eq(chrono::Utc::now()),
+            events::payload.eq(&b"{}"[..]),
+            events::headers.eq(serde_json::json!({})),
+        ))
+        .execute(c))
+    .expect("an event stored before the source forwarded");
+    let page = event_page(&app, &cookie, "stripe", &before).await.text();
+    assert!(
+        page.contains("stored before this source forwarded events of its type")
+            && !page.contains("no target of this source takes"),
+        "{page}"
+    );
+
     let id = send_event(&app, "charge.refunded").await;
     crate::targets::settled(&app, &[&id], "delivered").await;
     crate::targets::dead_to_a_removed_target(&app, &id);

@@ -350,6 +350,17 @@ pub async fn show(
     let none = match configured {
         None => "None: this event's source is not in the config.",
         Some(_) if targets.is_empty() => "None: this event's source does not forward.",
+        Some(configured)
+            if configured
+                .forward
+                .iter()
+                .any(|target| target.config.wants(stored.event_type.as_deref())) =>
+        {
+            // A target added since is sent the events stored after it, not this one (a
+            // black-box run: "no target takes events of this type" was false here).
+            "None: it was stored before this source forwarded events of its type to a target \
+             (a target added later is sent the events stored after it)."
+        }
         Some(_) => {
             "None: no target of this source takes events of this type (its events patterns)."
         }
