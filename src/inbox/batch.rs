@@ -70,6 +70,43 @@ struct Queue {
     /// Set when the last [`Batcher`] is gone: the writers finish what is queued and stop,
     /// letting go of their pool.
     closed: std::sync::atomic::AtomicBool,
+    /// Events another session's claim holds up, with their deliveries waiting apart.
+    held: Held,
+}
+
+/// Events whose claim another session holds (not committed), by (source, event id), each
+/// with the deliveries of it that wait apart from the writers on a thread of its own (see
+/// [`apart_from_the_held`]): a later delivery of such an event joins that wait instead of
+/// holding a batch up again (a black-box run: every duplicate cost the writer 0.1 s).
+#[derive(Clone, Default)]
+struct Held(Arc<Mutex<Waiting>>);
+
+/// The deliveries waiting apart, by (source, event id).
+type Waiting = HashMap<(String, String), Vec<Job>>;
+
+/// At most this many events wait apart at once, a thread and a pooled connection each; past
+/// it, a held event's deliveries wait in the writer, as they all did before.
+const HELD_APART_AT_MOST: usize = 4;
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes out of `groups` the deliveries of events waiting apart, and adds them to the wait.
+    fn join(&self, groups: &mut Groups) {
+        let mut held = self.lock();
+        if held.is_empty() {
+            return;
+        }
+        groups.retain(|key, jobs| match held.get_mut(key) {
+            Some(waiting) => {
+                waiting.extend(std::mem::take(jobs).into_iter().map(|(job, _)| job));
+                false
+            }
+            None => true,
+        });
+    }
 }
 
 /// Closes the queue when the last [`Batcher`] clone is dropped.
@@ -263,6 +300,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         );
         groups.entry(key).or_default().push((job, response));
     }
+    queue.held.join(&mut groups);
     if groups.is_empty() {
         return Queued::Unknown;
     }
@@ -299,7 +337,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
             }
             drop(conn);
             if on_postgres && db::is_lock_timeout(&e) {
-                apart_from_the_held(pool, groups, &queue.wake);
+                apart_from_the_held(pool, groups, queue);
             } else {
                 one_by_one(pool, groups);
             }
@@ -553,21 +591,21 @@ fn one_by_one(pool: &DbPool, groups: Groups) {
 }
 
 /// After a batch waited [`BATCH_LOCK_WAIT`] for a row another session holds: each delivery is
-/// claimed on its own, waiting as briefly, and those still held up (a duplicate of an event
-/// another session's claim has not committed, or a table locked) wait out the rest of their
-/// in-flight wait on a thread of their own, in turn, while the writer goes on with the claims
-/// behind them. Each is answered as it would have been in the writer (its wait is not
-/// started over).
-fn apart_from_the_held(pool: &DbPool, groups: Groups, wake: &Wake) {
-    let mut held = Vec::new();
+/// claimed on its own, waiting as briefly, and the deliveries of an event still held up (a
+/// duplicate of an event another session's claim has not committed, or any while a table is
+/// locked) wait out the rest of their in-flight wait apart (see [`Held`]), while the writer
+/// goes on with the claims behind them. Each is answered as it would have been in the writer
+/// (its wait is not started over).
+fn apart_from_the_held(pool: &DbPool, groups: Groups, queue: &Queue) {
+    let mut held: Vec<((String, String), Vec<Job>)> = Vec::new();
     // A table locked holds up every claim: the rest wait apart without a try of their own.
     let mut locked = false;
-    for (_, jobs) in groups {
-        // The deliveries of one event: once one is held up, so are the others.
-        let mut held_up = locked;
+    for (key, jobs) in groups {
+        let mut waiting = Vec::new();
         for (job, _) in jobs {
-            if held_up {
-                held.push(job);
+            // The deliveries of one event: once one is held up, so are the others.
+            if locked || !waiting.is_empty() {
+                waiting.push(job);
                 continue;
             }
             let deadline = job.delivery.deadline;
@@ -577,35 +615,66 @@ fn apart_from_the_held(pool: &DbPool, groups: Groups, wake: &Wake) {
                     if std::time::Instant::now() < deadline =>
                 {
                     locked |= matches!(outcome, Outcome::Locked);
-                    held_up = true;
-                    held.push(job);
+                    waiting.push(job);
                 }
                 outcome => {
                     let _ = job.reply.send(outcome);
                 }
             }
         }
-    }
-    if held.is_empty() {
-        return;
-    }
-    let (pool, wake) = (pool.clone(), wake.clone());
-    let waits = move || {
-        let forwards = held.iter().any(|job| !job.delivery.forward.is_empty());
-        for job in held {
-            let outcome = on_its_own(&pool, &job, job.delivery.deadline);
-            let _ = job.reply.send(outcome);
+        if !waiting.is_empty() {
+            held.push((key, waiting));
         }
-        if forwards {
-            wake.queued();
+    }
+    for (key, jobs) in held {
+        let mut apart = queue.held.lock();
+        if let Some(waiting) = apart.get_mut(&key) {
+            waiting.extend(jobs);
+            continue;
         }
-    };
-    if let Err(e) = std::thread::Builder::new()
-        .name("hookbox-claims-held".to_owned())
-        .spawn(waits)
-    {
-        // No thread to be had: the jobs, dropped with the closure, are answered 500.
-        tracing::error!(error = %e, "cannot start a thread for claims held up by another's");
+        if apart.len() >= HELD_APART_AT_MOST {
+            drop(apart);
+            in_turn(pool, jobs, &queue.wake);
+            continue;
+        }
+        apart.insert(key.clone(), jobs);
+        drop(apart);
+        let (pool, held, wake) = (pool.clone(), queue.held.clone(), queue.wake.clone());
+        let ours = key.clone();
+        let waits = move || loop {
+            let jobs = {
+                let mut apart = held.lock();
+                match apart.get_mut(&ours) {
+                    Some(jobs) if !jobs.is_empty() => std::mem::take(jobs),
+                    _ => {
+                        apart.remove(&ours);
+                        return;
+                    }
+                }
+            };
+            in_turn(&pool, jobs, &wake);
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("hookbox-claims-held".to_owned())
+            .spawn(waits)
+        {
+            // No thread to be had: the jobs, dropped with the map's entry, are answered 500.
+            queue.held.lock().remove(&key);
+            tracing::error!(error = %e, "cannot start a thread for claims held up by another's");
+        }
+    }
+}
+
+/// Claims each of `jobs` on its own, in turn, each waiting until its own deadline; wakes the
+/// dispatcher after, if any forwards.
+fn in_turn(pool: &DbPool, jobs: Vec<Job>, wake: &Wake) {
+    let forwards = jobs.iter().any(|job| !job.delivery.forward.is_empty());
+    for job in jobs {
+        let outcome = on_its_own(pool, &job, job.delivery.deadline);
+        let _ = job.reply.send(outcome);
+    }
+    if forwards {
+        wake.queued();
     }
 }
 

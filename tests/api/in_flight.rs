@@ -120,13 +120,13 @@ async fn a_forwarding_claim_behind_an_uncommitted_claim_gets_409_within_in_fligh
 
 /// A duplicate waiting on another session's uncommitted claim held up the one claim writer,
 /// and with it every other delivery to the instance, for its whole in-flight wait (a black-box
-/// run: 55 unrelated deliveries held up to 10 s each). The duplicate waits apart; the
-/// deliveries behind it are stored meanwhile, and it is still answered as before once the held
-/// claim goes.
+/// run: 55 unrelated deliveries held up to 10 s each); then each further duplicate for 0.1 s.
+/// The duplicates wait apart, each held event on its own; the deliveries behind them are
+/// stored meanwhile, and each is still answered as before once its held claim goes.
 #[actix_web::test]
-async fn a_duplicate_waiting_on_an_uncommitted_claim_holds_up_no_other_delivery() {
+async fn duplicates_waiting_on_uncommitted_claims_hold_up_no_other_delivery() {
     if skip_on_sqlite(
-        "a_duplicate_waiting_on_an_uncommitted_claim_holds_up_no_other_delivery",
+        "duplicates_waiting_on_uncommitted_claims_hold_up_no_other_delivery",
         "SQLite's one write lock holds every writer up alike",
     ) {
         return;
@@ -139,12 +139,21 @@ async fn a_duplicate_waiting_on_an_uncommitted_claim_holds_up_no_other_delivery(
         let text = config_text(&db.url, &extra)
             .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"8s\"");
         let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
-        let id = unique_id("evt_held");
-        let body = stripe_event(&id, "charge.refunded", 1);
-        let held = HeldClaim::take(&app.db.url, "stripe", &id);
-        let duplicate = app.delivery("stripe", &body, &id);
-        let address = app.address.clone();
-        let waiting = actix_web::rt::spawn(async move { send(&address, &duplicate).await });
+        let (long, short) = (unique_id("evt_long"), unique_id("evt_short"));
+        let long_held = HeldClaim::take(&app.db.url, "stripe", &long);
+        let short_held = HeldClaim::take(&app.db.url, "stripe", &short);
+        let duplicates = |id: &str, n: usize| {
+            (0..n)
+                .map(|_| {
+                    let delivery =
+                        app.delivery("stripe", &stripe_event(id, "charge.refunded", 1), id);
+                    let address = app.address.clone();
+                    actix_web::rt::spawn(async move { send(&address, &delivery).await })
+                })
+                .collect::<Vec<_>>()
+        };
+        let long_waiting = duplicates(&long, 5);
+        let short_waiting = duplicates(&short, 1);
         for _ in 0..5 {
             let fresh = unique_id("evt_fresh");
             let answer = app
@@ -157,15 +166,35 @@ async fn a_duplicate_waiting_on_an_uncommitted_claim_holds_up_no_other_delivery(
             assert_eq!(answer.status, 200, "{}", answer.text());
         }
         assert!(
-            !waiting.is_finished(),
-            "the deliveries behind the duplicate were answered only after it ({extra})"
+            long_waiting
+                .iter()
+                .chain(&short_waiting)
+                .all(|d| !d.is_finished()),
+            "the deliveries behind the duplicates were answered only after them ({extra})"
         );
-        // The held claim rolls back: the waiting duplicate claims the event itself.
-        drop(held);
-        let answer = waiting.await.expect("the duplicate's request");
-        assert_eq!(answer.status, 200, "{}", answer.text());
-        assert!(!answer.replayed(), "{}", answer.text());
-        assert_eq!(stored(&app, &id), 1);
+        // One held claim rolls back: its duplicate claims the event, while the other's wait.
+        drop(short_held);
+        for waiting in short_waiting {
+            let answer = waiting.await.expect("the duplicate's request");
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            assert!(!answer.replayed(), "{}", answer.text());
+        }
+        assert!(
+            long_waiting.iter().all(|d| !d.is_finished()),
+            "one held event's duplicates waited for another's ({extra})"
+        );
+        drop(long_held);
+        let mut processed = 0;
+        for waiting in long_waiting {
+            let answer = waiting.await.expect("the duplicate's request");
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            processed += usize::from(!answer.replayed());
+        }
+        assert_eq!(
+            processed, 1,
+            "one duplicate claims it, the others replay it"
+        );
+        assert_eq!((stored(&app, &long), stored(&app, &short)), (1, 1));
     }
 }
 
