@@ -27,8 +27,7 @@ use chrono::{DateTime, Utc};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 use super::{
-    answer, claim_until, event, new_event, run_handler, ClaimError, Delivery, Outcome,
-    StoredResponse,
+    answer, claim, event, new_event, run_handler, ClaimError, Delivery, Outcome, StoredResponse,
 };
 use crate::db::deliveries::{Due, Lease, Leased, ToQueue};
 use crate::db::{self, events, AnyConnection, DbPool};
@@ -37,13 +36,6 @@ use crate::handlers::{Handler, Response};
 
 /// Claims one INSERT carries at most.
 pub const MAX_BATCH: usize = 64;
-
-/// How long a batch's INSERT waits, on PostgreSQL, for a row another session holds (a claim of
-/// the same event not yet committed, elsewhere) before its claims go one by one. Waiting the
-/// whole in-flight wait held up the one writer, and with it every delivery to the instance, for
-/// as long as a duplicate waited (a black-box run: 55 unrelated deliveries held up to 10 s
-/// each). Another instance's claim commits in a few milliseconds.
-const BATCH_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 // A batch's claim is one INSERT on SQLite too, outside any transaction: never split in parts.
 const _: () = assert!(MAX_BATCH <= events::SQLITE_ROWS_PER_CLAIM);
@@ -70,43 +62,6 @@ struct Queue {
     /// Set when the last [`Batcher`] is gone: the writers finish what is queued and stop,
     /// letting go of their pool.
     closed: std::sync::atomic::AtomicBool,
-    /// Events another session's claim holds up, with their deliveries waiting apart.
-    held: Held,
-}
-
-/// Events whose claim another session holds (not committed), by (source, event id), each
-/// with the deliveries of it that wait apart from the writers on a thread of its own (see
-/// [`apart_from_the_held`]): a later delivery of such an event joins that wait instead of
-/// holding a batch up again (a black-box run: every duplicate cost the writer 0.1 s).
-#[derive(Clone, Default)]
-struct Held(Arc<Mutex<Waiting>>);
-
-/// The deliveries waiting apart, by (source, event id).
-type Waiting = HashMap<(String, String), Vec<Job>>;
-
-/// At most this many events wait apart at once, a thread and a pooled connection each; past
-/// it, a held event's deliveries wait in the writer, as they all did before.
-const HELD_APART_AT_MOST: usize = 4;
-
-impl Held {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Takes out of `groups` the deliveries of events waiting apart, and adds them to the wait.
-    fn join(&self, groups: &mut Groups) {
-        let mut held = self.lock();
-        if held.is_empty() {
-            return;
-        }
-        groups.retain(|key, jobs| match held.get_mut(key) {
-            Some(waiting) => {
-                waiting.extend(std::mem::take(jobs).into_iter().map(|(job, _)| job));
-                false
-            }
-            None => true,
-        });
-    }
 }
 
 /// Closes the queue when the last [`Batcher`] clone is dropped.
@@ -300,7 +255,6 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         );
         groups.entry(key).or_default().push((job, response));
     }
-    queue.held.join(&mut groups);
     if groups.is_empty() {
         return Queued::Unknown;
     }
@@ -313,13 +267,6 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         .map(|(job, _)| job.delivery.deadline)
         .min()
         .expect("a batch has a job");
-    // On SQLite the wait is for the store's one write lock, which any claim one by one would
-    // wait for as well: no row of its own holds a batch up there.
-    let on_postgres = matches!(**conn, AnyConnection::Postgres(_));
-    let deadline = match on_postgres {
-        true => deadline.min(std::time::Instant::now() + BATCH_LOCK_WAIT),
-        false => deadline,
-    };
     let inserted = {
         // Past the in-flight wait without a turn, the batch goes ahead anyway: SQLite's own
         // lock still keeps it safe. The turn ends with the INSERT, before any claim one by one
@@ -336,11 +283,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
                 tracing::debug!(error = %e, "a claim batch fell back to claims one by one");
             }
             drop(conn);
-            if on_postgres && db::is_lock_timeout(&e) {
-                apart_from_the_held(pool, groups, queue);
-            } else {
-                one_by_one(pool, groups);
-            }
+            one_by_one(pool, groups);
             return Queued::Unknown;
         }
     };
@@ -580,125 +523,34 @@ fn answer_from_store(conn: &mut db::DbConnection, groups: Groups) -> Groups {
     missing
 }
 
-/// Claims each delivery on its own, as the single-statement path does.
+/// Claims each delivery on its own, as the single-statement path does: on a connection that
+/// turns out dead (the database restarted, or ended the session), once more on a fresh one.
+/// That is safe whatever the dead one managed to commit: a committed claim comes back as a
+/// replay of the same stored bytes.
 fn one_by_one(pool: &DbPool, groups: Groups) {
     for (_, jobs) in groups {
         for (job, _) in jobs {
-            let outcome = on_its_own(pool, &job, job.delivery.deadline);
+            let claim_on_its_own = || match pool.get() {
+                Ok(mut conn) => {
+                    let outcome = claim(&mut conn, &job.delivery, job.handler.as_ref());
+                    let dead = match &outcome {
+                        Err(ClaimError::Database(e)) => conn.note(e),
+                        _ => false,
+                    };
+                    (outcome, dead)
+                }
+                Err(e) => (
+                    Err(shared_failure(&format!("no database connection: {e}"))),
+                    false,
+                ),
+            };
+            let outcome = match claim_on_its_own() {
+                (_, true) if std::time::Instant::now() < job.delivery.deadline => {
+                    claim_on_its_own().0
+                }
+                (outcome, _) => outcome,
+            };
             let _ = job.reply.send(outcome);
         }
-    }
-}
-
-/// After a batch waited [`BATCH_LOCK_WAIT`] for a row another session holds: each delivery is
-/// claimed on its own, waiting as briefly, and the deliveries of an event still held up (a
-/// duplicate of an event another session's claim has not committed, or any while a table is
-/// locked) wait out the rest of their in-flight wait apart (see [`Held`]), while the writer
-/// goes on with the claims behind them. Each is answered as it would have been in the writer
-/// (its wait is not started over).
-fn apart_from_the_held(pool: &DbPool, groups: Groups, queue: &Queue) {
-    let mut held: Vec<((String, String), Vec<Job>)> = Vec::new();
-    // A table locked holds up every claim: the rest wait apart without a try of their own.
-    let mut locked = false;
-    for (key, jobs) in groups {
-        let mut waiting = Vec::new();
-        for (job, _) in jobs {
-            // The deliveries of one event: once one is held up, so are the others.
-            if locked || !waiting.is_empty() {
-                waiting.push(job);
-                continue;
-            }
-            let deadline = job.delivery.deadline;
-            let brief = deadline.min(std::time::Instant::now() + BATCH_LOCK_WAIT);
-            match on_its_own(pool, &job, brief) {
-                Ok(outcome @ (Outcome::InFlight | Outcome::Locked))
-                    if std::time::Instant::now() < deadline =>
-                {
-                    locked |= matches!(outcome, Outcome::Locked);
-                    waiting.push(job);
-                }
-                outcome => {
-                    let _ = job.reply.send(outcome);
-                }
-            }
-        }
-        if !waiting.is_empty() {
-            held.push((key, waiting));
-        }
-    }
-    for (key, jobs) in held {
-        let mut apart = queue.held.lock();
-        if let Some(waiting) = apart.get_mut(&key) {
-            waiting.extend(jobs);
-            continue;
-        }
-        if apart.len() >= HELD_APART_AT_MOST {
-            drop(apart);
-            in_turn(pool, jobs, &queue.wake);
-            continue;
-        }
-        apart.insert(key.clone(), jobs);
-        drop(apart);
-        let (pool, held, wake) = (pool.clone(), queue.held.clone(), queue.wake.clone());
-        let ours = key.clone();
-        let waits = move || loop {
-            let jobs = {
-                let mut apart = held.lock();
-                match apart.get_mut(&ours) {
-                    Some(jobs) if !jobs.is_empty() => std::mem::take(jobs),
-                    _ => {
-                        apart.remove(&ours);
-                        return;
-                    }
-                }
-            };
-            in_turn(&pool, jobs, &wake);
-        };
-        if let Err(e) = std::thread::Builder::new()
-            .name("hookbox-claims-held".to_owned())
-            .spawn(waits)
-        {
-            // No thread to be had: the jobs, dropped with the map's entry, are answered 500.
-            queue.held.lock().remove(&key);
-            tracing::error!(error = %e, "cannot start a thread for claims held up by another's");
-        }
-    }
-}
-
-/// Claims each of `jobs` on its own, in turn, each waiting until its own deadline; wakes the
-/// dispatcher after, if any forwards.
-fn in_turn(pool: &DbPool, jobs: Vec<Job>, wake: &Wake) {
-    let forwards = jobs.iter().any(|job| !job.delivery.forward.is_empty());
-    for job in jobs {
-        let outcome = on_its_own(pool, &job, job.delivery.deadline);
-        let _ = job.reply.send(outcome);
-    }
-    if forwards {
-        wake.queued();
-    }
-}
-
-/// Claims `job`'s delivery on its own, waiting for another's claim of it until `until`: on a
-/// connection that turns out dead (the database restarted, or ended the session), once more
-/// on a fresh one. That is safe whatever the dead one managed to commit: a committed claim
-/// comes back as a replay of the same stored bytes.
-fn on_its_own(pool: &DbPool, job: &Job, until: std::time::Instant) -> Result<Outcome, ClaimError> {
-    let claim_on_its_own = || match pool.get() {
-        Ok(mut conn) => {
-            let outcome = claim_until(&mut conn, &job.delivery, job.handler.as_ref(), until);
-            let dead = match &outcome {
-                Err(ClaimError::Database(e)) => conn.note(e),
-                _ => false,
-            };
-            (outcome, dead)
-        }
-        Err(e) => (
-            Err(shared_failure(&format!("no database connection: {e}"))),
-            false,
-        ),
-    };
-    match claim_on_its_own() {
-        (_, true) if std::time::Instant::now() < until => claim_on_its_own().0,
-        (outcome, _) => outcome,
     }
 }
