@@ -6,8 +6,8 @@ use sha2::{Digest, Sha256};
 /// between deliveries of one event, see
 /// [`Provider::volatile_fields`](crate::providers::Provider::volatile_fields)) and a JSON object
 /// body, the hash is over the body re-serialized without them (keys sorted, no whitespace), at
-/// any depth (`/additionalData/hmacSignature`); with volatile fields and a body that is not JSON
-/// (a form), over the raw bytes less the `name=value` fields named by one-segment pointers
+/// any depth (`/additionalData/hmacSignature`), followed by the text of any number the parse
+/// rounded (see [`beyond_f64`]); with volatile fields and a body that is not JSON (a form), over the raw bytes less the `name=value` fields named by one-segment pointers
 /// (`/bt_signature`), the others kept byte for byte and in order; otherwise over the raw bytes,
 /// so any change at all counts as a different payload.
 pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Value>) -> [u8; 32] {
@@ -49,11 +49,11 @@ pub fn fingerprint(volatile: &[&str], body: &[u8], json: Option<&serde_json::Val
     }
 }
 
-/// The numbers of a JSON text, in order, whose text holds more than the parsed value keeps: an
-/// integer past 64 bits, or a decimal of more than 15 significant digits (or too small for a
-/// normal `f64`), which serde_json reads as the nearest `f64`. Two payloads that differ only
+/// The numbers of a JSON text, in order, whose text holds more than the parsed value keeps (see
+/// [`kept_whole`]): serde_json reads a number that is no 64-bit integer as the nearest `f64`,
+/// so `12345678901234567890123` and `...124` parse alike. Two payloads that differ only
 /// there were one payload to the re-serialized hash, and a reused id a replay (a black-box
-/// run: `12345678901234567890123` and `...124`). `json` is a text that parsed.
+/// run). `json` is a text that parsed.
 fn beyond_f64(json: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut at = 0;
     std::iter::from_fn(move || {

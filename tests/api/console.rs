@@ -527,13 +527,20 @@ async fn with_dead_deliveries(n: usize) -> (Downstream, TestApp, Vec<String>) {
     (downstream, app, ids)
 }
 
-#[actix_web::test]
-async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
-    let (_downstream, app, ids) = with_dead_deliveries(1).await;
-    let id = ids[0].clone();
+/// [`with_dead_deliveries`] of one event: the downstream, the server, the event's id and its
+/// dead delivery's id.
+async fn with_one_dead_delivery() -> (Downstream, TestApp, String, i64) {
+    let (downstream, app, mut ids) = with_dead_deliveries(1).await;
+    let id = ids.remove(0);
     let delivery_id = deliveries(&app, &id).await[0]["id"]
         .as_i64()
         .expect("a delivery id");
+    (downstream, app, id, delivery_id)
+}
+
+#[actix_web::test]
+async fn a_requeue_without_the_sessions_csrf_token_is_refused() {
+    let (_downstream, app, id, delivery_id) = with_one_dead_delivery().await;
 
     let cookie = log_in(&app).await;
     let page = event_page(&app, &cookie, "stripe", &id).await;
@@ -590,11 +597,8 @@ async fn a_re_queue_the_database_refuses_says_why_not_that_it_did_not_answer() {
     // answer", sending an operator to look for an outage, where the admin API named the cause
     // (a black-box run). A trigger makes the store refuse the re-queue's UPDATE as a
     // read-only store does.
-    let (_downstream, app, ids) = with_dead_deliveries(1).await;
-    let id = ids[0].as_str();
-    let delivery_id = deliveries(&app, id).await[0]["id"]
-        .as_i64()
-        .expect("a delivery id");
+    let (_downstream, app, id, delivery_id) = with_one_dead_delivery().await;
+    let id = id.as_str();
     let refuse = if store_is_sqlite() {
         "CREATE TRIGGER hb_refuse BEFORE UPDATE ON deliveries BEGIN \
          SELECT RAISE(ABORT, 'attempt to write a readonly database'); END;"
@@ -643,11 +647,8 @@ async fn a_re_queue_the_database_refuses_says_why_not_that_it_did_not_answer() {
 async fn a_form_posted_with_a_query_is_refused_and_changes_nothing() {
     // The forms ignored a query: `?source=` naming one source re-queued every source's dead
     // deliveries, and `?target=` redelivered to every target (bb61).
-    let (_downstream, app, ids) = with_dead_deliveries(1).await;
-    let id = ids[0].as_str();
-    let delivery_id = deliveries(&app, id).await[0]["id"]
-        .as_i64()
-        .expect("a delivery id");
+    let (_downstream, app, id, delivery_id) = with_one_dead_delivery().await;
+    let id = id.as_str();
     let cookie = log_in(&app).await;
     let csrf = csrf_of(&event_page(&app, &cookie, "stripe", id).await.text());
     let requeue_one = format!("/console/deliveries/{delivery_id}/requeue?source=other");
