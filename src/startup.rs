@@ -112,8 +112,8 @@ impl Application {
             db::Store::SqliteFile(path) => std::path::Path::new(path).exists(),
             _ => true,
         };
-        let pool = open_database(&config, &handlers, migrations_on)?;
-        let state = web::Data::new(AppState::new(&config, sources, pool));
+        let pools = open_database(&config, &handlers, migrations_on)?;
+        let state = web::Data::new(AppState::new(&config, sources, pools));
         let (server, address) = serve_on(listeners, &config, state.clone())?;
         log_store(&config, state.claims.writers(), sqlite_existed);
         log_sources(&config);
@@ -273,14 +273,19 @@ impl Application {
     }
 }
 
-/// Builds the pool and applies hookbox's migrations, then each handler's `prepare`, under one
+/// Builds the pools and applies hookbox's migrations, then each handler's `prepare`, under one
 /// lock, on `migrations_on` when given (PostgreSQL's, made before the listen sockets).
 fn open_database(
     config: &Config,
     handlers: &Handlers,
     migrations_on: Option<db::AnyConnection>,
-) -> anyhow::Result<DbPool> {
-    let pool = db::pool(&config.database, config.server.in_flight_wait)?;
+) -> anyhow::Result<db::Pools> {
+    let pools = db::pools(
+        &config.database,
+        config.server.in_flight_wait,
+        config.database.claim_writers(),
+    )?;
+    let pool = &pools.main;
     let prepare =
         |conn: &mut db::AnyConnection| handlers.all().try_for_each(|handler| handler.prepare(conn));
     let migrated = match (&config.database.store, migrations_on) {
@@ -326,7 +331,7 @@ fn open_database(
             );
         }
     }
-    Ok(pool)
+    Ok(pools)
 }
 
 /// The HTTP server over `state`, bound to `[server].listen`, and its address. It serves once

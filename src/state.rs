@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::activity::Activity;
 use crate::config::Config;
-use crate::db::DbPool;
+use crate::db::{self, DbPool};
 use crate::forward;
 use crate::handlers::{Handler, Handlers};
 use crate::http;
@@ -227,17 +227,17 @@ impl StoreFailing {
 }
 
 impl AppState {
-    /// The state for `config`'s server, over `pool`, with its claim writers started.
-    pub fn new(config: &Config, sources: HashMap<String, Arc<Source>>, pool: DbPool) -> AppState {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let writers = config
-            .database
-            .store
-            .claim_writers(config.database.pool_size, cores);
+    /// The state for `config`'s server, over `pools`, with its claim writers started.
+    pub fn new(
+        config: &Config,
+        sources: HashMap<String, Arc<Source>>,
+        pools: db::Pools,
+    ) -> AppState {
+        let writers = config.database.claim_writers();
         let forward = forward::Wake::default();
         AppState {
-            claims: Batcher::start(pool.clone(), writers, forward.clone()),
-            pool,
+            claims: Batcher::start(&pools, writers, forward.clone()),
+            pool: pools.main,
             metrics: Arc::new(
                 Metrics::new(config.sources.iter().map(|s| &s.name)).with_targets(
                     config.sources.iter().flat_map(|s| {

@@ -147,6 +147,12 @@ impl DatabaseConfig {
         self.url_from != UrlFrom::Default
     }
 
+    /// How many threads write batched claims on this machine (see [`Store::claim_writers`]).
+    pub fn claim_writers(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.store.claim_writers(self.pool_size, cores)
+    }
+
     /// The URL with any password replaced, for logs and error messages.
     pub fn display_url(&self) -> String {
         crate::redact::database_url(&self.url)

@@ -818,12 +818,61 @@ impl ManageConnection for Manager {
     }
 }
 
+/// How long a claim writer's batch waits, on PostgreSQL, for a row another session holds (a
+/// claim of the same event not yet committed, elsewhere) before its claims go one by one (see
+/// `inbox::batch`). Waiting the whole in-flight wait held up a writer, and with it every
+/// delivery to the instance, for as long as a duplicate waited (a black-box run: 55 unrelated
+/// deliveries held up to 10 s each). Another instance's claim commits in a few milliseconds.
+pub const CLAIM_BATCH_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// The process's connections to its store.
+#[derive(Clone)]
+pub struct Pools {
+    /// For everything but the claim writers' batches, and for theirs where `claims` is `None`.
+    pub main: DbPool,
+    /// On PostgreSQL, the claim writers' own connections, one each, whose sessions wait at most
+    /// [`CLAIM_BATCH_LOCK_WAIT`] for a lock: the bound is set once as each session opens, so a
+    /// batch pays no statement for it (setting it around each batch's INSERT, on connections
+    /// shared with the rest, cost a quarter of the throughput: BENCHMARKS.md, "A bound on the
+    /// claim batch's lock wait, tried and reverted"). They are carved out of `pool_size`, which
+    /// stays the most connections the process opens; a `pool_size` with no room beside the
+    /// writers leaves them on `main`, with its full wait. `None` on SQLite, where the wait is for
+    /// the store's one write lock, which any claim waits for alike.
+    pub claims: Option<DbPool>,
+}
+
+/// Builds the pools for a server whose claims are written by `writers` threads: the writers'
+/// own connections where there is room for them (see [`Pools::claims`]), the rest in `main`.
+pub fn pools(
+    config: &DatabaseConfig,
+    lock_timeout: Duration,
+    writers: usize,
+) -> anyhow::Result<Pools> {
+    let writers = u32::try_from(writers).unwrap_or(u32::MAX);
+    let carved = matches!(config.store, Store::Postgres(_)) && config.pool_size > writers;
+    if !carved {
+        return Ok(Pools {
+            main: pool(config, lock_timeout)?,
+            claims: None,
+        });
+    }
+    Ok(Pools {
+        main: pool_of(config, lock_timeout, config.pool_size - writers)?,
+        claims: Some(pool_of(config, CLAIM_BATCH_LOCK_WAIT, writers)?),
+    })
+}
+
 /// Builds the pool. It does not wait for the database: connections are made as they are
 /// needed, so a server started during an outage answers 503 until the database is back.
 ///
 /// An in-memory SQLite store lives in its one connection, so its pool holds exactly one and
 /// never retires it.
 pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<DbPool> {
+    pool_of(config, lock_timeout, config.pool_size)
+}
+
+/// [`pool`], of at most `size` connections.
+fn pool_of(config: &DatabaseConfig, lock_timeout: Duration, size: u32) -> anyhow::Result<DbPool> {
     let store = &config.store;
     let manager = Manager {
         turns: matches!(store, Store::SqliteFile(_) | Store::SqliteMemory).then(WriteTurns::new),
@@ -849,14 +898,14 @@ pub fn pool(config: &DatabaseConfig, lock_timeout: Duration) -> anyhow::Result<D
             // would retry until its checkout timeout).
             drop(connect(config)?);
             builder
-                .max_size(config.pool_size)
+                .max_size(size)
                 .min_idle(Some(1))
                 .build(manager)
                 .with_context(|| format!("cannot open the SQLite store {}", config.display_url()))?
         }
         Store::Postgres(_) => builder
-            .max_size(config.pool_size)
-            .min_idle(Some(config.pool_size.min(2)))
+            .max_size(size)
+            .min_idle(Some(size.min(2)))
             .build_unchecked(manager),
     })
 }

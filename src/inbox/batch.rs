@@ -27,7 +27,8 @@ use chrono::{DateTime, Utc};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
 use super::{
-    answer, claim, event, new_event, run_handler, ClaimError, Delivery, Outcome, StoredResponse,
+    answer, claim_until, event, new_event, run_handler, ClaimError, Delivery, Outcome,
+    StoredResponse,
 };
 use crate::db::deliveries::{Due, Lease, Leased, ToQueue};
 use crate::db::{self, events, AnyConnection, DbPool};
@@ -62,6 +63,43 @@ struct Queue {
     /// Set when the last [`Batcher`] is gone: the writers finish what is queued and stop,
     /// letting go of their pool.
     closed: std::sync::atomic::AtomicBool,
+    /// Events another session's claim holds up, with their deliveries waiting apart.
+    held: Held,
+}
+
+/// Events whose claim another session holds (not committed), by (source, event id), each
+/// with the deliveries of it that wait apart from the writers on a thread of its own (see
+/// [`apart_from_the_held`]): a later delivery of such an event joins that wait instead of
+/// holding a batch up again (a black-box run: every duplicate cost the writer 0.1 s).
+#[derive(Clone, Default)]
+struct Held(Arc<Mutex<Waiting>>);
+
+/// The deliveries waiting apart, by (source, event id).
+type Waiting = HashMap<(String, String), Vec<Job>>;
+
+/// At most this many events wait apart at once, a thread and a pooled connection each; past
+/// it, a held event's deliveries wait in the writer, as they all did before.
+const HELD_APART_AT_MOST: usize = 4;
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes out of `groups` the deliveries of events waiting apart, and adds them to the wait.
+    fn join(&self, groups: &mut Groups) {
+        let mut held = self.lock();
+        if held.is_empty() {
+            return;
+        }
+        groups.retain(|key, jobs| match held.get_mut(key) {
+            Some(waiting) => {
+                waiting.extend(std::mem::take(jobs).into_iter().map(|(job, _)| job));
+                false
+            }
+            None => true,
+        });
+    }
 }
 
 /// Closes the queue when the last [`Batcher`] clone is dropped.
@@ -86,19 +124,24 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Starts `writers` threads claiming from the queue with connections from `pool`; `wake`
-    /// wakes the forward dispatcher when a batch queues outbox rows.
-    pub fn start(pool: DbPool, writers: usize, wake: Wake) -> Batcher {
+    /// Starts `writers` threads claiming from the queue, their batches on connections from
+    /// `pools.claims` (where there are such) and their claims one by one from `pools.main`;
+    /// `wake` wakes the forward dispatcher when a batch queues outbox rows.
+    pub fn start(pools: &db::Pools, writers: usize, wake: Wake) -> Batcher {
         let queue = Arc::new(Queue {
             wake,
             ..Queue::default()
         });
         let writers = writers.max(1);
         for n in 0..writers {
-            let (queue, pool) = (queue.clone(), pool.clone());
+            let queue = queue.clone();
+            let pools = Writes {
+                batches: pools.claims.clone().unwrap_or_else(|| pools.main.clone()),
+                one_by_one: pools.main.clone(),
+            };
             std::thread::Builder::new()
                 .name(format!("hookbox-claims-{n}"))
-                .spawn(move || write_loop(&queue, &pool))
+                .spawn(move || write_loop(&queue, &pools))
                 .expect("a thread can be started at startup");
         }
         Batcher {
@@ -147,7 +190,16 @@ impl Batcher {
     }
 }
 
-fn write_loop(queue: &Queue, pool: &DbPool) {
+/// Where a writer's connections come from.
+struct Writes {
+    /// For its batches (see [`db::Pools::claims`]).
+    batches: DbPool,
+    /// For the claims one by one a batch falls back to, which wait for another's claim as a
+    /// claim in a transaction does.
+    one_by_one: DbPool,
+}
+
+fn write_loop(queue: &Queue, pools: &Writes) {
     loop {
         let batch: Vec<Job> = {
             let mut jobs = queue.jobs.lock().unwrap_or_else(|e| e.into_inner());
@@ -165,7 +217,7 @@ fn write_loop(queue: &Queue, pool: &DbPool) {
         // each once, where they are answered), and the writer lives on for the next batch.
         let forwards = batch.iter().any(|job| !job.delivery.forward.is_empty());
         let queued =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(queue, pool, batch)))
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(queue, pools, batch)))
                 .unwrap_or(Queued::Unknown);
         // After the commit (or whatever became of the batch): a look finds the rows.
         match (queued, queue.handover.get()) {
@@ -208,12 +260,12 @@ fn still_waited_for(batch: Vec<Job>) -> Vec<Job> {
 }
 
 /// Claims a batch and answers its jobs; says what it queued for a take.
-fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
+fn write(queue: &Queue, pools: &Writes, batch: Vec<Job>) -> Queued {
     let batch = still_waited_for(batch);
     if batch.is_empty() {
         return Queued::Nothing;
     }
-    let conn = pool.get();
+    let conn = pools.batches.get();
     // Checking a connection out may have waited (on a database that stalled).
     let batch = still_waited_for(batch);
     if batch.is_empty() {
@@ -255,6 +307,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         );
         groups.entry(key).or_default().push((job, response));
     }
+    queue.held.join(&mut groups);
     if groups.is_empty() {
         return Queued::Unknown;
     }
@@ -267,6 +320,11 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
         .map(|(job, _)| job.delivery.deadline)
         .min()
         .expect("a batch has a job");
+    // On PostgreSQL the writers' own connections wait at most `CLAIM_BATCH_LOCK_WAIT` for a
+    // row another session holds (see `db::Pools::claims`). On SQLite the wait is for the
+    // store's one write lock, which any claim one by one would wait for as well: no row of its
+    // own holds a batch up there.
+    let on_postgres = matches!(**conn, AnyConnection::Postgres(_));
     let inserted = {
         // Past the in-flight wait without a turn, the batch goes ahead anyway: SQLite's own
         // lock still keeps it safe. The turn ends with the INSERT, before any claim one by one
@@ -283,7 +341,11 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
                 tracing::debug!(error = %e, "a claim batch fell back to claims one by one");
             }
             drop(conn);
-            one_by_one(pool, groups);
+            if on_postgres && db::is_lock_timeout(&e) {
+                apart_from_the_held(pools, groups, queue);
+            } else {
+                one_by_one(&pools.one_by_one, groups);
+            }
             return Queued::Unknown;
         }
     };
@@ -318,7 +380,7 @@ fn write(queue: &Queue, pool: &DbPool, batch: Vec<Job>) -> Queued {
     // would leave a pool of one (as `sqlite::memory:` has) waiting on itself until it timed out.
     drop(conn);
     if !left.is_empty() {
-        one_by_one(pool, left);
+        one_by_one(&pools.one_by_one, left);
         return Queued::Unknown;
     }
     queued
@@ -523,34 +585,127 @@ fn answer_from_store(conn: &mut db::DbConnection, groups: Groups) -> Groups {
     missing
 }
 
-/// Claims each delivery on its own, as the single-statement path does: on a connection that
-/// turns out dead (the database restarted, or ended the session), once more on a fresh one.
-/// That is safe whatever the dead one managed to commit: a committed claim comes back as a
-/// replay of the same stored bytes.
+/// Claims each delivery on its own, as the single-statement path does.
 fn one_by_one(pool: &DbPool, groups: Groups) {
     for (_, jobs) in groups {
         for (job, _) in jobs {
-            let claim_on_its_own = || match pool.get() {
-                Ok(mut conn) => {
-                    let outcome = claim(&mut conn, &job.delivery, job.handler.as_ref());
-                    let dead = match &outcome {
-                        Err(ClaimError::Database(e)) => conn.note(e),
-                        _ => false,
-                    };
-                    (outcome, dead)
-                }
-                Err(e) => (
-                    Err(shared_failure(&format!("no database connection: {e}"))),
-                    false,
-                ),
-            };
-            let outcome = match claim_on_its_own() {
-                (_, true) if std::time::Instant::now() < job.delivery.deadline => {
-                    claim_on_its_own().0
-                }
-                (outcome, _) => outcome,
-            };
+            let outcome = on_its_own(pool, &job, job.delivery.deadline);
             let _ = job.reply.send(outcome);
         }
+    }
+}
+
+/// After a batch waited [`db::CLAIM_BATCH_LOCK_WAIT`] for a row another session holds: each
+/// delivery is claimed on its own, waiting as briefly (on a writer's connection, whose session
+/// waits so long already), and the deliveries of an event still held up (a duplicate of an
+/// event another session's claim has not committed, or any while a table is locked) wait out
+/// the rest of their in-flight wait apart (see [`Held`]), while the writer goes on with the
+/// claims behind them. Each is answered as it would have been in the writer (its wait is not
+/// started over).
+fn apart_from_the_held(pools: &Writes, groups: Groups, queue: &Queue) {
+    let pool = &pools.one_by_one;
+    let mut held: Vec<((String, String), Vec<Job>)> = Vec::new();
+    // A table locked holds up every claim: the rest wait apart without a try of their own.
+    let mut locked = false;
+    for (key, jobs) in groups {
+        let mut waiting = Vec::new();
+        for (job, _) in jobs {
+            // The deliveries of one event: once one is held up, so are the others.
+            if locked || !waiting.is_empty() {
+                waiting.push(job);
+                continue;
+            }
+            let deadline = job.delivery.deadline;
+            let brief = deadline.min(std::time::Instant::now() + db::CLAIM_BATCH_LOCK_WAIT);
+            match on_its_own(&pools.batches, &job, brief) {
+                Ok(outcome @ (Outcome::InFlight | Outcome::Locked))
+                    if std::time::Instant::now() < deadline =>
+                {
+                    locked |= matches!(outcome, Outcome::Locked);
+                    waiting.push(job);
+                }
+                outcome => {
+                    let _ = job.reply.send(outcome);
+                }
+            }
+        }
+        if !waiting.is_empty() {
+            held.push((key, waiting));
+        }
+    }
+    for (key, jobs) in held {
+        let mut apart = queue.held.lock();
+        if let Some(waiting) = apart.get_mut(&key) {
+            waiting.extend(jobs);
+            continue;
+        }
+        if apart.len() >= HELD_APART_AT_MOST {
+            drop(apart);
+            in_turn(pool, jobs, &queue.wake);
+            continue;
+        }
+        apart.insert(key.clone(), jobs);
+        drop(apart);
+        let (pool, held, wake) = (pool.clone(), queue.held.clone(), queue.wake.clone());
+        let ours = key.clone();
+        let waits = move || loop {
+            let jobs = {
+                let mut apart = held.lock();
+                match apart.get_mut(&ours) {
+                    Some(jobs) if !jobs.is_empty() => std::mem::take(jobs),
+                    _ => {
+                        apart.remove(&ours);
+                        return;
+                    }
+                }
+            };
+            in_turn(&pool, jobs, &wake);
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("hookbox-claims-held".to_owned())
+            .spawn(waits)
+        {
+            // No thread to be had: the jobs, dropped with the map's entry, are answered 500.
+            queue.held.lock().remove(&key);
+            tracing::error!(error = %e, "cannot start a thread for claims held up by another's");
+        }
+    }
+}
+
+/// Claims each of `jobs` on its own, in turn, each waiting until its own deadline; wakes the
+/// dispatcher after, if any forwards.
+fn in_turn(pool: &DbPool, jobs: Vec<Job>, wake: &Wake) {
+    let forwards = jobs.iter().any(|job| !job.delivery.forward.is_empty());
+    for job in jobs {
+        let outcome = on_its_own(pool, &job, job.delivery.deadline);
+        let _ = job.reply.send(outcome);
+    }
+    if forwards {
+        wake.queued();
+    }
+}
+
+/// Claims `job`'s delivery on its own, waiting for another's claim of it until `until`: on a
+/// connection that turns out dead (the database restarted, or ended the session), once more
+/// on a fresh one. That is safe whatever the dead one managed to commit: a committed claim
+/// comes back as a replay of the same stored bytes.
+fn on_its_own(pool: &DbPool, job: &Job, until: std::time::Instant) -> Result<Outcome, ClaimError> {
+    let claim_on_its_own = || match pool.get() {
+        Ok(mut conn) => {
+            let outcome = claim_until(&mut conn, &job.delivery, job.handler.as_ref(), until);
+            let dead = match &outcome {
+                Err(ClaimError::Database(e)) => conn.note(e),
+                _ => false,
+            };
+            (outcome, dead)
+        }
+        Err(e) => (
+            Err(shared_failure(&format!("no database connection: {e}"))),
+            false,
+        ),
+    };
+    match claim_on_its_own() {
+        (_, true) if std::time::Instant::now() < until => claim_on_its_own().0,
+        (outcome, _) => outcome,
     }
 }

@@ -168,12 +168,21 @@ pub fn claim(
     delivery: &Delivery,
     handler: &dyn Handler,
 ) -> Result<Outcome, ClaimError> {
-    let Ok(_turn) = conn.write_turn(delivery.deadline) else {
+    claim_until(conn, delivery, handler, delivery.deadline)
+}
+
+/// [`claim`], waiting for another transaction's claim of the event (or the store's write lock)
+/// until `until` rather than the delivery's own deadline.
+fn claim_until(
+    conn: &mut db::Conn,
+    delivery: &Delivery,
+    handler: &dyn Handler,
+    until: std::time::Instant,
+) -> Result<Outcome, ClaimError> {
+    let Ok(_turn) = conn.write_turn(until) else {
         return Ok(Outcome::Busy);
     };
-    conn.waiting_until(delivery.deadline, |conn| {
-        claim_within(conn, delivery, handler)
-    })
+    conn.waiting_until(until, |conn| claim_within(conn, delivery, handler))
 }
 
 /// [`claim`], with the wait for another transaction's claim bounded by the session.

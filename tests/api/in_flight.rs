@@ -102,6 +102,49 @@ async fn a_batched_claim_behind_an_uncommitted_claim_gets_409_within_in_flight_w
     duplicate_behind_a_held_claim_gets_409_within_the_wait(&app, "stripe").await;
 }
 
+/// The claim writers keep connections of their own out of `pool_size` where there is room for
+/// them (PostgreSQL), and share the pool's where there is not: with one or two connections,
+/// concurrent deliveries and their duplicates are each stored once and answered alike, and on
+/// PostgreSQL a duplicate behind an uncommitted claim still gets its 409 within the wait and no
+/// more connections open.
+#[actix_web::test]
+async fn a_pool_of_one_or_two_connections_claims_each_event_once_and_opens_no_more() {
+    for size in [1, 2] {
+        let db = TestDb::create();
+        let text = config_text(&db.url, "")
+            .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"2s\"")
+            .replace("pool_size = 4", &format!("pool_size = {size}"));
+        let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+        let ids: Vec<String> = (0..12).map(|_| unique_id("evt_small")).collect();
+        let deliveries: Vec<_> = ids
+            .iter()
+            .flat_map(|id| {
+                let delivery = app.delivery("stripe", &stripe_event(id, "charge.refunded", 1), id);
+                [delivery.clone(), delivery]
+            })
+            .collect();
+        let answers = join_all(deliveries.iter().map(|d| app.send(d))).await;
+        for (pair, id) in answers.chunks(2).zip(&ids) {
+            for answer in pair {
+                assert_eq!(answer.status, 200, "pool_size {size}: {}", answer.text());
+            }
+            assert_eq!(pair[0].body, pair[1].body, "pool_size {size}: {id}");
+            assert_eq!(stored(&app, id), 1, "pool_size {size}: {id}");
+        }
+        // On SQLite every writer waits for the one write lock, and with one connection a
+        // background write holding it waits too: the duplicate's wait is not measured there.
+        if !store_is_sqlite() {
+            duplicate_behind_a_held_claim_gets_409_within_the_wait(&app, "stripe").await;
+            let open = count_at(
+                &app.db.url,
+                "pg_stat_activity WHERE datname = current_database() \
+                 AND application_name = 'hookbox'",
+            );
+            assert!(open <= size, "pool_size {size}: {open} connections open");
+        }
+    }
+}
+
 #[actix_web::test]
 async fn a_claim_in_a_transaction_behind_an_uncommitted_claim_gets_409_within_in_flight_wait() {
     // A handler that writes claims in a transaction of its own.
@@ -116,6 +159,96 @@ async fn a_forwarding_claim_behind_an_uncommitted_claim_gets_409_within_in_fligh
     let extra = crate::forward::forward_extra("http://127.0.0.1:9/unused", "1s", 1);
     let app = spawn(&extra, Handlers::default()).await;
     duplicate_behind_a_held_claim_gets_409_within_the_wait(&app, "stripe").await;
+}
+
+/// A duplicate waiting on another session's uncommitted claim held up the one claim writer,
+/// and with it every other delivery to the instance, for its whole in-flight wait (a black-box
+/// run: 55 unrelated deliveries held up to 10 s each); then each further duplicate for 0.1 s.
+/// The duplicates wait apart, each held event on its own; the deliveries behind them are
+/// stored meanwhile, and each is still answered as before once its held claim goes.
+#[actix_web::test]
+async fn duplicates_waiting_on_uncommitted_claims_hold_up_no_other_delivery() {
+    if skip_on_sqlite(
+        "duplicates_waiting_on_uncommitted_claims_hold_up_no_other_delivery",
+        "SQLite's one write lock holds every writer up alike",
+    ) {
+        return;
+    }
+    for extra in [
+        String::new(),
+        crate::forward::forward_extra("http://127.0.0.1:9/unused", "1s", 1),
+    ] {
+        let db = TestDb::create();
+        let text = config_text(&db.url, &extra)
+            .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"8s\"");
+        let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+        let (long, short) = (unique_id("evt_long"), unique_id("evt_short"));
+        let long_held = HeldClaim::take(&app.db.url, "stripe", &long);
+        let short_held = HeldClaim::take(&app.db.url, "stripe", &short);
+        let duplicates = |id: &str, n: usize| {
+            (0..n)
+                .map(|_| {
+                    let delivery =
+                        app.delivery("stripe", &stripe_event(id, "charge.refunded", 1), id);
+                    let address = app.address.clone();
+                    actix_web::rt::spawn(async move { send(&address, &delivery).await })
+                })
+                .collect::<Vec<_>>()
+        };
+        let long_waiting = duplicates(&long, 5);
+        let short_waiting = duplicates(&short, 1);
+        for _ in 0..5 {
+            let fresh = unique_id("evt_fresh");
+            let answer = app
+                .send(&app.delivery(
+                    "stripe",
+                    &stripe_event(&fresh, "charge.refunded", 1),
+                    &fresh,
+                ))
+                .await;
+            assert_eq!(answer.status, 200, "{}", answer.text());
+        }
+        assert!(
+            long_waiting
+                .iter()
+                .chain(&short_waiting)
+                .all(|d| !d.is_finished()),
+            "the deliveries behind the duplicates were answered only after them ({extra})"
+        );
+        // One held claim rolls back: its duplicate claims the event, while the other's wait.
+        drop(short_held);
+        for waiting in short_waiting {
+            let answer = waiting.await.expect("the duplicate's request");
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            assert!(!answer.replayed(), "{}", answer.text());
+        }
+        assert!(
+            long_waiting.iter().all(|d| !d.is_finished()),
+            "one held event's duplicates waited for another's ({extra})"
+        );
+        drop(long_held);
+        let mut processed = 0;
+        for waiting in long_waiting {
+            let answer = waiting.await.expect("the duplicate's request");
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            processed += usize::from(!answer.replayed());
+        }
+        assert_eq!(
+            processed, 1,
+            "one duplicate claims it, the others replay it"
+        );
+        assert_eq!((stored(&app, &long), stored(&app, &short)), (1, 1));
+        // The claim writers' own connections are counted in `pool_size` (a forwarding
+        // instance holds one more, for its lock).
+        let open = app.db.count(
+            "pg_stat_activity WHERE datname = current_database() AND application_name = 'hookbox'",
+        );
+        let most = i64::from(app.config.database.pool_size) + i64::from(!extra.is_empty());
+        assert!(
+            (1..=most).contains(&open),
+            "{open} connections, at most {most} ({extra})"
+        );
+    }
 }
 
 /// How many outbox rows the stripe event `id` has (none when it is not stored).
