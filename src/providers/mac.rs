@@ -48,13 +48,19 @@ pub fn parse_timestamp(raw: &str) -> Result<i64, SignatureError> {
 
 /// A header the check needs, as text. Absent and non-UTF-8 are the same to a verifier: there is
 /// no signature it could check.
+///
+/// Trimmed as HTTP trims a field value (spaces and tabs), and no further: a sender's library
+/// signs the value as its HTTP stack reads it. Unicode whitespace at an end (U+00A0, U+3000)
+/// is part of the value; trimmed here, a `webhook-id` of `\u{a0}msg_1` was checked over another
+/// text than was signed and refused as a bad signature, where the id is what is wrong (400
+/// `invalid_event_id`, a black-box run).
 pub fn required_header<'h>(
     headers: &'h dyn Headers,
     name: &str,
 ) -> Result<&'h str, SignatureError> {
     let raw = headers.get(name).ok_or(SignatureError::Invalid)?;
     let text = std::str::from_utf8(raw).map_err(|_| SignatureError::Invalid)?;
-    Ok(text.trim())
+    Ok(text.trim_matches([' ', '\t']))
 }
 
 /// A header value for an [`Identity`](super::Identity): absent when missing or not UTF-8.

@@ -272,6 +272,19 @@ async fn an_overlong_or_unprintable_event_id_is_400_invalid_event_id() {
         );
         assert!(answer.message().contains("whitespace"), "{}", answer.text());
     }
+    // So too an id in a signed header with Unicode whitespace at an end (which HTTP does not
+    // trim): the signature is checked over the header as sent, and holds, so the id is what
+    // is refused, not the signature (a black-box run got 401 invalid_signature, as though the
+    // secret were wrong, where the sender's own library verified the delivery).
+    for id in ["\u{a0}msg_1", "msg_1\u{3000}", "\u{2028}msg_1"] {
+        let answer = app.send(&app.delivery("standard", "{}", id)).await;
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (400, "invalid_event_id"),
+            "{id:?}: {}",
+            answer.text()
+        );
+    }
     // 255 bytes is still fine, and so is whitespace inside an id.
     let answer = app
         .send(&app.delivery("github", "{}", &"e".repeat(255)))
