@@ -325,6 +325,14 @@ pub fn run(files: Vec<InputFile>, options: &Options, to_skip: u64) -> anyhow::Re
                  sent as it was captured. Leave out --as-is to sign each afresh (with --config \
                  or --secret)"
             }
+            // The warning before the sending said it: a line sent to another source's URL meets
+            // that source's secret (a black-box run got only the hint below, about secrets).
+            _ if options.to.has_path() && options.source.is_none() => {
+                "--to has a path, so every line was posted to it whatever its source, and a line \
+                 of another source meets that source's check; give the server's base URL (each \
+                 line then goes to /webhooks/{source}) or --source NAME. Else the receiver checks \
+                 with another secret than replay signed with: give the receiver's config or secret"
+            }
             _ => {
                 "the receiver checks with another secret than replay signed with (the source's \
                  first secret in --config, or --secret): give the receiver's config or secret"

@@ -274,6 +274,13 @@ async fn a_line_that_is_not_json_or_names_a_source_the_config_lacks_is_reported_
         "{}",
         run.stderr
     );
+    // And the hint after the refusals names the path, not only the secret.
+    assert!(
+        run.stderr
+            .contains("refused invalid_signature: --to has a path, so every line was posted"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[actix_web::test]
