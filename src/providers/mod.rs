@@ -485,6 +485,19 @@ pub fn receive_now<P: Provider + ?Sized>(
     receive_verified(provider, inbound)
 }
 
+/// Why a body that must be JSON could not be read as such. JSON lets a reader bound its
+/// numbers, and hookbox reads them as 64-bit floats: a number past about 1.8e308 (`1e400`, an
+/// integer of 400 digits) is valid JSON it cannot read, said so rather than "not JSON" (a
+/// black-box run).
+fn unreadable_json(error: &serde_json::Error) -> Refusal {
+    if error.is_syntax() && error.to_string().starts_with("number out of range") {
+        return Refusal::Malformed(
+            "the body holds a number too large for hookbox to read (past about 1.8e308)",
+        );
+    }
+    Refusal::MalformedPayload
+}
+
 /// The rest of [`receive_now`] once the signature is checked (a provider that checks with more
 /// than the headers and body overrides `receive` and calls this): the JSON
 /// [`needs_json`](Provider::needs_json) asks for, then [`handshake`](Provider::handshake), then
@@ -497,10 +510,11 @@ pub fn receive_verified<P: Provider + ?Sized>(
     provider: &P,
     inbound: &Inbound<'_>,
 ) -> Result<Received, Refusal> {
-    let json: Option<serde_json::Value> = serde_json::from_slice(inbound.body).ok();
-    if json.is_none() && provider.needs_json() {
-        return Err(Refusal::MalformedPayload);
-    }
+    let json = match serde_json::from_slice::<serde_json::Value>(inbound.body) {
+        Ok(json) => Some(json),
+        Err(e) if provider.needs_json() => return Err(unreadable_json(&e)),
+        Err(_) => None,
+    };
     if let Some(answer) = provider.handshake(inbound, json.as_ref()) {
         return answer.map(Received::Handshake);
     }

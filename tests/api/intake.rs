@@ -187,6 +187,22 @@ async fn a_body_that_is_not_json_is_400_where_the_scheme_needs_json() {
             "{source}"
         );
     }
+    // Valid JSON with a number past what an f64 holds is refused as such, not as "not JSON".
+    for number in ["1e400", &"9".repeat(400)] {
+        let body = format!(r#"{{"id":"evt_big","type":"a","amount":{number}}}"#);
+        let answer = app.send(&app.delivery("stripe", &body, "evt_big")).await;
+        assert_eq!(
+            (answer.status, answer.error().as_str()),
+            (400, "malformed_payload"),
+            "{}",
+            answer.text()
+        );
+        assert!(
+            answer.message().contains("number too large"),
+            "{}",
+            answer.text()
+        );
+    }
     assert_eq!(app.db.count("events"), 0);
 }
 
