@@ -112,7 +112,12 @@ impl Application {
             db::Store::SqliteFile(path) => std::path::Path::new(path).exists(),
             _ => true,
         };
-        let pools = open_database(&config, &handlers, migrations_on)?;
+        // Only the claims of handlers that answer from the event alone go in batches: where no
+        // source has such, the writers' connections would sit idle, so none are kept.
+        let batched = sources
+            .values()
+            .any(|source| !source.handler.uses_connection() && !source.dedupe_body);
+        let pools = open_database(&config, &handlers, migrations_on, batched)?;
         let state = web::Data::new(AppState::new(&config, sources, pools));
         let (server, address) = serve_on(listeners, &config, state.clone())?;
         log_store(&config, state.claims.writers(), sqlite_existed);
@@ -273,18 +278,21 @@ impl Application {
     }
 }
 
-/// Builds the pools and applies hookbox's migrations, then each handler's `prepare`, under one
-/// lock, on `migrations_on` when given (PostgreSQL's, made before the listen sockets).
+/// Builds the pools (with connections of the claim writers' own where a source's claims are
+/// `batched`) and applies hookbox's migrations, then each handler's `prepare`, under one lock,
+/// on `migrations_on` when given (PostgreSQL's, made before the listen sockets).
 fn open_database(
     config: &Config,
     handlers: &Handlers,
     migrations_on: Option<db::AnyConnection>,
+    batched: bool,
 ) -> anyhow::Result<db::Pools> {
-    let pools = db::pools(
-        &config.database,
-        config.server.in_flight_wait,
-        config.database.claim_writers(),
-    )?;
+    let writers = if batched {
+        config.database.claim_writers()
+    } else {
+        0
+    };
+    let pools = db::pools(&config.database, config.server.in_flight_wait, writers)?;
     let pool = &pools.main;
     let prepare =
         |conn: &mut db::AnyConnection| handlers.all().try_for_each(|handler| handler.prepare(conn));

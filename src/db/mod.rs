@@ -841,15 +841,17 @@ pub struct Pools {
     pub claims: Option<DbPool>,
 }
 
-/// Builds the pools for a server whose claims are written by `writers` threads: the writers'
-/// own connections where there is room for them (see [`Pools::claims`]), the rest in `main`.
+/// Builds the pools for a server whose batched claims are written by `writers` threads (none
+/// where no source's claims are batched): the writers' own connections where there is room for
+/// them (see [`Pools::claims`]), the rest in `main`.
 pub fn pools(
     config: &DatabaseConfig,
     lock_timeout: Duration,
     writers: usize,
 ) -> anyhow::Result<Pools> {
     let writers = u32::try_from(writers).unwrap_or(u32::MAX);
-    let carved = matches!(config.store, Store::Postgres(_)) && config.pool_size > writers;
+    let carved =
+        matches!(config.store, Store::Postgres(_)) && writers > 0 && config.pool_size > writers;
     if !carved {
         return Ok(Pools {
             main: pool(config, lock_timeout)?,

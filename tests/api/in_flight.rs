@@ -145,6 +145,50 @@ async fn a_pool_of_one_or_two_connections_claims_each_event_once_and_opens_no_mo
     }
 }
 
+/// Where no source's claims go in batches (every source's handler writes), the claim writers
+/// keep no connection of their own: all of `pool_size` serves the handlers' transactions.
+#[actix_web::test]
+async fn with_no_batched_source_every_pooled_connection_serves_the_handlers() {
+    if skip_on_sqlite(
+        "with_no_batched_source_every_pooled_connection_serves_the_handlers",
+        "SQLite's writers take turns whatever the pool",
+    ) {
+        return;
+    }
+    let db = TestDb::create();
+    let config = parse_config(&config_text(&db.url, "").replace("pool_size = 4", "pool_size = 2"));
+    let entered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut handlers = Handlers::default();
+    for source in &config.sources {
+        let handler = crate::provider::Counting {
+            delay: Duration::from_millis(1500),
+            entered: entered.clone(),
+        };
+        handlers = handlers.with(source.name.as_str(), handler);
+    }
+    let app = TestApp::spawn_on(db, config, handlers).await;
+    let ids = [unique_id("evt_both"), unique_id("evt_both")];
+    let answers = join_all(ids.iter().map(|id| {
+        let delivery = app.delivery("stripe", &stripe_event(id, "charge.refunded", 1), id);
+        let address = app.address.clone();
+        async move {
+            let started = Instant::now();
+            let answer = send(&address, &delivery).await;
+            (answer, started.elapsed())
+        }
+    }))
+    .await;
+    for (answer, took) in &answers {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        // One after the other, through one connection, the second would take two handlers' time.
+        assert!(
+            took < &Duration::from_millis(2800),
+            "{took:?}: the handlers ran in turn"
+        );
+    }
+    assert_eq!(entered.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
 #[actix_web::test]
 async fn a_claim_in_a_transaction_behind_an_uncommitted_claim_gets_409_within_in_flight_wait() {
     // A handler that writes claims in a transaction of its own.
