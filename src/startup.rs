@@ -120,7 +120,7 @@ impl Application {
         let pools = open_database(&config, &handlers, migrations_on, batched)?;
         let state = web::Data::new(AppState::new(&config, sources, pools));
         let (server, address) = serve_on(listeners, &config, state.clone())?;
-        log_store(&config, state.claims.writers(), sqlite_existed);
+        log_store(&config, &state.claims, sqlite_existed);
         log_sources(&config);
 
         let outbox = Outbox::new(
@@ -429,8 +429,9 @@ fn serve_on(
 }
 
 /// Logs which store holds the events (and, on PostgreSQL, how many threads batch the claims:
-/// `claim_writers`, from the pool and the cores).
-fn log_store(config: &Config, claim_writers: usize, sqlite_existed: bool) {
+/// `claim_writers`, from the pool and the cores; and how many of `pool_size`'s connections
+/// they keep of their own, `claim_writers_own_connections`).
+fn log_store(config: &Config, claims: &crate::inbox::Batcher, sqlite_existed: bool) {
     let database = config.database.display_url();
     // A relative SQLite path is the working directory's: the log names the file in full, and
     // says when it was made just now (a service started from another directory gets a new,
@@ -448,7 +449,8 @@ fn log_store(config: &Config, claim_writers: usize, sqlite_existed: bool) {
             database = %database,
             url_from = config.database.url_from.describe(),
             pool_size = config.database.pool_size,
-            claim_writers,
+            claim_writers = claims.writers(),
+            claim_writers_own_connections = claims.own_connections(),
             "database ready: PostgreSQL"
         ),
         db::Store::SqliteMemory => tracing::info!(

@@ -467,8 +467,39 @@ impl Conn {
     where
         E: From<DieselError>,
     {
+        self.waiting(deadline, false, work)
+    }
+
+    /// [`Conn::waiting_until`], and on a connection whose session waits less than is left
+    /// until `deadline` (a claim writer's own, see [`Pools::claims`]), with the bound
+    /// lengthened to it for `work`: a delivery held up by another's claim that waits in the
+    /// writer waits out its whole in-flight wait, as it would on any other connection. The two
+    /// statements that lengthen and restore the bound are paid only then (a batch's INSERT
+    /// keeps the writer's short wait: see `inbox::batch`).
+    pub fn waiting_all_until<T, E>(
+        &mut self,
+        deadline: Instant,
+        work: impl FnOnce(&mut AnyConnection) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<DieselError>,
+    {
+        self.waiting(deadline, true, work)
+    }
+
+    fn waiting<T, E>(
+        &mut self,
+        deadline: Instant,
+        lengthened: bool,
+        work: impl FnOnce(&mut AnyConnection) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<DieselError>,
+    {
         let left = deadline.saturating_duration_since(Instant::now());
-        if left + LOCK_WAIT_SLACK >= self.lock_wait {
+        let cut = left + LOCK_WAIT_SLACK < self.lock_wait;
+        let longer = lengthened && left > self.lock_wait + LOCK_WAIT_SLACK;
+        if !cut && !longer {
             return work(&mut self.conn);
         }
         if let Err(e) = set_lock_wait(&mut self.conn, left) {
@@ -476,7 +507,8 @@ impl Conn {
             return Err(e.into());
         }
         let result = work(&mut self.conn);
-        // A session left with the short wait would cut every later claim short: drop it.
+        // A session left with another wait would cut every later claim short (or let it wait
+        // past its own): drop it.
         if set_lock_wait(&mut self.conn, self.lock_wait).is_err() {
             self.broken = true;
         }

@@ -77,8 +77,9 @@ struct Held(Arc<Mutex<Waiting>>);
 /// The deliveries waiting apart, by (source, event id).
 type Waiting = HashMap<(String, String), Vec<Job>>;
 
-/// At most this many events wait apart at once, a thread and a pooled connection each; past
-/// it, a held event's deliveries wait in the writer, as they all did before.
+/// At most this many events wait apart at once, a thread and a connection of the main pool
+/// each, and never more than half that pool's connections (see [`Writes::held_apart_at_most`]);
+/// past it, a held event's deliveries wait in the writer, as they all did before.
 const HELD_APART_AT_MOST: usize = 4;
 
 impl Held {
@@ -121,6 +122,8 @@ pub struct Batcher {
     queue: Arc<Queue>,
     _closer: Arc<Closer>,
     writers: usize,
+    /// The connections the writers keep of their own (0: they share the main pool's).
+    own_connections: u32,
 }
 
 impl Batcher {
@@ -138,6 +141,7 @@ impl Batcher {
             let pools = Writes {
                 batches: pools.claims.clone().unwrap_or_else(|| pools.main.clone()),
                 one_by_one: pools.main.clone(),
+                held_apart_at_most: (pools.main.max_size() as usize / 2).min(HELD_APART_AT_MOST),
             };
             std::thread::Builder::new()
                 .name(format!("hookbox-claims-{n}"))
@@ -148,12 +152,19 @@ impl Batcher {
             _closer: Arc::new(Closer(queue.clone())),
             queue,
             writers,
+            own_connections: pools.claims.as_ref().map_or(0, DbPool::max_size),
         }
     }
 
     /// How many writer threads claim from the queue.
     pub fn writers(&self) -> usize {
         self.writers
+    }
+
+    /// How many connections the writers keep of their own, out of `pool_size` (0 where they
+    /// share the main pool's; see [`db::Pools::claims`]).
+    pub fn own_connections(&self) -> u32 {
+        self.own_connections
     }
 
     /// From now on, a batch hands the outbox rows that `handover` has room for straight to this
@@ -197,6 +208,13 @@ struct Writes {
     /// For the claims one by one a batch falls back to, which wait for another's claim as a
     /// claim in a transaction does.
     one_by_one: DbPool,
+    /// How many held events may wait apart at once, each holding a connection of `one_by_one`
+    /// for up to its in-flight wait: no more than half of them, so that the deliveries of
+    /// sources whose claims are not batched, the dispatcher and `/readyz` keep the rest. With
+    /// four held events waiting on a pool of one to four connections, every other checkout
+    /// timed out and was answered 503, as though the database were unreachable (a black-box
+    /// run); with none to spare, held events wait in the writer, as before.
+    held_apart_at_most: usize,
 }
 
 fn write_loop(queue: &Queue, pools: &Writes) {
@@ -639,9 +657,11 @@ fn apart_from_the_held(pools: &Writes, groups: Groups, queue: &Queue) {
             waiting.extend(jobs);
             continue;
         }
-        if apart.len() >= HELD_APART_AT_MOST {
+        if apart.len() >= pools.held_apart_at_most {
             drop(apart);
-            in_turn(pool, jobs, &queue.wake);
+            // On the writer's own connection, as before: waiting on the main pool's, it took
+            // one the others need.
+            in_turn(&pools.batches, jobs, &queue.wake);
             continue;
         }
         apart.insert(key.clone(), jobs);

@@ -172,7 +172,8 @@ pub fn claim(
 }
 
 /// [`claim`], waiting for another transaction's claim of the event (or the store's write lock)
-/// until `until` rather than the delivery's own deadline.
+/// until `until` rather than the delivery's own deadline, however short the connection's own
+/// wait (see [`db::Conn::waiting_all_until`]).
 fn claim_until(
     conn: &mut db::Conn,
     delivery: &Delivery,
@@ -182,7 +183,7 @@ fn claim_until(
     let Ok(_turn) = conn.write_turn(until) else {
         return Ok(Outcome::Busy);
     };
-    conn.waiting_until(until, |conn| claim_within(conn, delivery, handler))
+    conn.waiting_all_until(until, |conn| claim_within(conn, delivery, handler))
 }
 
 /// [`claim`], with the wait for another transaction's claim bounded by the session.
