@@ -357,7 +357,8 @@ impl Config {
     /// [`Config::load`] for `migrate`, which needs only the database. The whole file is checked
     /// as `serve` checks it (an unknown key or a wrong value is an error wherever it is), except
     /// that a secret's variable that is not set is let pass: a deploy step that migrates need
-    /// not hold the sources' secrets. Then `[sources]` is left unread.
+    /// not hold the sources' secrets. Every source is still checked for what does not need its
+    /// secret (see [`RawSource::validate`]); then `[sources]` is left out of the config.
     pub fn load_for_migrate(path: Option<&Path>, env: &dyn Env) -> Result<Config, ConfigError> {
         Config::load_without_secrets(path, env).map(|(config, _)| config)
     }
@@ -1634,11 +1635,22 @@ impl RawConfig {
             Some(name) => admin_token(env.var(name)),
             None => (None, None),
         };
-        let sources = self
-            .sources
-            .into_iter()
-            .map(|(name, raw)| raw.validate(&name, env, registry))
-            .collect::<Result<Vec<_>, _>>()?;
+        // A variable that is not set is said after any other error of any source: `migrate`
+        // lets it pass, and must not miss what is wrong in a source after it.
+        let mut sources = Vec::with_capacity(self.sources.len());
+        let mut unset = None;
+        for (name, raw) in self.sources {
+            match raw.validate(&name, env, registry) {
+                Ok(source) => sources.push(source),
+                Err(e) if e.names_an_unset_variable() => {
+                    unset.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(unset) = unset {
+            return Err(unset);
+        }
         Ok(Config {
             server,
             database,
@@ -1651,6 +1663,11 @@ impl RawConfig {
         })
     }
 }
+
+/// What a source whose `secrets_env` variable is not set is checked with (see
+/// [`RawSource::validate`]): 64 zeros, which read as hex (Adyen's HMAC key), as base64 (a
+/// Standard Webhooks secret without its prefix) and as text.
+const PLACEHOLDER_SECRET: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 impl RawSource {
     fn validate(
@@ -1675,6 +1692,11 @@ impl RawSource {
             .scheme(&self.scheme, Some(self.own))
             .map_err(|e| ConfigError::at(key("scheme"), e))?;
         let given = self.secrets.is_some() || self.secrets_env.is_some();
+        // A `secrets_env` naming a variable that is not set is said once the rest of the source
+        // is checked as far as it can be without the secret: `migrate`, which lets such a
+        // variable pass, still finds an unknown key or a wrong value there (a black-box run: a
+        // deploy step's `migrate --config` passed, and `serve` then refused the file).
+        let mut unset = None;
         let secrets = match (self.secrets, self.secrets_env) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::at(
@@ -1704,13 +1726,14 @@ impl RawSource {
                     listed
                 }
                 None => {
-                    return Err(ConfigError::at(
+                    unset = Some(ConfigError::at(
                         key("secrets_env"),
                         format!(
                             "the environment variable {} is not set (or is empty)",
                             crate::redact::variable_name(&var)
                         ),
-                    ))
+                    ));
+                    vec![PLACEHOLDER_SECRET.to_owned()]
                 }
             },
             // Whether the scheme needs secrets is its provider's to say: one whose key material
@@ -1758,12 +1781,18 @@ impl RawSource {
         // Building the provider is how a key of its own is found wrong, or a secret unusable
         // (a Standard Webhooks secret that is not base64), and that is a config error like any
         // other.
-        let provider = scheme.build_source(&secrets, self.tolerance).map_err(
-            |ProviderError {
-                 key: field,
-                 problem,
-             }| ConfigError::at(key(&field), problem),
-        )?;
+        let provider = match scheme.build_source(&secrets, self.tolerance) {
+            Ok(provider) => provider,
+            // Built with a stand-in for the secret that is not set: only a key the scheme does
+            // not take is surely wrong whatever the secret.
+            Err(ProviderError {
+                key: field,
+                problem,
+            }) if unset.is_none() || problem.starts_with("unknown field") => {
+                return Err(ConfigError::at(key(&field), problem))
+            }
+            Err(_) => return Err(unset.expect("checked in the arm above")),
+        };
         if self.tolerance.is_some() && !provider.checks_timestamp() {
             let instead = if scheme.name() == "hmac" {
                 "; set timestamp_header to check one"
@@ -1792,6 +1821,9 @@ impl RawSource {
             ));
         }
         let dedupe_body = dedupe_body || provider.dedupes_body();
+        if let Some(unset) = unset {
+            return Err(unset);
+        }
         Ok(SourceConfig {
             name: source_name,
             scheme,
@@ -1865,6 +1897,58 @@ mod tests {
         Config::parse(text, &no_env)
             .expect_err("config should be refused")
             .0
+    }
+
+    /// A source whose `secrets_env` variable is not set is still checked for what does not
+    /// depend on the secret, so `migrate` (which lets the unset variable pass) finds it.
+    #[test]
+    fn a_source_with_its_secret_unset_is_checked_for_the_rest_first() {
+        let source = |scheme: &str, more: &str| {
+            format!("[sources.gh]\nscheme = \"{scheme}\"\nsecrets_env = \"NOPE_UNSET\"\n{more}")
+        };
+        for (text, key) in [
+            (
+                source("github", "scheme2 = 1\n"),
+                "sources.gh.scheme2: unknown field",
+            ),
+            (
+                source("github", "dedupe = \"bogus\"\n"),
+                "sources.gh.dedupe:",
+            ),
+            (
+                source("adyen", "tolerance = \"5m\"\n"),
+                "sources.gh.tolerance:",
+            ),
+            (
+                source("stripe", "signature_header = \"x\"\n"),
+                "sources.gh.signature_header:",
+            ),
+            (
+                source("github", ""),
+                "sources.gh.secrets_env: the environment variable NOPE_UNSET",
+            ),
+            (
+                source("paypal", ""),
+                "sources.gh.secrets_env: the environment variable NOPE_UNSET",
+            ),
+            // Another source after it is checked too.
+            (
+                source(
+                    "github",
+                    "[sources.zz]\nscheme = \"github\"\nsecrets = [\"s\"]\nbogus = 1\n",
+                ),
+                "sources.zz.bogus: unknown field",
+            ),
+        ] {
+            let refused = Config::parse(&text, &no_env).expect_err("refused");
+            assert!(refused.0.starts_with(key), "{key} <- {}", refused.0);
+            // What `migrate` lets pass (`load_without_secrets`).
+            assert_eq!(
+                refused.names_an_unset_variable(),
+                key.contains("NOPE_UNSET"),
+                "{key}"
+            );
+        }
     }
 
     #[test]
