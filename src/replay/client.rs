@@ -12,8 +12,11 @@ use awc::http::Uri;
 use crate::retry;
 
 /// How long one attempt may take. Longer than a receiver's in-flight wait (hookbox's default
-/// is 10 s), so a duplicate that waits on the first delivery is answered, not cut off.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// is 10 s), so a duplicate that waits on the first delivery is answered, not cut off; and
+/// longer than its `request_timeout` (30 s by default), so a delivery held up by a database
+/// that stalled gets the 503 that says so: at 30 s the tool gave up milliseconds before it, and
+/// reported no answer, pointing at the network (a black-box run).
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(35);
 
 /// Network failures are retried this often, waiting about 250 ms, 500 ms, 1 s between tries
 /// (the upper half of each step, jittered).
@@ -269,6 +272,10 @@ fn next_step(error: &str) -> &'static str {
          takes http://, unless a TLS proxy is in front)"
     } else if error.contains("failed to lookup") || error.contains("Name or service not known") {
         " (the host name did not resolve: check --to)"
+    } else if error.contains("Timeout while waiting for response") {
+        " (the receiver took the request but did not answer within 35 s: hookbox answers 503 \
+         by its request_timeout, 30 s unless set longer, so check that setting, a proxy in \
+         between, or the receiver's host)"
     } else {
         ""
     }
@@ -321,6 +328,15 @@ async fn attempt(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A receiver at hookbox's defaults answers a delivery it cannot store in time with a 503
+    /// at its request timeout: one try waits longer than that, to hear it.
+    #[test]
+    fn a_try_outlasts_the_default_request_timeout() {
+        let defaults = crate::config::Config::parse("", &|_: &str| None).expect("defaults");
+        assert!(ATTEMPT_TIMEOUT >= defaults.server.request_timeout + Duration::from_secs(5));
+        assert!(next_step("Timeout while waiting for response").contains("request_timeout"));
+    }
 
     #[test]
     fn a_base_url_gets_the_webhook_path_and_a_full_url_is_kept() {
