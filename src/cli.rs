@@ -210,7 +210,7 @@ struct ReplayArgs {
     /// proxy-authorization, cookie, set-cookie, host and framing headers are never sent
     #[arg(long, conflicts_with_all = ["scheme", "secret", "key", "cert_url"])]
     as_is: bool,
-    /// How many deliveries may be in flight at once
+    /// How many deliveries may be in flight at once (1 to 1024)
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
