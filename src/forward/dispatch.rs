@@ -288,7 +288,14 @@ async fn attempt(outbox: &Outbox, lane: &Lane, transport: &dyn Transport, due: &
             );
             ForwardResult::Retried
         }
-        Settle::Dead { error, .. } => {
+        Settle::Dead { status, error } => {
+            // Its last attempt failed as the ones before did (no answer, 5xx, 429): the target
+            // is still down. Left out, a target whose every event died before the run reached
+            // FAILING_TOLD_AFTER was never said down (a black-box run). A final 3xx or 4xx is
+            // an answer: the target is up.
+            if matches!(status, None | Some(429 | 500..)) {
+                lane.attempt_failed(*status, error);
+            }
             tracing::error!(error = %error, "forward gave up; the delivery is dead-lettered");
             ForwardResult::Dead
         }

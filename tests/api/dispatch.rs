@@ -1070,6 +1070,29 @@ async fn failing_target_said(
     (db, downstream, process, config, said)
 }
 
+/// A target down until its events died was never said down: only attempts to be retried
+/// counted, and with `max_attempts = 4` the last (about 7 s in, past the 5 s the run must
+/// last) was dead-lettered instead (a black-box run).
+#[actix_web::test]
+async fn a_target_down_until_its_events_die_is_said_down() {
+    let downstream = Downstream::start(crate::downstream::always(503));
+    let db = TestDb::create();
+    let text = config_text(
+        &db.url,
+        &target("ledger", &downstream.url, "max_attempts = 4\n"),
+    );
+    let config = parse_config(&text);
+    let process = Process::serve(&text);
+    send_all(&process.address, &config, &ids(3), 3).await;
+    poll_until("every event dead", Duration::from_secs(30), || {
+        db.count("deliveries WHERE state = 'dead'") == 3
+    })
+    .await;
+    until_logged(&process, "forward target down").await;
+    let log = process.log();
+    assert_eq!(log.matches("forward target down").count(), 1, "{log}");
+}
+
 #[actix_web::test]
 async fn a_target_down_for_a_while_is_said_once_and_so_is_its_return() {
     // During an outage each failed attempt had its own WARN, by the hundred at concurrency 64,
