@@ -49,9 +49,20 @@ const WAIT: Duration = Duration::from_secs(2);
 
 async fn spawn(extra: &str, handlers: Handlers) -> TestApp {
     let db = TestDb::create();
-    let text =
-        config_text(&db.url, extra).replace("in_flight_wait = \"3s\"", "in_flight_wait = \"2s\"");
-    TestApp::spawn_on(db, parse_config(&text), handlers).await
+    let config = config_with(&db, extra, "2s", 4);
+    TestApp::spawn_on(db, config, handlers).await
+}
+
+/// The test config over `db` with `extra`, an in-flight wait of `wait` and `pool_size`.
+fn config_with(db: &TestDb, extra: &str, wait: &str, pool_size: u32) -> hookbox::config::Config {
+    parse_config(
+        &config_text(&db.url, extra)
+            .replace(
+                "in_flight_wait = \"3s\"",
+                &format!("in_flight_wait = \"{wait}\""),
+            )
+            .replace("pool_size = 4", &format!("pool_size = {pool_size}")),
+    )
 }
 
 async fn duplicate_behind_a_held_claim_gets_409_within_the_wait(app: &TestApp, source: &str) {
@@ -111,10 +122,8 @@ async fn a_batched_claim_behind_an_uncommitted_claim_gets_409_within_in_flight_w
 async fn a_pool_of_one_or_two_connections_claims_each_event_once_and_opens_no_more() {
     for size in [1, 2] {
         let db = TestDb::create();
-        let text = config_text(&db.url, "")
-            .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"2s\"")
-            .replace("pool_size = 4", &format!("pool_size = {size}"));
-        let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+        let config = config_with(&db, "", "2s", size);
+        let app = TestApp::spawn_on(db, config, Handlers::default()).await;
         let ids: Vec<String> = (0..12).map(|_| unique_id("evt_small")).collect();
         let deliveries: Vec<_> = ids
             .iter()
@@ -140,7 +149,10 @@ async fn a_pool_of_one_or_two_connections_claims_each_event_once_and_opens_no_mo
                 "pg_stat_activity WHERE datname = current_database() \
                  AND application_name = 'hookbox'",
             );
-            assert!(open <= size, "pool_size {size}: {open} connections open");
+            assert!(
+                open <= i64::from(size),
+                "pool_size {size}: {open} connections open"
+            );
         }
     }
 }
@@ -160,11 +172,9 @@ async fn held_duplicates_leave_connections_for_deliveries_that_claim_in_a_transa
     }
     for size in [2, 4] {
         let db = TestDb::create();
-        let text = config_text(&db.url, "")
-            .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"6s\"")
-            .replace("pool_size = 4", &format!("pool_size = {size}"));
+        let config = config_with(&db, "", "6s", size);
         let handlers = Handlers::default().with("github", crate::concurrency::ledger::Ledger);
-        let app = TestApp::spawn_on(db, parse_config(&text), handlers).await;
+        let app = TestApp::spawn_on(db, config, handlers).await;
         let ids: Vec<String> = (0..3).map(|_| unique_id("evt_held")).collect();
         let held: Vec<HeldClaim> = ids
             .iter()
@@ -217,7 +227,7 @@ async fn with_no_batched_source_every_pooled_connection_serves_the_handlers() {
         return;
     }
     let db = TestDb::create();
-    let config = parse_config(&config_text(&db.url, "").replace("pool_size = 4", "pool_size = 2"));
+    let config = config_with(&db, "", "3s", 2);
     let entered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut handlers = Handlers::default();
     for source in &config.sources {
@@ -286,10 +296,8 @@ async fn duplicates_waiting_on_uncommitted_claims_hold_up_no_other_delivery() {
         let db = TestDb::create();
         // Two held events wait apart, a connection each, which may be half the pool beside
         // the writer's own at most: six connections in all.
-        let text = config_text(&db.url, &extra)
-            .replace("in_flight_wait = \"3s\"", "in_flight_wait = \"8s\"")
-            .replace("pool_size = 4", "pool_size = 6");
-        let app = TestApp::spawn_on(db, parse_config(&text), Handlers::default()).await;
+        let config = config_with(&db, &extra, "8s", 6);
+        let app = TestApp::spawn_on(db, config, Handlers::default()).await;
         let (long, short) = (unique_id("evt_long"), unique_id("evt_short"));
         let long_held = HeldClaim::take(&app.db.url, "stripe", &long);
         let short_held = HeldClaim::take(&app.db.url, "stripe", &short);
