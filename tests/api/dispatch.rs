@@ -1035,12 +1035,14 @@ async fn an_ordered_target_held_by_a_stopped_take_elsewhere_holds_up_only_itself
     assert_eq!(ledger, sent, "in received order, once each");
 }
 
-/// A process forwarding to a target that answers `status` to every attempt, sent four events,
+/// A process forwarding to a target that answers `status` to every attempt (its config given
+/// `extra`), sent four events,
 /// once it has logged `words` (each event is retried after about 1, 2, 4 and 8 s: its fifth
 /// attempt comes 7.5 s in at least): its database, the target, the process, its config, and
 /// the lines that say `words`.
 async fn failing_target_said(
     status: u16,
+    extra: &str,
     words: &str,
 ) -> (
     TestDb,
@@ -1051,7 +1053,7 @@ async fn failing_target_said(
 ) {
     let downstream = Downstream::start(crate::downstream::always(status));
     let db = TestDb::create();
-    let text = config_text(&db.url, &target("ledger", &downstream.url, ""));
+    let text = config_text(&db.url, &target("ledger", &downstream.url, extra));
     let config = parse_config(&text);
     let process = Process::serve(&text);
     send_all(&process.address, &config, &ids(4), 4).await;
@@ -1075,20 +1077,13 @@ async fn failing_target_said(
 /// last) was dead-lettered instead (a black-box run).
 #[actix_web::test]
 async fn a_target_down_until_its_events_die_is_said_down() {
-    let downstream = Downstream::start(crate::downstream::always(503));
-    let db = TestDb::create();
-    let text = config_text(
-        &db.url,
-        &target("ledger", &downstream.url, "max_attempts = 4\n"),
-    );
-    let config = parse_config(&text);
-    let process = Process::serve(&text);
-    send_all(&process.address, &config, &ids(3), 3).await;
+    let (db, _downstream, process, _config, down) =
+        failing_target_said(503, "max_attempts = 4\n", "forward target down").await;
     poll_until("every event dead", Duration::from_secs(30), || {
-        db.count("deliveries WHERE state = 'dead'") == 3
+        db.count("deliveries WHERE state = 'dead'") == 4
     })
     .await;
-    until_logged(&process, "forward target down").await;
+    assert_eq!(down.len(), 1, "{down:?}");
     let log = process.log();
     assert_eq!(log.matches("forward target down").count(), 1, "{log}");
 }
@@ -1098,7 +1093,7 @@ async fn a_target_down_for_a_while_is_said_once_and_so_is_its_return() {
     // During an outage each failed attempt had its own WARN, by the hundred at concurrency 64,
     // and no line said the target itself was down or back (a black-box run).
     let (_db, downstream, process, config, down) =
-        failing_target_said(503, "forward target down").await;
+        failing_target_said(503, "", "forward target down").await;
     let log = process.log();
     assert_eq!(down.len(), 1, "said once per outage: {down:?}");
     assert!(down[0].contains("WARN"), "{}", down[0]);
@@ -1174,7 +1169,7 @@ async fn a_target_answering_429_for_a_while_is_said_to_throttle_not_to_be_down()
     // for an outage where the target was up and asking for fewer attempts, which a `rate`
     // would give it.
     let (_db, downstream, process, config, said) =
-        failing_target_said(429, "forward target throttling").await;
+        failing_target_said(429, "", "forward target throttling").await;
     let log = process.log();
     assert_eq!(said.len(), 1, "said once: {said:?}");
     assert!(said[0].contains("WARN"), "{}", said[0]);
